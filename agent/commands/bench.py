@@ -1,0 +1,34 @@
+"""``gpu-node-agent bench TARGET``: each package owns its benchmark; this picks one.
+
+Every benchmark prints its figures and the machine it ran on (see ``agent.benchinfo``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+TARGETS: dict[str, tuple[str, str]] = {
+    "discovery": ("agent.discovery_bench", "full discovery time per simulated profile"),
+    "deviceplugin": ("deviceplugin.bench", "Allocate, health propagation, re-registration"),
+    "metrics": ("agent.metrics.bench", "scrape latency, RSS and CPU of the exporter"),
+    "topology": ("topology.bench", "HyperNode build and diff for 10,000 nodes"),
+    "planner": ("scheduler_plugin.bench", "plan latency and extender throughput"),
+    "placement": ("scheduler_plugin.placement.bench", "our planner against the anchors"),
+}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        width = max(len(t) for t in TARGETS)
+        print("usage: gpu-node-agent bench TARGET [options]\n\ntargets:")
+        for name, (_, help_) in TARGETS.items():
+            print(f"  {name:<{width}}  {help_}")
+        return 0 if argv else 2
+    name = argv[0]
+    if name not in TARGETS:
+        print(f"bench: unknown target {name!r}; valid: {', '.join(TARGETS)}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(TARGETS[name][0])
+    code: int = module.main(argv[1:])
+    return code

@@ -1,0 +1,73 @@
+"""Planner input and output: a cluster snapshot, a gang, and a plan. Pure data, no I/O.
+
+Shapes follow ARCHITECTURE.md's ``plan`` formats (``C.yaml`` / ``G.yaml``); the YAML/JSON adapters
+live in ``scheduler_plugin.plan_command``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    name: str
+    gpus: int  # allocatable whole GPUs
+    free: int  # free whole GPUs now
+    domains: Mapping[str, str] = field(default_factory=dict)  # tier name -> domain name
+    # other requested resources (cpu millicores, memory bytes, …): allocatable and free
+    resources: Mapping[str, int] = field(default_factory=dict)
+    free_resources: Mapping[str, int] = field(default_factory=dict)
+    schedulable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSnapshot:
+    tiers: tuple[str, ...]  # tier 1 first, e.g. ("nvlink", "leaf", "spine")
+    nodes: tuple[NodeState, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Role:
+    name: str
+    pods: int
+    gpus_per_pod: int
+    subgroup_size: int | None = None  # consecutive pods by index that share one domain
+    subgroup_tier: str | None = None  # tier of that domain
+    min_subgroups: int | None = None  # elastic: at least this many subgroups start
+    resources_per_pod: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Gang:
+    name: str
+    roles: tuple[Role, ...]
+    tier: str | None = None  # the whole gang inside one domain of this tier
+    soft: bool = False  # soft: tier constraints are preferences, fall back across domains
+
+
+@dataclass(frozen=True, slots=True)
+class SubgroupPlacement:
+    role: str
+    index: int
+    domain: str | None  # None when the role has no subgroup tier
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A feasible plan: every placed pod (``<role>-<index>``) mapped to a node."""
+
+    placement: Mapping[str, str]
+    subgroups: tuple[SubgroupPlacement, ...]
+    score: Mapping[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class Infeasible:
+    """No placement: ``reason`` names the binding constraint for the operator."""
+
+    reason: str
+
+
+PlanResult = Plan | Infeasible
