@@ -1,0 +1,716 @@
+"""The gang + topology planner: where every pod of a gang goes, or why it cannot go anywhere.
+
+Pure and deterministic: no I/O, no clock, no randomness; ties are broken by domain and node name.
+
+Model
+-----
+A gang has roles; a role has ``pods`` identical pods of ``gpus_per_pod`` GPUs (plus other resources).
+A role with ``subgroup_size`` is cut into consecutive blocks of pods by index (the last block may be
+smaller); with ``subgroup_tier`` each block must sit inside one domain of that tier. ``min_subgroups``
+makes a role elastic: the planner places as many blocks as fit, at least that many, always a prefix
+(blocks 0..c-1) so ranks stay dense. The gang's own ``tier`` puts every pod inside one domain of that
+tier. ``soft`` turns the tier constraints into preferences: if the hard plan is impossible, both
+tiers climb one level at a time (``relaxed_tiers`` in the score) until the constraint disappears.
+
+Fit is per node: a pod needs ``gpus_per_pod`` free GPUs (and each tracked resource) on ONE node; a
+domain's room for a block is the number of pods its nodes can host, not its aggregate free GPUs.
+Resources a node does not report (absent from ``free_resources``) are not limiting.
+
+Objective (lexicographic, documented in the plan's ``score``)
+------------------------------------------------------------
+1. feasibility, then most pods placed (elastic roles);
+2. least stranded capacity added: ``stranded_gpus`` = free GPUs left in the touched domains of the
+   measuring tier (the lowest subgroup tier, else the gang tier, else tier 1) that can no longer host
+   one block of the gang's main role, minus what was already stranded there before;
+3. tightest tier: ``span_tier`` = the lowest tier where one domain holds every placed pod;
+4. best fit: ``leftover_gpus`` = free GPUs left in the touched domains of the measuring tier (fewer
+   means the gang went into the fullest domains and kept wholly free ones intact);
+5. names (domain paths, then node names).
+
+Search
+------
+Blocks of one role are assigned to domains jointly by a dynamic programme over the domains of its
+subgroup tier (state: how many full blocks and whether the short last block are placed; cost: the
+stranded/leftover pair of each domain, which is additive). This is exact for one role; several roles
+are placed one after the other, the most constrained first (subgroup roles, then by total GPUs). The
+gang-tier constraint is handled by planning inside each candidate scope (a domain of that tier, or
+the whole cluster), pre-filtered by pod capacity; lower-tier scopes are then tried from tier 1 up so
+that an equally good but tighter plan wins.
+
+``prepare(snapshot)`` indexes nodes and domains once; ``plan`` keeps the last few prepared snapshots
+by identity, so repeated plans against one snapshot skip the indexing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from scheduler_plugin.snapshot import (
+    ClusterSnapshot,
+    Gang,
+    Infeasible,
+    Plan,
+    PlanResult,
+    Role,
+    SubgroupPlacement,
+)
+
+__all__ = ["PreparedSnapshot", "plan", "prepare", "role_subgroups"]
+
+_UNLIMITED = 1 << 40  # pods a node can host when nothing about it limits the role
+_STRANDED_WEIGHT = 1 << 42  # stranded GPUs dominate leftover GPUs in the combined DP cost
+
+RoleKey = tuple[int, tuple[tuple[str, int], ...]]
+ScopeKey = tuple[int, str] | None  # (tier index, domain) or None for the whole cluster
+
+
+def _role_key(role: Role) -> RoleKey:
+    return (role.gpus_per_pod, tuple(sorted((k, v) for k, v in role.resources_per_pod.items() if v > 0)))
+
+
+def role_subgroups(role: Role) -> tuple[int, int, int]:
+    """``(block size, number of full blocks, size of the short last block or 0)`` of a role.
+
+    A role without ``subgroup_size`` is one block of all its pods.
+    """
+    size = role.subgroup_size if role.subgroup_size else role.pods
+    size = max(1, min(size, role.pods)) if role.pods > 0 else 1
+    return size, role.pods // size, role.pods % size
+
+
+@dataclass
+class PreparedSnapshot:
+    """Indexes of one snapshot, built once: node arrays, domain members per tier, capacity caches."""
+
+    snapshot: ClusterSnapshot
+    names: list[str]
+    free: list[int]
+    gpus: list[int]
+    schedulable: list[bool]
+    free_resources: list[Mapping[str, int]]
+    tier_index: dict[str, int]
+    dom: list[list[str | None]]  # per tier index: each node's domain
+    members: list[dict[str, list[int]]]  # per tier index: domain -> node indices (name order)
+    paths: list[dict[str, tuple[str, ...]]]  # per tier index: domain -> its ancestors' names, top first
+    _fit: dict[RoleKey, list[int]] = field(default_factory=dict)
+    _groups: dict[tuple[ScopeKey, int], list[tuple[str, list[int]]]] = field(default_factory=dict)
+    _group_caps: dict[tuple[RoleKey, ScopeKey, int], list[tuple[int, int]]] = field(default_factory=dict)
+    _scope_order: dict[tuple[RoleKey, ScopeKey], list[int]] = field(default_factory=dict)
+    _scope_cap: dict[tuple[RoleKey, ScopeKey], int] = field(default_factory=dict)
+
+    # -- capacity -------------------------------------------------------------------------------
+    def base_fit(self, key: RoleKey) -> list[int]:
+        """Pods of this shape each node can host with nothing of the gang placed yet."""
+        cached = self._fit.get(key)
+        if cached is None:
+            cached = [self._fit_one(i, key, 0, None) for i in range(len(self.names))]
+            self._fit[key] = cached
+        return cached
+
+    def _fit_one(self, i: int, key: RoleKey, used_gpus: int, used_res: Mapping[str, int] | None) -> int:
+        if not self.schedulable[i]:
+            return 0
+        gpus, reqs = key
+        n = (self.free[i] - used_gpus) // gpus if gpus > 0 else _UNLIMITED
+        fres = self.free_resources[i]
+        for res, qty in reqs:
+            avail = fres.get(res)
+            if avail is None:
+                continue
+            if used_res:
+                avail -= used_res.get(res, 0)
+            n = min(n, avail // qty)
+        return max(0, n)
+
+    def scope_nodes(self, scope: ScopeKey) -> list[int]:
+        if scope is None:
+            return list(range(len(self.names)))
+        return self.members[scope[0]].get(scope[1], [])
+
+    def groups(self, scope: ScopeKey, tier: int) -> list[tuple[str, list[int]]]:
+        """Domains of ``tier`` inside ``scope`` (node lists intersected with it), in path order."""
+        ck = (scope, tier)
+        cached = self._groups.get(ck)
+        if cached is None:
+            if scope is None:
+                cached = [(d, nodes) for d, nodes in self.members[tier].items()]
+            else:
+                by_dom: dict[str, list[int]] = {}
+                dom_t = self.dom[tier]
+                for i in self.scope_nodes(scope):
+                    d = dom_t[i]
+                    if d is not None:
+                        by_dom.setdefault(d, []).append(i)
+                cached = list(by_dom.items())
+            paths = self.paths[tier]
+            cached.sort(key=lambda item: (paths[item[0]], item[0]))
+            self._groups[ck] = cached
+        return cached
+
+    def group_caps(self, key: RoleKey, scope: ScopeKey, tier: int) -> list[tuple[int, int]]:
+        """Per group of ``groups(scope, tier)``: (pods of this shape it can host, free GPUs)."""
+        ck = (key, scope, tier)
+        cached = self._group_caps.get(ck)
+        if cached is None:
+            fit = self.base_fit(key)
+            free = self.free
+            cached = [
+                (min(_UNLIMITED, sum(fit[i] for i in nodes)), sum(free[i] for i in nodes))
+                for _, nodes in self.groups(scope, tier)
+            ]
+            self._group_caps[ck] = cached
+        return cached
+
+    def scope_capacity(self, key: RoleKey, scope: ScopeKey) -> int:
+        ck = (key, scope)
+        cached = self._scope_cap.get(ck)
+        if cached is None:
+            fit = self.base_fit(key)
+            cached = min(_UNLIMITED, sum(fit[i] for i in self.scope_nodes(scope)))
+            self._scope_cap[ck] = cached
+        return cached
+
+    def scope_order(self, key: RoleKey, scope: ScopeKey) -> list[int]:
+        """Nodes of the scope that can host this shape, best fit first (fewest pods), then name."""
+        ck = (key, scope)
+        cached = self._scope_order.get(ck)
+        if cached is None:
+            fit = self.base_fit(key)
+            cached = sorted((i for i in self.scope_nodes(scope) if fit[i] > 0), key=lambda i: (fit[i], i))
+            self._scope_order[ck] = cached
+        return cached
+
+
+def prepare(snapshot: ClusterSnapshot) -> PreparedSnapshot:
+    """Index a snapshot: nodes in name order, domain members and ancestor paths per tier."""
+    nodes = sorted(snapshot.nodes, key=lambda n: n.name)
+    tiers = snapshot.tiers
+    dom: list[list[str | None]] = [[n.domains.get(t) for n in nodes] for t in tiers]
+    members: list[dict[str, list[int]]] = []
+    paths: list[dict[str, tuple[str, ...]]] = []
+    for ti in range(len(tiers)):
+        m: dict[str, list[int]] = {}
+        p: dict[str, tuple[str, ...]] = {}
+        for i, d in enumerate(dom[ti]):
+            if d is None:
+                continue
+            if d not in m:
+                m[d] = []
+                # ancestors from the top tier down, as the first member node sees them
+                p[d] = tuple(dom[tj][i] or "" for tj in range(len(tiers) - 1, ti, -1))
+            m[d].append(i)
+        members.append(m)
+        paths.append(p)
+    return PreparedSnapshot(
+        snapshot=snapshot,
+        names=[n.name for n in nodes],
+        free=[max(0, min(n.free, n.gpus)) for n in nodes],
+        gpus=[n.gpus for n in nodes],
+        schedulable=[n.schedulable for n in nodes],
+        free_resources=[n.free_resources for n in nodes],
+        tier_index={t: i for i, t in enumerate(tiers)},
+        dom=dom,
+        members=members,
+        paths=paths,
+    )
+
+
+_CACHE: list[PreparedSnapshot] = []
+_CACHE_SIZE = 4
+
+
+def _prepared(snapshot: ClusterSnapshot | PreparedSnapshot) -> PreparedSnapshot:
+    if isinstance(snapshot, PreparedSnapshot):
+        return snapshot
+    for p in _CACHE:
+        if p.snapshot is snapshot:
+            return p
+    p = prepare(snapshot)
+    _CACHE.insert(0, p)
+    del _CACHE[_CACHE_SIZE:]
+    return p
+
+
+# -- one attempt ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Failure:
+    role: str
+    needed: int  # blocks (or pods) needed
+    got: int
+    message: str
+
+
+@dataclass
+class _State:
+    """What the gang has taken so far in one attempt (deltas against the snapshot)."""
+
+    used_gpus: dict[int, int] = field(default_factory=dict)
+    used_res: dict[int, dict[str, int]] = field(default_factory=dict)
+    order: list[int] = field(default_factory=list)  # nodes in first-use order
+    placement: dict[str, str] = field(default_factory=dict)
+    subgroups: list[SubgroupPlacement] = field(default_factory=list)
+    placed_pods: int = 0
+
+    def take(self, i: int, key: RoleKey, n: int) -> None:
+        if i not in self.used_gpus:
+            self.used_gpus[i] = 0
+            self.order.append(i)
+        self.used_gpus[i] += key[0] * n
+        if key[1]:
+            res = self.used_res.setdefault(i, {})
+            for r, q in key[1]:
+                res[r] = res.get(r, 0) + q * n
+
+
+def _fit_now(p: PreparedSnapshot, st: _State, i: int, key: RoleKey, base: list[int]) -> int:
+    if i not in st.used_gpus:
+        return base[i]
+    return p._fit_one(i, key, st.used_gpus[i], st.used_res.get(i))
+
+
+def _fill(
+    p: PreparedSnapshot,
+    st: _State,
+    role: Role,
+    key: RoleKey,
+    *,
+    pod_range: range,
+    nodes: Iterable[int],
+    base: list[int],
+) -> bool:
+    """Put the pods of ``pod_range`` on ``nodes`` in order, as many per node as fit."""
+    it = iter(pod_range)
+    pod = next(it, None)
+    for i in nodes:
+        if pod is None:
+            break
+        room = _fit_now(p, st, i, key, base)
+        if room <= 0:
+            continue
+        n = 0
+        while pod is not None and n < room:
+            st.placement[f"{role.name}-{pod}"] = p.names[i]
+            n += 1
+            pod = next(it, None)
+        st.take(i, key, n)
+        st.placed_pods += n
+    return pod is None
+
+
+def _block_ranges(role: Role, count: int) -> list[range]:
+    size, _, _ = role_subgroups(role)
+    return [range(k * size, min((k + 1) * size, role.pods)) for k in range(count)]
+
+
+def _min_blocks(role: Role) -> int:
+    _, full, rem = role_subgroups(role)
+    total = full + (1 if rem else 0)
+    if role.min_subgroups is None or role.subgroup_size is None:
+        return total
+    return max(0, min(total, role.min_subgroups))
+
+
+def _place_tiered(
+    p: PreparedSnapshot, st: _State, role: Role, key: RoleKey, *, scope: ScopeKey, tier: int
+) -> _Failure | None:
+    """Assign the role's blocks to domains of ``tier`` jointly (DP), then fill nodes in name order."""
+    size, full, rem = role_subgroups(role)
+    total = full + (1 if rem else 0)
+    need = _min_blocks(role)
+    tier_name = p.snapshot.tiers[tier]
+    groups = p.groups(scope, tier)
+    base_caps = p.group_caps(key, scope, tier)
+    base = p.base_fit(key)
+    g = key[0]
+    touched: dict[int, int] = {}
+    if st.used_gpus:
+        gidx = {d: k for k, (d, _) in enumerate(groups)}
+        dom_t = p.dom[tier]
+        for i in st.used_gpus:
+            d = dom_t[i]
+            k2 = gidx.get(d) if d is not None else None
+            if k2 is not None:
+                touched[k2] = 0
+    caps: list[tuple[int, int, int]] = []  # (group index, pods, free gpus)
+    smallest = rem if rem else size
+    for k, (cap0, free0) in enumerate(base_caps):
+        cap, freeg = cap0, free0
+        if k in touched:
+            nodes = groups[k][1]
+            cap = sum(_fit_now(p, st, i, key, base) for i in nodes)
+            freeg = sum(p.free[i] - st.used_gpus.get(i, 0) for i in nodes)
+        if cap >= smallest:
+            caps.append((k, cap, freeg))
+    # DP over groups; state = a * 2 + b (a full blocks, b short block placed)
+    n_states = (full + 1) * 2
+    inf = None
+    cost: list[int | None] = [inf] * n_states
+    cost[0] = 0
+    choices: list[list[tuple[int, int] | None]] = []
+    has_rem = 1 if rem else 0
+    for _, cap, freeg in caps:
+        before = freeg if cap < size else 0
+        new = list(cost)
+        choice: list[tuple[int, int] | None] = [None] * n_states
+        max_x = min(full, cap // size)
+        for s_idx in range(n_states):
+            c0 = cost[s_idx]
+            if c0 is None:
+                continue
+            a, b = divmod(s_idx, 2)
+            for y in range(0, (1 - b) * has_rem + 1):
+                for x in range(0, min(max_x, full - a) + 1):
+                    if x == 0 and y == 0:
+                        continue
+                    used = x * size + y * rem
+                    if used > cap:
+                        break
+                    free_after = freeg - used * g
+                    stranded = free_after if cap - used < size else 0
+                    c = c0 + (stranded - before) * _STRANDED_WEIGHT + free_after
+                    t_idx = (a + x) * 2 + b + y
+                    cur = new[t_idx]
+                    if cur is None or c < cur:
+                        new[t_idx] = c
+                        choice[t_idx] = (x, y)
+        cost = new
+        choices.append(choice)
+    # best count: all blocks, else the most full blocks down to the minimum
+    final: int | None = None
+    count = 0
+    if has_rem and cost[full * 2 + 1] is not None:
+        final, count = full * 2 + 1, total
+    else:
+        for a in range(full, -1, -1):
+            if cost[a * 2] is not None:
+                final, count = a * 2, a
+                break
+    if final is None or count < need or (count == 0 and need > 0):
+        best = max(caps, key=lambda c: (c[1], -c[0]), default=None)
+        where = (
+            f"; most room: {min(best[1], role.pods)} pods in {tier_name} domain {groups[best[0]][0]}"
+            if best
+            else f"; no {tier_name} domain has room for {smallest} pod(s)"
+        )
+        return _Failure(
+            role.name,
+            need,
+            count if final is not None else 0,
+            f"role {role.name!r} needs {need} subgroup(s) of {size} pod(s) x {g} GPU(s), each inside one "
+            f"{tier_name} domain; only {count if final is not None else 0} fit{where}",
+        )
+    # walk back the choices
+    per_group: list[tuple[int, int]] = [(0, 0)] * len(caps)
+    s_idx = final
+    for gi in range(len(caps) - 1, -1, -1):
+        ch = choices[gi][s_idx]
+        if ch is not None:
+            per_group[gi] = ch
+            s_idx -= ch[0] * 2 + ch[1]
+    ranges = _block_ranges(role, count)
+    next_full = 0
+    for gi, (x, y) in enumerate(per_group):
+        if x == 0 and y == 0:
+            continue
+        k, _, _ = caps[gi]
+        dname, nodes = groups[k]
+        blocks = list(range(next_full, next_full + x))
+        next_full += x
+        if y:
+            blocks.append(full)
+        for b in blocks:
+            if not _fill(
+                p, st, role, key, pod_range=ranges[b], nodes=nodes, base=base
+            ):  # pragma: no cover - DP counted room
+                return _Failure(role.name, need, b, f"role {role.name!r}: domain {dname} lost room")
+            st.subgroups.append(SubgroupPlacement(role=role.name, index=b, domain=dname))
+    return None
+
+
+def _place_free(
+    p: PreparedSnapshot, st: _State, role: Role, key: RoleKey, scope: ScopeKey
+) -> _Failure | None:
+    """Place a role without a subgroup tier: nodes the gang already uses first, then best fit."""
+    _, full, rem = role_subgroups(role)
+    total = full + (1 if rem else 0)
+    need = _min_blocks(role)
+    base = p.base_fit(key)
+    scope_dom = p.dom[scope[0]] if scope is not None else None
+    used_first = [i for i in st.order if scope_dom is None or scope_dom[i] == scope[1]]  # type: ignore[index]
+    order = p.scope_order(key, scope)
+    ranges = _block_ranges(role, total)
+    placed = 0
+    for b, r in enumerate(ranges):
+        snapshot_state = (dict(st.used_gpus), {k: dict(v) for k, v in st.used_res.items()}, list(st.order))
+        saved_placement = dict(st.placement)
+        saved_pods = st.placed_pods
+        if _fill(p, st, role, key, pod_range=r, nodes=_chain(used_first, order), base=base):
+            placed += 1
+            st.subgroups.append(SubgroupPlacement(role=role.name, index=b, domain=None))
+            continue
+        st.used_gpus, st.used_res, st.order = snapshot_state
+        st.placement, st.placed_pods = saved_placement, saved_pods
+        break
+    if placed < need or placed == 0:
+        room = sum(_fit_now(p, st, i, key, base) for i in set(order) | set(used_first))
+        pods_needed = sum(len(r) for r in ranges[:need]) if need else 1
+        unit = f"{key[0]} GPU(s)" + "".join(f", {q} {res}" for res, q in key[1])
+        return _Failure(
+            role.name,
+            need,
+            placed,
+            f"role {role.name!r} needs {pods_needed} pod(s) of {unit}; room for {min(room, pods_needed - 1)}"
+            + (f" in {p.snapshot.tiers[scope[0]]} domain {scope[1]}" if scope is not None else ""),
+        )
+    return None
+
+
+def _chain(first: Sequence[int], rest: Sequence[int]) -> Iterable[int]:
+    seen = set(first)
+    yield from first
+    for i in rest:
+        if i not in seen:
+            yield i
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    placed_pods: int
+    stranded: int
+    span: int
+    leftover: int
+    scope_name: str
+    state: _State
+
+    def rank(self) -> tuple[int, int, int, int, str]:
+        return (-self.placed_pods, self.stranded, self.span, self.leftover, self.scope_name)
+
+
+def _role_order(gang: Gang, sub_tiers: Mapping[str, int | None]) -> list[Role]:
+    return sorted(
+        gang.roles,
+        key=lambda r: (0 if sub_tiers[r.name] is not None else 1, -r.pods * r.gpus_per_pod, r.name),
+    )
+
+
+def _attempt(
+    p: PreparedSnapshot,
+    roles: Sequence[Role],
+    *,
+    sub_tiers: Mapping[str, int | None],
+    scope: ScopeKey,
+    measure: int | None,
+    main: Role,
+) -> _Candidate | _Failure:
+    st = _State()
+    for role in roles:
+        key = _role_key(role)
+        t = sub_tiers[role.name]
+        fail = (
+            _place_tiered(p, st, role, key, scope=scope, tier=t)
+            if t is not None
+            else _place_free(p, st, role, key, scope)
+        )
+        if fail is not None:
+            return fail
+    stranded, leftover = _measure(p, st, measure, main)
+    span = _span(p, st)
+    scope_name = "" if scope is None else scope[1]
+    return _Candidate(st.placed_pods, stranded, span, leftover, scope_name, st)
+
+
+def _measure(p: PreparedSnapshot, st: _State, tier: int | None, main: Role) -> tuple[int, int]:
+    """(stranded GPUs added, free GPUs left) over the touched domains of the measuring tier."""
+    if tier is None or not st.used_gpus:
+        return 0, 0
+    key = _role_key(main)
+    size, _, _ = role_subgroups(main)
+    base = p.base_fit(key)
+    dom_t = p.dom[tier]
+    touched = sorted({d for i in st.used_gpus if (d := dom_t[i]) is not None})
+    stranded = leftover = 0
+    for d in touched:
+        nodes = p.members[tier][d]
+        cap_before = sum(base[i] for i in nodes)
+        free_before = sum(p.free[i] for i in nodes)
+        cap_after = sum(_fit_now(p, st, i, key, base) for i in nodes)
+        free_after = sum(p.free[i] - st.used_gpus.get(i, 0) for i in nodes)
+        leftover += free_after
+        stranded += (free_after if cap_after < size else 0) - (free_before if cap_before < size else 0)
+    return stranded, leftover
+
+
+def _span(p: PreparedSnapshot, st: _State) -> int:
+    used = list(st.used_gpus)
+    for ti, dom_t in enumerate(p.dom):
+        first = dom_t[used[0]]
+        if first is not None and all(dom_t[i] == first for i in used):
+            return ti
+    return len(p.dom)
+
+
+# -- the entry point -------------------------------------------------------------------------------
+
+
+def _validate(p: PreparedSnapshot, gang: Gang) -> str | None:
+    if not gang.roles:
+        return f"gang {gang.name!r} has no roles"
+    seen: set[str] = set()
+    for role in gang.roles:
+        if role.name in seen:
+            return f"gang {gang.name!r}: duplicate role name {role.name!r}"
+        seen.add(role.name)
+        if role.pods <= 0:
+            return f"role {role.name!r}: pods must be positive"
+        if role.gpus_per_pod < 0:
+            return f"role {role.name!r}: gpus_per_pod must not be negative"
+        if role.subgroup_size is not None and role.subgroup_size <= 0:
+            return f"role {role.name!r}: subgroup_size must be positive"
+        for res, qty in role.resources_per_pod.items():
+            if qty < 0:
+                return f"role {role.name!r}: {res} must not be negative"
+        if role.subgroup_tier is not None and role.subgroup_tier not in p.tier_index:
+            tiers = list(p.tier_index)
+            return f"role {role.name!r}: unknown subgroup_tier {role.subgroup_tier!r}; tiers: {tiers}"
+    if gang.tier is not None and gang.tier not in p.tier_index:
+        return f"gang {gang.name!r}: unknown tier {gang.tier!r}; tiers: {list(p.tier_index)}"
+    return None
+
+
+def _per_node_reason(p: PreparedSnapshot, roles: Sequence[Role]) -> str | None:
+    """The binding constraint when no single node (or the whole cluster) can hold a role."""
+    for role in roles:
+        key = _role_key(role)
+        fit = p.base_fit(key)
+        if not any(fit):
+            most = max((f for f, s in zip(p.free, p.schedulable, strict=True) if s), default=0)
+            extra = "".join(f", {q} {res}" for res, q in key[1])
+            return (
+                f"role {role.name!r}: no schedulable node has room for one pod "
+                f"({role.gpus_per_pod} GPU(s){extra}); most free GPUs on one node: {most}"
+            )
+    return None
+
+
+def _sub_tier(role: Role, p: PreparedSnapshot, relax: int) -> int | None:
+    if role.subgroup_tier is None:
+        return None
+    t = p.tier_index[role.subgroup_tier] + relax
+    return t if t < len(p.snapshot.tiers) else None
+
+
+def _plan_once(p: PreparedSnapshot, gang: Gang, relax: int) -> _Candidate | _Failure | str:
+    sub_tiers = {r.name: _sub_tier(r, p, relax) for r in gang.roles}
+    roles = _role_order(gang, sub_tiers)
+    main = roles[0]
+    gang_tier: int | None = None
+    if gang.tier is not None:
+        gang_tier = p.tier_index[gang.tier] + relax
+        if gang_tier >= len(p.snapshot.tiers):
+            gang_tier = None
+    sub_levels = [t for t in sub_tiers.values() if t is not None]
+    measure = min(sub_levels) if sub_levels else (gang_tier if gang_tier is not None else 0)
+    if not p.snapshot.tiers:
+        measure = None  # type: ignore[assignment]
+    main_key = _role_key(main)
+    main_need = sum(len(r) for r in _block_ranges(main, _min_blocks(main)))
+
+    def scopes_at(ti: int) -> list[ScopeKey]:
+        return [(ti, d) for d in p.members[ti] if p.scope_capacity(main_key, (ti, d)) >= main_need]
+
+    top: list[ScopeKey]
+    if gang_tier is None:
+        top = [None]
+        top_name = "the cluster"
+    else:
+        top = scopes_at(gang_tier)
+        top_name = f"one {p.snapshot.tiers[gang_tier]} domain"
+        if not top:
+            cap = max(
+                ((p.scope_capacity(main_key, (gang_tier, d)), d) for d in p.members[gang_tier]),
+                key=lambda c: (c[0], c[1]),
+                default=None,
+            )
+            most = f"; most room: {cap[0]} pods in {cap[1]}" if cap else ""
+            return (
+                f"gang {gang.name!r} must fit inside {top_name}: role {main.name!r} needs {main_need} pod(s) "
+                f"of {main.gpus_per_pod} GPU(s) there{most}"
+            )
+    best: _Candidate | None = None
+    fail: _Failure | None = None
+    for scope in top:
+        res = _attempt(p, roles, sub_tiers=sub_tiers, scope=scope, measure=measure, main=main)
+        if isinstance(res, _Failure):
+            if fail is None or res.got > fail.got:
+                fail = res
+            continue
+        if best is None or res.rank() < best.rank():
+            best = res
+    if best is None:
+        assert fail is not None
+        if gang_tier is not None:
+            return f"gang {gang.name!r} must fit inside {top_name}: best try: {fail.message}"
+        return fail
+    # a tighter scope may do as well: try lower tiers, first match wins
+    upper = len(p.snapshot.tiers) if gang_tier is None else gang_tier
+    for ti in range(min(upper, best.span)):
+        found: _Candidate | None = None
+        for scope in scopes_at(ti):
+            res = _attempt(p, roles, sub_tiers=sub_tiers, scope=scope, measure=measure, main=main)
+            if isinstance(res, _Failure):
+                continue
+            if res.placed_pods < best.placed_pods or res.stranded > best.stranded:
+                continue
+            if found is None or res.rank() < found.rank():
+                found = res
+        if found is not None:
+            return found if found.rank() < best.rank() else best
+    return best
+
+
+def plan(snapshot: ClusterSnapshot | PreparedSnapshot, gang: Gang) -> PlanResult:
+    """Place every pod of ``gang`` on ``snapshot`` (all or nothing), or say what binds."""
+    p = _prepared(snapshot)
+    invalid = _validate(p, gang)
+    if invalid is not None:
+        return Infeasible(invalid)
+    per_node = _per_node_reason(p, gang.roles)
+    if per_node is not None:
+        return Infeasible(per_node)
+    levels = len(p.snapshot.tiers) + 1 if gang.soft else 1
+    first_reason: str | None = None
+    for relax in range(levels):
+        res = _plan_once(p, gang, relax)
+        if isinstance(res, _Candidate):
+            return _to_plan(p, res, relax)
+        reason = res if isinstance(res, str) else res.message
+        if first_reason is None:
+            first_reason = reason
+    assert first_reason is not None
+    if gang.soft:
+        first_reason += " (soft: no placement even with tier constraints dropped)"
+    return Infeasible(first_reason)
+
+
+def _to_plan(p: PreparedSnapshot, c: _Candidate, relax: int) -> Plan:
+    tiers = p.snapshot.tiers
+    subgroups = tuple(sorted(c.state.subgroups, key=lambda s: (s.role, s.index)))
+    placement = dict(sorted(c.state.placement.items(), key=lambda kv: _pod_sort_key(kv[0])))
+    score: dict[str, float] = {
+        "placed_pods": float(c.placed_pods),
+        "stranded_gpus": float(c.stranded),
+        "span_tier": float(c.span + 1),
+        "leftover_gpus": float(c.leftover),
+        "relaxed_tiers": float(relax),
+        "nodes_used": float(len(c.state.used_gpus)),
+    }
+    del tiers
+    return Plan(placement=placement, subgroups=subgroups, score=score)
+
+
+def _pod_sort_key(pod: str) -> tuple[str, int]:
+    role, _, idx = pod.rpartition("-")
+    return (role, int(idx)) if idx.isdigit() else (pod, -1)
