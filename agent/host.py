@@ -1,0 +1,118 @@
+"""Host facts: hostname, CPUs, memory, NUMA nodes — read from a sysfs/procfs root, or given.
+
+:func:`read_host` is the adapter for a real machine (roots injectable, so tests point it at a tree);
+discovery itself only receives a :class:`topology.model.Host`. A simulated node supplies its own host
+(its profile knows it), so nothing here is read on that path. CPU lists use Linux list syntax
+(``0-55,112-167``); :func:`parse_cpulist` and :func:`format_cpulist` convert.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Iterable
+from pathlib import Path
+
+from topology.model import Host, NumaNode
+
+_NODE_DIR = re.compile(r"^node(\d+)$")
+_MEMINFO_TOTAL = re.compile(r"MemTotal:\s+(\d+)\s*kB")
+
+
+def parse_cpulist(text: str) -> tuple[int, ...]:
+    """``"0-3,8,10-11"`` → ``(0, 1, 2, 3, 8, 10, 11)``; ``""`` → ``()``. Raises ``ValueError``."""
+    out: set[int] = set()
+    for raw in text.strip().split(","):
+        part = raw.strip()
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"not a CPU list: {text.strip()!r}")
+        start, end = int(lo), int(hi) if sep else int(lo)
+        if end < start:
+            raise ValueError(f"not a CPU list (descending range {part!r}): {text.strip()!r}")
+        out.update(range(start, end + 1))
+    return tuple(sorted(out))
+
+
+def format_cpulist(cpus: Iterable[int]) -> str:
+    """``[0, 1, 2, 3, 8]`` → ``"0-3,8"`` (sorted, ranges merged)."""
+    ordered = sorted(set(cpus))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def cpulist_from_masks(masks: Iterable[int], bits: int = 64) -> str:
+    """CPU list of an array of ``bits``-wide affinity masks (NVML's ``nvmlDeviceGetCpuAffinity``)."""
+    cpus = [word * bits + bit for word, mask in enumerate(masks) for bit in range(bits) if mask >> bit & 1]
+    return format_cpulist(cpus)
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+
+
+def read_numa_nodes(sysfs_root: Path) -> tuple[NumaNode, ...]:
+    """NUMA nodes from ``<sysfs_root>/devices/system/node/node<N>/{cpulist,meminfo}``."""
+    base = sysfs_root / "devices" / "system" / "node"
+    try:
+        entries = [(int(m.group(1)), p) for p in base.iterdir() if (m := _NODE_DIR.match(p.name))]
+    except OSError:
+        return ()
+    nodes: list[NumaNode] = []
+    for node_id, path in sorted(entries):
+        raw_cpus = _read(path / "cpulist") or ""
+        try:
+            cpus = format_cpulist(parse_cpulist(raw_cpus))
+        except ValueError:
+            cpus = raw_cpus
+        memory: int | None = None
+        meminfo = _read(path / "meminfo")
+        if meminfo:
+            match = _MEMINFO_TOTAL.search(meminfo)
+            memory = int(match.group(1)) * 1024 if match else None
+        nodes.append(NumaNode(id=node_id, cpus=cpus, memory_bytes=memory))
+    return tuple(nodes)
+
+
+def read_host(
+    *,
+    sysfs_root: Path = Path("/sys"),
+    proc_root: Path = Path("/proc"),
+    hostname: str | None = None,
+) -> Host:
+    """This machine's facts. ``hostname`` overrides the kernel's (a node name from the Downward API)."""
+    name = hostname or _read(proc_root / "sys" / "kernel" / "hostname") or socket.gethostname()
+    cpu_count = 0
+    online = _read(sysfs_root / "devices" / "system" / "cpu" / "online")
+    if online:
+        try:
+            cpu_count = len(parse_cpulist(online))
+        except ValueError:
+            cpu_count = 0
+    if cpu_count == 0:
+        cpu_count = os.cpu_count() or 0
+    memory = 0
+    meminfo = _read(proc_root / "meminfo")
+    if meminfo and (match := _MEMINFO_TOTAL.search(meminfo)):
+        memory = int(match.group(1)) * 1024
+    return Host(
+        name=name,
+        cpu_count=cpu_count,
+        memory_bytes=memory,
+        numa_nodes=read_numa_nodes(sysfs_root),
+        kernel=_read(proc_root / "sys" / "kernel" / "osrelease"),
+        system_uuid=_read(sysfs_root / "class" / "dmi" / "id" / "product_uuid"),
+    )
