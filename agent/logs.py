@@ -63,30 +63,30 @@ class Logger:
         """A logger that adds ``context`` to every line (later keys win)."""
         return Logger(self.name, {**self._context, **context})
 
-    def debug(self, event: str, **fields: Any) -> None:
+    def debug(self, event: str, /, **fields: Any) -> None:
         self._log(logging.DEBUG, event, fields)
 
-    def info(self, event: str, **fields: Any) -> None:
+    def info(self, event: str, /, **fields: Any) -> None:
         self._log(logging.INFO, event, fields)
 
-    def warning(self, event: str, **fields: Any) -> None:
+    def warning(self, event: str, /, **fields: Any) -> None:
         self._log(logging.WARNING, event, fields)
 
-    def error(self, event: str, **fields: Any) -> None:
+    def error(self, event: str, /, **fields: Any) -> None:
         self._log(logging.ERROR, event, fields)
 
-    def exception(self, event: str, **fields: Any) -> None:
+    def exception(self, event: str, /, **fields: Any) -> None:
         """Like :meth:`error`, with the current exception's traceback."""
         self._log(logging.ERROR, event, fields, exc_info=True)
 
     def _log(self, level: int, event: str, fields: Mapping[str, Any], *, exc_info: bool = False) -> None:
         _validate_event(event)
+        clash = _RESERVED.intersection(fields) | _RESERVED.intersection(self._context)
+        if clash:
+            raise ValueError(f"log field name(s) {', '.join(sorted(clash))} are reserved")
         if not self._logger.isEnabledFor(level):
             return
         merged = {**self._context, **fields}
-        clash = _RESERVED.intersection(merged)
-        if clash:
-            raise ValueError(f"log field name(s) {', '.join(sorted(clash))} are reserved")
         self._logger.log(
             level,
             event,
