@@ -1,0 +1,192 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from agent.ib import (
+    IbFormatError,
+    parse_guid,
+    parse_lid,
+    parse_numbered,
+    parse_rate,
+    port_guid_from_gid,
+    read_ib,
+)
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+def make_hca(
+    sysfs: Path,
+    device: str,
+    *,
+    pci: str,
+    node_guid: str = "58a2:e103:002a:09b8",
+    numa: str = "1",
+    ports: int = 1,
+    rate: str = "400 Gb/sec (4X NDR)",
+    netdev: str | None = None,
+) -> Path:
+    """One HCA in the kernel's formats, its ``device`` a relative symlink into ``devices/``."""
+    pci_dir = sysfs / "devices" / "pci0000:00" / pci
+    _write(pci_dir / "numa_node", f"{numa}\n")
+    _write(pci_dir / "local_cpulist", "56-111,168-223\n")
+    if netdev:
+        _write(pci_dir / "net" / netdev / "dev_port", "0\n")
+    dev = sysfs / "class" / "infiniband" / device
+    dev.mkdir(parents=True)
+    os.symlink(os.path.relpath(pci_dir, dev), dev / "device")
+    _write(dev / "node_guid", f"{node_guid}\n")
+    _write(dev / "sys_image_guid", f"{node_guid}\n")
+    _write(dev / "hca_type", "MT4129\n")
+    _write(dev / "fw_ver", "28.39.2048\n")
+    _write(dev / "board_id", "MT_0000000838\n")
+    _write(dev / "node_desc", f"node-1 {device}\n")
+    for n in range(1, ports + 1):
+        port = dev / "ports" / str(n)
+        _write(port / "state", "4: ACTIVE\n")
+        _write(port / "phys_state", "5: LinkUp\n")
+        _write(port / "rate", f"{rate}\n")
+        _write(port / "link_layer", "InfiniBand\n")
+        _write(port / "lid", "0x6c\n")
+        _write(port / "sm_lid", "0x4\n")
+        _write(port / "gids" / "0", f"fe80:0000:0000:0000:{node_guid}\n")
+    return dev
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("58a2:e103:002a:09b8\n", "0x58a2e103002a09b8"),
+        ("b83f:d203:39:2b82", "0xb83fd20300392b82"),
+        ("0xB83FD20300392B82", "0xb83fd20300392b82"),
+        ("e09d730300156ff6", "0xe09d730300156ff6"),
+    ],
+)
+def test_parse_guid(text: str, expected: str) -> None:
+    assert parse_guid(text) == expected
+
+
+@pytest.mark.parametrize("text", ["58a2:e103:002a", "zzzz:e103:002a:09b8", "", "12345"])
+def test_parse_guid_rejects(text: str) -> None:
+    with pytest.raises(IbFormatError):
+        parse_guid(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("400 Gb/sec (4X NDR)", 400.0),
+        ("200 Gb/sec (2X NDR)", 200.0),
+        ("2.5 Gb/sec (1X SDR)", 2.5),
+        ("800 Gb/sec (4X XDR)", 800.0),
+        ("10 Gb/sec (4X)", 10.0),
+        ("56 Gb/sec (4X FDR)\n", 56.0),
+    ],
+)
+def test_parse_rate(text: str, expected: float) -> None:
+    assert parse_rate(text) == expected
+
+
+@pytest.mark.parametrize("text", ["fast", "400 Gbps", "Gb/sec (4X NDR)"])
+def test_parse_rate_rejects(text: str) -> None:
+    with pytest.raises(IbFormatError, match="Gb/sec"):
+        parse_rate(text)
+
+
+def test_small_parsers() -> None:
+    assert parse_numbered("4: ACTIVE\n") == "ACTIVE"
+    assert parse_numbered("6: LinkErrorRecovery") == "LinkErrorRecovery"
+    assert parse_lid("0x6c") == 108
+    assert parse_lid("7") == 7
+    assert port_guid_from_gid("fe80:0000:0000:0000:58a2:e103:002a:09b8") == "0x58a2e103002a09b8"
+    with pytest.raises(IbFormatError):
+        parse_numbered("ACTIVE")
+    with pytest.raises(IbFormatError):
+        port_guid_from_gid("fe80::1")
+
+
+def test_reads_every_port_with_identity_and_placement(tmp_path: Path) -> None:
+    make_hca(
+        tmp_path, "mlx5_1", pci="0000:40:00.0", node_guid="b83f:d203:0039:2b82", numa="0", netdev="ibp64s0"
+    )
+    make_hca(tmp_path, "mlx5_0", pci="0000:18:00.0", ports=2)
+    scan = read_ib(tmp_path)
+    assert scan.errors == ()
+    assert [(p.device, p.port) for p in scan.ports] == [("mlx5_0", 1), ("mlx5_0", 2), ("mlx5_1", 1)]
+    port = scan.ports[2]
+    assert port.node_guid == "0xb83fd20300392b82"
+    assert port.port_guid == "0xb83fd20300392b82"
+    assert port.sys_image_guid == "0xb83fd20300392b82"
+    assert port.state == "ACTIVE"
+    assert port.physical_state == "LinkUp"
+    assert port.rate_gbps == 400.0
+    assert port.link_layer == "InfiniBand"
+    assert port.lid == 0x6C
+    assert port.numa_node == 0
+    assert port.pci_address == "0000:40:00.0"
+    assert port.netdev == "ibp64s0"
+    assert port.hca_type == "MT4129"
+    assert port.firmware == "28.39.2048"
+
+
+def test_devices_sort_numerically(tmp_path: Path) -> None:
+    for n, bus in ((10, "ce"), (2, "4f"), (1, "40")):
+        make_hca(tmp_path, f"mlx5_{n}", pci=f"0000:{bus}:00.0")
+    assert [p.device for p in read_ib(tmp_path).ports] == ["mlx5_1", "mlx5_2", "mlx5_10"]
+
+
+def test_numa_minus_one_is_none(tmp_path: Path) -> None:
+    make_hca(tmp_path, "mlx5_0", pci="0000:18:00.0", numa="-1")
+    assert read_ib(tmp_path).ports[0].numa_node is None
+
+
+def test_no_infiniband_class_is_no_ports_and_no_error(tmp_path: Path) -> None:
+    scan = read_ib(tmp_path)
+    assert scan.ports == ()
+    assert scan.errors == ()
+
+
+@pytest.mark.parametrize(
+    ("relative", "content", "message"),
+    [
+        pytest.param("ports/1/rate", "fast\n", "rate: expected", id="bad-rate"),
+        pytest.param("ports/1/state", "ACTIVE\n", "state: expected", id="bad-state"),
+        pytest.param("ports/1/lid", "lid?\n", "lid: not a LID", id="bad-lid"),
+        pytest.param("ports/1/gids/0", "fe80::1\n", "gids/0: not a full-form GID", id="bad-gid"),
+        pytest.param("ports/1/phys_state", None, "phys_state: missing", id="missing-phys-state"),
+        pytest.param("ports/1/link_layer", b"\xff\xfe", "link_layer: not UTF-8", id="binary-link-layer"),
+    ],
+)
+def test_a_malformed_port_file_skips_that_port_only(
+    tmp_path: Path, relative: str, content: str | bytes | None, message: str
+) -> None:
+    dev = make_hca(tmp_path, "mlx5_0", pci="0000:18:00.0", ports=2)
+    make_hca(tmp_path, "mlx5_1", pci="0000:40:00.0")
+    target = dev / relative
+    if content is None:
+        target.unlink()
+    elif isinstance(content, bytes):
+        target.write_bytes(content)
+    else:
+        target.write_text(content, encoding="utf-8")
+    scan = read_ib(tmp_path)
+    assert [(p.device, p.port) for p in scan.ports] == [("mlx5_0", 2), ("mlx5_1", 1)]
+    assert len(scan.errors) == 1
+    assert message in scan.errors[0]
+    assert "port mlx5_0/1 skipped" in scan.errors[0]
+    assert "\n" not in scan.errors[0]
+
+
+def test_a_malformed_node_guid_skips_that_hca_only(tmp_path: Path) -> None:
+    dev = make_hca(tmp_path, "mlx5_0", pci="0000:18:00.0", ports=2)
+    make_hca(tmp_path, "mlx5_1", pci="0000:40:00.0")
+    (dev / "node_guid").write_text("nonsense\n", encoding="utf-8")
+    scan = read_ib(tmp_path)
+    assert [p.device for p in scan.ports] == ["mlx5_1"]
+    assert scan.errors == (f"{dev / 'node_guid'}: not a GUID: 'nonsense'; HCA mlx5_0 skipped",)
