@@ -1,0 +1,367 @@
+"""The ``GPUNode`` custom resource: one per node, named after it, facts in ``status``. Pure.
+
+- :func:`gpunode_object` builds the object the agent applies (inventory, per-device health, a summary
+  for ``kubectl get gpunodes``) from a :class:`~topology.model.NodeInventory`.
+- :func:`inventory_from_gpunode` reads one back (the controller's input), with one-line errors.
+- :func:`gpunode_crd` is the CustomResourceDefinition; its ``status.inventory`` schema is generated from
+  the model's dataclasses, so the API server checks every field's type, the enums and the required
+  fields. ``daemonset/crds/gpunode.yaml`` is this function's output (a test keeps them equal).
+
+``None`` values are left out of the object (absent = not supported): the API server's enum check does
+not accept ``null``, and a field that is absent reads back as ``None``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+from topology.model import SCHEMA_VERSION, Health, NodeInventory
+from topology.nvlink import nvlink_facts
+
+GROUP = "topology.gpuagent.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "GPUNode"
+PLURAL = "gpunodes"
+SINGULAR = "gpunode"
+
+
+class NodeHealth(enum.StrEnum):
+    """Summary of the node's device health in ``status.summary.health``."""
+
+    HEALTHY = "Healthy"  # every device healthy
+    DEGRADED = "Degraded"  # some devices unhealthy
+    UNHEALTHY = "Unhealthy"  # every device unhealthy
+    UNKNOWN = "Unknown"  # no health reported (offline discovery)
+
+
+class GpuNodeError(ValueError):
+    """A GPUNode object that cannot be read; the message names the object and the field."""
+
+
+# --------------------------------------------------------------------------- object
+
+
+def gpunode_object(
+    inventory: NodeInventory,
+    *,
+    node_name: str,
+    node_uid: str | None = None,
+    health: Mapping[str, Health] | None = None,
+) -> dict[str, Any]:
+    """The ``GPUNode`` for one node. ``health`` maps device ids (GPU / MIG UUIDs) to kubelet health;
+    ``node_uid`` adds an owner reference to the Node so the object goes when the Node goes."""
+    if not node_name:
+        raise ValueError("gpunode: node_name is empty")
+    metadata: dict[str, Any] = {"name": node_name}
+    if node_uid:
+        metadata["ownerReferences"] = [
+            {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid}
+        ]
+    status: dict[str, Any] = {
+        "summary": _summary(inventory, health),
+        "inventory": _drop_none(inventory.to_dict()),
+    }
+    if health is not None:
+        status["health"] = [{"id": dev, "health": h.value} for dev, h in sorted(health.items())]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": metadata,
+        "spec": {"nodeName": node_name},
+        "status": status,
+    }
+
+
+def _summary(inventory: NodeInventory, health: Mapping[str, Health] | None) -> dict[str, Any]:
+    products = sorted({g.name for g in inventory.gpus})
+    facts = nvlink_facts(inventory)
+    out: dict[str, Any] = {
+        "gpus": len(inventory.gpus),
+        "product": products[0] if len(products) == 1 else ("mixed" if products else "none"),
+        "fabric": facts.status.value,
+        "health": node_health(health).value,
+    }
+    if inventory.gpus:
+        out["memoryMiB"] = min(g.memory_total_mib for g in inventory.gpus)
+    if facts.gfd_clique is not None:
+        out["clique"] = facts.gfd_clique
+    if facts.reason is not None:
+        out["fabricReason"] = facts.reason
+    if health is not None:
+        out["unhealthyDevices"] = sum(1 for h in health.values() if h is Health.UNHEALTHY)
+    return out
+
+
+def node_health(health: Mapping[str, Health] | None) -> NodeHealth:
+    if health is None or not health:
+        return NodeHealth.UNKNOWN
+    bad = sum(1 for h in health.values() if h is Health.UNHEALTHY)
+    if bad == 0:
+        return NodeHealth.HEALTHY
+    return NodeHealth.UNHEALTHY if bad == len(health) else NodeHealth.DEGRADED
+
+
+def _drop_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_none(v) for v in value]
+    return value
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def inventory_from_gpunode(obj: Any) -> tuple[str, NodeInventory, dict[str, Health] | None]:
+    """``(node name, inventory, health or None)`` of a GPUNode object; raises :class:`GpuNodeError`
+    with one line naming the object and the field that is wrong."""
+    if not isinstance(obj, Mapping):
+        raise GpuNodeError(f"GPUNode: expected an object, got {type(obj).__name__}")
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    where = f"GPUNode {name!r}" if isinstance(name, str) and name else "GPUNode (no metadata.name)"
+    if not isinstance(name, str) or not name:
+        raise GpuNodeError(f"{where}: metadata.name is missing")
+    if obj.get("apiVersion") != API_VERSION or obj.get("kind") != KIND:
+        raise GpuNodeError(
+            f"{where}: apiVersion/kind are {obj.get('apiVersion')!r}/{obj.get('kind')!r}, "
+            f"expected {API_VERSION}/{KIND}"
+        )
+    status = obj.get("status")
+    if not isinstance(status, Mapping) or not isinstance(status.get("inventory"), Mapping):
+        raise GpuNodeError(f"{where}: status.inventory is missing (the agent has not published yet)")
+    raw = status["inventory"]
+    schema = raw.get("schema", SCHEMA_VERSION)
+    if schema != SCHEMA_VERSION:
+        raise GpuNodeError(
+            f"{where}: status.inventory.schema is {schema!r}, this build reads {SCHEMA_VERSION!r}"
+        )
+    try:
+        inventory = NodeInventory.from_dict(_fill_none(NodeInventory, raw))
+    except ValueError as exc:
+        raise GpuNodeError(f"{where}: status.inventory: {exc}") from None
+    health: dict[str, Health] | None = None
+    if "health" in status:
+        health = {}
+        entries = status["health"]
+        if not isinstance(entries, list):
+            raise GpuNodeError(f"{where}: status.health: expected a list")
+        for i, entry in enumerate(entries):
+            try:
+                health[str(entry["id"])] = Health(entry["health"])
+            except (KeyError, TypeError, ValueError):
+                raise GpuNodeError(
+                    f"{where}: status.health[{i}]: expected {{id, health: Healthy|Unhealthy}}, got {entry!r}"
+                ) from None
+    return name, inventory, health
+
+
+def _fill_none(tp: Any, data: Any) -> Any:
+    """Put back the ``None`` of optional fields that :func:`gpunode_object` left out."""
+    tp = _strip_optional(tp)[0]
+    origin = typing.get_origin(tp)
+    if origin is tuple and isinstance(data, list):
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return [_fill_none(args[0], v) for v in data]
+        return data
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp) and isinstance(data, Mapping):
+        hints = typing.get_type_hints(tp)
+        out = dict(data)
+        for f in dataclasses.fields(tp):
+            inner, optional = _strip_optional(hints[f.name])
+            if f.name in out:
+                out[f.name] = _fill_none(inner, out[f.name])
+            elif optional:
+                out[f.name] = None
+        return out
+    return data
+
+
+def _strip_optional(tp: Any) -> tuple[Any, bool]:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], len(args) != len(typing.get_args(tp))
+    return tp, False
+
+
+# --------------------------------------------------------------------------- CRD
+
+
+def openapi_schema(tp: Any) -> dict[str, Any]:
+    """OpenAPI v3 (structural) schema of a model type: required = fields without a default that are
+    not optional; optional fields may be absent; enums list their values; no unknown fields kept."""
+    tp = _strip_optional(tp)[0]
+    origin = typing.get_origin(tp)
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return {"type": "array", "items": openapi_schema(args[0])}
+        first = openapi_schema(args[0])
+        if any(openapi_schema(a) != first for a in args[1:]):
+            raise TypeError(f"heterogeneous tuple {tp!r} has no structural schema")
+        return {"type": "array", "items": first, "minItems": len(args), "maxItems": len(args)}
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        props: dict[str, Any] = {}
+        required: list[str] = []
+        for f in dataclasses.fields(tp):
+            props[f.name] = openapi_schema(hints[f.name])
+            no_default = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            if no_default and not _strip_optional(hints[f.name])[1]:
+                required.append(f.name)
+        out: dict[str, Any] = {"type": "object", "properties": props}
+        if required:
+            out["required"] = required
+        return out
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return {"type": "string", "enum": [str(m.value) for m in tp]}
+    if tp is bool:
+        return {"type": "boolean"}
+    if tp is int:
+        return {"type": "integer", "format": "int64"}
+    if tp is float:
+        return {"type": "number"}
+    if tp is str:
+        return {"type": "string"}
+    raise TypeError(f"no OpenAPI schema for {tp!r}")
+
+
+def inventory_schema() -> dict[str, Any]:
+    schema = openapi_schema(NodeInventory)
+    schema["properties"] = {"schema": {"type": "string", "enum": [SCHEMA_VERSION]}, **schema["properties"]}
+    schema["required"] = ["schema", *schema.get("required", [])]
+    return schema
+
+
+def gpunode_crd() -> dict[str, Any]:
+    """The ``gpunodes.topology.gpuagent.dev`` CustomResourceDefinition."""
+    health_values = [h.value for h in Health]
+    summary = {
+        "type": "object",
+        "required": ["gpus", "product", "fabric", "health"],
+        "properties": {
+            "gpus": {"type": "integer", "minimum": 0},
+            "product": {"type": "string"},
+            "memoryMiB": {"type": "integer", "minimum": 0},
+            "clique": {"type": "string", "pattern": r"^[0-9a-f-]{36}\.[0-9]+$"},
+            "fabric": {"type": "string", "enum": ["none", "ok", "incomplete", "unhealthy", "inconsistent"]},
+            "fabricReason": {"type": "string"},
+            "health": {"type": "string", "enum": [h.value for h in NodeHealth]},
+            "unhealthyDevices": {"type": "integer", "minimum": 0},
+        },
+    }
+    status = {
+        "type": "object",
+        "required": ["summary", "inventory"],
+        "properties": {
+            "summary": summary,
+            "inventory": inventory_schema(),
+            "health": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["id", "health"],
+                    "properties": {
+                        "id": {"type": "string", "minLength": 1},
+                        "health": {"type": "string", "enum": health_values},
+                    },
+                },
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["id"],
+            },
+        },
+    }
+    spec = {
+        "type": "object",
+        "required": ["nodeName"],
+        "properties": {"nodeName": {"type": "string", "minLength": 1, "maxLength": 253}},
+        "x-kubernetes-validations": [
+            {"rule": "self.nodeName == oldSelf.nodeName", "message": "spec.nodeName is immutable"}
+        ],
+    }
+    root = {
+        "type": "object",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec,
+            "status": status,
+        },
+        "x-kubernetes-validations": [
+            {
+                "rule": "self.metadata.name == self.spec.nodeName",
+                "message": "metadata.name must equal spec.nodeName",
+            }
+        ],
+    }
+
+    def column(name: str, path: str, type_: str = "string", priority: int = 0) -> dict[str, Any]:
+        col: dict[str, Any] = {"name": name, "type": type_, "jsonPath": path}
+        if priority:
+            col["priority"] = priority
+        return col
+
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "scope": "Cluster",
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "shortNames": ["gpun"],
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [
+                        column("GPUs", ".status.summary.gpus", "integer"),
+                        column("Model", ".status.summary.product"),
+                        column("Clique", ".status.summary.clique"),
+                        column("Fabric", ".status.summary.fabric"),
+                        column("Health", ".status.summary.health"),
+                        column("Memory-MiB", ".status.summary.memoryMiB", "integer", priority=1),
+                        column("Age", ".metadata.creationTimestamp", "date"),
+                    ],
+                    "schema": {"openAPIV3Schema": root},
+                }
+            ],
+        },
+    }
+
+
+def crd_yaml() -> str:
+    import yaml  # noqa: PLC0415 - only the CRD writer needs it
+
+    header = (
+        "# Generated by `python -m topology.gpunode` from topology/model.py; do not edit by hand.\n"
+        "# The status.inventory schema mirrors NodeInventory.to_dict() (None values left out).\n"
+    )
+    return header + yaml.safe_dump(gpunode_crd(), sort_keys=False, width=100)
+
+
+if __name__ == "__main__":
+    import pathlib
+    import sys
+
+    target = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "daemonset/crds/gpunode.yaml")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(crd_yaml(), encoding="utf-8")
+    print(f"wrote {target}")

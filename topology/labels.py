@@ -1,0 +1,112 @@
+"""Node labels the agent publishes, computed from the inventory. Pure.
+
+Two families:
+
+- GPU Feature Discovery compatible ``nvidia.com/*`` labels (names in ARCHITECTURE.md; values as GFD
+  writes them), so workloads and tools written for GFD keep working. ``nvidia.com/gpu.clique`` is set
+  only when every GPU's fabric is ``COMPLETED`` with status ``SUCCESS`` and all agree on
+  ``<clusterUuid>.<cliqueId>``.
+- ``gpuagent.dev/*`` labels we own: the node's NVLink domain (the same name as its tier-1 HyperNode),
+  the fabric status, and the InfiniBand leaf set its ports cable to (the name the controller gives the
+  leaf domain when it knows nothing more than the switch GUIDs).
+"""
+
+from __future__ import annotations
+
+import re
+
+from topology.model import NodeInventory
+from topology.names import clique_domain_name, node_domain_name, normalize_guid, switch_set_name
+from topology.nvlink import FabricStatus, nvlink_facts
+
+NVIDIA = "nvidia.com/"
+OURS = "gpuagent.dev/"
+LABEL_NVLINK_DOMAIN = f"{OURS}nvlink-domain"
+LABEL_FABRIC = f"{OURS}nvlink-fabric"
+LABEL_IB_LEAF = f"{OURS}ib-leaf"
+LABEL_CLIQUE = f"{NVIDIA}gpu.clique"
+
+MIG_STRATEGIES = ("none", "single", "mixed")
+SHARING_STRATEGIES = ("none", "time-slicing", "mps")
+
+_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def label_value(text: str) -> str:
+    """Spaces and other characters a label value cannot hold become ``-``; at most 63 characters."""
+    return _VALUE_BAD.sub("-", text).strip("-_.")[:63].rstrip("-_.")
+
+
+def ib_leaf_switches(inventory: NodeInventory) -> frozenset[str]:
+    """Normalized GUIDs of the switches this node's active InfiniBand ports cable to (where known)."""
+    out: set[str] = set()
+    for port in inventory.ib:
+        if port.switch_guid and port.link_layer == "InfiniBand" and port.state.upper().endswith("ACTIVE"):
+            try:
+                out.add(normalize_guid(port.switch_guid))
+            except ValueError:
+                continue
+    return frozenset(out)
+
+
+def node_labels(
+    inventory: NodeInventory,
+    *,
+    node_name: str,
+    mig_strategy: str = "none",
+    sharing_strategy: str = "none",
+    replicas: int = 1,
+    shared_renamed: bool = False,
+) -> dict[str, str]:
+    """Every label the agent owns on its Node; a label absent here is removed from the Node."""
+    if mig_strategy not in MIG_STRATEGIES:
+        raise ValueError(f"mig_strategy {mig_strategy!r}: valid: {', '.join(MIG_STRATEGIES)}")
+    if sharing_strategy not in SHARING_STRATEGIES:
+        raise ValueError(f"sharing_strategy {sharing_strategy!r}: valid: {', '.join(SHARING_STRATEGIES)}")
+    if replicas < 1:
+        raise ValueError(f"replicas {replicas}: must be at least 1")
+    labels: dict[str, str] = {}
+    gpus = [g for g in inventory.gpus if not g.lost]
+    labels[f"{NVIDIA}gpu.present"] = "true" if gpus else "false"
+    if gpus:
+        first = min(gpus, key=lambda g: g.index)
+        product = label_value(first.name)
+        if replicas > 1 and not shared_renamed:
+            product = label_value(f"{product}-SHARED")
+        labels[f"{NVIDIA}gpu.product"] = product
+        labels[f"{NVIDIA}gpu.count"] = str(len(gpus))
+        labels[f"{NVIDIA}gpu.memory"] = str(first.memory_total_mib)
+        labels[f"{NVIDIA}gpu.family"] = label_value(first.architecture)
+        labels[f"{NVIDIA}gpu.compute.major"] = str(first.compute_capability[0])
+        labels[f"{NVIDIA}gpu.compute.minor"] = str(first.compute_capability[1])
+        labels[f"{NVIDIA}mig.capable"] = "true" if any(g.mig_capable for g in gpus) else "false"
+        labels[f"{NVIDIA}mig.strategy"] = mig_strategy
+        labels[f"{NVIDIA}gpu.sharing-strategy"] = sharing_strategy
+        labels[f"{NVIDIA}gpu.replicas"] = str(replicas)
+    if inventory.driver is not None:
+        parts = inventory.driver.driver_version.split(".")
+        names = ("major", "minor", "rev")
+        for name, part in zip(names, parts, strict=False):
+            labels[f"{NVIDIA}cuda.driver.{name}"] = label_value(part)
+            labels[f"{NVIDIA}cuda.driver-version.{'revision' if name == 'rev' else name}"] = label_value(part)
+        labels[f"{NVIDIA}cuda.driver-version.full"] = label_value(inventory.driver.driver_version)
+        cuda_major, cuda_minor = inventory.driver.cuda_major, inventory.driver.cuda_minor
+        labels[f"{NVIDIA}cuda.runtime.major"] = str(cuda_major)
+        labels[f"{NVIDIA}cuda.runtime.minor"] = str(cuda_minor)
+        labels[f"{NVIDIA}cuda.runtime-version.major"] = str(cuda_major)
+        labels[f"{NVIDIA}cuda.runtime-version.minor"] = str(cuda_minor)
+        labels[f"{NVIDIA}cuda.runtime-version.full"] = f"{cuda_major}.{cuda_minor}"
+
+    facts = nvlink_facts(inventory)
+    if facts.gfd_clique is not None:
+        labels[LABEL_CLIQUE] = facts.gfd_clique
+    if gpus:
+        labels[LABEL_FABRIC] = facts.status.value
+        if facts.status is FabricStatus.OK and facts.clique is not None:
+            labels[LABEL_NVLINK_DOMAIN] = clique_domain_name(facts.clique)
+        elif facts.status is FabricStatus.NONE:
+            labels[LABEL_NVLINK_DOMAIN] = node_domain_name(node_name)
+    leaves = ib_leaf_switches(inventory)
+    if leaves:
+        labels[LABEL_IB_LEAF] = switch_set_name("leaf", leaves)
+    return labels
