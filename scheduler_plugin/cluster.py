@@ -1,0 +1,282 @@
+"""From Kubernetes API objects (plain dicts, as the API serves them) to a planner ``ClusterSnapshot``.
+
+Pure: no client, no I/O. Nodes give allocatable ``nvidia.com/gpu`` (and cpu, memory); bound pods that
+still hold resources give the used part; Volcano ``HyperNode`` CRs give the domain tree by tier. Where
+no HyperNode covers a node at some tier, our node labels stand in (``gpuagent.dev/nvlink-domain``, else
+GFD's ``nvidia.com/gpu.clique``; ``gpuagent.dev/ib-leaf``; ``gpuagent.dev/<tier>-domain``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from scheduler_plugin.snapshot import ClusterSnapshot, NodeState
+
+GPU = "nvidia.com/gpu"
+CPU = "cpu"
+MEMORY = "memory"
+TRACKED = (CPU, MEMORY)
+
+DEFAULT_TIER_NAMES = ("nvlink", "leaf", "spine", "core")  # ARCHITECTURE.md: tier 1..4
+LABEL_FALLBACK: dict[str, tuple[str, ...]] = {
+    "nvlink": ("gpuagent.dev/nvlink-domain", "nvidia.com/gpu.clique"),
+    "leaf": ("gpuagent.dev/ib-leaf", "gpuagent.dev/leaf-domain"),
+    "spine": ("gpuagent.dev/spine-domain",),
+    "core": ("gpuagent.dev/core-domain",),
+}
+
+_SUFFIX: dict[str, Decimal | int] = {
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "": 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+}
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
+
+
+def parse_quantity(value: object) -> Decimal:
+    """A Kubernetes resource quantity (``"500m"``, ``"64Gi"``, ``4``) as a number; ``ValueError`` if bad."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a quantity: {value!r}")
+    if isinstance(value, int | float):
+        return Decimal(str(value))
+    if not isinstance(value, str):
+        raise ValueError(f"not a quantity: {value!r}")
+    m = _QUANTITY.match(value.strip())
+    if not m:
+        raise ValueError(f"not a quantity: {value!r}")
+    try:
+        number = Decimal(m.group(1))
+    except InvalidOperation:
+        raise ValueError(f"not a quantity: {value!r}") from None
+    return number * Decimal(_SUFFIX[m.group(2) or ""])
+
+
+def _amount(resource: str, value: object) -> int:
+    """Whole units: GPUs, cpu millicores, memory bytes (rounded up, as the scheduler counts them)."""
+    q = parse_quantity(value)
+    if resource == CPU:
+        q = q * 1000
+    return int(q.to_integral_value(rounding="ROUND_CEILING"))
+
+
+def _get(obj: Mapping[str, Any], *path: str) -> Any:
+    cur: Any = obj
+    for p in path:
+        if not isinstance(cur, Mapping):
+            return None
+        cur = cur.get(p)
+    return cur
+
+
+def pod_key(pod: Mapping[str, Any]) -> str:
+    return f"{_get(pod, 'metadata', 'namespace') or 'default'}/{_get(pod, 'metadata', 'name') or ''}"
+
+
+def pod_requests(pod: Mapping[str, Any]) -> dict[str, int]:
+    """Effective requests of a pod: max(sum of containers, largest init container) per resource.
+
+    For extended resources such as ``nvidia.com/gpu`` a limit alone counts as the request.
+    """
+
+    def one(container: Mapping[str, Any]) -> dict[str, int]:
+        res = container.get("resources") or {}
+        out: dict[str, int] = {}
+        limits = res.get("limits") or {}
+        requests = res.get("requests") or {}
+        for name in (GPU, *TRACKED):
+            raw = requests.get(name)
+            if raw is None and name == GPU:
+                raw = limits.get(name)
+            if raw is not None:
+                try:
+                    out[name] = _amount(name, raw)
+                except ValueError:
+                    continue
+        return out
+
+    spec = pod.get("spec") or {}
+    total: dict[str, int] = {}
+    for c in spec.get("containers") or []:
+        for k, v in one(c).items():
+            total[k] = total.get(k, 0) + v
+    for c in spec.get("initContainers") or []:
+        for k, v in one(c).items():
+            total[k] = max(total.get(k, 0), v)
+    return total
+
+
+def holds_resources(pod: Mapping[str, Any]) -> bool:
+    """A pod bound to a node that has not finished (Succeeded/Failed pods free their resources)."""
+    return bool(_get(pod, "spec", "nodeName")) and _get(pod, "status", "phase") not in ("Succeeded", "Failed")
+
+
+def node_schedulable(node: Mapping[str, Any]) -> bool:
+    if _get(node, "spec", "unschedulable"):
+        return False
+    for cond in _get(node, "status", "conditions") or []:
+        if cond.get("type") == "Ready" and cond.get("status") != "True":
+            return False
+    return True
+
+
+def _tier_name(number: int, names: Mapping[int, str]) -> str:
+    if number in names:
+        return names[number]
+    if 1 <= number <= len(DEFAULT_TIER_NAMES):
+        return DEFAULT_TIER_NAMES[number - 1]
+    return f"tier-{number}"
+
+
+def hypernode_domains(
+    hypernodes: Iterable[Mapping[str, Any]],
+    node_names: Sequence[str],
+    node_labels: Mapping[str, Mapping[str, str]],
+) -> tuple[tuple[str, ...], dict[str, dict[str, str]]]:
+    """Tier names (tier 1 first) and each node's domain per tier, from HyperNode CRs.
+
+    Members: ``Node`` by ``exactMatch``/``regexMatch``/``labelMatch.matchLabels``; ``HyperNode`` by
+    ``exactMatch`` (Volcano ignores the other selectors for HyperNode members).
+    """
+    hns = {str(_get(h, "metadata", "name")): h for h in hypernodes if _get(h, "metadata", "name")}
+    tier_names: dict[int, str] = {}
+    tiers_of: dict[str, int] = {}
+    for name, h in hns.items():
+        tier = _get(h, "spec", "tier")
+        if not isinstance(tier, int) or isinstance(tier, bool):
+            continue
+        tiers_of[name] = tier
+        tn = _get(h, "spec", "tierName")
+        if isinstance(tn, str) and tn and tier not in tier_names:
+            tier_names[tier] = tn
+
+    resolved: dict[str, set[str]] = {}
+
+    def nodes_of(name: str, stack: tuple[str, ...]) -> set[str]:
+        if name in resolved:
+            return resolved[name]
+        if name in stack:  # a cycle: Volcano rejects it; we ignore the back edge
+            return set()
+        out: set[str] = set()
+        for member in _get(hns[name], "spec", "members") or []:
+            sel = member.get("selector") or {}
+            if member.get("type") == "HyperNode":
+                child = _get(sel, "exactMatch", "name")
+                if isinstance(child, str) and child in hns:
+                    out |= nodes_of(child, (*stack, name))
+                continue
+            exact = _get(sel, "exactMatch", "name")
+            if isinstance(exact, str):
+                if exact in node_labels:
+                    out.add(exact)
+                continue
+            pattern = _get(sel, "regexMatch", "pattern")
+            if isinstance(pattern, str):
+                try:
+                    rx = re.compile(pattern)
+                except re.error:
+                    continue
+                out |= {n for n in node_names if rx.match(n)}
+                continue
+            match_labels = _get(sel, "labelMatch", "matchLabels")
+            if isinstance(match_labels, Mapping) and match_labels:
+                out |= {
+                    n for n in node_names if all(node_labels[n].get(k) == v for k, v in match_labels.items())
+                }
+        resolved[name] = out
+        return out
+
+    domains: dict[str, dict[str, str]] = {n: {} for n in node_names}
+    for name in sorted(hns):
+        if name not in tiers_of:
+            continue
+        tname = _tier_name(tiers_of[name], tier_names)
+        for n in nodes_of(name, ()):
+            domains[n].setdefault(tname, name)
+    numbers = sorted(set(tiers_of.values()))
+    return tuple(_tier_name(t, tier_names) for t in numbers), domains
+
+
+def snapshot_from_objects(
+    nodes: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+    hypernodes: Iterable[Mapping[str, Any]] = (),
+    *,
+    reserved: Mapping[str, Mapping[str, int]] | None = None,
+) -> ClusterSnapshot:
+    """A snapshot of the cluster: free = allocatable - requests of bound, unfinished pods - ``reserved``.
+
+    ``reserved`` maps a node name to resources held for gangs that are planned but not bound yet.
+    """
+    node_list = [n for n in nodes if _get(n, "metadata", "name")]
+    names = sorted(str(_get(n, "metadata", "name")) for n in node_list)
+    labels = {str(_get(n, "metadata", "name")): dict(_get(n, "metadata", "labels") or {}) for n in node_list}
+    used: dict[str, dict[str, int]] = {}
+    for pod in pods:
+        if not holds_resources(pod):
+            continue
+        u = used.setdefault(str(_get(pod, "spec", "nodeName")), {})
+        for k, v in pod_requests(pod).items():
+            u[k] = u.get(k, 0) + v
+    for node_name, res in (reserved or {}).items():
+        u = used.setdefault(node_name, {})
+        for k, v in res.items():
+            u[k] = u.get(k, 0) + v
+    tiers, hn_domains = hypernode_domains(hypernodes, names, labels)
+    tier_list = list(tiers)
+    # label fallback for tiers no HyperNode covers on some node
+    for tname in DEFAULT_TIER_NAMES:
+        keys = LABEL_FALLBACK[tname]
+        for n in names:
+            if tname in hn_domains[n]:
+                continue
+            for key in keys:
+                value = labels[n].get(key)
+                if value:
+                    hn_domains[n][tname] = value
+                    if tname not in tier_list:
+                        tier_list.append(tname)
+                    break
+    order = {t: i for i, t in enumerate(DEFAULT_TIER_NAMES)}
+    if not tiers:
+        tier_list.sort(key=lambda t: order.get(t, len(order)))
+    states: list[NodeState] = []
+    for node in node_list:
+        name = str(_get(node, "metadata", "name"))
+        alloc = _get(node, "status", "allocatable") or {}
+        res_alloc: dict[str, int] = {}
+        for r in (GPU, *TRACKED):
+            if r in alloc:
+                try:
+                    res_alloc[r] = _amount(r, alloc[r])
+                except ValueError:
+                    res_alloc[r] = 0
+        gpus = res_alloc.pop(GPU, 0)
+        u = used.get(name, {})
+        states.append(
+            NodeState(
+                name=name,
+                gpus=gpus,
+                free=max(0, gpus - u.get(GPU, 0)),
+                domains=hn_domains.get(name, {}),
+                resources=res_alloc,
+                free_resources={r: max(0, v - u.get(r, 0)) for r, v in res_alloc.items()},
+                schedulable=node_schedulable(node),
+            )
+        )
+    return ClusterSnapshot(tiers=tuple(tier_list), nodes=tuple(sorted(states, key=lambda s: s.name)))

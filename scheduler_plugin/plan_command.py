@@ -1,0 +1,78 @@
+"""``gpu-node-agent plan``: plan one gang on a cluster snapshot and print the plan as JSON.
+
+``--cluster C.yaml`` reads a snapshot file; ``--from-cluster [--kubeconfig K]`` reads the live API
+(nodes' allocatable ``nvidia.com/gpu``, bound pods' requests, HyperNodes, node-label fallback).
+Exit 0 with ``{"feasible": ...}`` whether the gang fits or not; exit 2 with one line naming the
+field for invalid input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import yaml
+
+from scheduler_plugin.formats import FormatError, gang_from_data, result_to_data, snapshot_from_data
+from scheduler_plugin.planner import plan
+from scheduler_plugin.snapshot import ClusterSnapshot
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"plan: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _load(path: str, what: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return yaml.safe_load(fh)
+    except OSError as exc:
+        raise FormatError(f"{what}: cannot read {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise FormatError(f"{what}: {path}{where}: not valid YAML") from None
+
+
+def _live_snapshot(kubeconfig: str | None) -> ClusterSnapshot:
+    from scheduler_plugin.cluster import snapshot_from_objects  # noqa: PLC0415 - only for --from-cluster
+    from scheduler_plugin.kube import KubeApi, api_client_from  # noqa: PLC0415
+
+    api = KubeApi(api_client_from(kubeconfig))
+    return snapshot_from_objects(
+        api.list_objects("nodes").items, api.list_objects("pods").items, api.list_objects("hypernodes").items
+    )
+
+
+def main(argv: list[str]) -> int:
+    parser = _Parser(prog="gpu-node-agent plan", description=__doc__.splitlines()[0] if __doc__ else None)
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--cluster", metavar="C.yaml", help="cluster snapshot file (tiers, nodes)")
+    src.add_argument("--from-cluster", action="store_true", help="read the snapshot from the live API")
+    parser.add_argument("--kubeconfig", metavar="K", help="kubeconfig for --from-cluster")
+    parser.add_argument("--gang", metavar="G.yaml", required=True, help="gang file (name, tier, roles)")
+    parser.add_argument("--indent", type=int, default=2, help="JSON indent (0: one line)")
+    args = parser.parse_args(argv)
+    if args.kubeconfig and not args.from_cluster:
+        parser.error("--kubeconfig needs --from-cluster")
+    try:
+        if args.from_cluster:
+            try:
+                snapshot = _live_snapshot(args.kubeconfig)
+            except Exception as exc:  # any API/config failure is one line and exit 2
+                first = str(exc).splitlines()[0] if str(exc) else ""
+                print(f"plan: --from-cluster: {type(exc).__name__}: {first}", file=sys.stderr)
+                return 2
+        else:
+            snapshot = snapshot_from_data(_load(args.cluster, "cluster"), "cluster")
+        gang = gang_from_data(_load(args.gang, "gang"), snapshot.tiers, "gang")
+    except FormatError as exc:
+        print(f"plan: {exc}", file=sys.stderr)
+        return 2
+    result = plan(snapshot, gang)
+    print(json.dumps(result_to_data(result, snapshot.tiers), indent=args.indent or None))
+    return 0
