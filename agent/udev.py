@@ -7,10 +7,9 @@ Two sources with one interface (:class:`HotplugSource`), each an async stream of
   ``unbind``). It takes any object with pyudev's ``Monitor`` surface (``fileno``, ``start``, ``poll``,
   ``filter_by``), so tests drive it with a fake monitor; :meth:`PyudevSource.from_system` builds the real one.
 - :class:`QueueHotplugSource` — in memory: whoever simulates hardware calls :meth:`~QueueHotplugSource.push`
-  (the NVML simulator on ``gpu_lost``/``recover``, a test). :func:`simulated_source` connects it to a
-  simulator that offers hot-plug callbacks (``add_hotplug_listener(callback)`` where ``callback(action,
-  subsystem, pci_address)``) or a queue (``hotplug_events()`` returning an ``asyncio.Queue`` of
-  ``(action, subsystem, pci_address)`` tuples).
+  (the NVML simulator on ``gpu_lost``/``recover``, a test). :func:`simulated_source` subscribes it to
+  ``SimulatedNvml.add_hotplug_listener``, whose listener receives events with ``action``, ``subsystem``
+  and ``pci_address`` attributes, and unsubscribes on close.
 
 The ``run`` command consumes ``events()`` to trigger rediscovery. Iteration ends after ``close()``.
 :func:`event_from_udev` is the pure filter/normaliser both sources share.
@@ -21,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -138,7 +137,19 @@ class _QueueBase:
 
 
 class QueueHotplugSource(_QueueBase):
-    """In-memory hot-plug source; :meth:`push` may be called from any thread."""
+    """In-memory hot-plug source; :meth:`push` may be called from any thread.
+
+    ``on_close`` runs once when the source closes (e.g. to unsubscribe from a simulator).
+    """
+
+    def __init__(self, *, on_close: Callable[[], object] | None = None) -> None:
+        super().__init__()
+        self._on_close = on_close
+
+    def close(self) -> None:
+        if not self._closed and self._on_close is not None:
+            self._on_close()
+        super().close()
 
     def push(self, action: str, subsystem: str, pci_address: str | None, device: str | None = None) -> None:
         if action not in ACTIONS:
@@ -156,15 +167,18 @@ class QueueHotplugSource(_QueueBase):
 
 
 def simulated_source(simulator: Any) -> QueueHotplugSource:
-    """A :class:`QueueHotplugSource` fed by a simulator's hot-plug notifications.
+    """A :class:`QueueHotplugSource` fed by the simulator's hot-plug notifications.
 
-    Supports ``simulator.add_hotplug_listener(callback)`` (``callback(action, subsystem, pci_address)``).
-    A simulator without it gives a source only tests push into.
+    ``simulator.add_hotplug_listener(listener)`` calls ``listener(event)`` with an object carrying
+    ``action``, ``subsystem`` and ``pci_address``, and returns an unsubscribe function.
     """
-    source = QueueHotplugSource()
-    add_listener = getattr(simulator, "add_hotplug_listener", None)
-    if callable(add_listener):
-        add_listener(lambda action, subsystem, pci: source.push(str(action), str(subsystem), pci))
+    source: QueueHotplugSource
+
+    def listener(event: Any) -> None:
+        source.push(str(event.action), str(event.subsystem), event.pci_address)
+
+    unsubscribe = simulator.add_hotplug_listener(listener)
+    source = QueueHotplugSource(on_close=unsubscribe if callable(unsubscribe) else None)
     return source
 
 
