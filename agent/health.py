@@ -1,0 +1,177 @@
+"""Health monitor: NVML events and probes feed the :class:`~agent.healthbook.HealthBook`, whose answers
+go to the :class:`~agent.runtime.InventoryStore`.
+
+NVML's event wait blocks, so it runs in a worker thread (``asyncio.to_thread``) with a short timeout,
+and each event is handed back to the loop. A failing wait is logged and retried with a back-off; it
+never marks devices unhealthy by itself (only events and probes about a GPU do). Unhealthy GPUs are
+probed every ``probe_interval_s`` (a cheap identity query); fabric health is polled at the same pace
+when it can mark GPUs. A MIG configuration change asks for a rediscovery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from agent import logs
+from agent.healthbook import HealthBook, HealthConfig, Outcome
+from agent.nvml.errors import LOST_CODES, NVMLError
+from agent.nvml.protocol import EventKind, NvmlBackend, NvmlEvent
+from agent.runtime import Change, InventoryStore, StoreUpdate, sleep_until
+
+WAIT_TIMEOUT_MS = 100
+MAX_WAIT_BACKOFF_S = 5.0
+
+
+class HealthMonitor:
+    """Component: keeps ``store``'s health table current from NVML."""
+
+    def __init__(
+        self,
+        *,
+        nvml: NvmlBackend,
+        store: InventoryStore,
+        config: HealthConfig,
+        clock: Callable[[], float] = time.monotonic,
+        wait_timeout_ms: int = WAIT_TIMEOUT_MS,
+        on_mig_change: Callable[[str], None] | None = None,
+    ) -> None:
+        self._nvml = nvml
+        self._store = store
+        self._clock = clock
+        self._wait_ms = wait_timeout_ms
+        self._on_mig_change = on_mig_change
+        self.book = HealthBook(config=config)
+        self.config = config
+        self.wait_failures = 0
+        self.events_seen = 0
+        self._registered: tuple[int, ...] = ()
+        self._inventory_changed = asyncio.Event()
+        self._log = logs.get_logger("agent.health")
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self._apply(self.book.set_inventory(self._store.inventory, self._clock()))
+        remove = self._store.add_listener(self._on_store)
+        try:
+            await self._register()
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._events(stop))
+                tg.create_task(self._probes(stop))
+                tg.create_task(self._follow_inventory(stop))
+        finally:
+            remove()
+
+    # ----------------------------------------------------------------- loops
+
+    async def _events(self, stop: asyncio.Event) -> None:
+        backoff = 0.1
+        while not stop.is_set():
+            try:
+                event = await asyncio.to_thread(self._nvml.wait_event, self._wait_ms)
+            except NVMLError as exc:
+                self.wait_failures += 1
+                self._log.warning(
+                    "nvml_event_wait_failed",
+                    error=str(exc),
+                    retry_in_s=backoff,
+                    hint="device health still follows probes; check the driver if this repeats",
+                )
+                if await sleep_until(stop, backoff):
+                    return
+                backoff = min(backoff * 2, MAX_WAIT_BACKOFF_S)
+                continue
+            backoff = 0.1
+            if event is not None:
+                self.handle_event(event)
+
+    def handle_event(self, event: NvmlEvent) -> Outcome:
+        """Apply one event (public so tests and the event thread share one path)."""
+        self.events_seen += 1
+        self._store.record_event(event)
+        if event.kind is EventKind.MIG_CONFIG_CHANGE and self._on_mig_change is not None:
+            self._on_mig_change("mig_config_change")
+        outcome = self.book.on_event(event, self._clock())
+        if outcome.changed:
+            self._log.bind(gpu_uuid=event.gpu_uuid).warning(
+                "device_unhealthy",
+                event_kind=event.kind.value,
+                xid=event.xid,
+                devices=sorted(outcome.changed),
+                hint="the device is withdrawn from new pods; it returns after it answers and stays quiet",
+            )
+        self._apply(outcome)
+        return outcome
+
+    async def _probes(self, stop: asyncio.Event) -> None:
+        while not await sleep_until(stop, self.config.probe_interval_s):
+            await self.probe_once()
+
+    async def probe_once(self) -> None:
+        """Probe every unhealthy GPU, and poll fabric health where it can mark GPUs."""
+        for index, uuid in self.book.unhealthy_gpus():
+            answered, lost, error = await asyncio.to_thread(self._probe, index, uuid)
+            outcome = self.book.on_probe(uuid, answered=answered, lost=lost, now=self._clock(), error=error)
+            for key in outcome.changed:
+                if self.book.status(key).healthy:
+                    self._log.bind(gpu_uuid=uuid).info("device_recovered", device=key)
+            self._apply(outcome)
+        if self.config.fabric_unhealthy_marks_gpu:
+            for gpu in self._store.inventory.gpus:
+                if gpu.lost or self.book.is_lost(gpu.uuid):
+                    continue
+                try:
+                    info = await asyncio.to_thread(self._nvml.fabric, gpu.index)
+                except NVMLError:
+                    continue
+                if info is not None:
+                    self._apply(self.book.on_fabric(gpu.uuid, info.health_summary, self._clock()))
+
+    def _probe(self, index: int, uuid: str) -> tuple[bool, bool, str | None]:
+        try:
+            gpu = self._nvml.gpu(index)
+        except NVMLError as exc:
+            return False, exc.value in LOST_CODES, str(exc)
+        if gpu.uuid != uuid:
+            return False, True, f"index {index} now answers as {gpu.uuid}"
+        return True, False, None
+
+    async def _follow_inventory(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            waiter = asyncio.ensure_future(self._inventory_changed.wait())
+            stopper = asyncio.ensure_future(stop.wait())
+            try:
+                await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
+                stopper.cancel()
+            if stop.is_set():
+                return
+            self._inventory_changed.clear()
+            self._apply(self.book.set_inventory(self._store.inventory, self._clock()))
+            await self._register()
+
+    # ----------------------------------------------------------------- helpers
+
+    def _on_store(self, update: StoreUpdate) -> None:
+        if update.change & Change.INVENTORY:
+            self._inventory_changed.set()
+
+    async def _register(self) -> None:
+        indices = tuple(g.index for g in self._store.inventory.gpus if not g.lost)
+        if indices == self._registered:
+            return
+        try:
+            await asyncio.to_thread(self._nvml.register_events, indices)
+        except NVMLError as exc:
+            self._log.warning(
+                "nvml_event_registration_failed",
+                error=str(exc),
+                hint="events are not watched; health follows probes only",
+            )
+            return
+        self._registered = indices
+
+    def _apply(self, outcome: Outcome) -> None:
+        if outcome.changed:
+            self._store.set_health(self.book.snapshot())

@@ -1,0 +1,244 @@
+"""The node runtime: the components ``run`` starts, the store they share, and their lifecycle.
+
+- :class:`Component`: anything with ``async def run(self, stop: asyncio.Event) -> None`` that returns
+  soon after ``stop`` is set, having released what it holds. Tests start and stop components this way,
+  without signals.
+- :class:`InventoryStore`: the current :class:`~topology.model.NodeInventory`, per-device health (by GPU
+  and MIG UUID, with a reason) and XID counts; readers subscribe for changes. The device plugin, the
+  metrics exporter and the publisher read it; discovery and the health monitor write it.
+- :func:`run_components`: runs components in one TaskGroup until ``stop`` is set or one fails; then sets
+  ``stop`` so the others shut down in order.
+
+This module imports no adapter (no gRPC, no HTTP, no Kubernetes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from agent.healthbook import HEALTHY, DeviceHealth
+from agent.nvml.protocol import EventKind, NvmlEvent
+from topology.model import NodeInventory
+
+
+@runtime_checkable
+class Component(Protocol):
+    """A long-running part of ``run``."""
+
+    async def run(self, stop: asyncio.Event) -> None: ...
+
+
+class Change(enum.Flag):
+    INVENTORY = enum.auto()
+    HEALTH = enum.auto()
+    EVENTS = enum.auto()
+
+
+@dataclass(frozen=True, slots=True)
+class StoreUpdate:
+    version: int
+    change: Change
+
+
+Listener = Callable[[StoreUpdate], None]
+
+
+class InventoryStore:
+    """Shared state of one node; every method runs on the event loop (no locking needed)."""
+
+    def __init__(self, inventory: NodeInventory) -> None:
+        self._inventory = inventory
+        self._health: dict[str, DeviceHealth] = {}
+        self._xids: dict[tuple[str, int], int] = {}
+        self._events: dict[tuple[str, str], int] = {}
+        self._version = 0
+        self._changed = asyncio.Event()
+        self._last_change = Change(0)
+        self._listeners: list[Listener] = []
+
+    # ----------------------------------------------------------------- reading
+
+    @property
+    def inventory(self) -> NodeInventory:
+        return self._inventory
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def health(self) -> Mapping[str, DeviceHealth]:
+        """Health of every GPU and MIG device by UUID that is not healthy is listed; others are healthy."""
+        return dict(self._health)
+
+    def health_of(self, uuid: str) -> DeviceHealth:
+        return self._health.get(uuid, HEALTHY)
+
+    def device_health(self, keys: Iterable[str]) -> DeviceHealth:
+        """Health of a device made of several keys (a GPU and its MIG devices): the first unhealthy one."""
+        for key in keys:
+            status = self._health.get(key)
+            if status is not None and not status.healthy:
+                return status
+        return HEALTHY
+
+    def xid_counts(self) -> Mapping[tuple[str, int], int]:
+        """XID events seen since start, by (GPU UUID, XID) — ignored XIDs included."""
+        return dict(self._xids)
+
+    def event_counts(self) -> Mapping[tuple[str, str], int]:
+        """NVML events seen since start, by (GPU UUID, event kind)."""
+        return dict(self._events)
+
+    # ----------------------------------------------------------------- writing
+
+    def set_inventory(self, inventory: NodeInventory) -> None:
+        if inventory == self._inventory:
+            return
+        self._inventory = inventory
+        self._bump(Change.INVENTORY)
+
+    def set_health(self, health: Mapping[str, DeviceHealth]) -> None:
+        """Replace the health table (keys absent are healthy)."""
+        unhealthy = {k: v for k, v in health.items() if not v.healthy}
+        if unhealthy == self._health:
+            return
+        self._health = unhealthy
+        self._bump(Change.HEALTH)
+
+    def record_event(self, event: NvmlEvent) -> None:
+        key = (event.gpu_uuid, event.kind.value)
+        self._events[key] = self._events.get(key, 0) + 1
+        if event.kind is EventKind.XID and event.xid is not None:
+            xkey = (event.gpu_uuid, event.xid)
+            self._xids[xkey] = self._xids.get(xkey, 0) + 1
+        self._bump(Change.EVENTS)
+
+    # ----------------------------------------------------------------- following
+
+    def add_listener(self, listener: Listener) -> Callable[[], None]:
+        """Call ``listener`` synchronously on every change; returns a function that removes it."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+
+    async def wait_for_change(self, since: int, *, timeout: float | None = None) -> int:
+        """The version after ``since``; returns at once if it moved already, or ``since`` on timeout."""
+        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+        while self._version == since:
+            event = self._changed
+            remaining = None if deadline is None else deadline - asyncio.get_running_loop().time()
+            if remaining is not None and remaining <= 0:
+                break
+            try:
+                await asyncio.wait_for(event.wait(), remaining)
+            except TimeoutError:
+                break
+        return self._version
+
+    async def subscribe(self, stop: asyncio.Event) -> AsyncIterator[int]:
+        """Yield the version now and after every change until ``stop`` is set."""
+        seen = self._version
+        yield seen
+        while not stop.is_set():
+            version = await self.wait_for_change(seen, timeout=0.25)
+            if version != seen:
+                seen = version
+                yield seen
+
+    def _bump(self, change: Change) -> None:
+        self._version += 1
+        self._last_change = change
+        event, self._changed = self._changed, asyncio.Event()
+        event.set()
+        update = StoreUpdate(self._version, change)
+        for listener in list(self._listeners):
+            listener(update)
+
+
+async def run_components(components: Sequence[Component], stop: asyncio.Event) -> None:
+    """Run every component until ``stop`` is set. A component that fails or returns early sets ``stop``,
+    so the others shut down in their own order instead of being cancelled; failures are raised together
+    (an ``ExceptionGroup``) once every component has returned."""
+    errors: list[Exception] = []
+
+    async def guarded(component: Component) -> None:
+        try:
+            await component.run(stop)
+        except Exception as exc:  # collected and re-raised below
+            errors.append(exc)
+        finally:
+            stop.set()
+
+    async with asyncio.TaskGroup() as tg:
+        for component in components:
+            tg.create_task(guarded(component), name=type(component).__name__)
+    if errors:
+        raise ExceptionGroup("a component of the node runtime failed", errors)
+
+
+class Rediscovery:
+    """Component: runs ``discover`` again when asked (MIG config change, hot-plug) or every ``interval_s``,
+    and stores the new inventory; readers see it through the store."""
+
+    def __init__(
+        self,
+        *,
+        store: InventoryStore,
+        discover: Callable[[], NodeInventory],
+        interval_s: float | None = None,
+        debounce_s: float = 0.05,
+        on_error: Callable[[Exception], None] | None = None,
+    ) -> None:
+        self._store = store
+        self._discover = discover
+        self._interval = interval_s
+        self._debounce = debounce_s
+        self._on_error = on_error
+        self._wanted = asyncio.Event()
+        self.reasons: list[str] = []
+        self.runs = 0
+
+    def request(self, reason: str) -> None:
+        """Ask for a rediscovery soon (safe to call from the event loop only)."""
+        self.reasons.append(reason)
+        self._wanted.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            waiter = asyncio.ensure_future(self._wanted.wait())
+            stopper = asyncio.ensure_future(stop.wait())
+            try:
+                await asyncio.wait(
+                    {waiter, stopper}, timeout=self._interval, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                waiter.cancel()
+                stopper.cancel()
+            if stop.is_set():
+                return
+            if self._wanted.is_set() and await sleep_until(stop, self._debounce):
+                return
+            self._wanted.clear()
+            await self.once()
+
+    async def once(self) -> None:
+        try:
+            inventory = await asyncio.to_thread(self._discover)
+        except Exception as exc:  # a failed rediscovery keeps the last inventory
+            if self._on_error is not None:
+                self._on_error(exc)
+            return
+        self.runs += 1
+        self._store.set_inventory(inventory)
+
+
+async def sleep_until(stop: asyncio.Event, seconds: float) -> bool:
+    """Sleep up to ``seconds``; returns True when ``stop`` was set meanwhile."""
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=max(seconds, 0))
+    except TimeoutError:
+        return stop.is_set()
+    return True

@@ -1,0 +1,371 @@
+"""The device plugin's part of the ``version: v1`` config file, validated into frozen settings.
+
+Pure: takes already-loaded YAML data, returns a :class:`PluginConfig` or every problem found, one line
+each, naming the key path (``sharing.timeSlicing.resources[0].replicas: ...``). Keys follow NVIDIA's
+config v1 where they mean the same thing::
+
+    flags:
+      migStrategy: none | single | mixed
+      mpsRoot: /run/nvidia/mps
+      plugin:
+        deviceListStrategy: envvar | cdi-cri | [envvar, cdi-cri]
+        deviceIDStrategy: uuid | index
+        sharedDevicesAllocationPolicy: distributed | packed   # replicas: spread (default) or pack
+    sharing:
+      timeSlicing | mps:
+        renameByDefault: false
+        failRequestsGreaterThanOne: false       # MPS: true unless set
+        resources:
+          - name: nvidia.com/gpu
+            replicas: 4
+            rename: nvidia.com/gpu.shared        # optional
+            devices: all | <count> | [<index> | "<i>:<j>" | <uuid>, ...]
+    health:
+      ignoredXids: [13, 31, 43, 45, 68, 109]   # replaces the default list
+      extraIgnoredXids: []                     # added to it
+      fabricUnhealthyMarksGpu: false
+      recoveryQuietSeconds: 120
+      probeIntervalSeconds: 5
+    cdi:
+      enabled: false                           # also implied by deviceListStrategy cdi-cri
+      specDir: /var/run/cdi
+      kind: gpuagent.dev/gpu
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.healthbook import DEFAULT_IGNORED_XIDS, HealthConfig
+from deviceplugin.allocator import Policy
+
+RESOURCE_PREFIX = "nvidia.com/"
+MAX_RESOURCE_NAME = 63
+DEFAULT_CDI_DIR = "/var/run/cdi"
+DEFAULT_CDI_KIND = "gpuagent.dev/gpu"
+
+
+class MigStrategy(enum.StrEnum):
+    NONE = "none"
+    SINGLE = "single"
+    MIXED = "mixed"
+
+
+class SharingStrategy(enum.StrEnum):
+    NONE = "none"
+    TIME_SLICING = "time-slicing"
+    MPS = "mps"
+
+
+class DeviceIdStrategy(enum.StrEnum):
+    UUID = "uuid"
+    INDEX = "index"
+
+
+class ListStrategy(enum.StrEnum):
+    ENVVAR = "envvar"
+    CDI_CRI = "cdi-cri"
+
+
+@dataclass(frozen=True, slots=True)
+class SharedResource:
+    name: str
+    replicas: int
+    rename: str | None = None
+    devices: str | int | tuple[str, ...] = "all"  # "all", the first N GPUs, or indices/"i:j"/UUIDs
+
+
+@dataclass(frozen=True, slots=True)
+class Sharing:
+    strategy: SharingStrategy = SharingStrategy.NONE
+    rename_by_default: bool = False
+    fail_requests_greater_than_one: bool = False
+    resources: tuple[SharedResource, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CdiConfig:
+    enabled: bool = False
+    spec_dir: str = DEFAULT_CDI_DIR
+    kind: str = DEFAULT_CDI_KIND
+
+
+@dataclass(frozen=True, slots=True)
+class PluginConfig:
+    mig_strategy: MigStrategy = MigStrategy.NONE
+    device_id_strategy: DeviceIdStrategy = DeviceIdStrategy.UUID
+    list_strategies: tuple[ListStrategy, ...] = (ListStrategy.ENVVAR,)
+    allocation_policy: Policy = Policy.SPREAD
+    mps_root: str = "/run/nvidia/mps"
+    sharing: Sharing = field(default_factory=Sharing)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    cdi: CdiConfig = field(default_factory=CdiConfig)
+
+
+class ConfigError(ValueError):
+    """Every problem found, one per line."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = list(problems)
+
+
+_RESOURCE_RE = re.compile(r"^nvidia\.com/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+_CDI_KIND_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_POLICIES = {
+    "distributed": Policy.SPREAD,
+    "packed": Policy.PACK,
+    "spread": Policy.SPREAD,
+    "pack": Policy.PACK,
+}
+
+
+class _Reader:
+    """Typed access to a mapping that records one problem per bad key and keeps going."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+
+    def section(self, data: Mapping[str, Any], key: str, path: str, known: set[str]) -> Mapping[str, Any]:
+        value = data.get(key)
+        where = f"{path}{key}"
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            self.problems.append(f"{where}: expected a mapping, got {type(value).__name__}")
+            return {}
+        for extra in sorted(set(value) - known):
+            self.problems.append(f"{where}.{extra}: unknown key; valid: {', '.join(sorted(known))}")
+        return value
+
+    def choice(
+        self, data: Mapping[str, Any], key: str, where: str, valid: Mapping[str, Any], default: Any
+    ) -> Any:
+        if key not in data or data[key] is None:
+            return default
+        value = data[key]
+        if isinstance(value, str) and value in valid:
+            return valid[value]
+        self.problems.append(f"{where}: {value!r} is not one of {', '.join(valid)}")
+        return default
+
+    def boolean(self, data: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
+        if key not in data or data[key] is None:
+            return default
+        if isinstance(data[key], bool):
+            return bool(data[key])
+        self.problems.append(f"{where}: expected true or false, got {data[key]!r}")
+        return default
+
+    def number(
+        self, data: Mapping[str, Any], key: str, where: str, default: float, *, minimum: float
+    ) -> float:
+        if key not in data or data[key] is None:
+            return default
+        value = data[key]
+        if isinstance(value, int | float) and not isinstance(value, bool) and value >= minimum:
+            return float(value)
+        self.problems.append(f"{where}: expected a number >= {minimum:g}, got {value!r}")
+        return default
+
+    def string(self, data: Mapping[str, Any], key: str, where: str, default: str) -> str:
+        if key not in data or data[key] is None:
+            return default
+        if isinstance(data[key], str) and data[key]:
+            return str(data[key])
+        self.problems.append(f"{where}: expected a non-empty string, got {data[key]!r}")
+        return default
+
+    def xids(self, data: Mapping[str, Any], key: str, where: str) -> frozenset[int] | None:
+        if key not in data or data[key] is None:
+            return None
+        value = data[key]
+        if isinstance(value, list) and all(
+            isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in value
+        ):
+            return frozenset(value)
+        self.problems.append(f"{where}: expected a list of positive XID numbers, got {value!r}")
+        return None
+
+
+def parse_plugin_config(data: Mapping[str, Any], *, source: str = "config") -> PluginConfig:
+    """Validate the ``flags``, ``sharing``, ``health`` and ``cdi`` sections of a v1 config file.
+
+    Raises :class:`ConfigError` listing every problem as ``<source>: <key path>: <what is wrong>``.
+    """
+    problems: list[str] = []
+    r = _Reader(problems)
+    flags = r.section(data, "flags", "", {"migStrategy", "mpsRoot", "plugin"})
+    plugin = r.section(
+        flags, "plugin", "flags.", {"deviceListStrategy", "deviceIDStrategy", "sharedDevicesAllocationPolicy"}
+    )
+    mig = r.choice(
+        flags, "migStrategy", "flags.migStrategy", {m.value: m for m in MigStrategy}, MigStrategy.NONE
+    )
+    id_strategy = r.choice(
+        plugin,
+        "deviceIDStrategy",
+        "flags.plugin.deviceIDStrategy",
+        {s.value: s for s in DeviceIdStrategy},
+        DeviceIdStrategy.UUID,
+    )
+    policy = r.choice(
+        plugin,
+        "sharedDevicesAllocationPolicy",
+        "flags.plugin.sharedDevicesAllocationPolicy",
+        _POLICIES,
+        Policy.SPREAD,
+    )
+    lists = _list_strategies(plugin.get("deviceListStrategy"), problems)
+    mps_root = r.string(flags, "mpsRoot", "flags.mpsRoot", "/run/nvidia/mps")
+
+    sharing = _sharing(r, data)
+    health = _health(r, data)
+    cdi_data = r.section(data, "cdi", "", {"enabled", "specDir", "kind"})
+    cdi_enabled = r.boolean(cdi_data, "enabled", "cdi.enabled", False) or ListStrategy.CDI_CRI in lists
+    kind = r.string(cdi_data, "kind", "cdi.kind", DEFAULT_CDI_KIND)
+    if not _CDI_KIND_RE.match(kind):
+        problems.append(f"cdi.kind: {kind!r} is not <vendor>/<class> (for example gpuagent.dev/gpu)")
+    cdi = CdiConfig(
+        enabled=cdi_enabled,
+        spec_dir=r.string(cdi_data, "specDir", "cdi.specDir", DEFAULT_CDI_DIR),
+        kind=kind,
+    )
+    if sharing.strategy is SharingStrategy.MPS and mig is not MigStrategy.NONE:
+        problems.append(
+            f"sharing.mps: MPS cannot be combined with flags.migStrategy {mig.value} (MPS needs whole GPUs)"
+        )
+    if problems:
+        raise ConfigError([f"{source}: {p}" for p in problems])
+    return PluginConfig(
+        mig_strategy=mig,
+        device_id_strategy=id_strategy,
+        list_strategies=lists,
+        allocation_policy=policy,
+        mps_root=mps_root,
+        sharing=sharing,
+        health=health,
+        cdi=cdi,
+    )
+
+
+def _list_strategies(value: Any, problems: list[str]) -> tuple[ListStrategy, ...]:
+    if value is None:
+        return (ListStrategy.ENVVAR,)
+    items = [value] if isinstance(value, str) else value
+    valid = {s.value: s for s in ListStrategy}
+    if not isinstance(items, list) or not items or not all(isinstance(i, str) and i in valid for i in items):
+        problems.append(
+            f"flags.plugin.deviceListStrategy: {value!r} is not one of {', '.join(valid)} (or a list of them)"
+        )
+        return (ListStrategy.ENVVAR,)
+    return tuple(dict.fromkeys(valid[i] for i in items))
+
+
+def _sharing(r: _Reader, data: Mapping[str, Any]) -> Sharing:
+    section = r.section(data, "sharing", "", {"timeSlicing", "mps"})
+    present = [k for k in ("timeSlicing", "mps") if section.get(k) is not None]
+    if len(present) > 1:
+        r.problems.append("sharing: timeSlicing and mps are mutually exclusive; configure one")
+        return Sharing()
+    if not present:
+        return Sharing()
+    key = present[0]
+    strategy = SharingStrategy.TIME_SLICING if key == "timeSlicing" else SharingStrategy.MPS
+    body = r.section(section, key, "sharing.", {"renameByDefault", "failRequestsGreaterThanOne", "resources"})
+    where = f"sharing.{key}"
+    rename_default = r.boolean(body, "renameByDefault", f"{where}.renameByDefault", False)
+    fail_default = strategy is SharingStrategy.MPS
+    fail_gt1 = r.boolean(
+        body, "failRequestsGreaterThanOne", f"{where}.failRequestsGreaterThanOne", fail_default
+    )
+    raw = body.get("resources")
+    resources: list[SharedResource] = []
+    if not isinstance(raw, list) or not raw:
+        r.problems.append(f"{where}.resources: expected a non-empty list of {{name, replicas}}")
+        raw = []
+    seen: set[str] = set()
+    for i, item in enumerate(raw):
+        at = f"{where}.resources[{i}]"
+        if not isinstance(item, Mapping):
+            r.problems.append(f"{at}: expected a mapping with name and replicas")
+            continue
+        for extra in sorted(set(item) - {"name", "replicas", "rename", "devices"}):
+            r.problems.append(f"{at}.{extra}: unknown key; valid: devices, name, rename, replicas")
+        name = item.get("name")
+        if not isinstance(name, str) or not _RESOURCE_RE.match(name):
+            r.problems.append(f"{at}.name: {name!r} is not a resource name like nvidia.com/gpu")
+            continue
+        if strategy is SharingStrategy.MPS and name != "nvidia.com/gpu":
+            r.problems.append(f"{at}.name: MPS shares whole GPUs only (nvidia.com/gpu), not {name}")
+        if name in seen:
+            r.problems.append(f"{at}.name: {name} is listed twice")
+        seen.add(name)
+        replicas = item.get("replicas")
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 2:
+            r.problems.append(f"{at}.replicas: expected an integer >= 2, got {replicas!r}")
+            continue
+        rename = item.get("rename")
+        if rename is None and rename_default:
+            rename = f"{name}.shared"
+        if rename is not None and (
+            not isinstance(rename, str) or not _RESOURCE_RE.match(rename) or len(rename) > MAX_RESOURCE_NAME
+        ):
+            r.problems.append(f"{at}.rename: {rename!r} is not a resource name like nvidia.com/gpu.shared")
+            continue
+        devices = _devices(item.get("devices", "all"), f"{at}.devices", r.problems)
+        resources.append(SharedResource(name=name, replicas=replicas, rename=rename, devices=devices))
+    return Sharing(
+        strategy=strategy,
+        rename_by_default=rename_default,
+        fail_requests_greater_than_one=fail_gt1,
+        resources=tuple(resources),
+    )
+
+
+def _devices(value: Any, where: str, problems: list[str]) -> str | int | tuple[str, ...]:
+    if value == "all":
+        return "all"
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(v, int | str) and not isinstance(v, bool) for v in value)
+    ):
+        return tuple(str(v) for v in value)
+    problems.append(f"{where}: expected all, a positive count or a list of indices/UUIDs, got {value!r}")
+    return "all"
+
+
+def _health(r: _Reader, data: Mapping[str, Any]) -> HealthConfig:
+    body = r.section(
+        data,
+        "health",
+        "",
+        {
+            "ignoredXids",
+            "extraIgnoredXids",
+            "fabricUnhealthyMarksGpu",
+            "recoveryQuietSeconds",
+            "probeIntervalSeconds",
+        },
+    )
+    ignored = r.xids(body, "ignoredXids", "health.ignoredXids")
+    extra = r.xids(body, "extraIgnoredXids", "health.extraIgnoredXids") or frozenset()
+    return HealthConfig(
+        ignored_xids=(DEFAULT_IGNORED_XIDS if ignored is None else ignored) | extra,
+        fabric_unhealthy_marks_gpu=r.boolean(
+            body, "fabricUnhealthyMarksGpu", "health.fabricUnhealthyMarksGpu", False
+        ),
+        recovery_quiet_s=r.number(
+            body, "recoveryQuietSeconds", "health.recoveryQuietSeconds", 120.0, minimum=0
+        ),
+        probe_interval_s=r.number(
+            body, "probeIntervalSeconds", "health.probeIntervalSeconds", 5.0, minimum=0.01
+        ),
+    )

@@ -1,0 +1,311 @@
+"""The plugin manager: one server per advertised resource, registration with kubelet, and keeping both
+true while the node and kubelet change underneath.
+
+- Start: build the resource plan from the store's inventory, serve each resource on
+  ``<kubelet-dir>/nvidia-<name>.sock``, check the socket answers, register with ``kubelet.sock``.
+- Health: every health change in the store is pushed at once to the affected ListAndWatch streams.
+- Change without restart: an inventory change (MIG reconfiguration, hot-plug) re-plans; new resources
+  get a server and a registration, vanished ones are stopped (kubelet withdraws them), the rest get the
+  new device list on their stream.
+- Kubelet restarts: the directory is polled every ``poll_s`` (~100 ms): when ``kubelet.sock`` is
+  recreated, or one of our sockets is gone, every plugin restarts and registers again. Where a
+  pod-resources check is given, every ``check_interval_s`` kubelet's allocatable devices are compared
+  with ours and a resource kubelet lost is registered again.
+- Stop: servers stop with a grace period and their sockets are removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent import logs
+from agent.runtime import Change, InventoryStore, StoreUpdate
+from deviceplugin.allocator import Topology, topology_from_inventory
+from deviceplugin.cdi import cdi_spec, write_spec
+from deviceplugin.config import PluginConfig
+from deviceplugin.resources import Resource, ResourceError, ResourcePlan, build_plan
+from deviceplugin.server import PluginError, PluginServer, PluginState, register
+
+KUBELET_SOCKET = "kubelet.sock"
+
+AllocatableCheck = Callable[[], Awaitable[Mapping[str, frozenset[str]] | None]]
+"""Kubelet's allocatable device IDs by resource (pod-resources ``GetAllocatableResources``), or None
+when that cannot be known right now."""
+
+
+@dataclass(slots=True)
+class _Plugin:
+    server: PluginServer
+    registered_with: tuple[int, int] | None = None  # identity of the kubelet.sock we registered with
+    next_try: float = 0.0
+    backoff: float = 0.1
+
+
+class PluginManager:
+    """Component serving every resource of the node to kubelet."""
+
+    def __init__(
+        self,
+        *,
+        store: InventoryStore,
+        config: PluginConfig,
+        kubelet_dir: Path,
+        poll_s: float = 0.1,
+        grace_s: float = 1.0,
+        register_timeout_s: float = 1.0,
+        allocatable_check: AllocatableCheck | None = None,
+        check_interval_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._store = store
+        self._config = config
+        self._dir = kubelet_dir
+        self._kubelet = kubelet_dir / KUBELET_SOCKET
+        self._poll = poll_s
+        self._grace = grace_s
+        self._register_timeout = register_timeout_s
+        self._check = allocatable_check
+        self._check_interval = check_interval_s
+        self._clock = clock
+        self._plugins: dict[str, _Plugin] = {}
+        self._plan: ResourcePlan | None = None
+        self._topology: Topology | None = None
+        self._kubelet_seen: tuple[int, int] | None = None
+        self._inventory_dirty = False
+        self._wake = asyncio.Event()
+        self._next_check = 0.0
+        self._log = logs.get_logger("deviceplugin.manager")
+        self.restarts = 0
+        self.registrations = 0
+        self.kubelet_restarts_seen = 0
+
+    # ----------------------------------------------------------------- public view
+
+    def plan(self) -> ResourcePlan:
+        """The plan now advertised (build it first when the manager has not started)."""
+        if self._plan is None:
+            self._plan = build_plan(self._store.inventory, self._config)
+        return self._plan
+
+    def registered(self) -> dict[str, bool]:
+        """Each served resource and whether kubelet has accepted its registration."""
+        return {name: p.registered_with is not None for name, p in sorted(self._plugins.items())}
+
+    def ready(self) -> bool:
+        """Every resource is served and registered (true with no resources at all)."""
+        return all(self.registered().values())
+
+    def states(self) -> dict[str, PluginState]:
+        return {name: p.server.state for name, p in self._plugins.items()}
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self._dir.mkdir(parents=True, exist_ok=True)
+        plan = build_plan(self._store.inventory, self._config)  # a bad plan at start is fatal
+        remove = self._store.add_listener(self._on_store)
+        try:
+            await self._apply(plan)
+            self._kubelet_seen = self._kubelet_identity()
+            while not stop.is_set():
+                await self._tick()
+                await self._sleep(stop)
+        finally:
+            remove()
+            await self._stop_all()
+
+    async def _tick(self) -> None:
+        if self._inventory_dirty:
+            self._inventory_dirty = False
+            try:
+                plan = build_plan(self._store.inventory, self._config)
+            except ResourceError as exc:
+                self._log.error(
+                    "resource_plan_rejected", reason=str(exc), hint="keeping the resources advertised before"
+                )
+            else:
+                await self._apply(plan)
+        await self._watch_kubelet()
+        await self._register_pending()
+        await self._check_allocatable()
+
+    async def _sleep(self, stop: asyncio.Event) -> None:
+        waiter = asyncio.ensure_future(self._wake.wait())
+        stopper = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({waiter, stopper}, timeout=self._poll, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            stopper.cancel()
+        self._wake.clear()
+
+    # ----------------------------------------------------------------- plan
+
+    async def _apply(self, plan: ResourcePlan) -> None:
+        for warning in plan.warnings:
+            self._log.warning("resource_plan_warning", reason=warning)
+        self._plan = plan
+        self._topology = topology_from_inventory(self._store.inventory)
+        wanted = plan.by_name()
+        for name in sorted(set(self._plugins) - set(wanted)):
+            plugin = self._plugins.pop(name)
+            await plugin.server.stop(self._grace)
+            self._log.info("resource_withdrawn", resource=name)
+        for name, resource in sorted(wanted.items()):
+            current = self._plugins.get(name)
+            if current is None:
+                await self._start(resource)
+                self._log.info("resource_added", resource=name, devices=len(resource.devices))
+            else:
+                current.server.state.update(
+                    resource=resource, topology=self._topology, unhealthy=self._unhealthy(resource)
+                )
+        self._write_cdi()
+
+    async def _start(self, resource: Resource) -> None:
+        assert self._topology is not None
+        state = PluginState(
+            resource=resource,
+            topology=self._topology,
+            config=self._config,
+            unhealthy=self._unhealthy(resource),
+        )
+        server = PluginServer(state=state, socket_path=self._dir / resource.socket_name, grace_s=self._grace)
+        await server.start()
+        self._plugins[resource.name] = _Plugin(server=server)
+
+    async def _restart_all(self, why: str) -> None:
+        self.restarts += 1
+        self._log.info("plugins_restarting", reason=why, resources=sorted(self._plugins))
+        resources = [p.server.state.resource for p in self._plugins.values()]
+        for plugin in self._plugins.values():
+            await plugin.server.stop(0)
+        self._plugins.clear()
+        for resource in resources:
+            await self._start(resource)
+
+    async def _stop_all(self) -> None:
+        plugins, self._plugins = self._plugins, {}
+        await asyncio.gather(*(p.server.stop(self._grace) for p in plugins.values()), return_exceptions=True)
+
+    def _write_cdi(self) -> None:
+        if not self._config.cdi.enabled or self._plan is None:
+            return
+        devices = [d for r in self._plan.resources for d in r.devices]
+        try:
+            path = write_spec(Path(self._config.cdi.spec_dir), cdi_spec(devices, kind=self._config.cdi.kind))
+        except OSError as exc:
+            self._log.error("cdi_spec_write_failed", error=str(exc), hint="check cdi.specDir is writable")
+        else:
+            self._log.info("cdi_spec_written", path=str(path))
+
+    # ----------------------------------------------------------------- health
+
+    def _unhealthy(self, resource: Resource) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for d in resource.devices:
+            status = self._store.device_health(d.health_keys)
+            if not status.healthy:
+                out[d.id] = status.reason or "unhealthy"
+        return out
+
+    def _on_store(self, update: StoreUpdate) -> None:
+        if update.change & Change.HEALTH:
+            for plugin in self._plugins.values():
+                state = plugin.server.state
+                state.update(unhealthy=self._unhealthy(state.resource))
+        if update.change & Change.INVENTORY:
+            self._inventory_dirty = True
+            self._wake.set()
+
+    # ----------------------------------------------------------------- kubelet
+
+    def _kubelet_identity(self) -> tuple[int, int] | None:
+        try:
+            st = self._kubelet.stat()
+        except OSError:
+            return None
+        return (st.st_ino, st.st_ctime_ns)
+
+    async def _watch_kubelet(self) -> None:
+        identity = self._kubelet_identity()
+        if identity != self._kubelet_seen:
+            previous, self._kubelet_seen = self._kubelet_seen, identity
+            if identity is not None and previous is not None:
+                self.kubelet_restarts_seen += 1
+                await self._restart_all("kubelet.sock was recreated (kubelet restarted)")
+                return
+            if identity is None:
+                self._log.warning("kubelet_socket_gone", path=str(self._kubelet))
+        missing = [name for name, p in self._plugins.items() if not p.server.socket_present()]
+        if missing:
+            await self._restart_all(f"plugin socket(s) removed: {', '.join(sorted(missing))}")
+
+    async def _register_pending(self) -> None:
+        identity = self._kubelet_seen
+        now = self._clock()
+        pending = [
+            (name, p)
+            for name, p in sorted(self._plugins.items())
+            if p.registered_with != identity and p.next_try <= now
+        ]
+        if identity is None:
+            for _, p in pending:
+                p.registered_with = None
+            return
+        if not pending:
+            return
+        results = await asyncio.gather(
+            *(
+                register(
+                    self._kubelet,
+                    endpoint=p.server.socket_path.name,
+                    resource_name=name,
+                    timeout_s=self._register_timeout,
+                )
+                for name, p in pending
+            ),
+            return_exceptions=True,
+        )
+        for (name, p), result in zip(pending, results, strict=True):
+            if isinstance(result, PluginError):
+                p.registered_with = None
+                p.next_try = self._clock() + p.backoff
+                self._log.warning(
+                    "registration_failed", resource=name, reason=str(result), retry_in_s=p.backoff
+                )
+                p.backoff = min(p.backoff * 2, 5.0)
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                p.registered_with = identity
+                p.backoff = 0.1
+                self.registrations += 1
+                self._log.info("registered", resource=name, endpoint=p.server.socket_path.name)
+
+    async def _check_allocatable(self) -> None:
+        if self._check is None or self._clock() < self._next_check:
+            return
+        self._next_check = self._clock() + self._check_interval
+        try:
+            listed = await self._check()
+        except Exception as exc:  # an unreadable pod-resources socket only skips this check
+            self._log.warning("allocatable_check_failed", error=str(exc))
+            return
+        if listed is None:
+            return
+        for name, plugin in self._plugins.items():
+            state = plugin.server.state
+            healthy = {d.id for d in state.resource.devices if d.id not in state.unhealthy}
+            if plugin.registered_with is not None and healthy and not healthy & listed.get(name, frozenset()):
+                self._log.warning(
+                    "kubelet_lost_resource",
+                    resource=name,
+                    hint="kubelet lists none of our healthy devices; registering again",
+                )
+                plugin.registered_with = None
+                plugin.next_try = 0.0

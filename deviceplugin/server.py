@@ -1,0 +1,260 @@
+"""The thin gRPC side: one ``v1beta1.DevicePlugin`` server per resource on a unix socket, and the
+``Register`` call to kubelet. Everything it answers comes from a :class:`PluginState` the manager keeps
+current; decisions (allocation, preferred allocation) are the pure functions of this package.
+
+This module and :mod:`deviceplugin.manager` are the only hand-written code that imports the stubs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from agent import logs
+from deviceplugin.allocate import AllocationError, allocate
+from deviceplugin.allocator import Topology, preferred_allocation
+from deviceplugin.api import deviceplugin_pb2 as pb
+from deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
+from deviceplugin.config import PluginConfig
+from deviceplugin.resources import Resource
+from topology.model import Health
+
+API_VERSION = "v1beta1"
+MAX_UNIX_PATH = 107  # sun_path holds 108 bytes including the terminating NUL
+
+
+class PluginError(RuntimeError):
+    """A plugin could not start or register (one line, says what and where)."""
+
+
+class PluginState:
+    """What one resource's server answers from. Updated on the event loop by the manager; each update
+    that changes the device list wakes every ListAndWatch stream."""
+
+    def __init__(
+        self,
+        *,
+        resource: Resource,
+        topology: Topology,
+        config: PluginConfig,
+        unhealthy: Mapping[str, str] | None = None,
+    ) -> None:
+        self.resource = resource
+        self.topology = topology
+        self.config = config
+        self.unhealthy: dict[str, str] = dict(unhealthy or {})
+        self.version = 0
+        self.closed = False
+        self._changed = asyncio.Event()
+        self.allocations = 0
+        self.allocation_errors = 0
+
+    def update(
+        self,
+        *,
+        resource: Resource | None = None,
+        topology: Topology | None = None,
+        unhealthy: Mapping[str, str] | None = None,
+    ) -> bool:
+        """Replace what changed; returns True (and wakes the streams) when the advertised list changed."""
+        before = self.devices()
+        if resource is not None:
+            self.resource = resource
+        if topology is not None:
+            self.topology = topology
+        if unhealthy is not None:
+            self.unhealthy = dict(unhealthy)
+        if self.devices() == before:
+            return False
+        self._bump()
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+        self._bump()
+
+    def devices(self) -> list[tuple[str, Health, int | None]]:
+        return [
+            (d.id, Health.UNHEALTHY if d.id in self.unhealthy else Health.HEALTHY, d.numa_node)
+            for d in self.resource.devices
+        ]
+
+    async def wait(self, since: int) -> int:
+        while self.version == since and not self.closed:
+            await self._changed.wait()
+        return self.version
+
+    def _bump(self) -> None:
+        self.version += 1
+        event, self._changed = self._changed, asyncio.Event()
+        event.set()
+
+
+def list_response(state: PluginState) -> pb.ListAndWatchResponse:
+    devices = []
+    for device_id, health, numa in state.devices():
+        topo = pb.TopologyInfo(nodes=[pb.NUMANode(ID=numa)]) if numa is not None and numa >= 0 else None
+        devices.append(pb.Device(ID=device_id, health=health.value, topology=topo))
+    return pb.ListAndWatchResponse(devices=devices)
+
+
+class DevicePluginService(pb_grpc.DevicePluginServicer):
+    def __init__(self, state: PluginState) -> None:
+        self.state = state
+        self._log = logs.get_logger("deviceplugin.server").bind(resource=state.resource.name)
+
+    async def GetDevicePluginOptions(self, request: pb.Empty, context: Any) -> pb.DevicePluginOptions:  # noqa: N802
+        return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+    async def ListAndWatch(  # noqa: N802
+        self, request: pb.Empty, context: Any
+    ) -> AsyncIterator[pb.ListAndWatchResponse]:
+        version = self.state.version
+        yield list_response(self.state)
+        while True:
+            version = await self.state.wait(version)
+            if self.state.closed:
+                return
+            yield list_response(self.state)
+
+    async def GetPreferredAllocation(  # noqa: N802
+        self, request: pb.PreferredAllocationRequest, context: Any
+    ) -> pb.PreferredAllocationResponse:
+        state = self.state
+        healthy = {d.id: d.id not in state.unhealthy for d in state.resource.devices}
+        candidates = state.resource.candidates(healthy)
+        responses = []
+        for req in request.container_requests:
+            ids = preferred_allocation(
+                candidates=candidates,
+                topology=state.topology,
+                available=list(req.available_deviceIDs),
+                must_include=list(req.must_include_deviceIDs),
+                size=int(req.allocation_size),
+                policy=state.config.allocation_policy,
+            )
+            responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=list(ids)))
+        return pb.PreferredAllocationResponse(container_responses=responses)
+
+    async def Allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:  # noqa: N802
+        state = self.state
+        responses = []
+        for req in request.container_requests:
+            try:
+                got = allocate(
+                    state.resource, list(req.devices_ids), unhealthy=state.unhealthy, config=state.config
+                )
+            except AllocationError as exc:
+                state.allocation_errors += 1
+                self._log.warning("allocate_refused", device=exc.device, reason=str(exc))
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                raise  # abort raises; this keeps type checkers and readers sure of it
+            responses.append(
+                pb.ContainerAllocateResponse(
+                    envs=got.envs,
+                    mounts=[
+                        pb.Mount(
+                            container_path=m.container_path, host_path=m.host_path, read_only=m.read_only
+                        )
+                        for m in got.mounts
+                    ],
+                    annotations=got.annotations,
+                    cdi_devices=[pb.CDIDevice(name=n) for n in got.cdi_devices],
+                )
+            )
+        state.allocations += 1
+        return pb.AllocateResponse(container_responses=responses)
+
+    async def PreStartContainer(  # noqa: N802
+        self, request: pb.PreStartContainerRequest, context: Any
+    ) -> pb.PreStartContainerResponse:
+        return pb.PreStartContainerResponse()
+
+
+def check_socket_path(path: Path) -> None:
+    if len(os.fsencode(path)) > MAX_UNIX_PATH:
+        raise PluginError(
+            f"socket path {path} is longer than {MAX_UNIX_PATH} bytes; use a shorter --kubelet-dir"
+        )
+
+
+class PluginServer:
+    """One resource's gRPC server on ``socket_path``."""
+
+    def __init__(self, *, state: PluginState, socket_path: Path, grace_s: float = 1.0) -> None:
+        check_socket_path(socket_path)
+        self.state = state
+        self.socket_path = socket_path
+        self.grace_s = grace_s
+        self._server: grpc.aio.Server | None = None
+        self._inode: int | None = None
+
+    async def start(self, *, check_timeout_s: float = 5.0) -> None:
+        """Serve, then prove the socket answers (a GetDevicePluginOptions call over it)."""
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        server = grpc.aio.server()
+        pb_grpc.add_DevicePluginServicer_to_server(DevicePluginService(self.state), server)
+        if server.add_insecure_port(f"unix://{self.socket_path}") == 0:
+            raise PluginError(f"cannot listen on {self.socket_path}")
+        await server.start()
+        self._server = server
+        try:
+            self._inode = self.socket_path.stat().st_ino
+            async with grpc.aio.insecure_channel(f"unix://{self.socket_path}") as channel:
+                stub = pb_grpc.DevicePluginStub(channel)
+                await stub.GetDevicePluginOptions(pb.Empty(), timeout=check_timeout_s, wait_for_ready=True)
+        except (OSError, grpc.aio.AioRpcError) as exc:
+            await self.stop()
+            raise PluginError(f"plugin socket {self.socket_path} does not answer: {_one_line(exc)}") from None
+
+    def socket_present(self) -> bool:
+        """True while our socket file is in place (kubelet removes it when it restarts)."""
+        try:
+            return self.socket_path.stat().st_ino == self._inode
+        except OSError:
+            return False
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        self.state.close()
+        server, self._server = self._server, None
+        if server is not None:
+            await server.stop(self.grace_s if grace_s is None else grace_s)
+        if self.socket_present():
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()
+        self._inode = None
+
+
+async def register(
+    kubelet_socket: Path, *, endpoint: str, resource_name: str, timeout_s: float = 5.0
+) -> None:
+    """``Register`` with kubelet; raises :class:`PluginError` naming the socket and the reason."""
+    request = pb.RegisterRequest(
+        version=API_VERSION,
+        endpoint=endpoint,
+        resource_name=resource_name,
+        options=pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True),
+    )
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{kubelet_socket}") as channel:
+            stub = pb_grpc.RegistrationStub(channel)
+            await stub.Register(request, timeout=timeout_s, wait_for_ready=True)
+    except grpc.aio.AioRpcError as exc:
+        raise PluginError(
+            f"registering {resource_name} with {kubelet_socket} failed: {_one_line(exc)}"
+        ) from None
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        detail = (exc.details() or "").splitlines()
+        return f"{exc.code().name} {detail[0] if detail else ''}".strip()
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
