@@ -1,0 +1,239 @@
+"""``--simulate PROFILE[:k=v,...]`` and ``--simulate-faults PATH``: spec parsing, building a simulator,
+and following a JSON-lines fault file.
+
+- :func:`parse_spec` turns ``"gb200-nvl72:rack=3,tray=5"`` into a :class:`SimSpec`; an unknown profile
+  or option, or a bad value, raises :class:`SimSpecError` whose message is one line naming the valid
+  choices.
+- :func:`build_simulator` builds the ``SimulatedNvml`` of a spec; with ``faults_path`` it applies the
+  fault lines already in the file and attaches a :class:`FaultFollower` as ``sim.faults`` for the
+  command to run (``await sim.faults.run(stop)``).
+- :class:`FaultFollower` reads lines appended to the fault file, one event per line::
+
+      {"event":"xid","gpu":3,"xid":79}          {"event":"gpu_lost","gpu":2}
+      {"event":"recover","gpu":2}               {"event":"nvlink_down","gpu":0,"link":5}
+      {"event":"nvlink_up","gpu":0,"link":5}    {"event":"ecc_dbe","gpu":1}
+      {"event":"fabric","gpu":0,"health_summary":"UNHEALTHY"}
+      {"event":"mig_reconfig","gpu":0,"profiles":["3g.40gb","3g.40gb"]}   (null profiles: MIG off)
+
+  A bad line is logged (``fault_line_invalid`` with the file and line number) and skipped; the
+  others still apply. ``poll()`` is the synchronous step (tests); ``run(stop)`` polls every
+  ``poll_interval_s`` (default 20 ms) until ``stop`` is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.nvml.fake import SimulatedNvml, SimulationError
+from agent.nvml.profiles import PROFILES as _PROFILES
+from agent.nvml.profiles import MachineSpec, build_machine
+
+log = logging.getLogger(__name__)
+
+PROFILES: dict[str, str] = {name: p.description for name, p in _PROFILES.items()}
+"""Simulator profile names with one-line descriptions."""
+
+
+class SimSpecError(ValueError):
+    """A ``--simulate`` value that names no profile or carries a bad option (one-line message)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimSpec:
+    profile: str
+    options: tuple[tuple[str, int | str], ...] = ()
+
+    def option(self, name: str, default: int | str | None = None) -> int | str | None:
+        for key, value in self.options:
+            if key == name:
+                return value
+        return default
+
+    def options_dict(self) -> dict[str, int | str]:
+        return dict(self.options)
+
+    def machine(self) -> MachineSpec:
+        return build_machine(self.profile, self.options_dict())
+
+    def __str__(self) -> str:
+        if not self.options:
+            return self.profile
+        return self.profile + ":" + ",".join(f"{k}={v}" for k, v in self.options)
+
+
+def parse_spec(text: str) -> SimSpec:
+    """``PROFILE[:key=value,...]`` → ``SimSpec`` with typed, range-checked options."""
+    name, _, rest = text.strip().partition(":")
+    if name not in _PROFILES:
+        raise SimSpecError(f"unknown simulator profile {name!r}; valid: {', '.join(_PROFILES)}")
+    profile = _PROFILES[name]
+    known = {o.name: o for o in profile.options}
+    valid = ", ".join(known)
+    options: dict[str, int | str] = {}
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, eq, raw = item.partition("=")
+        key, raw = key.strip(), raw.strip()
+        if not eq or not key or not raw:
+            raise SimSpecError(
+                f"simulator profile {name}: option {item!r} is not key=value; valid keys: {valid}"
+            )
+        if key not in known:
+            raise SimSpecError(f"simulator profile {name}: unknown option {key!r}; valid: {valid}")
+        if key in options:
+            raise SimSpecError(f"simulator profile {name}: option {key!r} given twice")
+        spec = known[key]
+        if spec.low is None or spec.high is None:
+            options[key] = raw
+            continue
+        try:
+            value = int(raw, 0)
+        except ValueError:
+            raise SimSpecError(f"simulator profile {name}: option {key}={raw!r} is not an integer") from None
+        if not spec.low <= value <= spec.high:
+            raise SimSpecError(
+                f"simulator profile {name}: option {key}={value} out of range {spec.low}-{spec.high}"
+            )
+        options[key] = value
+    if "tray" in options and "node" in options and options["tray"] != options["node"]:
+        raise SimSpecError(
+            f"simulator profile {name}: node={options['node']} contradicts tray={options['tray']}"
+        )
+    order = list(known)
+    return SimSpec(name, tuple(sorted(options.items(), key=lambda kv: order.index(kv[0]))))
+
+
+def build_simulator(
+    spec: SimSpec | str,
+    *,
+    faults_path: Path | str | None = None,
+    clock: Callable[[], float] | None = None,
+) -> SimulatedNvml:
+    """The simulator of a spec; with ``faults_path``, already-written faults are applied and a
+    follower is attached as ``sim.faults``."""
+    if isinstance(spec, str):
+        spec = parse_spec(spec)
+    sim = SimulatedNvml(spec.machine(), clock=clock)
+    if faults_path is not None:
+        follower = FaultFollower(sim, Path(faults_path))
+        follower.poll()
+        sim.faults = follower
+    return sim
+
+
+# --------------------------------------------------------------------------- fault file
+
+FAULT_EVENTS = ("xid", "gpu_lost", "recover", "nvlink_down", "nvlink_up", "ecc_dbe", "fabric", "mig_reconfig")
+
+
+class FaultLineError(ValueError):
+    pass
+
+
+def _int_field(event: Mapping[str, Any], key: str) -> int:
+    value = event.get(key)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise FaultLineError(f"field {key!r} must be an integer, got {value!r}")
+    return value
+
+
+def apply_fault(sim: SimulatedNvml, event: Mapping[str, Any]) -> None:
+    """Apply one decoded fault event; raises ``FaultLineError`` / ``SimulationError`` naming the problem."""
+    kind = event.get("event")
+    if kind not in FAULT_EVENTS:
+        raise FaultLineError(f"unknown event {kind!r}; valid: {', '.join(FAULT_EVENTS)}")
+    gpu = _int_field(event, "gpu")
+    if kind == "xid":
+        sim.inject_xid(gpu, _int_field(event, "xid"))
+    elif kind == "gpu_lost":
+        sim.lose_gpu(gpu)
+    elif kind == "recover":
+        sim.recover_gpu(gpu)
+    elif kind == "nvlink_down":
+        sim.nvlink_down(gpu, _int_field(event, "link"))
+    elif kind == "nvlink_up":
+        sim.nvlink_up(gpu, _int_field(event, "link"))
+    elif kind == "ecc_dbe":
+        sim.ecc_dbe(gpu)
+    elif kind == "fabric":
+        summary = event.get("health_summary")
+        if not isinstance(summary, str):
+            raise FaultLineError(f"field 'health_summary' must be a string, got {summary!r}")
+        sim.set_fabric_health(gpu, summary.upper())
+    else:  # mig_reconfig
+        profiles = event.get("profiles")
+        if profiles is not None and (
+            not isinstance(profiles, list) or not all(isinstance(p, str) for p in profiles)
+        ):
+            raise FaultLineError(
+                f"field 'profiles' must be a list of profile names or null, got {profiles!r}"
+            )
+        sim.reconfigure_mig(gpu, profiles)
+
+
+class FaultFollower:
+    """Follows a JSON-lines fault file and applies each new line to a simulator."""
+
+    def __init__(self, sim: SimulatedNvml, path: Path, *, poll_interval_s: float = 0.02) -> None:
+        if poll_interval_s <= 0:
+            raise ValueError(f"poll_interval_s must be positive, got {poll_interval_s}")
+        self.sim = sim
+        self.path = path
+        self.poll_interval_s = poll_interval_s
+        self.applied = 0
+        self.errors: list[str] = []
+        self._offset = 0
+        self._partial = b""
+        self._line_no = 0
+
+    def poll(self) -> int:
+        """Apply every complete line appended since the last poll; returns how many applied."""
+        try:
+            with self.path.open("rb") as fh:
+                fh.seek(0, 2)
+                size = fh.tell()
+                if size < self._offset:  # truncated or replaced: start over
+                    self._offset, self._partial, self._line_no = 0, b"", 0
+                fh.seek(self._offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return 0
+        self._offset += len(data)
+        data = self._partial + data
+        *lines, self._partial = data.split(b"\n")
+        applied = 0
+        for raw in lines:
+            self._line_no += 1
+            if not raw.strip():
+                continue
+            try:
+                event = json.loads(raw)
+                if not isinstance(event, dict):
+                    raise FaultLineError("not a JSON object")
+                apply_fault(self.sim, event)
+            except (ValueError, SimulationError) as exc:  # JSONDecodeError, FaultLineError are ValueErrors
+                message = f"{self.path}:{self._line_no}: {exc}"
+                self.errors.append(message)
+                log.error(
+                    "fault_line_invalid %s (line skipped, later lines still apply)",
+                    message,
+                    extra={"event": "fault_line_invalid", "path": str(self.path), "line": self._line_no},
+                )
+                continue
+            applied += 1
+        self.applied += applied
+        return applied
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Poll until ``stop`` is set."""
+        while not stop.is_set():
+            self.poll()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.poll_interval_s)
+        self.poll()
