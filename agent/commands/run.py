@@ -1,0 +1,282 @@
+"""``gpu-node-agent run``: the node agent — device plugins, health, rediscovery (+ metrics, publishing).
+
+The composition root: builds NVML (real or simulated), discovers the node, and starts the components
+in one TaskGroup (:func:`agent.runtime.run_components`). SIGTERM/SIGINT set the stop event; components
+then stop in their own order (servers with a grace period, sockets removed), and NVML is shut down last.
+
+Other components plug in through ``COMPONENT_FACTORIES``: a function taking the :class:`RunContext` and
+returning a component (or ``None`` when it does not apply, e.g. publishing with ``--no-kube``).
+
+Exit codes: 0 after a clean stop, 1 when the agent cannot start (no NVML, an invalid resource plan),
+2 for invalid settings (one line per problem).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent import logs
+from agent.config import RunSettings, add_arguments, load_settings
+from agent.discovery import discover
+from agent.health import HealthMonitor
+from agent.host import read_host
+from agent.nvml.errors import NVMLError
+from agent.nvml.protocol import NvmlBackend
+from agent.runtime import Component, InventoryStore, Rediscovery, run_components
+from deviceplugin.config import ConfigError
+from deviceplugin.manager import AllocatableCheck, PluginManager
+from deviceplugin.resources import ResourceError, build_plan
+from topology.model import Host, NodeInventory
+
+
+class StartupError(RuntimeError):
+    """The agent cannot start; the message is one line for the operator."""
+
+
+@dataclass(slots=True)
+class RunContext:
+    """What components are built from."""
+
+    settings: RunSettings
+    nvml: NvmlBackend
+    store: InventoryStore
+    stop: asyncio.Event
+    manager: PluginManager
+    rediscovery: Rediscovery
+    extras: dict[str, object] = field(default_factory=dict)
+
+
+ComponentFactory = Callable[[RunContext], Component | None]
+
+COMPONENT_FACTORIES: list[ComponentFactory] = []
+"""Factories of further components (metrics exporter, publisher); each may return None to opt out."""
+
+
+@dataclass(slots=True)
+class Node:
+    """The hardware side: NVML, how to discover, and a fault follower when simulating."""
+
+    nvml: NvmlBackend
+    discover: Callable[[], NodeInventory]
+    faults: Component | None = None
+    hotplug: object | None = None  # an agent.udev HotplugSource, where one applies
+    cleanup: Callable[[], None] = lambda: None
+
+
+def build_node(settings: RunSettings) -> Node:
+    """NVML and discovery for the settings; raises :class:`StartupError` with one line."""
+    if settings.simulate is not None:
+        from agent.nvml.simulate import SimSpecError, build_simulator, parse_spec  # noqa: PLC0415
+
+        try:
+            spec = parse_spec(settings.simulate)
+        except SimSpecError as exc:
+            raise StartupError(str(exc)) from None
+        sim = build_simulator(spec, faults_path=settings.simulate_faults)
+        sim.init()
+        machine = spec.machine()
+        host = Host(
+            name=settings.node_name,
+            cpu_count=machine.cpu_count,
+            memory_bytes=machine.memory_bytes,
+            numa_nodes=machine.numa_nodes,
+        )
+        tmp: tempfile.TemporaryDirectory[str] | None = None
+        sysfs = settings.sysfs_root
+        if sysfs is None:
+            tmp = tempfile.TemporaryDirectory(prefix="gna-sysfs-")
+            sysfs = Path(tmp.name)
+            _write_sim_sysfs(sysfs, spec)
+        root = sysfs
+        faults = getattr(sim, "faults", None)
+        from agent.udev import simulated_source  # noqa: PLC0415
+
+        return Node(
+            nvml=sim,
+            discover=lambda: discover(nvml=sim, sysfs_root=root, host=host),
+            faults=faults,
+            hotplug=simulated_source(sim),
+            cleanup=tmp.cleanup if tmp is not None else (lambda: None),
+        )
+    from agent.nvml.real import RealNvml  # noqa: PLC0415
+
+    real = RealNvml()
+    try:
+        real.init()
+    except NVMLError as exc:
+        raise StartupError(
+            f"cannot initialise NVML ({exc}); is the NVIDIA driver installed? "
+            "'--simulate PROFILE' runs without a GPU"
+        ) from None
+    except Exception as exc:  # the library itself missing
+        raise StartupError(f"cannot load NVML ({exc}); '--simulate PROFILE' runs without a GPU") from None
+    sysfs_root = settings.sysfs_root or Path("/sys")
+    real_host = read_host(sysfs_root=sysfs_root, hostname=settings.node_name)
+    return Node(nvml=real, discover=lambda: discover(nvml=real, sysfs_root=sysfs_root, host=real_host))
+
+
+def _write_sim_sysfs(root: Path, spec: object) -> None:
+    try:
+        from agent.nvml import sim_sysfs  # type: ignore[attr-defined,unused-ignore]  # noqa: PLC0415
+    except ImportError:
+        return
+    sim_sysfs.write_sysfs(root, spec)
+
+
+class HotplugTrigger:
+    """Component: every hot-plug event asks for a rediscovery."""
+
+    def __init__(self, *, source: object, rediscovery: Rediscovery) -> None:
+        self._source = source
+        self._rediscovery = rediscovery
+
+    async def run(self, stop: asyncio.Event) -> None:
+        events = getattr(self._source, "events", None)
+        close = getattr(self._source, "close", None)
+        if events is None:
+            await stop.wait()
+            return
+
+        async def follow() -> None:
+            async for event in events():
+                self._rediscovery.request(f"hotplug {getattr(event, 'action', '?')}")
+
+        task = asyncio.create_task(follow())
+        try:
+            await stop.wait()
+        finally:
+            if callable(close):
+                close()
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def serve(settings: RunSettings, *, node: Node | None = None, stop: asyncio.Event | None = None) -> int:
+    """Run until ``stop`` (or a signal); the body of ``main`` and of tests that run the whole agent."""
+    log = logs.get_logger("agent.run").bind(node=settings.node_name)
+    node = node if node is not None else await asyncio.to_thread(build_node, settings)
+    stop = stop if stop is not None else asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed: list[signal.Signals] = []
+    try:
+        inventory = await asyncio.to_thread(node.discover)
+        try:
+            build_plan(inventory, settings.plugin)
+        except ResourceError as exc:
+            raise StartupError(f"cannot advertise this node's devices: {exc}") from None
+        store = InventoryStore(inventory)
+
+        def rediscovery_failed(exc: Exception) -> None:
+            log.error("rediscovery_failed", error=str(exc), hint="keeping the last inventory")
+
+        rediscovery = Rediscovery(
+            store=store,
+            discover=node.discover,
+            interval_s=settings.rediscover_interval_s,
+            on_error=rediscovery_failed,
+        )
+        health = HealthMonitor(
+            nvml=node.nvml, store=store, config=settings.plugin.health, on_mig_change=rediscovery.request
+        )
+        manager = PluginManager(
+            store=store,
+            config=settings.plugin,
+            kubelet_dir=settings.kubelet_dir,
+            grace_s=min(settings.shutdown_grace_s, 2.0),
+            allocatable_check=_allocatable_check(settings.pod_resources_socket),
+            check_interval_s=settings.registration_check_s,
+        )
+        ctx = RunContext(
+            settings=settings,
+            nvml=node.nvml,
+            store=store,
+            stop=stop,
+            manager=manager,
+            rediscovery=rediscovery,
+        )
+        components: list[Component] = [health, rediscovery, manager]
+        if node.faults is not None:
+            components.append(node.faults)
+        if node.hotplug is not None:
+            components.append(HotplugTrigger(source=node.hotplug, rediscovery=rediscovery))
+        for factory in COMPONENT_FACTORIES:
+            extra = factory(ctx)
+            if extra is not None:
+                components.append(extra)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, stop.set)
+                installed.append(sig)
+        log.info(
+            "agent_started",
+            gpus=len(inventory.gpus),
+            resources=[r.name for r in manager.plan().resources],
+            kubelet_dir=str(settings.kubelet_dir),
+            kube=not settings.no_kube,
+        )
+        await run_components(components, stop)
+        log.info("agent_stopped")
+        return 0
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+        with contextlib.suppress(NVMLError):
+            node.nvml.shutdown()
+        node.cleanup()
+
+
+def _allocatable_check(socket_path: Path) -> AllocatableCheck | None:
+    """The pod-resources check for the plugin manager (None when the client package is absent)."""
+    try:
+        from agent.podresources.client import PodResourcesClient  # noqa: PLC0415
+    except ImportError:
+        return None
+
+    async def check() -> Mapping[str, frozenset[str]] | None:
+        if not socket_path.exists():
+            return None
+        client = PodResourcesClient(str(socket_path), timeout_s=2.0)
+        try:
+            rows = await client.allocatable()
+        finally:
+            await client.close()
+        if rows is None:
+            return None
+        out: dict[str, set[str]] = {}
+        for row in rows:
+            out.setdefault(row.resource, set()).add(row.device_id)
+        return {k: frozenset(v) for k, v in out.items()}
+
+    return check
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="gpu-node-agent run", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        settings = load_settings(args, os.environ)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"gpu-node-agent run: {problem}", file=sys.stderr)
+        return 2
+    logs.configure(settings.log_format, settings.log_level)
+    try:
+        return asyncio.run(serve(settings))
+    except StartupError as exc:
+        print(f"gpu-node-agent run: {exc}", file=sys.stderr)
+        return 1
+    except ExceptionGroup as group:
+        for failure in group.exceptions:
+            print(f"gpu-node-agent run: stopped on error: {failure}", file=sys.stderr)
+        return 1

@@ -1,0 +1,259 @@
+"""Settings of ``gpu-node-agent run``: one validated, frozen model; precedence CLI > env > file, here only.
+
+The config file is YAML with ``version: v1``. Top-level keys are the run settings below (camelCase) and
+the device plugin's sections (``flags``, ``sharing``, ``health``, ``cdi``; see
+:mod:`deviceplugin.config`). Every problem is reported as one line naming the setting and where it came
+from (``--kubelet-dir``, ``env GPU_NODE_AGENT_KUBELET_DIR``, ``config.yaml: kubeletDir``); the command
+prints them and exits 2.
+
+To add a setting: add a :class:`Setting` row to ``SETTINGS`` and a field to :class:`RunSettings`; the
+CLI flag, the env var and the file key come from the row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agent.logs import FORMATS, LEVELS
+from deviceplugin.config import ConfigError, MigStrategy, PluginConfig, parse_plugin_config
+
+ENV_PREFIX = "GPU_NODE_AGENT_"
+CONFIG_VERSION = "v1"
+PLUGIN_SECTIONS = ("flags", "sharing", "health", "cdi")
+
+
+@dataclass(frozen=True, slots=True)
+class RunSettings:
+    node_name: str
+    kubelet_dir: Path = Path("/var/lib/kubelet/device-plugins")
+    pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    simulate: str | None = None
+    simulate_faults: Path | None = None
+    sysfs_root: Path | None = None
+    no_kube: bool = False
+    config_file: Path | None = None
+    log_format: str = "auto"
+    log_level: str = "info"
+    shutdown_grace_s: float = 5.0
+    rediscover_interval_s: float = 60.0
+    registration_check_s: float = 30.0
+    plugin: PluginConfig = field(default_factory=PluginConfig)
+
+
+def _path(text: str) -> Path:
+    if not text:
+        raise ValueError("expected a path, got an empty string")
+    return Path(text)
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError(f"expected a number > 0, got {text}")
+    return value
+
+
+def _choice(valid: Sequence[str]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in valid:
+            raise ValueError(f"{text!r} is not one of {', '.join(valid)}")
+        return text
+
+    return parse
+
+
+def _boolean(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def _nonempty(text: str) -> str:
+    if not text.strip():
+        raise ValueError("expected a non-empty string")
+    return text.strip()
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    field: str  # RunSettings field
+    flag: str  # CLI flag
+    env: str  # environment variable
+    key: str  # config file key
+    parse: Callable[[str], Any]
+    help: str
+    is_flag: bool = False  # a switch without a value on the command line
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "node_name", "--node-name", "NODE_NAME", "nodeName", _nonempty, "this node's name (default: hostname)"
+    ),
+    Setting(
+        "kubelet_dir",
+        "--kubelet-dir",
+        ENV_PREFIX + "KUBELET_DIR",
+        "kubeletDir",
+        _path,
+        "device-plugin directory with kubelet.sock",
+    ),
+    Setting(
+        "pod_resources_socket",
+        "--pod-resources-socket",
+        ENV_PREFIX + "POD_RESOURCES_SOCKET",
+        "podResourcesSocket",
+        _path,
+        "kubelet pod-resources socket (registration check)",
+    ),
+    Setting(
+        "simulate",
+        "--simulate",
+        ENV_PREFIX + "SIMULATE",
+        "simulate",
+        _nonempty,
+        "simulated machine PROFILE[:k=v]",
+    ),
+    Setting(
+        "simulate_faults",
+        "--simulate-faults",
+        ENV_PREFIX + "SIMULATE_FAULTS",
+        "simulateFaults",
+        _path,
+        "JSON-lines fault file the simulator follows",
+    ),
+    Setting(
+        "sysfs_root", "--sysfs-root", ENV_PREFIX + "SYSFS_ROOT", "sysfsRoot", _path, "root of /sys to read"
+    ),
+    Setting(
+        "no_kube",
+        "--no-kube",
+        ENV_PREFIX + "NO_KUBE",
+        "noKube",
+        _boolean,
+        "run without a Kubernetes API (node side only)",
+        is_flag=True,
+    ),
+    Setting(
+        "log_format", "--log-format", ENV_PREFIX + "LOG_FORMAT", "logFormat", _choice(FORMATS), "log format"
+    ),
+    Setting("log_level", "--log-level", ENV_PREFIX + "LOG_LEVEL", "logLevel", _choice(LEVELS), "log level"),
+    Setting(
+        "shutdown_grace_s",
+        "--shutdown-grace",
+        ENV_PREFIX + "SHUTDOWN_GRACE",
+        "shutdownGraceSeconds",
+        _positive,
+        "seconds servers get to finish on stop",
+    ),
+    Setting(
+        "rediscover_interval_s",
+        "--rediscover-interval",
+        ENV_PREFIX + "REDISCOVER_INTERVAL",
+        "rediscoverIntervalSeconds",
+        _positive,
+        "seconds between periodic rediscoveries",
+    ),
+    Setting(
+        "registration_check_s",
+        "--registration-check-interval",
+        ENV_PREFIX + "REGISTRATION_CHECK_INTERVAL",
+        "registrationCheckSeconds",
+        _positive,
+        "seconds between pod-resources checks that kubelet lists our devices",
+    ),
+)
+
+PLUGIN_OVERRIDES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    # (CLI flag, env var, path inside the file's plugin sections)
+    ("--mig-strategy", "MIG_STRATEGY", ("flags", "migStrategy")),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", dest="config", metavar="FILE", help="config file (version: v1)")
+    for s in SETTINGS:
+        dest = s.field
+        if s.is_flag:
+            parser.add_argument(
+                s.flag, dest=dest, action="store_const", const="true", help=f"{s.help} [{s.env}]"
+            )
+        else:
+            parser.add_argument(s.flag, dest=dest, metavar="VALUE", help=f"{s.help} [{s.env}]")
+    parser.add_argument(
+        "--mig-strategy", dest="mig_strategy", choices=[m.value for m in MigStrategy], help="[MIG_STRATEGY]"
+    )
+
+
+def load_file(path: Path) -> dict[str, Any]:
+    """Read a v1 config file; raises :class:`ConfigError` with one line for an unreadable or wrong file."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError([f"{path}:{where} not valid YAML: {getattr(exc, 'problem', exc)}"]) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}: expected a mapping at the top, got {type(data).__name__}"])
+    version = data.get("version")
+    if version != CONFIG_VERSION:
+        raise ConfigError([f"{path}: version: expected {CONFIG_VERSION!r}, got {version!r}"])
+    return data
+
+
+def load_settings(args: argparse.Namespace, env: Mapping[str, str]) -> RunSettings:
+    """Merge CLI > env > file > defaults; raises :class:`ConfigError` listing every problem."""
+    config_path_text = getattr(args, "config", None) or env.get(ENV_PREFIX + "CONFIG")
+    config_path = Path(config_path_text) if config_path_text else None
+    data: dict[str, Any] = load_file(config_path) if config_path is not None else {}
+    source = str(config_path) if config_path is not None else "config"
+    problems: list[str] = []
+    known = {"version"} | {s.key for s in SETTINGS} | set(PLUGIN_SECTIONS)
+    for key in sorted(set(data) - known):
+        problems.append(f"{source}: {key}: unknown key; valid: {', '.join(sorted(known))}")
+
+    values: dict[str, Any] = {}
+    for s in SETTINGS:
+        raw: Any = getattr(args, s.field, None)
+        where = s.flag
+        if raw is None and s.env in env:
+            raw, where = env[s.env], f"env {s.env}"
+        if raw is None and s.key in data and data[s.key] is not None:
+            raw, where = data[s.key], f"{source}: {s.key}"
+            raw = str(raw).lower() if isinstance(raw, bool) else str(raw)
+        if raw is None:
+            continue
+        try:
+            values[s.field] = s.parse(str(raw))
+        except ValueError as exc:
+            problems.append(f"{where}: {exc}")
+    values.setdefault("node_name", socket.gethostname())
+
+    plugin_data: dict[str, Any] = {k: data[k] for k in PLUGIN_SECTIONS if k in data}
+    for flag, var, path in PLUGIN_OVERRIDES:
+        override = getattr(args, flag.lstrip("-").replace("-", "_"), None) or env.get(var)
+        if override is not None:
+            section = dict(plugin_data.get(path[0]) or {})
+            section[path[1]] = override
+            plugin_data[path[0]] = section
+    try:
+        plugin = parse_plugin_config(plugin_data, source=source)
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+        plugin = PluginConfig()
+    if problems:
+        raise ConfigError(problems)
+    return RunSettings(**values, config_file=config_path, plugin=plugin)
