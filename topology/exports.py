@@ -106,14 +106,17 @@ def hostlist(names: Iterable[str]) -> str:
     """Slurm hostlist expression: ``gpu001,gpu002,gpu003,gpu007`` -> ``gpu[001-003,007]``."""
     groups: dict[tuple[str, int], list[int]] = {}
     plain: list[str] = []
+    split: list[tuple[str, str]] = []
     for name in sorted(set(names)):
         m = _TAIL.match(name)
         if m is None:
             plain.append(name)
-            continue
-        digits = m.group(2)
-        width = len(digits) if digits.startswith("0") and len(digits) > 1 else 0
-        groups.setdefault((m.group(1), width), []).append(int(digits))
+        else:
+            split.append((m.group(1), m.group(2)))
+    padded = {p for p, d in split if d.startswith("0") and len(d) > 1}
+    for prefix, digits in split:
+        width = len(digits) if prefix in padded else 0
+        groups.setdefault((prefix, width), []).append(int(digits))
     parts: list[str] = list(plain)
     for (prefix, width), numbers in sorted(groups.items()):
         numbers.sort()
@@ -145,10 +148,13 @@ def _domain_order(tree: Tree) -> list[str]:
     def walk(name: str) -> None:
         if tree.hypernodes[name].tier_name == NVLINK:
             order.append(name)
-        for child in sorted(children.get(name, ())):
+        for child in sorted(children.get(name, ()), key=first_node):
             walk(child)
 
-    for root in sorted(children.get(None, ()), key=lambda n: (-tree.hypernodes[n].tier, n)):
+    def first_node(name: str) -> tuple[str, str]:
+        return (min(tree.nodes_under(name), default=""), name)
+
+    for root in sorted(children.get(None, ()), key=first_node):
         walk(root)
     return order
 

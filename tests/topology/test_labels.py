@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tests.topology.factories import UUID_A, hgx_node, ib_port, nvl72_tray, pcie_node
+from topology.labels import LABEL_CLIQUE, LABEL_IB_LEAF, LABEL_NVLINK_DOMAIN, label_value, node_labels
+from topology.model import FabricHealthSummary, FabricState
+from topology.names import switch_set_name
+
+
+def test_gfd_labels_of_an_nvl72_tray() -> None:
+    labels = node_labels(nvl72_tray("t0"), node_name="t0")
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-GB200"
+    assert labels["nvidia.com/gpu.count"] == "4"
+    assert labels["nvidia.com/gpu.memory"] == "189471"
+    assert labels["nvidia.com/cuda.driver.major"] == "580"
+    assert labels["nvidia.com/cuda.driver.minor"] == "126"
+    assert labels["nvidia.com/cuda.driver.rev"] == "20"
+    assert labels["nvidia.com/cuda.runtime-version.full"] == "13.0"
+    assert labels["nvidia.com/mig.strategy"] == "none"
+    assert labels[LABEL_CLIQUE] == f"{UUID_A}.32766"
+    assert labels[LABEL_NVLINK_DOMAIN] == f"nvl-{UUID_A}-32766"
+    assert LABEL_IB_LEAF not in labels
+
+
+CLIQUE_CASES = {
+    "completed-healthy": (nvl72_tray("t"), True, True),
+    "in-progress": (nvl72_tray("t", state=FabricState.IN_PROGRESS), False, False),
+    "unhealthy-keeps-gfd-clique-loses-domain": (
+        nvl72_tray("t", summary=FabricHealthSummary.UNHEALTHY),
+        True,
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize(("inv", "clique", "domain"), CLIQUE_CASES.values(), ids=CLIQUE_CASES.keys())
+def test_clique_label_only_when_completed(inv: object, clique: bool, domain: bool) -> None:
+    labels = node_labels(inv, node_name="t")  # type: ignore[arg-type]
+    assert (LABEL_CLIQUE in labels) is clique
+    assert (LABEL_NVLINK_DOMAIN in labels) is domain
+
+
+def test_gpus_disagreeing_on_the_clique_get_no_label() -> None:
+    inv = nvl72_tray("t")
+    fabric = list(inv.fabric)
+    fabric[3] = dataclasses.replace(fabric[3], clique_id=7)
+    labels = node_labels(dataclasses.replace(inv, fabric=tuple(fabric)), node_name="t")
+    assert LABEL_CLIQUE not in labels
+    assert labels["gpuagent.dev/nvlink-fabric"] == "inconsistent"
+
+
+def test_hgx_node_is_its_own_domain_and_labels_its_leaf_set() -> None:
+    ports = tuple(
+        ib_port(f"mlx5_{k}", node_guid=f"0xe09d73030000000{k}", switch_guid=f"0x2c5eab030000000{k}")
+        for k in range(4)
+    )
+    labels = node_labels(hgx_node("h0", ports=ports), node_name="h0")
+    assert labels[LABEL_NVLINK_DOMAIN] == "nvl-node-h0"
+    assert LABEL_CLIQUE not in labels
+    assert labels[LABEL_IB_LEAF] == switch_set_name("leaf", [f"2c5eab030000000{k}" for k in range(4)])
+
+
+def test_pcie_and_sharing_and_bad_options() -> None:
+    labels = node_labels(pcie_node("p"), node_name="p", sharing_strategy="time-slicing", replicas=4)
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-L40S-SHARED"
+    assert labels["nvidia.com/gpu.replicas"] == "4"
+    with pytest.raises(ValueError, match="mig_strategy 'double'"):
+        node_labels(pcie_node("p"), node_name="p", mig_strategy="double")
+
+
+def test_label_value_sanitizing() -> None:
+    assert label_value("NVIDIA H100 80GB HBM3") == "NVIDIA-H100-80GB-HBM3"
+    assert label_value("A (weird) name!") == "A-weird-name"
+    assert len(label_value("x" * 100)) == 63
