@@ -125,6 +125,7 @@ class SwitchSpec:
     kind: str  # "leaf" | "spine" | "core"
     model: str = "MQM9700"
     nports: int = 65  # external ports + 1, as ibnetdiscover prints
+    rail: int = -1  # the rail of a leaf or spine; -1 for core switches
 
     @property
     def description(self) -> str:
@@ -381,6 +382,7 @@ def leaf_switch(group_kind: str, group: int, rail: int) -> SwitchSpec:
         lid=base + group * 16 + rail,
         name=f"{group_kind}{group}-leaf-r{rail}",
         kind="leaf",
+        rail=rail,
     )
 
 
@@ -393,6 +395,7 @@ def spine_switch(group_kind: str, spine_group: int, rail: int, index: int) -> Sw
         lid=base + spine_group * 32 + rail * SPINES_PER_RAIL + index,
         name=f"{'sg' if group_kind == 'su' else 'rg'}{spine_group}-spine-r{rail}-{index}",
         kind="spine",
+        rail=rail,
     )
 
 
