@@ -3,7 +3,7 @@
 # machine, into ${XDG_CACHE_HOME:-~/.cache}/gpu-node-agent/deploytools-<versions>/bin. Prints that bin dir.
 set -euo pipefail
 HELM_VERSION=v3.22.0
-KUSTOMIZE_VERSION=v5.8.3
+KUSTOMIZE_VERSION=v5.8.1  # v5.8.3 needs Go >= 1.27
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/gpu-node-agent/deploytools-helm${HELM_VERSION}-kustomize${KUSTOMIZE_VERSION}"
 bin="$cache/bin"
 mkdir -p "$bin"

@@ -1,0 +1,171 @@
+"""The kustomize base and the Helm chart describe the same objects, and both are well formed."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.daemonset.conftest import REPO
+
+DAEMONSET = REPO / "daemonset"
+
+
+def render_kustomize(tools: Path, path: Path) -> list[dict[str, Any]]:
+    out = subprocess.run(
+        [str(tools / "kustomize"), "build", str(path)], capture_output=True, text=True, check=True
+    ).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def render_helm(tools: Path, *values: str) -> list[dict[str, Any]]:
+    args = [
+        str(tools / "helm"),
+        "template",
+        "gna",
+        str(DAEMONSET / "chart" / "gpu-node-agent"),
+        "--kube-version",
+        "1.34.0",
+    ]
+    args += ["--namespace", "gpu-system", "--include-crds"]
+    for v in values:
+        args += ["--set", v]
+    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def normalized(obj: dict[str, Any]) -> dict[str, Any]:
+    """Compares embedded YAML files (ConfigMap data) by content, not by layout."""
+    if obj.get("kind") != "ConfigMap":
+        return obj
+    data = {k: yaml.safe_load(v) if k.endswith(".yaml") else v for k, v in obj.get("data", {}).items()}
+    return {**obj, "data": data}
+
+
+def key(obj: dict[str, Any]) -> tuple[str, str, str]:
+    meta = obj["metadata"]
+    return (obj["kind"], meta.get("namespace", ""), meta["name"])
+
+
+def by_key(objs: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    return {key(o): o for o in objs}
+
+
+def test_helm_defaults_render_the_kustomize_base(deploy_tools: Path) -> None:
+    base = by_key(render_kustomize(deploy_tools, DAEMONSET / "base"))
+    chart = by_key(render_helm(deploy_tools))
+    # Helm installs into an existing namespace (helm install --create-namespace); the base creates it.
+    base.pop(("Namespace", "", "gpu-system"))
+    assert sorted(chart) == sorted(base)
+    for k, obj in base.items():
+        assert normalized(chart[k]) == normalized(obj), (
+            f"{k} differs between the Helm chart and the kustomize base"
+        )
+
+
+def test_chart_crd_is_the_same_file_as_the_base_crd() -> None:
+    base = (DAEMONSET / "crds" / "gpunode.yaml").read_text()
+    chart = (DAEMONSET / "chart" / "gpu-node-agent" / "crds" / "gpunode.yaml").read_text()
+    assert chart == base, "run: cp daemonset/crds/gpunode.yaml daemonset/chart/gpu-node-agent/crds/"
+
+
+@pytest.mark.parametrize(
+    ("values", "check"),
+    [
+        (
+            ["agent.migStrategy=mixed"],
+            lambda objs: (
+                "migStrategy: mixed"
+                in objs[("ConfigMap", "gpu-system", "gpu-node-agent-config")]["data"]["config.yaml"]
+            ),
+        ),
+        (
+            ["agent.metricsFormat=dcgm"],
+            lambda objs: (
+                "--metrics-format=dcgm"
+                in objs[("DaemonSet", "gpu-system", "gpu-node-agent")]["spec"]["template"]["spec"][
+                    "containers"
+                ][0]["args"]
+            ),
+        ),
+        (
+            ["image.repository=registry.local/gna", "image.tag=9.9"],
+            lambda objs: (
+                objs[("DaemonSet", "gpu-system", "gpu-node-agent")]["spec"]["template"]["spec"]["containers"][
+                    0
+                ]["image"]
+                == "registry.local/gna:9.9"
+            ),
+        ),
+        (
+            ["agent.nodeSelector.pool=gpu"],
+            lambda objs: (
+                objs[("DaemonSet", "gpu-system", "gpu-node-agent")]["spec"]["template"]["spec"][
+                    "nodeSelector"
+                ]["pool"]
+                == "gpu"
+            ),
+        ),
+        (
+            [
+                "agent.sharing.timeSlicing.resources[0].name=nvidia.com/gpu",
+                "agent.sharing.timeSlicing.resources[0].replicas=4",
+            ],
+            lambda objs: (
+                yaml.safe_load(
+                    objs[("ConfigMap", "gpu-system", "gpu-node-agent-config")]["data"]["config.yaml"]
+                )["sharing"]
+                == {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}
+            ),
+        ),
+        (
+            ["extender.enabled=false"],
+            lambda objs: not any("extender" in k[2] or "scheduler" in k[2] for k in objs),
+        ),
+        (
+            ["podMonitor.enabled=true"],
+            lambda objs: ("PodMonitor", "gpu-system", "gpu-node-agent") in objs,
+        ),
+    ],
+    ids=["mig-strategy", "metrics-format", "image", "node-selector", "sharing", "no-extender", "pod-monitor"],
+)
+def test_helm_values_reach_the_objects(deploy_tools: Path, values: list[str], check: Any) -> None:
+    assert check(by_key(render_helm(deploy_tools, *values)))
+
+
+def test_every_agent_write_is_pinned_by_the_admission_policy(deploy_tools: Path) -> None:
+    objs = by_key(render_kustomize(deploy_tools, DAEMONSET / "base"))
+    role = objs[("ClusterRole", "", "gpu-node-agent")]
+    policy = objs[("ValidatingAdmissionPolicy", "", "gpu-node-agent-own-node-only")]
+    written = {
+        res
+        for rule in role["rules"]
+        if set(rule["verbs"]) & {"create", "update", "patch", "delete"}
+        and not set(rule["resources"]) & {"events"}
+        for res in rule["resources"]
+    }
+    pinned = {
+        res for rule in policy["spec"]["matchConstraints"]["resourceRules"] for res in rule["resources"]
+    }
+    assert written <= pinned
+
+
+def test_agent_daemonset_least_privilege(deploy_tools: Path) -> None:
+    ds = by_key(render_kustomize(deploy_tools, DAEMONSET / "base"))[
+        ("DaemonSet", "gpu-system", "gpu-node-agent")
+    ]
+    pod = ds["spec"]["template"]["spec"]
+    ctr = pod["containers"][0]
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert ctr["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert ctr["securityContext"]["allowPrivilegeEscalation"] is False
+    assert not ctr["securityContext"].get("privileged", False)
+    mounts = {m["mountPath"]: m for m in ctr["volumeMounts"]}
+    assert mounts["/host/sys"]["readOnly"] is True
+    assert mounts["/var/lib/kubelet/pod-resources"]["readOnly"] is True
+    assert {"NODE_NAME"} <= {e["name"] for e in ctr["env"]}
+    assert ctr["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert ctr["readinessProbe"]["httpGet"]["path"] == "/readyz"
