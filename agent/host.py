@@ -13,8 +13,12 @@ import re
 import socket
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from topology.model import Host, NumaNode
+
+if TYPE_CHECKING:
+    from agent.nvml.profiles import MachineSpec
 
 _NODE_DIR = re.compile(r"^node(\d+)$")
 _MEMINFO_TOTAL = re.compile(r"MemTotal:\s+(\d+)\s*kB")
@@ -115,4 +119,16 @@ def read_host(
         numa_nodes=read_numa_nodes(sysfs_root),
         kernel=_read(proc_root / "sys" / "kernel" / "osrelease"),
         system_uuid=_read(sysfs_root / "class" / "dmi" / "id" / "product_uuid"),
+    )
+
+
+def simulated_host(machine: MachineSpec, *, hostname: str | None = None) -> Host:
+    """The host a simulator profile describes (its hostname, CPUs, memory and NUMA nodes)."""
+    return Host(
+        name=hostname or machine.hostname,
+        cpu_count=machine.cpu_count,
+        memory_bytes=machine.memory_bytes,
+        numa_nodes=machine.numa_nodes,
+        kernel=None,
+        system_uuid=machine.system_uuid,
     )

@@ -229,22 +229,29 @@ def test_queue_source_rejects_unknown_values_and_ignores_pushes_after_close() ->
     assert asyncio.run(drain()) == []
 
 
-def test_simulated_source_follows_a_simulator_listener() -> None:
+def test_simulated_source_follows_the_simulator_and_unsubscribes_on_close() -> None:
+    from agent.nvml.fake import HotplugEvent as SimEvent
+
     class Sim:
+        """The simulator's listener interface (``SimulatedNvml.add_hotplug_listener``)."""
+
         def __init__(self) -> None:
             self.listeners: list[Any] = []
 
-        def add_hotplug_listener(self, callback: Any) -> None:
+        def add_hotplug_listener(self, callback: Any) -> Any:
             self.listeners.append(callback)
+            return lambda: self.listeners.remove(callback)
 
         def lose(self, bus: str) -> None:
-            for cb in self.listeners:
-                cb("remove", "pci", bus)
+            for cb in list(self.listeners):
+                cb(SimEvent("remove", "pci", bus))
 
     sim = Sim()
     source = simulated_source(sim)
-    sim.lose("00000000:43:00.0")
+    sim.lose("0000:43:00.0")
     source.close()
+    assert sim.listeners == []
+    sim.lose("0000:52:00.0")
 
     async def drain() -> list[HotplugEvent]:
         return [e async for e in source.events()]
