@@ -155,11 +155,16 @@ class Informer:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout_s: float = 5.0) -> None:
+    def stop_soon(self) -> None:
+        """Ask the thread to end after the current watch event (or the watch's time-out)."""
         self._stop.set()
-        for w in self._watches:
+        for w in list(self._watches):
             w.stop()  # type: ignore[no-untyped-call]
-        self._thread.join(timeout_s)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self.stop_soon()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
 
     def _run(self) -> None:
         while not self._stop.is_set():

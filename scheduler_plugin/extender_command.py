@@ -1,0 +1,171 @@
+"""``gpu-node-agent extender``: serve the kube-scheduler extender (filter / prioritize / bind).
+
+The composition root: builds the API client, the informers (Nodes, Pods, HyperNodes, PodGroups),
+the pure ``ClusterState``, the handlers and the HTTP server once, then runs until SIGTERM/SIGINT.
+Shutdown order: stop accepting, answer waiting binds, stop informers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("gpu_node_agent.extender")
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str
+    port: int
+    kubeconfig: str | None
+    barrier_timeout_s: float
+    reservation_ttl_s: float
+    max_body_bytes: int
+    watch_timeout_s: int
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"extender: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def parse_settings(argv: list[str]) -> Settings:
+    p = _Parser(prog="gpu-node-agent extender", description="serve the kube-scheduler extender")
+    p.add_argument("--addr", default="0.0.0.0:8888", help="HOST:PORT to listen on (default 0.0.0.0:8888)")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
+    p.add_argument(
+        "--barrier-timeout",
+        type=float,
+        default=20.0,
+        help="seconds a gang's bind calls wait for the rest of the gang (keep below httpTimeout)",
+    )
+    p.add_argument(
+        "--reservation-ttl", type=float, default=120.0, help="seconds an idle gang reservation lives"
+    )
+    p.add_argument(
+        "--max-body-bytes", type=int, default=32 * 1024 * 1024, help="largest request body accepted"
+    )
+    p.add_argument(
+        "--watch-timeout", type=int, default=300, help="seconds per watch request before re-watching"
+    )
+    a = p.parse_args(argv)
+    host, sep, port_s = a.addr.rpartition(":")
+    if not sep or not port_s.isdigit() or not 0 <= int(port_s) <= 65535:
+        p.error(f"--addr: expected HOST:PORT, got {a.addr!r}")
+    if a.barrier_timeout <= 0:
+        p.error("--barrier-timeout: must be positive")
+    if a.reservation_ttl <= 0:
+        p.error("--reservation-ttl: must be positive")
+    if a.max_body_bytes < 1024:
+        p.error("--max-body-bytes: must be at least 1024")
+    if a.watch_timeout < 1:
+        p.error("--watch-timeout: must be at least 1")
+    return Settings(
+        host=host.strip("[]") or "0.0.0.0",
+        port=int(port_s),
+        kubeconfig=a.kubeconfig,
+        barrier_timeout_s=a.barrier_timeout,
+        reservation_ttl_s=a.reservation_ttl,
+        max_body_bytes=a.max_body_bytes,
+        watch_timeout_s=a.watch_timeout,
+    )
+
+
+class Service:
+    """The running extender: informers feeding the state, and the HTTP server. Startable from tests."""
+
+    def __init__(self, settings: Settings, api_client: Any) -> None:
+        from scheduler_plugin.extender import Extender, ExtenderServer  # noqa: PLC0415 - lazy: heavy imports
+        from scheduler_plugin.kube import KINDS, Informer, KubeApi  # noqa: PLC0415
+        from scheduler_plugin.state import ClusterState  # noqa: PLC0415
+
+        self.settings = settings
+        self.lock = threading.Lock()
+        self.api = KubeApi(api_client)
+        self.state = ClusterState(
+            reservation_ttl_s=settings.reservation_ttl_s, barrier_timeout_s=settings.barrier_timeout_s
+        )
+
+        def on_list(kind: str, items: list[dict[str, Any]]) -> None:
+            with self.lock:
+                self.state.replace(kind, items)
+
+        def on_event(kind: str, event_type: str, obj: dict[str, Any]) -> None:
+            with self.lock:
+                self.state.apply(kind, event_type, obj)
+
+        def on_error(kind: str, exc: BaseException) -> None:
+            log.warning("informer_error kind=%s error=%s: %s", kind, type(exc).__name__, str(exc)[:200])
+
+        self.informers = [
+            Informer(
+                self.api,
+                kind,
+                on_list=on_list,
+                on_event=on_event,
+                on_error=on_error,
+                watch_timeout_s=settings.watch_timeout_s,
+            )
+            for kind in KINDS
+        ]
+        self.extender = Extender(
+            state=self.state,
+            cluster=self.api,
+            lock=self.lock,
+            ready=lambda: all(i.synced.is_set() for i in self.informers),
+        )
+        self.server = ExtenderServer(self.extender, max_body_bytes=settings.max_body_bytes)
+
+    async def start(self) -> None:
+        for inf in self.informers:
+            inf.start()
+        await self.server.start(self.settings.host, self.settings.port)
+        log.info("extender_listening addr=%s:%d", self.settings.host, self.server.port)
+
+    async def stop(self) -> None:
+        await self.server.stop()
+        for inf in self.informers:
+            inf.stop_soon()
+        for inf in self.informers:
+            await asyncio.to_thread(inf.stop, 2.0)
+
+
+async def _run(settings: Settings) -> int:
+    from scheduler_plugin.kube import api_client_from  # noqa: PLC0415
+
+    try:
+        api_client = api_client_from(settings.kubeconfig)
+    except Exception as exc:  # no usable credentials: one line, exit 2
+        print(f"extender: cannot load Kubernetes credentials: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    service = Service(settings, api_client)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await service.start()
+    except OSError as exc:
+        print(
+            f"extender: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        await service.stop()
+        return 2
+    await stop.wait()
+    log.info("extender_stopping")
+    await service.stop()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    settings = parse_settings(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    return asyncio.run(_run(settings))

@@ -1,0 +1,513 @@
+"""The extender's view of the cluster and its decisions: filter, prioritize, the bind barrier. Pure.
+
+Fed by informer events (plain API dicts) and by the scheduler's calls; the clock is an argument
+(``now``, seconds) so every decision can be replayed in a test. Nothing here talks to the network:
+the decisions come back as values (which nodes pass, which pods to bind, which Events to record) and
+``scheduler_plugin.extender`` carries them out.
+
+Gangs: the first pod of a gang to reach filter makes a plan for the whole gang (``planner.plan``) on
+the cluster minus other gangs' reservations, and the plan becomes a reservation: its nodes' GPUs are
+held for the gang and every pod of the gang is filtered to its planned node. Bind waits at a barrier
+until every planned pod has arrived, then all are bound together; on ``barrier_timeout_s`` the pods
+bind only if at least the gang minimum arrived, otherwise nothing binds and the reservation is
+released. A reservation no pod has reached bind for in ``reservation_ttl_s`` expires. A restart
+rebuilds everything from the API: bound pods count as used; reservations are made afresh.
+
+Pods on their own pass filter wherever the GPUs not reserved for a gang cover their request, and get
+a fragmentation-aware priority (0..10, kube-scheduler's extender range; it scales by weight x 10):
+nodes in domains already in use and nodes left full score higher, so wholly free domains stay whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler_plugin.cluster import (
+    GPU,
+    holds_resources,
+    pod_key,
+    pod_requests,
+    snapshot_from_objects,
+)
+from scheduler_plugin.gangs import GangError, GangSpec, gang_for_pod, gang_key_of
+from scheduler_plugin.planner import plan
+from scheduler_plugin.snapshot import Gang, Infeasible, Role
+
+MAX_PRIORITY = 10  # kube-scheduler's MaxExtenderPriority
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    """A Kubernetes Event to record on a pod."""
+
+    pod: Mapping[str, Any]
+    reason: str
+    message: str
+    warning: bool = True
+
+
+@dataclass
+class FilterOutcome:
+    passed: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    unresolvable: dict[str, str] = field(default_factory=dict)
+    error: str = ""
+    events: list[EventRecord] = field(default_factory=list)
+
+
+@dataclass
+class Reservation:
+    spec: GangSpec
+    nodes: dict[str, str]  # planner pod name ("<role>-<index>") -> node
+    held: dict[str, dict[str, int]]  # node -> resources held for pods not bound yet
+    expires_at: float
+    arrived: dict[str, str] = field(default_factory=dict)  # pod key -> node, at the bind barrier
+    barrier_deadline: float | None = None
+    bound: set[str] = field(default_factory=set)  # pod keys already bound
+
+    @property
+    def target(self) -> int:
+        """Pods that must arrive before the gang binds: every planned pod."""
+        return len(self.nodes)
+
+
+@dataclass(frozen=True)
+class BindDecision:
+    """What to do with a bind call.
+
+    ``action``: ``bind`` (bind ``pods`` now: a pod on its own, or a whole gang whose barrier
+    completed), ``wait`` (hold the call until the gang completes or ``deadline``), ``error``.
+    """
+
+    action: str
+    pods: tuple[tuple[str, str, str], ...] = ()  # (pod key, uid, node)
+    gang: str = ""
+    deadline: float = 0.0
+    error: str = ""
+    events: tuple[EventRecord, ...] = ()
+
+
+class ClusterState:
+    def __init__(self, *, reservation_ttl_s: float = 120.0, barrier_timeout_s: float = 20.0) -> None:
+        self.reservation_ttl_s = reservation_ttl_s
+        self.barrier_timeout_s = barrier_timeout_s
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.hypernodes: dict[str, dict[str, Any]] = {}
+        self.podgroups: dict[str, dict[str, Any]] = {}
+        self.reservations: dict[str, Reservation] = {}
+        self._usage: dict[str, tuple[str, dict[str, int]]] = {}  # pod key -> (node, requests) held
+        self._node_used: dict[str, dict[str, int]] = {}
+        self._domains_cache: tuple[tuple[str, ...], dict[str, dict[str, str]]] | None = None
+        self._last_event: dict[str, tuple[str, str]] = {}
+        self._uids: dict[str, str] = {}  # pod key -> uid the scheduler gave at bind
+
+    # -- informer side ---------------------------------------------------------------------------
+    @staticmethod
+    def _key(kind: str, obj: Mapping[str, Any]) -> str:
+        meta = obj.get("metadata") or {}
+        if kind in ("pods", "podgroups"):
+            return f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}"
+        return str(meta.get("name", ""))
+
+    def _store(self, kind: str) -> dict[str, dict[str, Any]]:
+        return {
+            "nodes": self.nodes,
+            "pods": self.pods,
+            "hypernodes": self.hypernodes,
+            "podgroups": self.podgroups,
+        }[kind]
+
+    def replace(self, kind: str, items: Iterable[Mapping[str, Any]]) -> None:
+        """A fresh listing of one kind replaces what was known."""
+        store = self._store(kind)
+        store.clear()
+        for obj in items:
+            store[self._key(kind, obj)] = dict(obj)
+        if kind == "pods":
+            self._usage.clear()
+            self._node_used.clear()
+            for k, pod in self.pods.items():
+                self._account(k, pod)
+        if kind in ("nodes", "hypernodes"):
+            self._domains_cache = None
+
+    def apply(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> None:
+        """One watch event (ADDED / MODIFIED / DELETED)."""
+        store = self._store(kind)
+        key = self._key(kind, obj)
+        if event_type == "DELETED":
+            store.pop(key, None)
+        else:
+            store[key] = dict(obj)
+        if kind == "pods":
+            self._unaccount(key)
+            if event_type != "DELETED":
+                self._account(key, store[key])
+        if kind in ("nodes", "hypernodes"):
+            self._domains_cache = None
+
+    def _account(self, key: str, pod: Mapping[str, Any]) -> None:
+        if not holds_resources(pod):
+            return
+        node = str((pod.get("spec") or {}).get("nodeName"))
+        req = pod_requests(pod)
+        self._usage[key] = (node, req)
+        used = self._node_used.setdefault(node, {})
+        for r, v in req.items():
+            used[r] = used.get(r, 0) + v
+        for res in self.reservations.values():  # a reserved pod that got bound no longer needs its hold
+            if key in res.spec.members and key not in res.bound:
+                res.bound.add(key)
+                self._release_hold(res, res.spec.members[key], node)
+
+    def _unaccount(self, key: str) -> None:
+        old = self._usage.pop(key, None)
+        if old is None:
+            return
+        node, req = old
+        used = self._node_used.get(node, {})
+        for r, v in req.items():
+            used[r] = used.get(r, 0) - v
+
+    # -- capacity --------------------------------------------------------------------------------
+    def _allocatable_gpus(self, node: str) -> int:
+        alloc = ((self.nodes.get(node) or {}).get("status") or {}).get("allocatable") or {}
+        try:
+            return int(str(alloc.get(GPU, 0)))
+        except ValueError:
+            return 0
+
+    def _held(self, node: str, *, except_gang: str | None = None) -> int:
+        return sum(r.held.get(node, {}).get(GPU, 0) for k, r in self.reservations.items() if k != except_gang)
+
+    def free_gpus(self, node: str, *, except_gang: str | None = None, holds: bool = True) -> int:
+        """GPUs of ``node`` neither used by bound pods nor held for a gang (other than ``except_gang``)."""
+        used = self._node_used.get(node, {}).get(GPU, 0)
+        held = self._held(node, except_gang=except_gang) if holds else 0
+        return self._allocatable_gpus(node) - used - held
+
+    def _domains(self) -> tuple[tuple[str, ...], dict[str, dict[str, str]]]:
+        if self._domains_cache is None:
+            snap = snapshot_from_objects(self.nodes.values(), (), self.hypernodes.values())
+            self._domains_cache = (snap.tiers, {n.name: dict(n.domains) for n in snap.nodes})
+        return self._domains_cache
+
+    def tiers(self) -> tuple[str, ...]:
+        return self._domains()[0]
+
+    # -- reservations ----------------------------------------------------------------------------
+    def expire(self, now: float) -> list[str]:
+        """Drop reservations past their time that no pod waits on; returns the gangs dropped."""
+        gone = [
+            k
+            for k, r in self.reservations.items()
+            if r.expires_at <= now and not r.arrived and len(r.bound) == 0
+        ]
+        gone += [k for k, r in self.reservations.items() if r.bound and len(r.bound) >= r.target]
+        for k in gone:
+            self.reservations.pop(k, None)
+        return gone
+
+    def _release_hold(self, res: Reservation, planned: str, node: str) -> None:
+        held_node = res.nodes.get(planned)
+        if held_node is None:
+            return
+        role = next((r for r in res.spec.gang.roles if planned.rsplit("-", 1)[0] == r.name), None)
+        if role is None:
+            return
+        hold = res.held.get(held_node)
+        if hold is not None:
+            hold[GPU] = max(0, hold.get(GPU, 0) - role.gpus_per_pod)
+            for r, v in role.resources_per_pod.items():
+                hold[r] = max(0, hold.get(r, 0) - v)
+
+    def _plan_gang(self, spec: GangSpec, now: float) -> Reservation | str:
+        others: dict[str, dict[str, int]] = {}
+        for k, r in self.reservations.items():
+            if k == spec.key:
+                continue
+            for node, res in r.held.items():
+                acc = others.setdefault(node, {})
+                for name, v in res.items():
+                    acc[name] = acc.get(name, 0) + v
+        gang, members = _unbound_part(spec, self.pods)
+        if gang is None:
+            return "every pod of the gang is already bound"
+        snapshot = snapshot_from_objects(
+            self.nodes.values(), self.pods.values(), self.hypernodes.values(), reserved=others
+        )
+        result = plan(snapshot, gang)
+        if isinstance(result, Infeasible):
+            return result.reason
+        roles = {r.name: r for r in gang.roles}
+        held: dict[str, dict[str, int]] = {}
+        for planned, node in result.placement.items():
+            role = roles[planned.rsplit("-", 1)[0]]
+            acc = held.setdefault(node, {})
+            acc[GPU] = acc.get(GPU, 0) + role.gpus_per_pod
+            for rname, v in role.resources_per_pod.items():
+                acc[rname] = acc.get(rname, 0) + v
+        respec = GangSpec(
+            key=spec.key, gang=gang, members=members, min_member=spec.min_member, source=spec.source
+        )
+        return Reservation(
+            spec=respec, nodes=dict(result.placement), held=held, expires_at=now + self.reservation_ttl_s
+        )
+
+    def _event_once(
+        self, pod: Mapping[str, Any], reason: str, message: str, *, warning: bool = True
+    ) -> list[EventRecord]:
+        key = pod_key(pod)
+        if self._last_event.get(key) == (reason, message):
+            return []
+        self._last_event[key] = (reason, message)
+        return [EventRecord(pod=pod, reason=reason, message=message, warning=warning)]
+
+    # -- filter ----------------------------------------------------------------------------------
+    def filter(self, pod: Mapping[str, Any], node_names: Sequence[str], now: float) -> FilterOutcome:
+        self.expire(now)
+        out = FilterOutcome()
+        key = pod_key(pod)
+        if key not in self.pods:  # the scheduler knows it before our informer does
+            self.pods[key] = dict(pod)
+        found = gang_key_of(pod)
+        if found is None:
+            need = pod_requests(pod).get(GPU, 0)
+            for n in node_names:
+                if n not in self.nodes:
+                    out.failed[n] = "node unknown to the extender (informer not synced yet)"
+                    continue
+                free = self.free_gpus(n)
+                if free >= need:
+                    out.passed.append(n)
+                elif self.free_gpus(n, holds=False) >= need:
+                    out.failed[n] = f"{need} GPU(s) requested; {max(free, 0)} not reserved for a gang"
+                else:
+                    out.failed[n] = f"{need} GPU(s) requested; {max(free, 0)} free"
+            return out
+        gang_name = found[1]
+        res = self.reservations.get(gang_name)
+        if res is None or (key not in res.spec.members and not res.arrived):
+            try:
+                spec = gang_for_pod(pod, self.pods.values(), self.podgroups, self.tiers())
+            except GangError as exc:
+                msg = f"invalid gang: {exc}"
+                out.unresolvable = dict.fromkeys(node_names, msg)
+                out.events += self._event_once(pod, "InvalidGang", msg)
+                return out
+            assert spec is not None
+            planned = self._plan_gang(spec, now)
+            if isinstance(planned, str):
+                msg = f"gang {gang_name} does not fit: {planned}"
+                out.failed = dict.fromkeys(node_names, msg)
+                out.events += self._event_once(pod, "GangUnschedulable", msg)
+                self.reservations.pop(gang_name, None)
+                return out
+            self.reservations[gang_name] = res = planned
+            out.events += self._event_once(
+                pod,
+                "GangPlanned",
+                f"gang {gang_name}: {len(res.nodes)} pod(s) planned on {len(res.held)} node(s)",
+                warning=False,
+            )
+        planned_name = res.spec.members.get(key)
+        node = res.nodes.get(planned_name) if planned_name else None
+        if node is None:
+            msg = f"pod {key} has no place in gang {gang_name}'s plan (an elastic subgroup left out)"
+            out.failed = dict.fromkeys(node_names, msg)
+            return out
+        res.expires_at = max(res.expires_at, now + self.reservation_ttl_s)
+        for n in node_names:
+            if n == node:
+                out.passed.append(n)
+            else:
+                out.failed[n] = f"gang {gang_name} planned this pod on {node}"
+        if node not in node_names:
+            out.events += self._event_once(
+                pod,
+                "GangNodeFiltered",
+                f"planned node {node} of gang {gang_name} was not among the scheduler's candidates",
+            )
+        return out
+
+    # -- prioritize ------------------------------------------------------------------------------
+    def prioritize(
+        self, pod: Mapping[str, Any], node_names: Sequence[str], now: float
+    ) -> list[tuple[str, int]]:
+        found = gang_key_of(pod)
+        if found is not None:
+            res = self.reservations.get(found[1])
+            planned = res.spec.members.get(pod_key(pod)) if res else None
+            node = res.nodes.get(planned) if res and planned else None
+            return [(n, MAX_PRIORITY if n == node else 0) for n in node_names]
+        need = pod_requests(pod).get(GPU, 0)
+        tiers, domains = self._domains()
+        first = tiers[0] if tiers else None
+        dom_free: dict[str, int] = {}
+        dom_total: dict[str, int] = {}
+        if first is not None:
+            wanted = {domains.get(n, {}).get(first) for n in node_names} - {None}
+            for name, doms in domains.items():
+                d = doms.get(first)
+                if d is not None and d in wanted:
+                    dom_free[d] = dom_free.get(d, 0) + max(0, self.free_gpus(name))
+                    dom_total[d] = dom_total.get(d, 0) + self._allocatable_gpus(name)
+        out: list[tuple[str, int]] = []
+        for n in node_names:
+            total = self._allocatable_gpus(n)
+            free = self.free_gpus(n)
+            if total <= 0 or free < need:
+                out.append((n, 0))
+                continue
+            node_fill = 1 - (free - need) / total  # 1 when the pod fills the node
+            d = domains.get(n, {}).get(first) if first else None
+            if d is not None and dom_total.get(d):
+                dom_fill = 1 - (dom_free[d] - need) / dom_total[d]  # 1 when the domain ends full
+            else:
+                dom_fill = node_fill
+            out.append((n, round(MAX_PRIORITY * (0.6 * dom_fill + 0.4 * node_fill))))
+        return out
+
+    # -- bind ------------------------------------------------------------------------------------
+    def bind(self, namespace: str, name: str, uid: str, node: str, now: float) -> BindDecision:
+        key = f"{namespace or 'default'}/{name}"
+        pod = self.pods.get(key)
+        if pod is None:
+            return BindDecision(action="error", error=f"unknown pod {key}")
+        found = gang_key_of(pod)
+        if found is None:
+            return BindDecision(action="bind", pods=((key, uid, node),))
+        gang_name = found[1]
+        res = self.reservations.get(gang_name)
+        planned = res.spec.members.get(key) if res else None
+        if res is None or planned is None:
+            return BindDecision(
+                action="error", gang=gang_name, error=f"gang {gang_name} has no reservation for {key}"
+            )
+        if res.nodes.get(planned) != node:
+            return BindDecision(
+                action="error",
+                gang=gang_name,
+                error=f"pod {key} planned on {res.nodes.get(planned)}, asked to bind on {node}",
+            )
+        res.arrived[key] = node
+        self._uids[key] = uid
+        if res.barrier_deadline is None:
+            res.barrier_deadline = now + self.barrier_timeout_s
+        if len(res.arrived) + len(res.bound) >= res.target:
+            return self._complete(gang_name, res)
+        return BindDecision(action="wait", gang=gang_name, deadline=res.barrier_deadline)
+
+    def _complete(self, gang_name: str, res: Reservation) -> BindDecision:
+        pods = tuple((k, self._uids.get(k, ""), n) for k, n in sorted(res.arrived.items()))
+        res.arrived.clear()
+        for k, n in pods_nodes(pods):
+            res.bound.add(k)
+            self._assume_bound(k, n)
+            self._release_hold(res, res.spec.members[k], n)
+        res.barrier_deadline = None
+        self.reservations.pop(gang_name, None)
+        return BindDecision(action="bind", pods=pods, gang=gang_name)
+
+    def _assume_bound(self, key: str, node: str) -> None:
+        pod = self.pods.get(key)
+        if pod is None:
+            return
+        pod = dict(pod)
+        pod["spec"] = {**(pod.get("spec") or {}), "nodeName": node}
+        self.pods[key] = pod
+        self._unaccount(key)
+        self._account(key, pod)
+
+    def assume_bound(self, key: str, node: str) -> None:
+        """A pod on its own was bound: count it until the informer reports it."""
+        self._assume_bound(key, node)
+
+    def barrier_timeout(self, gang_name: str, now: float) -> BindDecision:
+        """The barrier's deadline passed: bind what arrived if it meets the minimum, else release."""
+        res = self.reservations.get(gang_name)
+        if res is None or res.barrier_deadline is None:
+            return BindDecision(
+                action="error", gang=gang_name, error=f"gang {gang_name} is no longer waiting"
+            )
+        if now < res.barrier_deadline:
+            return BindDecision(action="wait", gang=gang_name, deadline=res.barrier_deadline)
+        if len(res.arrived) + len(res.bound) >= res.spec.min_member:
+            return self._complete(gang_name, res)
+        arrived = len(res.arrived)
+        self.reservations.pop(gang_name, None)
+        msg = (
+            f"gang {gang_name}: only {arrived} of {res.target} pod(s) reached bind within "
+            f"{self.barrier_timeout_s:g}s (minimum {res.spec.min_member}); nothing bound, "
+            "reservation released"
+        )
+        events = tuple(
+            EventRecord(pod=self.pods[k], reason="GangBarrierTimeout", message=msg)
+            for k in sorted(res.arrived)
+            if k in self.pods
+        )
+        return BindDecision(action="error", gang=gang_name, error=msg, events=events)
+
+    def bind_failed(self, gang_name: str, keys: Iterable[str]) -> None:
+        """Binding some pods failed at the API: forget the assumption so the informer's truth wins."""
+        for k in keys:
+            pod = self.pods.get(k)
+            if pod is not None and (pod.get("spec") or {}).get("nodeName"):
+                pod = dict(pod)
+                pod["spec"] = {**(pod.get("spec") or {}), "nodeName": None}
+                self.pods[k] = pod
+                self._unaccount(k)
+        self.reservations.pop(gang_name, None)
+
+
+def pods_nodes(pods: Iterable[tuple[str, str, str]]) -> list[tuple[str, str]]:
+    return [(k, n) for k, _, n in pods]
+
+
+def _unbound_part(
+    spec: GangSpec, pods: Mapping[str, Mapping[str, Any]]
+) -> tuple[Gang | None, dict[str, str]]:
+    """The gang to plan: all of it, or (after a restart mid-gang) only the pods not bound yet.
+
+    Pods already bound keep their nodes; the rest are planned as a gang of their own with the same
+    roles and tiers (renumbered in rank order), which keeps each role's constraints for what is left.
+    """
+    bound = {k for k in spec.members if k in pods and (pods[k].get("spec") or {}).get("nodeName")}
+    if not bound:
+        return spec.gang, dict(spec.members)
+    roles: list[Role] = []
+    members: dict[str, str] = {}
+    for role in spec.gang.roles:
+        taken = {spec.members[k] for k in bound if spec.members[k].rsplit("-", 1)[0] == role.name}
+        left = [i for i in range(role.pods) if f"{role.name}-{i}" not in taken]
+        if not left:
+            continue
+        renumber = {f"{role.name}-{old}": f"{role.name}-{new}" for new, old in enumerate(left)}
+        for k, planned in spec.members.items():
+            if planned in renumber:
+                members[k] = renumber[planned]
+        roles.append(
+            Role(
+                name=role.name,
+                pods=len(left),
+                gpus_per_pod=role.gpus_per_pod,
+                subgroup_size=min(role.subgroup_size, len(left)) if role.subgroup_size else None,
+                subgroup_tier=role.subgroup_tier,
+                resources_per_pod=role.resources_per_pod,
+            )
+        )
+    if not roles:
+        return None, {}
+    return Gang(name=spec.gang.name, roles=tuple(roles), tier=spec.gang.tier, soft=spec.gang.soft), members
+
+
+__all__ = [
+    "BindDecision",
+    "ClusterState",
+    "EventRecord",
+    "FilterOutcome",
+    "Reservation",
+]
