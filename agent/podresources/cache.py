@@ -69,7 +69,8 @@ class PodResourcesCache:
         changed = snap != self._snapshot
         if s.last_error is not None:
             self._log.info("podresources_refresh_recovered", pods=snap.pods_listed)
-        self._snapshot = snap
+        if changed:
+            self._snapshot = snap
         self._stats = PodResourcesStats(
             refreshes=s.refreshes + 1,
             errors=s.errors,
