@@ -190,3 +190,48 @@ def test_a_malformed_node_guid_skips_that_hca_only(tmp_path: Path) -> None:
     scan = read_ib(tmp_path)
     assert [p.device for p in scan.ports] == ["mlx5_1"]
     assert scan.errors == (f"{dev / 'node_guid'}: not a GUID: 'nonsense'; HCA mlx5_0 skipped",)
+
+
+# --------------------------------------------------------------------------- the simulator's tree
+
+SIM_PROFILES = ["dgx-h100", "hgx-h200", "gb200-nvl72:rack=2,tray=7", "dgx-a100-mig", "dgx1-v100", "pcie-l40s"]
+
+
+@pytest.mark.parametrize("spec", SIM_PROFILES)
+def test_reads_the_simulated_tree_of_every_profile(spec: str, tmp_path: Path) -> None:
+    from agent.nvml.sim_sysfs import write_sysfs
+    from agent.nvml.simulate import parse_spec
+
+    machine = write_sysfs(tmp_path, parse_spec(spec))
+    scan = read_ib(tmp_path)
+    assert scan.errors == ()
+    expected = {(h.device, p.port): (h, p) for h in machine.hcas for p in h.ports}
+    assert {(p.device, p.port) for p in scan.ports} == set(expected)
+    for port in scan.ports:
+        hca, spec_port = expected[(port.device, port.port)]
+        assert port.node_guid == f"0x{hca.node_guid:016x}"
+        assert port.sys_image_guid == f"0x{hca.sys_image_guid:016x}"
+        assert port.port_guid == f"0x{spec_port.port_guid:016x}"
+        assert port.rate_gbps == spec_port.rate_gbps
+        assert port.link_layer == spec_port.link_layer
+        assert port.lid == spec_port.lid
+        assert port.numa_node == hca.numa_node
+        assert port.pci_address == hca.pci_address
+        assert port.netdev == hca.netdev
+        assert port.hca_type == hca.hca_type
+        assert port.firmware == hca.fw_ver
+
+
+def test_a_malformed_file_in_the_simulated_tree_loses_only_that_port(tmp_path: Path) -> None:
+    from agent.nvml.sim_sysfs import write_sysfs
+    from agent.nvml.simulate import parse_spec
+
+    machine = write_sysfs(tmp_path, parse_spec("dgx-h100"))
+    victim = machine.hcas[3]
+    rate = tmp_path / "class" / "infiniband" / victim.device / "ports" / "1" / "rate"
+    rate.write_text("400 Gbit\n", encoding="utf-8")
+    scan = read_ib(tmp_path)
+    assert len(scan.ports) == sum(len(h.ports) for h in machine.hcas) - 1
+    assert victim.device not in {p.device for p in scan.ports}
+    assert len(scan.errors) == 1
+    assert scan.errors[0].endswith(f"port {victim.device}/1 skipped")
