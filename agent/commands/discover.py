@@ -217,12 +217,24 @@ def render_yaml(inv: NodeInventory, _: Options | None = None) -> str:
     return text
 
 
+def render_gpunode(inv: NodeInventory, opts: Options | None = None) -> str:
+    """The node's ``GPUNode`` object (``topology.gpunode``) as YAML, named ``--node-name`` or the host."""
+    import yaml  # noqa: PLC0415 - only this output needs it
+
+    from topology.gpunode import gpunode_object  # noqa: PLC0415
+
+    name = (opts.node_name if opts is not None else None) or inv.host.name
+    text: str = yaml.safe_dump(gpunode_object(inv, node_name=name), sort_keys=False, default_flow_style=False)
+    return text
+
+
 Renderer = Callable[[NodeInventory, Options], str]
 
 OUTPUTS: dict[str, Renderer] = {
     "table": render_table,
     "json": render_json,
     "yaml": render_yaml,
+    "gpunode": render_gpunode,
 }
 """Output name → renderer. Add a format by adding an entry (import heavy modules inside the function)."""
 

@@ -1,0 +1,281 @@
+"""``gpu-node-agent controller``: build and apply the HyperNode tree, or print it / export it offline.
+
+Offline (no cluster)::
+
+    gpu-node-agent controller --once --from DIR [--output yaml|json]
+    gpu-node-agent controller --once --from DIR --export slurm|kueue|labels --output FILE
+
+``DIR`` holds GPUNode objects (``*.yaml``/``*.yml``/``*.json``, several per file allowed, as printed by
+``discover --output gpunode`` or ``kubectl get gpunodes -o yaml``; Node objects there lend their labels),
+``*.ibnetdiscover`` files and an optional ``mapping.yaml``.
+
+In a cluster (kubeconfig or in-cluster service account)::
+
+    gpu-node-agent controller [--leader-elect] [--lease-namespace NS] [--export ... --output FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import pathlib
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+
+from topology.builder import FabricPolicy, Tree, desired_objects
+from topology.controller import (
+    COMPONENT,
+    MAPPING_KEY,
+    ControllerSettings,
+    Inputs,
+    TopologyController,
+    build_from,
+)
+from topology.exports import kueue_objects, labels_objects, slurm_topology, yaml_stream
+from topology.gpunode import API_VERSION, KIND
+from topology.sources import SourceError, StaticMapping, parse_mapping
+
+EXPORTS = ("slurm", "kueue", "labels")
+
+
+class UsageError(ValueError):
+    pass
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpu-node-agent controller", description=__doc__.split("\n\n")[0])
+    p.add_argument("--once", action="store_true", help="reconcile (or print) once and exit")
+    p.add_argument("--from", dest="from_dir", metavar="DIR", help="read GPUNodes and fabric files from DIR")
+    p.add_argument(
+        "--output",
+        metavar="FORMAT|FILE",
+        help="without --export: yaml (default) or json; with --export: the file to write ('-' = stdout)",
+    )
+    p.add_argument(
+        "--export", choices=EXPORTS, help="write a Slurm topology.conf, Kueue Topology or node labels"
+    )
+    p.add_argument("--slurm-form", choices=("block", "tree"), default="block", help="topology.conf form")
+    p.add_argument("--kueue-topology", default="gpu-node-agent", help="name of the Kueue Topology object")
+    p.add_argument(
+        "--unhealthy-fabric",
+        choices=[m.value for m in FabricPolicy],
+        default=FabricPolicy.ISOLATE.value,
+        help="nodes whose fabric is incomplete or unhealthy: own domain (isolate), out of the tree, or kept",
+    )
+    p.add_argument(
+        "--ibnetdiscover", action="append", default=[], metavar="FILE", help="ibnetdiscover output"
+    )
+    p.add_argument("--mapping", metavar="FILE", help="static mapping file (version: v1)")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
+    p.add_argument("--leader-elect", action="store_true", help="reconcile only while holding the Lease")
+    p.add_argument(
+        "--lease-namespace", default="gpu-system", help="namespace of the Lease, fabric ConfigMaps, Events"
+    )
+    p.add_argument("--lease-name", default=COMPONENT)
+    p.add_argument("--identity", help="leader-election identity (default: $POD_NAME, else the host name)")
+    p.add_argument("--debounce", type=float, default=1.0, help="seconds without changes before a reconcile")
+    p.add_argument("--max-delay", type=float, default=10.0, help="longest a change waits for its reconcile")
+    p.add_argument("--dry-run", action="store_true", help="compute the writes, issue none")
+    return p
+
+
+def read_dir(directory: pathlib.Path) -> Inputs:
+    """GPUNodes, Nodes (for labels), ibnetdiscover files and mapping.yaml from one folder."""
+    if not directory.is_dir():
+        raise UsageError(f"--from {directory}: not a directory")
+    gpunodes: dict[str, dict[str, Any]] = {}
+    nodes: dict[str, dict[str, Any]] = {}
+    ibnet: list[tuple[str, str]] = []
+    mapping: StaticMapping | None = None
+    for path in sorted(directory.iterdir()):
+        if not path.is_file():
+            continue
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".ibnetdiscover":
+            ibnet.append((str(path), text))
+            continue
+        if path.name == MAPPING_KEY:
+            mapping = parse_mapping(text, source=str(path))
+            continue
+        if path.suffix not in (".yaml", ".yml", ".json"):
+            continue
+        try:
+            docs = list(yaml.safe_load_all(text))
+        except yaml.YAMLError as exc:
+            raise UsageError(f"{path}: not YAML/JSON: {str(exc).splitlines()[0]}") from None
+        for doc in docs:
+            for obj in _objects(doc):
+                name = str((obj.get("metadata") or {}).get("name", ""))
+                if obj.get("kind") == KIND and obj.get("apiVersion") == API_VERSION:
+                    if name in gpunodes:
+                        raise UsageError(f"{path}: GPUNode {name!r} appears twice in {directory}")
+                    gpunodes[name or f"{path}#{len(gpunodes)}"] = obj
+                elif obj.get("kind") == "Node" and name:
+                    nodes[name] = obj
+    return Inputs(
+        gpunodes=gpunodes,
+        nodes=None if not nodes else _with_gpunodes(nodes, gpunodes),
+        ibnet=tuple(ibnet),
+        mapping=mapping,
+    )
+
+
+def _with_gpunodes(
+    nodes: dict[str, dict[str, Any]], gpunodes: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """Offline, Node files lend labels; they do not remove GPUNodes that have no Node file."""
+    out = dict(nodes)
+    for name in gpunodes:
+        out.setdefault(name, {"metadata": {"name": name}})
+    return out
+
+
+def _objects(doc: Any) -> list[dict[str, Any]]:
+    if (
+        isinstance(doc, dict)
+        and str(doc.get("kind", "")).endswith("List")
+        and isinstance(doc.get("items"), list)
+    ):
+        return [o for o in doc["items"] if isinstance(o, dict)]
+    if isinstance(doc, list):
+        return [o for o in doc if isinstance(o, dict)]
+    return [doc] if isinstance(doc, dict) else []
+
+
+def render_export(tree: Tree, what: str, *, slurm_form: str, kueue_name: str) -> str:
+    if what == "slurm":
+        return slurm_topology(tree, form=slurm_form)
+    if what == "kueue":
+        return yaml_stream(kueue_objects(tree, name=kueue_name))
+    return yaml_stream(labels_objects(tree))
+
+
+def write_output(target: str, text: str) -> None:
+    if target == "-":
+        sys.stdout.write(text)
+        return
+    path = pathlib.Path(target)
+    if path.exists() and path.read_text(encoding="utf-8") == text:
+        return  # unchanged: no write
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return _main(args)
+    except (UsageError, SourceError, OSError) as exc:
+        print(f"controller: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(args: argparse.Namespace) -> int:
+    policy = FabricPolicy(args.unhealthy_fabric)
+    if args.export and not args.output:
+        raise UsageError("--export needs --output FILE ('-' for stdout)")
+    if not args.export and args.output not in (None, "yaml", "json"):
+        raise UsageError(f"--output {args.output!r}: without --export it is yaml or json")
+    static_ibnet = tuple((f, pathlib.Path(f).read_text(encoding="utf-8")) for f in args.ibnetdiscover)
+    static_mapping = (
+        parse_mapping(pathlib.Path(args.mapping).read_text(encoding="utf-8"), source=args.mapping)
+        if args.mapping
+        else None
+    )
+    if args.from_dir:
+        if not args.once:
+            raise UsageError("--from DIR works with --once (offline, no cluster)")
+        inputs = read_dir(pathlib.Path(args.from_dir))
+        inputs.ibnet = inputs.ibnet + static_ibnet
+        inputs.mapping = inputs.mapping or static_mapping
+        result = build_from(inputs, policy=policy)
+        for problem in result.problems:
+            print(f"controller: skipped: {problem}", file=sys.stderr)
+        tree = result.tree
+        for node, reason in tree.excluded.items():
+            print(f"controller: {node}: {reason}", file=sys.stderr)
+        for note in tree.notes:
+            print(f"controller: note: {note}", file=sys.stderr)
+        if args.export:
+            write_output(
+                args.output,
+                render_export(tree, args.export, slurm_form=args.slurm_form, kueue_name=args.kueue_topology),
+            )
+            return 0
+        objects = list(desired_objects(tree).values())
+        if args.output == "json":
+            print(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2))
+        else:
+            sys.stdout.write(yaml_stream(objects))
+        return 0
+
+    from topology.kube import Kube, api_client_from  # noqa: PLC0415 - the cluster path only
+
+    export: Callable[[Tree], None] | None = None
+    if args.export:
+        what, target = args.export, args.output
+
+        def export(tree: Tree) -> None:
+            write_output(
+                target, render_export(tree, what, slurm_form=args.slurm_form, kueue_name=args.kueue_topology)
+            )
+
+    identity = args.identity or os.environ.get("POD_NAME") or socket.gethostname()
+    settings = ControllerSettings(
+        policy=policy,
+        namespace=args.lease_namespace,
+        leader_elect=args.leader_elect and not args.once,
+        lease_name=args.lease_name,
+        identity=identity,
+        debounce_s=args.debounce,
+        max_delay_s=max(args.max_delay, args.debounce),
+        dry_run=args.dry_run,
+        static_ibnet=static_ibnet,
+        static_mapping=static_mapping,
+        export=export,
+    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    controller = TopologyController(kube=Kube(api_client_from(args.kubeconfig)), settings=settings)
+    if args.once:
+        return _once(controller)
+    asyncio.run(_serve(controller))
+    return 0
+
+
+def _once(controller: TopologyController) -> int:
+    k = controller.kube
+    from topology.kube import KubeError  # noqa: PLC0415
+
+    for r in controller.reflectors:
+        try:
+            items, _ = k.list(r.path, label_selector=r.label_selector)
+        except KubeError as exc:
+            if exc.status != 404 or not r.optional:
+                raise UsageError(f"cannot list {r.path}: {exc}") from None
+            items = []
+        r.store = {str(o["metadata"]["name"]): o for o in items}
+    d = controller.reconcile()
+    print(
+        f"controller: {len(d.apply)} applied, {len(d.delete)} deleted, {d.unchanged} unchanged"
+        f"{', ' + str(len(d.conflicts)) + ' conflicts' if d.conflicts else ''}"
+        f"{' (dry run)' if controller.settings.dry_run else ''}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+async def _serve(controller: TopologyController) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await controller.run(stop)
