@@ -310,7 +310,7 @@ def _min_blocks(role: Role) -> int:
     total = full + (1 if rem else 0)
     if role.min_subgroups is None or role.subgroup_size is None:
         return total
-    return max(0, min(total, role.min_subgroups))
+    return max(1, min(total, role.min_subgroups))  # a role places at least one block
 
 
 def _place_tiered(
@@ -335,6 +335,7 @@ def _place_tiered(
             if k2 is not None:
                 touched[k2] = 0
     caps: list[tuple[int, int, int]] = []  # (group index, pods, free gpus)
+    most: tuple[int, int] | None = None  # (pods, -group index) of the roomiest group, for the reason
     smallest = rem if rem else size
     for k, (cap0, free0) in enumerate(base_caps):
         cap, freeg = cap0, free0
@@ -342,6 +343,8 @@ def _place_tiered(
             nodes = groups[k][1]
             cap = sum(_fit_now(p, st, i, key, base) for i in nodes)
             freeg = sum(p.free[i] - st.used_gpus.get(i, 0) for i in nodes)
+        if most is None or (cap, -k) > most:
+            most = (cap, -k)
         if cap >= smallest:
             caps.append((k, cap, freeg))
     # DP over groups; state = a * 2 + b (a full blocks, b short block placed)
@@ -389,11 +392,10 @@ def _place_tiered(
                 final, count = a * 2, a
                 break
     if final is None or count < need or (count == 0 and need > 0):
-        best = max(caps, key=lambda c: (c[1], -c[0]), default=None)
         where = (
-            f"; most room: {min(best[1], role.pods)} pods in {tier_name} domain {groups[best[0]][0]}"
-            if best
-            else f"; no {tier_name} domain has room for {smallest} pod(s)"
+            f"; most room: {min(most[0], role.pods)} pods in {tier_name} domain {groups[-most[1]][0]}"
+            if most is not None
+            else f"; no node of the scope has a {tier_name} domain"
         )
         return _Failure(
             role.name,

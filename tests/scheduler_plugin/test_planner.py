@@ -1,0 +1,372 @@
+"""The planner: scenario tables and Hypothesis properties (capacity, all-or-nothing, domains,
+determinism, and feasibility against a brute-force search on small clusters)."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler_plugin.planner import plan, prepare, role_subgroups
+from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, NodeState, Plan, Role
+
+TIERS = ("nvlink", "leaf", "spine")
+
+
+def rack_cluster(
+    busy_per_rack: Sequence[int], *, trays: int = 18, racks_per_leaf: int = 2, leaves_per_spine: int = 2
+):
+    """NVL72-like racks of ``trays`` 4-GPU trays; rack r has its first ``busy_per_rack[r]`` trays busy."""
+    nodes = []
+    for r, busy in enumerate(busy_per_rack):
+        leaf = r // racks_per_leaf
+        for t in range(trays):
+            nodes.append(
+                NodeState(
+                    name=f"rack{r:02d}-tray{t:02d}",
+                    gpus=4,
+                    free=0 if t < busy else 4,
+                    domains={
+                        "nvlink": f"nvl-{r:02d}",
+                        "leaf": f"leaf-{leaf}",
+                        "spine": f"spine-{leaf // leaves_per_spine}",
+                    },
+                )
+            )
+    return ClusterSnapshot(tiers=TIERS, nodes=tuple(nodes))
+
+
+def nvl72_gang(*, pods: int = 18, size: int | None = 18, tier: str | None = None, soft: bool = False, **kw):
+    role = Role(name="worker", pods=pods, gpus_per_pod=4, subgroup_size=size, subgroup_tier="nvlink", **kw)
+    return Gang(name="train", roles=(role,), tier=tier, soft=soft)
+
+
+def domain_of(snapshot: ClusterSnapshot, node: str, tier: str) -> str:
+    return next(n.domains[tier] for n in snapshot.nodes if n.name == node)
+
+
+def check_capacity(snapshot: ClusterSnapshot, gang: Gang, result: Plan) -> None:
+    use: Counter[str] = Counter()
+    roles = {r.name: r for r in gang.roles}
+    for pod, node in result.placement.items():
+        use[node] += roles[pod.rsplit("-", 1)[0]].gpus_per_pod
+    free = {n.name: n.free for n in snapshot.nodes}
+    for node, gpus in use.items():
+        assert gpus <= free[node], f"{node}: {gpus} GPUs planned, {free[node]} free"
+
+
+# -- scenarios ----------------------------------------------------------------------------------
+
+
+def test_72_gpu_job_finds_the_one_free_rack() -> None:
+    busy = [1, 2, 3, 1, 0, 2, 3, 1]  # rack 4 is the only whole one
+    snap = rack_cluster(busy)
+    result = plan(snap, nvl72_gang())
+    assert isinstance(result, Plan)
+    assert {domain_of(snap, n, "nvlink") for n in result.placement.values()} == {"nvl-04"}
+    assert result.subgroups[0].domain == "nvl-04"
+    assert result.score["stranded_gpus"] == 0
+    # rank-aware: consecutive pods on the rack's trays in name order
+    assert [result.placement[f"worker-{i}"] for i in range(18)] == [f"rack04-tray{t:02d}" for t in range(18)]
+
+
+def test_72_gpu_job_without_a_free_rack_says_why() -> None:
+    result = plan(rack_cluster([1, 2, 3, 1, 2, 3]), nvl72_gang())
+    assert isinstance(result, Infeasible)
+    assert "nvlink" in result.reason
+    assert "18 pod(s) x 4 GPU(s)" in result.reason
+    assert "most room: 17 pods" in result.reason
+
+
+def test_soft_mode_falls_back_across_domains() -> None:
+    snap = rack_cluster([1, 2, 3, 1])
+    hard = plan(snap, nvl72_gang())
+    soft = plan(snap, nvl72_gang(soft=True))
+    assert isinstance(hard, Infeasible)
+    assert isinstance(soft, Plan)
+    assert soft.score["relaxed_tiers"] >= 1
+    assert len(soft.placement) == 18
+    check_capacity(snap, nvl72_gang(), soft)
+    # one relaxation step is enough: the block stays inside one leaf
+    leaves = {domain_of(snap, n, "leaf") for n in soft.placement.values()}
+    assert len(leaves) == 1
+
+
+def test_several_16_node_subgroups_under_one_spine() -> None:
+    # spine-0 = racks 0-3 (two racks whole), spine-1 = racks 4-7 (all four with >= 16 free trays)
+    snap = rack_cluster([0, 3, 0, 5, 2, 1, 0, 2])
+    gang = nvl72_gang(pods=64, size=16, tier="spine")
+    result = plan(snap, gang)
+    assert isinstance(result, Plan)
+    spines = {domain_of(snap, n, "spine") for n in result.placement.values()}
+    assert spines == {"spine-1"}
+    by_sub = [result.placement[f"worker-{i}"] for i in range(64)]
+    for k in range(4):
+        racks = {domain_of(snap, n, "nvlink") for n in by_sub[k * 16 : (k + 1) * 16]}
+        assert len(racks) == 1, f"subgroup {k} spans {racks}"
+    assert len({s.domain for s in result.subgroups}) == 4
+    check_capacity(snap, gang, result)
+
+
+def test_best_fit_keeps_whole_racks_intact() -> None:
+    # a 16-tray block fits exactly in rack 1 (2 busy); taking rack 0 would strand 2 trays
+    snap = rack_cluster([0, 2, 0])
+    result = plan(snap, nvl72_gang(pods=16, size=16))
+    assert isinstance(result, Plan)
+    assert result.subgroups[0].domain == "nvl-01"
+    assert result.score["stranded_gpus"] == 0
+
+
+def test_heterogeneous_roles_head_without_gpus() -> None:
+    snap = rack_cluster([0, 0])
+    head = Role(name="head", pods=1, gpus_per_pod=0)
+    workers = Role(name="worker", pods=18, gpus_per_pod=4, subgroup_size=18, subgroup_tier="nvlink")
+    gang = Gang(name="rl", roles=(head, workers), tier="leaf")
+    result = plan(snap, gang)
+    assert isinstance(result, Plan)
+    assert "head-0" in result.placement
+    assert len(result.placement) == 19
+    # the head sits with the workers (a node the gang already uses)
+    assert result.placement["head-0"] in {result.placement[f"worker-{i}"] for i in range(18)}
+
+
+def test_head_with_resources_that_no_node_has() -> None:
+    snap = ClusterSnapshot(
+        tiers=TIERS,
+        nodes=(NodeState(name="a", gpus=4, free=4, free_resources={"cpu": 1000}),),
+    )
+    gang = Gang(name="g", roles=(Role(name="head", pods=1, gpus_per_pod=0, resources_per_pod={"cpu": 4000}),))
+    result = plan(snap, gang)
+    assert isinstance(result, Infeasible)
+    assert "head" in result.reason
+    assert "4000 cpu" in result.reason
+
+
+@pytest.mark.parametrize(
+    ("min_subgroups", "placed"),
+    [
+        pytest.param(None, None, id="all-or-nothing-fails"),
+        pytest.param(1, 2, id="elastic-places-what-fits"),
+        pytest.param(2, 2, id="elastic-at-minimum"),
+        pytest.param(3, None, id="elastic-below-minimum-fails"),
+    ],
+)
+def test_min_subgroups_elasticity(min_subgroups: int | None, placed: int | None) -> None:
+    snap = rack_cluster([0, 1, 0, 3])  # two whole racks
+    gang = nvl72_gang(pods=72, size=18, min_subgroups=min_subgroups)
+    result = plan(snap, gang)
+    if placed is None:
+        assert isinstance(result, Infeasible)
+        assert "subgroup(s)" in result.reason
+        return
+    assert isinstance(result, Plan)
+    assert sorted(s.index for s in result.subgroups) == list(range(placed))  # a prefix of the blocks
+    assert set(result.placement) == {f"worker-{i}" for i in range(placed * 18)}
+
+
+def test_per_node_fit_not_aggregate() -> None:
+    # 36 trays with 2 free GPUs each: 72 GPUs free in the rack, but no tray holds a 4-GPU pod
+    nodes = tuple(
+        NodeState(name=f"t{t:02d}", gpus=4, free=2, domains={"nvlink": "nvl-0", "leaf": "l", "spine": "s"})
+        for t in range(36)
+    )
+    result = plan(ClusterSnapshot(tiers=TIERS, nodes=nodes), nvl72_gang())
+    assert isinstance(result, Infeasible)
+    assert "no schedulable node has room for one pod (4 GPU(s))" in result.reason
+    assert "most free GPUs on one node: 2" in result.reason
+
+
+def test_gang_tier_failure_names_the_tier() -> None:
+    # enough whole racks in total, but never two under one leaf
+    snap = rack_cluster([0, 2, 0, 2], racks_per_leaf=2)
+    result = plan(snap, nvl72_gang(pods=36, tier="leaf"))
+    assert isinstance(result, Infeasible)
+    assert "one leaf domain" in result.reason
+
+
+def test_tightest_tier_wins_on_ties() -> None:
+    nodes = (
+        NodeState(name="a", gpus=8, free=4, domains={"nvlink": "n1", "leaf": "l1", "spine": "s"}),
+        NodeState(name="b", gpus=8, free=4, domains={"nvlink": "n2", "leaf": "l2", "spine": "s"}),
+        NodeState(name="c", gpus=8, free=4, domains={"nvlink": "n2", "leaf": "l2", "spine": "s"}),
+    )
+    gang = Gang(name="g", roles=(Role(name="w", pods=2, gpus_per_pod=4),))
+    result = plan(ClusterSnapshot(tiers=TIERS, nodes=nodes), gang)
+    assert isinstance(result, Plan)
+    assert set(result.placement.values()) == {"b", "c"}
+    assert result.score["span_tier"] == 1
+
+
+def test_unschedulable_nodes_are_skipped() -> None:
+    nodes = (
+        NodeState(name="a", gpus=8, free=8, schedulable=False, domains={"nvlink": "n1"}),
+        NodeState(name="b", gpus=8, free=8, domains={"nvlink": "n1"}),
+    )
+    gang = Gang(name="g", roles=(Role(name="w", pods=1, gpus_per_pod=8),))
+    result = plan(ClusterSnapshot(tiers=("nvlink",), nodes=nodes), gang)
+    assert isinstance(result, Plan)
+    assert result.placement == {"w-0": "b"}
+
+
+@pytest.mark.parametrize(
+    ("gang", "needle"),
+    [
+        pytest.param(Gang(name="g", roles=()), "no roles", id="no-roles"),
+        pytest.param(
+            Gang(name="g", roles=(Role(name="w", pods=0, gpus_per_pod=1),)),
+            "pods must be positive",
+            id="zero-pods",
+        ),
+        pytest.param(
+            Gang(name="g", roles=(Role(name="w", pods=1, gpus_per_pod=1, subgroup_tier="rack"),)),
+            "unknown subgroup_tier 'rack'",
+            id="unknown-subgroup-tier",
+        ),
+        pytest.param(
+            Gang(name="g", roles=(Role(name="w", pods=1, gpus_per_pod=1),), tier="core"),
+            "unknown tier",
+            id="unknown-gang-tier",
+        ),
+        pytest.param(
+            Gang(
+                name="g",
+                roles=(Role(name="w", pods=1, gpus_per_pod=1), Role(name="w", pods=1, gpus_per_pod=1)),
+            ),
+            "duplicate role",
+            id="duplicate-role",
+        ),
+    ],
+)
+def test_invalid_gangs_are_infeasible_with_a_reason(gang: Gang, needle: str) -> None:
+    result = plan(rack_cluster([0]), gang)
+    assert isinstance(result, Infeasible)
+    assert needle in result.reason
+
+
+def test_short_last_subgroup() -> None:
+    snap = rack_cluster([0, 10])
+    gang = nvl72_gang(pods=26, size=18)  # blocks of 18 and 8
+    result = plan(snap, gang)
+    assert isinstance(result, Plan)
+    assert role_subgroups(gang.roles[0]) == (18, 1, 8)
+    assert {s.index: s.domain for s in result.subgroups} == {0: "nvl-00", 1: "nvl-01"}
+
+
+def test_prepared_snapshot_reused_gives_same_plan() -> None:
+    snap = rack_cluster([1, 0, 2])
+    prepared = prepare(snap)
+    assert plan(prepared, nvl72_gang()) == plan(snap, nvl72_gang())
+
+
+# -- properties ---------------------------------------------------------------------------------
+
+
+@st.composite
+def small_cases(draw: st.DrawFn) -> tuple[ClusterSnapshot, Gang]:
+    n_nodes = draw(st.integers(1, 5))
+    nodes = []
+    for i in range(n_nodes):
+        gpus = draw(st.integers(0, 4))
+        free = draw(st.integers(0, gpus))
+        nv = draw(st.integers(0, 2))
+        nodes.append(
+            NodeState(name=f"n{i}", gpus=gpus, free=free, domains={"nvlink": f"d{nv}", "leaf": f"l{nv // 2}"})
+        )
+    pods = draw(st.integers(1, 4))
+    gpus_per_pod = draw(st.integers(1, 3))
+    size = draw(st.one_of(st.none(), st.integers(1, pods)))
+    sub_tier = draw(st.sampled_from([None, "nvlink", "leaf"]))
+    blocks = -(-pods // (size or pods))
+    min_sg = draw(st.one_of(st.none(), st.integers(0, blocks))) if size else None
+    gang_tier = draw(st.sampled_from([None, "nvlink", "leaf"]))
+    role = Role(
+        name="w",
+        pods=pods,
+        gpus_per_pod=gpus_per_pod,
+        subgroup_size=size,
+        subgroup_tier=sub_tier,
+        min_subgroups=min_sg,
+    )
+    snap = ClusterSnapshot(tiers=("nvlink", "leaf"), nodes=tuple(draw(st.permutations(nodes))))
+    return snap, Gang(name="g", roles=(role,), tier=gang_tier)
+
+
+def brute_force_max_pods(snap: ClusterSnapshot, gang: Gang) -> int | None:
+    """Most pods a valid placement holds (a prefix of whole blocks, at least the minimum), or None."""
+    (role,) = gang.roles
+    size, full, rem = role_subgroups(role)
+    total = full + (1 if rem else 0)
+    need = total if role.min_subgroups is None or role.subgroup_size is None else max(role.min_subgroups, 1)
+    nodes = list(snap.nodes)
+    for count in range(total, need - 1, -1):
+        n_pods = min(count * size, role.pods)
+        if n_pods == 0:
+            return 0
+        for assign in itertools.product(range(len(nodes)), repeat=n_pods):
+            use = Counter(assign)
+            if any(use[i] * role.gpus_per_pod > nodes[i].free for i in use):
+                continue
+            if gang.tier and len({nodes[i].domains.get(gang.tier) for i in assign}) != 1:
+                continue
+            if role.subgroup_tier:
+                ok = True
+                for b in range(count):
+                    block = assign[b * size : (b + 1) * size]
+                    if len({nodes[i].domains.get(role.subgroup_tier) for i in block}) != 1:
+                        ok = False
+                        break
+                if not ok:
+                    continue
+            return n_pods
+    return None
+
+
+@settings(max_examples=150)
+@given(small_cases())
+def test_feasible_exactly_when_brute_force_finds_a_placement(case: tuple[ClusterSnapshot, Gang]) -> None:
+    snap, gang = case
+    best = brute_force_max_pods(snap, gang)
+    result = plan(snap, gang)
+    if best is None or best == 0:
+        assert isinstance(result, Infeasible), result
+        return
+    assert isinstance(result, Plan), (result, best)
+    assert len(result.placement) == best
+
+
+@given(small_cases())
+def test_plan_properties(case: tuple[ClusterSnapshot, Gang]) -> None:
+    snap, gang = case
+    result = plan(snap, gang)
+    if isinstance(result, Infeasible):
+        assert result.reason
+        return
+    check_capacity(snap, gang, result)
+    (role,) = gang.roles
+    size, _, _ = role_subgroups(role)
+    placed_blocks = sorted(s.index for s in result.subgroups)
+    assert placed_blocks == list(range(len(placed_blocks)))  # a prefix: ranks stay dense
+    expected = {f"w-{i}" for b in placed_blocks for i in range(b * size, min((b + 1) * size, role.pods))}
+    assert set(result.placement) == expected  # whole blocks only: all or nothing per block
+    if role.min_subgroups is None:
+        assert len(result.placement) == role.pods
+    for b in placed_blocks:
+        nodes = [result.placement[f"w-{i}"] for i in range(b * size, min((b + 1) * size, role.pods))]
+        if role.subgroup_tier:
+            assert len({domain_of(snap, n, role.subgroup_tier) for n in nodes}) == 1
+    if gang.tier:
+        assert len({domain_of(snap, n, gang.tier) for n in result.placement.values()}) == 1
+
+
+@given(small_cases(), st.randoms(use_true_random=False))
+def test_deterministic_whatever_the_node_order(case: tuple[ClusterSnapshot, Gang], rnd) -> None:  # type: ignore[no-untyped-def]
+    snap, gang = case
+    shuffled = list(snap.nodes)
+    rnd.shuffle(shuffled)
+    again = ClusterSnapshot(tiers=snap.tiers, nodes=tuple(shuffled))
+    assert plan(snap, gang) == plan(again, gang)
+    assert plan(snap, gang) == plan(snap, gang)
