@@ -94,40 +94,41 @@ class IbScan:
     errors: tuple[str, ...]
 
 
-def _read(path: Path) -> str:
+def _read(path: str) -> str:
+    with open(path, "rb") as fh:  # plain str paths and bytes: this runs on every rediscovery
+        raw = fh.read()
     try:
-        return path.read_text(encoding="utf-8", errors="strict")
+        return raw.decode("utf-8")
     except UnicodeDecodeError:
         raise IbFormatError("not UTF-8 text") from None
 
 
-def _read_optional(path: Path) -> str | None:
+def _read_optional(path: str) -> str | None:
     try:
         return _read(path).strip()
     except FileNotFoundError:
         return None
 
 
-def _pci_address(device_dir: Path) -> str | None:
-    link = device_dir / "device"
+def _pci_address(device_dir: str) -> str | None:
     try:
-        target = os.readlink(link)
+        target = os.readlink(f"{device_dir}/device")
     except OSError:
         return None
-    name = Path(target).name
+    name = os.path.basename(target.rstrip("/"))
     return name.lower() if _PCI_ADDRESS.match(name) else None
 
 
-def _netdevs(device_dir: Path) -> dict[int, str]:
+def _netdevs(device_dir: str) -> dict[int, str]:
     """Netdev per port number, from ``device/net/<if>/dev_port`` (0-based) when present."""
-    net = device_dir / "device" / "net"
+    net = f"{device_dir}/device/net"
     try:
-        names = sorted(p.name for p in net.iterdir())
+        names = sorted(os.listdir(net))
     except OSError:
         return {}
     out: dict[int, str] = {}
     for name in names:
-        dev_port = _read_optional(net / name / "dev_port")
+        dev_port = _read_optional(f"{net}/{name}/dev_port")
         port = int(dev_port) + 1 if dev_port is not None and dev_port.isdigit() else 1
         out.setdefault(port, name)
     return out
@@ -142,9 +143,9 @@ def read_ib(sysfs_root: Path) -> IbScan:
 
     No ``infiniband`` class directory means no HCAs (not an error).
     """
-    base = sysfs_root / "class" / "infiniband"
+    base = os.path.join(sysfs_root, "class", "infiniband")
     try:
-        devices = sorted(p.name for p in base.iterdir())
+        devices = os.listdir(base)
     except FileNotFoundError:
         return IbScan((), ())
     except OSError as exc:
@@ -152,7 +153,7 @@ def read_ib(sysfs_root: Path) -> IbScan:
     ports: list[IbPort] = []
     errors: list[str] = []
     for device in _sorted_numeric_devices(devices):
-        _read_device(base / device, device, ports, errors)
+        _read_device(f"{base}/{device}", device, ports, errors)
     return IbScan(tuple(ports), tuple(errors))
 
 
@@ -164,50 +165,50 @@ def _sorted_numeric_devices(names: list[str]) -> list[str]:
     return sorted(names, key=key)
 
 
-def _read_device(device_dir: Path, device: str, ports: list[IbPort], errors: list[str]) -> None:
-    current = device_dir / "node_guid"
+def _read_device(device_dir: str, device: str, ports: list[IbPort], errors: list[str]) -> None:
+    current = f"{device_dir}/node_guid"
     try:
         node_guid = parse_guid(_read(current))
-        current = device_dir / "sys_image_guid"
+        current = f"{device_dir}/sys_image_guid"
         raw_sys = _read_optional(current)
         sys_image_guid = parse_guid(raw_sys) if raw_sys else None
-        current = device_dir / "device" / "numa_node"
+        current = f"{device_dir}/device/numa_node"
         raw_numa = _read_optional(current)
         numa_node = parse_numa_node(raw_numa) if raw_numa is not None else None
     except (IbFormatError, OSError) as exc:
         errors.append(f"{current}: {_describe(exc)}; HCA {device} skipped")
         return
-    hca_type = _read_optional(device_dir / "hca_type")
-    firmware = _read_optional(device_dir / "fw_ver")
+    hca_type = _read_optional(f"{device_dir}/hca_type")
+    firmware = _read_optional(f"{device_dir}/fw_ver")
     pci_address = _pci_address(device_dir)
     netdevs = _netdevs(device_dir)
-    ports_dir = device_dir / "ports"
+    ports_dir = f"{device_dir}/ports"
     try:
-        port_names = _sorted_numeric([p.name for p in ports_dir.iterdir()])
+        port_names = _sorted_numeric(os.listdir(ports_dir))
     except OSError as exc:
         errors.append(f"{ports_dir}: {_describe(exc)}; HCA {device} has no readable ports")
         return
     for name in port_names:
-        port_dir = ports_dir / name
+        port_dir = f"{ports_dir}/{name}"
         if not name.isdigit():
             errors.append(f"{port_dir}: port directory name is not a number; skipped")
             continue
         current = port_dir
         try:
-            current = port_dir / "state"
+            current = f"{port_dir}/state"
             state = parse_numbered(_read(current))
-            current = port_dir / "phys_state"
+            current = f"{port_dir}/phys_state"
             physical_state = parse_numbered(_read(current))
-            current = port_dir / "rate"
+            current = f"{port_dir}/rate"
             rate = parse_rate(_read(current))
-            current = port_dir / "link_layer"
+            current = f"{port_dir}/link_layer"
             link_layer = _read(current).strip()
             if not link_layer:
                 raise IbFormatError("empty link layer")
-            current = port_dir / "lid"
+            current = f"{port_dir}/lid"
             raw_lid = _read_optional(current)
             lid = parse_lid(raw_lid) if raw_lid is not None else None
-            current = port_dir / "gids" / "0"
+            current = f"{port_dir}/gids/0"
             raw_gid = _read_optional(current)
             port_guid = port_guid_from_gid(raw_gid) if raw_gid is not None else None
             if port_guid == "0x0000000000000000":
