@@ -1049,7 +1049,8 @@ class SimulatedNvml:
         )
 
     def sample(self, index: int) -> GpuSample:
-        state = self._state(index)
+        pcie_replays = self.device_get_pcie_replay_counter(index)  # first: checks init, index, lost
+        state = self._gpus[index]
         if self._clock is None:
             state.time_s += 1.0
         gpu_util, mem_util = self.device_get_utilization_rates(index)
@@ -1086,7 +1087,7 @@ class SimulatedNvml:
             sm_clock_mhz=self.device_get_clock_info(index, 1),
             memory_clock_mhz=self.device_get_clock_info(index, 2),
             throttle_reasons=self.device_get_current_clocks_event_reasons(index),
-            pcie_replays=self.device_get_pcie_replay_counter(index),
+            pcie_replays=pcie_replays,
             ecc_corrected_volatile=self.device_get_total_ecc_errors(index, 0, 0),
             ecc_uncorrected_volatile=self.device_get_total_ecc_errors(index, 1, 0),
             ecc_corrected_aggregate=self.device_get_total_ecc_errors(index, 0, 1),

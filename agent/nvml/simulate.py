@@ -25,17 +25,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent import logs
 from agent.nvml.fake import SimulatedNvml, SimulationError
 from agent.nvml.profiles import PROFILES as _PROFILES
 from agent.nvml.profiles import MachineSpec, build_machine
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 
 PROFILES: dict[str, str] = {name: p.description for name, p in _PROFILES.items()}
 """Simulator profile names with one-line descriptions."""
@@ -132,6 +133,9 @@ def build_simulator(
 FAULT_EVENTS = ("xid", "gpu_lost", "recover", "nvlink_down", "nvlink_up", "ecc_dbe", "fabric", "mig_reconfig")
 
 
+_HEAD_BYTES = 64
+
+
 class FaultLineError(ValueError):
     pass
 
@@ -191,19 +195,25 @@ class FaultFollower:
         self._offset = 0
         self._partial = b""
         self._line_no = 0
+        self._inode: int | None = None
+        self._head = b""  # the file's first bytes, to notice a rewrite of the same length
 
     def poll(self) -> int:
         """Apply every complete line appended since the last poll; returns how many applied."""
         try:
             with self.path.open("rb") as fh:
-                fh.seek(0, 2)
-                size = fh.tell()
-                if size < self._offset:  # truncated or replaced: start over
+                stat = os.fstat(fh.fileno())
+                head = fh.read(len(self._head))
+                if stat.st_ino != self._inode or stat.st_size < self._offset or head != self._head:
+                    # a new, truncated or rewritten file: start over from its first line
                     self._offset, self._partial, self._line_no = 0, b"", 0
+                    self._inode = stat.st_ino
                 fh.seek(self._offset)
                 data = fh.read()
         except FileNotFoundError:
             return 0
+        if self._offset < _HEAD_BYTES:
+            self._head = (self._head if self._offset else b"") + data[: _HEAD_BYTES - self._offset]
         self._offset += len(data)
         data = self._partial + data
         *lines, self._partial = data.split(b"\n")
@@ -221,9 +231,11 @@ class FaultFollower:
                 message = f"{self.path}:{self._line_no}: {exc}"
                 self.errors.append(message)
                 log.error(
-                    "fault_line_invalid %s (line skipped, later lines still apply)",
-                    message,
-                    extra={"event": "fault_line_invalid", "path": str(self.path), "line": self._line_no},
+                    "fault_line_invalid",
+                    path=str(self.path),
+                    line=self._line_no,
+                    error=str(exc),
+                    action="line skipped; later lines still apply",
                 )
                 continue
             applied += 1
