@@ -1,0 +1,235 @@
+"""The controller against Kubernetes faked at the HTTP level (tests/topology/kubefake.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from tests.topology.factories import UUID_B, hgx_node, nvl72_tray
+from tests.topology.kubefake import FakeKube, api_client
+from topology.builder import SOURCE_LABEL, SOURCE_VALUE
+from topology.controller import ControllerSettings, TopologyController
+from topology.gpunode import gpunode_object
+from topology.kube import GPUNODES, HYPERNODES, NODES, Kube, LeaseElector, configmaps, events, leases
+from topology.model import FabricHealthSummary
+from topology.names import clique_domain_name, node_domain_name
+from topology.nvlink import CliqueKey
+
+SAMPLE = (pathlib.Path(__file__).parent / "data" / "two-racks.ibnetdiscover").read_text(encoding="utf-8")
+NS = "gpu-system"
+
+
+def wait_for(check: Callable[[], bool], what: str, limit_s: float = 20.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def seed(fake: FakeKube) -> None:
+    trays = {
+        "rack0-tray0": nvl72_tray("rack0-tray0"),
+        "rack0-tray1": nvl72_tray("rack0-tray1"),
+        "rack1-tray0": nvl72_tray("rack1-tray0", cluster_uuid=UUID_B),
+        "h100-0": hgx_node("h100-0"),
+    }
+    for name, inv in trays.items():
+        node = fake.put(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {}}})
+        fake.put(GPUNODES, gpunode_object(inv, node_name=name, node_uid=node["metadata"]["uid"]))
+    fake.put(
+        configmaps(NS),
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": "fabric",
+                "namespace": NS,
+                "labels": {"gpuagent.dev/fabric": "ibnetdiscover"},
+            },
+            "data": {"cluster.ibnetdiscover": SAMPLE},
+        },
+    )
+
+
+@contextmanager
+def running(controller: TopologyController) -> Iterator[None]:
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    errors: list[BaseException] = []
+
+    def main() -> None:
+        try:
+            loop.run_until_complete(controller.run(stop))
+        except BaseException as exc:  # surfaced by the test
+            errors.append(exc)
+
+    thread = threading.Thread(target=main, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(timeout=15)
+        loop.close()
+        assert not thread.is_alive(), "controller did not stop"
+        assert not errors, errors
+
+
+def settings(**kw: Any) -> ControllerSettings:
+    base: dict[str, Any] = {
+        "namespace": NS,
+        "debounce_s": 0.05,
+        "max_delay_s": 0.5,
+        "watch_timeout_s": 2,
+        "retry_period_s": 0.2,
+        "lease_duration_s": 2,
+        "identity": "ctl-a",
+    }
+    base.update(kw)
+    return ControllerSettings(**base)
+
+
+@pytest.fixture
+def fake() -> Iterator[tuple[FakeKube, str]]:
+    f = FakeKube()
+    seed(f)
+    with f.serve() as url:
+        yield f, url
+
+
+def hypernode_names(fake: FakeKube) -> set[str]:
+    return set(fake.items(HYPERNODES))
+
+
+def test_reconciles_tree_then_writes_only_changes(fake: tuple[FakeKube, str]) -> None:
+    f, url = fake
+    c = TopologyController(kube=Kube(api_client(url)), settings=settings(leader_elect=True))
+    rack0 = clique_domain_name(CliqueKey("9c6f5af3-0000-4000-8000-00000000000a", 32766))
+    with running(c):
+        wait_for(lambda: c.stats.reconciles >= 1 and c.stats.last_diff is not None, "first reconcile")
+        wait_for(lambda: "core-2c5eab0300d00001" in hypernode_names(f), "HyperNodes up to the core")
+        objs = f.items(HYPERNODES)
+        assert {o["spec"]["tierName"] for o in objs.values()} == {"nvlink", "leaf", "spine", "core"}
+        assert all(o["metadata"]["labels"][SOURCE_LABEL] == SOURCE_VALUE for o in objs.values())
+        assert [m["selector"]["exactMatch"]["name"] for m in objs[rack0]["spec"]["members"]] == [
+            "rack0-tray0",
+            "rack0-tray1",
+        ]
+        assert node_domain_name("h100-0") in objs  # no IB information: its own root domain
+        assert f.get(leases(NS), "gpu-topology-controller")["spec"]["holderIdentity"] == "ctl-a"
+        first_writes = len(f.writes(HYPERNODES))
+        assert first_writes == len(objs)
+
+        # one tray's fabric turns unhealthy: only its clique, its new domain and its leaf change
+        sick = gpunode_object(
+            nvl72_tray("rack0-tray1", summary=FabricHealthSummary.UNHEALTHY), node_name="rack0-tray1"
+        )
+        f.put(GPUNODES, sick)
+        wait_for(lambda: node_domain_name("rack0-tray1") in hypernode_names(f), "isolated domain")
+        wait_for(
+            lambda: any(e.get("reason") == "NvlinkDomainExcluded" for e in f.items(events(NS)).values()),
+            "event",
+        )
+        changed = {p.rsplit("/", 1)[1] for _, p in f.writes(HYPERNODES)[first_writes:]}
+        assert changed == {rack0, node_domain_name("rack0-tray1"), "leaf-2c5eab0300b87b40"}
+        event = next(e for e in f.items(events(NS)).values() if e["reason"] == "NvlinkDomainExcluded")
+        assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": "rack0-tray1"}
+        assert "UNHEALTHY" in event["message"]
+
+    # a restarted controller finds everything in place and writes nothing
+    before = len(f.writes(HYPERNODES))
+    c2 = TopologyController(
+        kube=Kube(api_client(url)), settings=settings(leader_elect=True, identity="ctl-b")
+    )
+    with running(c2):
+        wait_for(lambda: c2.stats.reconciles >= 1, "restart reconcile")
+        assert c2.stats.last_diff is not None
+        assert c2.stats.last_diff.writes == 0
+    assert len(f.writes(HYPERNODES)) == before
+
+
+def test_foreign_hypernodes_untouched_stale_ours_deleted(fake: tuple[FakeKube, str]) -> None:
+    f, url = fake
+    foreign = {
+        "apiVersion": "topology.volcano.sh/v1alpha1",
+        "kind": "HyperNode",
+        "metadata": {"name": "admin-rack", "labels": {"volcano.sh/network-topology-source": "label"}},
+        "spec": {"tier": 1, "members": [{"type": "Node", "selector": {"exactMatch": {"name": "x"}}}]},
+    }
+    squatter = {**foreign, "metadata": {"name": node_domain_name("h100-0")}}
+    stale = {**foreign, "metadata": {"name": "nvl-gone", "labels": {SOURCE_LABEL: SOURCE_VALUE}}}
+    for obj in (foreign, squatter, stale):
+        f.put(HYPERNODES, obj)
+    c = TopologyController(kube=Kube(api_client(url)), settings=settings())
+    with running(c):
+        wait_for(lambda: "nvl-gone" not in hypernode_names(f), "stale HyperNode deleted")
+        assert c.stats.last_diff is not None
+        assert c.stats.last_diff.conflicts == (node_domain_name("h100-0"),)
+    assert f.get(HYPERNODES, "admin-rack") == {
+        **foreign,
+        "metadata": f.get(HYPERNODES, "admin-rack")["metadata"],
+    }
+    assert f.get(HYPERNODES, node_domain_name("h100-0"))["spec"] == squatter["spec"]
+    assert ("PATCH", f"{HYPERNODES}/admin-rack") not in f.requests
+
+
+def test_survives_api_down_and_missing_crd_then_catches_up(fake: tuple[FakeKube, str]) -> None:
+    f, url = fake
+    f.missing.add(HYPERNODES)
+    c = TopologyController(kube=Kube(api_client(url)), settings=settings())
+    with running(c):
+        wait_for(lambda: c.stats.failed_writes >= 1, "failed writes while the CRD is missing")
+        f.missing.clear()
+        f.down = True
+        time.sleep(0.3)
+        f.down = False
+        wait_for(lambda: len(hypernode_names(f)) >= 5, "HyperNodes after recovery")
+
+
+def test_only_the_leader_writes(fake: tuple[FakeKube, str]) -> None:
+    f, url = fake
+    a = TopologyController(kube=Kube(api_client(url)), settings=settings(leader_elect=True, identity="a"))
+    b = TopologyController(kube=Kube(api_client(url)), settings=settings(leader_elect=True, identity="b"))
+    with running(a):
+        wait_for(lambda: a.stats.reconciles >= 1, "leader reconciles")
+        with running(b):
+            time.sleep(0.5)
+            assert b.elector is not None
+            assert not b.elector.leading
+            assert b.stats.reconciles == 0
+    # a released the lease on stop: a new candidate takes over at once
+    assert f.get(leases(NS), "gpu-topology-controller")["spec"]["holderIdentity"] in ("", "b")
+
+
+def test_lease_elector_takes_over_an_expired_lease() -> None:
+    f = FakeKube()
+    with f.serve() as url:
+        clock = [1000.0]
+        mono = [0.0]
+        kube = Kube(api_client(url))
+        a = LeaseElector(
+            kube, NS, "l", "a", lease_duration_s=10, clock=lambda: clock[0], monotonic=lambda: mono[0]
+        )
+        b = LeaseElector(
+            kube, NS, "l", "b", lease_duration_s=10, clock=lambda: clock[0], monotonic=lambda: mono[0]
+        )
+        assert a.try_acquire_or_renew()
+        assert not b.try_acquire_or_renew()
+        mono[0] += 5
+        assert a.try_acquire_or_renew()  # renews
+        assert not b.try_acquire_or_renew()  # saw a new renewTime: waits again
+        mono[0] += 11
+        clock[0] += 11
+        assert b.try_acquire_or_renew()  # a stopped renewing: expired
+        lease = f.get(leases(NS), "l")
+        assert lease["spec"]["holderIdentity"] == "b"
+        assert lease["spec"]["leaseTransitions"] == 1
