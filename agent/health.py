@@ -48,6 +48,7 @@ class HealthMonitor:
         self.events_seen = 0
         self._registered: tuple[int, ...] = ()
         self._inventory_changed = asyncio.Event()
+        self.started = asyncio.Event()  # set once events are registered and the loops run
         self._log = logs.get_logger("agent.health")
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -55,6 +56,7 @@ class HealthMonitor:
         remove = self._store.add_listener(self._on_store)
         try:
             await self._register()
+            self.started.set()
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._events(stop))
                 tg.create_task(self._probes(stop))

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from agent import logs
 from agent.healthbook import HEALTHY, DeviceHealth
 from agent.nvml.protocol import EventKind, NvmlEvent
 from topology.model import NodeInventory
@@ -230,6 +231,10 @@ class Rediscovery:
         except Exception as exc:  # a failed rediscovery keeps the last inventory
             if self._on_error is not None:
                 self._on_error(exc)
+            else:
+                logs.get_logger("agent.runtime").error(
+                    "rediscovery_failed", error=str(exc), hint="keeping the last inventory"
+                )
             return
         self.runs += 1
         self._store.set_inventory(inventory)

@@ -82,6 +82,7 @@ class PluginManager:
         self.restarts = 0
         self.registrations = 0
         self.kubelet_restarts_seen = 0
+        self.started = asyncio.Event()  # set once every plugin serves its socket
 
     # ----------------------------------------------------------------- public view
 
@@ -111,6 +112,7 @@ class PluginManager:
         try:
             await self._apply(plan)
             self._kubelet_seen = self._kubelet_identity()
+            self.started.set()
             while not stop.is_set():
                 await self._tick()
                 await self._sleep(stop)

@@ -20,9 +20,11 @@ import os
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent import logs
 from agent.config import RunSettings, add_arguments, load_settings
@@ -36,6 +38,9 @@ from deviceplugin.config import ConfigError
 from deviceplugin.manager import AllocatableCheck, PluginManager
 from deviceplugin.resources import ResourceError, build_plan
 from topology.model import Host, NodeInventory
+
+if TYPE_CHECKING:
+    from agent.nvml.simulate import SimSpec
 
 
 class StartupError(RuntimeError):
@@ -59,6 +64,16 @@ ComponentFactory = Callable[[RunContext], Component | None]
 
 COMPONENT_FACTORIES: list[ComponentFactory] = []
 """Factories of further components (metrics exporter, publisher); each may return None to opt out."""
+
+
+def _metrics_exporter(ctx: RunContext) -> Component | None:
+    """``/metrics``, ``/healthz``, ``/readyz`` (``--metrics-addr ''`` turns them off)."""
+    from agent.metrics.wiring import exporter_for_run  # noqa: PLC0415 - loads prometheus_client only here
+
+    return exporter_for_run(ctx)
+
+
+COMPONENT_FACTORIES.append(_metrics_exporter)
 
 
 @dataclass(slots=True)
@@ -124,12 +139,10 @@ def build_node(settings: RunSettings) -> Node:
     return Node(nvml=real, discover=lambda: discover(nvml=real, sysfs_root=sysfs_root, host=real_host))
 
 
-def _write_sim_sysfs(root: Path, spec: object) -> None:
-    try:
-        from agent.nvml import sim_sysfs  # type: ignore[attr-defined,unused-ignore]  # noqa: PLC0415
-    except ImportError:
-        return
-    sim_sysfs.write_sysfs(root, spec)
+def _write_sim_sysfs(root: Path, spec: SimSpec) -> None:
+    from agent.nvml.sim_sysfs import write_sysfs  # noqa: PLC0415
+
+    write_sysfs(root, spec)
 
 
 class HotplugTrigger:
@@ -169,7 +182,9 @@ async def serve(settings: RunSettings, *, node: Node | None = None, stop: asynci
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
     try:
+        started = time.perf_counter()
         inventory = await asyncio.to_thread(node.discover)
+        discovery_s = time.perf_counter() - started
         try:
             build_plan(inventory, settings.plugin)
         except ResourceError as exc:
@@ -203,6 +218,7 @@ async def serve(settings: RunSettings, *, node: Node | None = None, stop: asynci
             stop=stop,
             manager=manager,
             rediscovery=rediscovery,
+            extras={"discovery_duration_s": discovery_s},
         )
         components: list[Component] = [health, rediscovery, manager]
         if node.faults is not None:

@@ -1,0 +1,359 @@
+"""The device plugin over real gRPC unix sockets against an in-test kubelet Registration server.
+
+Each test runs the node runtime (health monitor, rediscovery, plugin manager) on a simulated machine in
+a short temporary directory (unix socket paths must stay under 108 bytes), and drives it through the
+simulator, the fault file or the fake kubelet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+import pytest
+
+from agent.health import HealthMonitor
+from agent.runtime import Component, InventoryStore, Rediscovery, run_components
+from deviceplugin.api import deviceplugin_pb2 as pb
+from deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
+from deviceplugin.config import PluginConfig, parse_plugin_config
+from deviceplugin.manager import PluginManager
+from tests.deviceplugin.helpers import FakeKubelet, SimNode, running_kubelet, sim_node
+
+T = TypeVar("T")
+
+FAST_HEALTH = {"health": {"recoveryQuietSeconds": 0.3, "probeIntervalSeconds": 0.05}}
+
+
+def run(coro: Awaitable[T], timeout: float = 30.0) -> T:
+    async def bounded() -> T:
+        async with asyncio.timeout(timeout):
+            return await coro
+
+    return asyncio.run(bounded())
+
+
+@pytest.fixture
+def short_dir() -> Any:
+    with tempfile.TemporaryDirectory(prefix="dp", dir="/tmp") as d:
+        yield Path(d)
+
+
+@dataclass
+class Agent:
+    node: SimNode
+    store: InventoryStore
+    manager: PluginManager
+    health: HealthMonitor
+    rediscovery: Rediscovery
+    directory: Path
+
+
+@contextlib.asynccontextmanager
+async def agent(
+    directory: Path,
+    profile: str = "dgx-h100",
+    data: Mapping[str, Any] | None = None,
+    *,
+    faults: Path | None = None,
+    **manager_kw: Any,
+) -> AsyncIterator[Agent]:
+    config: PluginConfig = parse_plugin_config({**FAST_HEALTH, **(data or {})})
+    node = sim_node(profile, faults=faults)
+    store = InventoryStore(node.discover())
+    rediscovery = Rediscovery(store=store, discover=node.discover, interval_s=None, debounce_s=0.01)
+    health = HealthMonitor(
+        nvml=node.sim,
+        store=store,
+        config=config.health,
+        on_mig_change=rediscovery.request,
+        wait_timeout_ms=20,
+    )
+    manager = PluginManager(store=store, config=config, kubelet_dir=directory, poll_s=0.05, **manager_kw)
+    components: list[Component] = [health, rediscovery, manager]
+    follower = getattr(node.sim, "faults", None)
+    if follower is not None:
+        follower.poll_interval_s = 0.01
+        components.append(follower)
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_components(components, stop))
+    try:
+        async with asyncio.timeout(10):
+            await manager.started.wait()
+            await health.started.wait()
+        yield Agent(node, store, manager, health, rediscovery, directory)
+    finally:
+        stop.set()
+        await task
+        node.sim.shutdown()
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+
+def all_healthy(kubelet: FakeKubelet, resource: str, count: int) -> Callable[[], bool]:
+    def check() -> bool:
+        devices = kubelet.devices.get(resource, {})
+        return len(devices) == count and all(h == "Healthy" for h in devices.values())
+
+    return check
+
+
+async def call(directory: Path, socket: str, method: str, request: Any) -> Any:
+    async with grpc.aio.insecure_channel(f"unix://{directory / socket}") as channel:
+        stub = pb_grpc.DevicePluginStub(channel)
+        return await getattr(stub, method)(request, timeout=5)
+
+
+def test_registers_each_resource_and_lists_devices_with_numa(short_dir: Path) -> None:
+    async def body() -> None:
+        async with running_kubelet(short_dir) as kubelet, agent(short_dir) as a:
+            await kubelet.wait_for(all_healthy(kubelet, "nvidia.com/gpu", 8))
+            reg = kubelet.registrations[0]
+            assert (reg.resource_name, reg.endpoint, reg.version, reg.preferred) == (
+                "nvidia.com/gpu",
+                "nvidia-gpu.sock",
+                "v1beta1",
+                True,
+            )
+            numa = {g.uuid: g.numa_node for g in a.store.inventory.gpus}
+            assert kubelet.numa["nvidia.com/gpu"] == {u: [n] for u, n in numa.items()}
+            assert a.manager.ready()
+            options = await call(short_dir, "nvidia-gpu.sock", "GetDevicePluginOptions", pb.Empty())
+            assert options.get_preferred_allocation_available
+            assert not options.pre_start_required
+
+    run(body())
+
+
+def test_allocate_and_preferred_allocation_over_grpc(short_dir: Path) -> None:
+    async def body() -> None:
+        async with running_kubelet(short_dir) as kubelet, agent(short_dir, "dgx1-v100") as a:
+            await kubelet.wait_for(all_healthy(kubelet, "nvidia.com/gpu", 8))
+            uuid = {g.index: g.uuid for g in a.store.inventory.gpus}
+            request = pb.PreferredAllocationRequest(
+                container_requests=[
+                    pb.ContainerPreferredAllocationRequest(
+                        available_deviceIDs=list(uuid.values()),
+                        must_include_deviceIDs=[uuid[0]],
+                        allocation_size=2,
+                    )
+                ]
+            )
+            reply = await call(short_dir, "nvidia-gpu.sock", "GetPreferredAllocation", request)
+            assert set(reply.container_responses[0].deviceIDs) == {uuid[0], uuid[3]}  # the NV2 neighbour
+            alloc = await call(
+                short_dir,
+                "nvidia-gpu.sock",
+                "Allocate",
+                pb.AllocateRequest(
+                    container_requests=[pb.ContainerAllocateRequest(devices_ids=[uuid[0], uuid[3]])]
+                ),
+            )
+            assert alloc.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == f"{uuid[0]},{uuid[3]}"
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await call(
+                    short_dir,
+                    "nvidia-gpu.sock",
+                    "Allocate",
+                    pb.AllocateRequest(
+                        container_requests=[pb.ContainerAllocateRequest(devices_ids=["GPU-nope"])]
+                    ),
+                )
+            assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert "GPU-nope" in (err.value.details() or "")
+
+    run(body())
+
+
+def test_fault_marks_one_gpu_unhealthy_then_it_recovers(short_dir: Path) -> None:
+    faults = short_dir / "faults.jsonl"
+    faults.write_text("")
+
+    async def body() -> None:
+        async with running_kubelet(short_dir) as kubelet, agent(short_dir, faults=faults) as a:
+            await kubelet.wait_for(all_healthy(kubelet, "nvidia.com/gpu", 8))
+            bad = a.store.inventory.gpu(3).uuid
+            with faults.open("a") as fh:
+                fh.write(json.dumps({"event": "xid", "gpu": 3, "xid": 48}) + "\n")
+            await kubelet.wait_for(lambda: kubelet.devices["nvidia.com/gpu"][bad] == "Unhealthy")
+            others = {k: v for k, v in kubelet.devices["nvidia.com/gpu"].items() if k != bad}
+            assert set(others.values()) == {"Healthy"}
+            # an Allocate naming it now fails, saying why
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await call(
+                    short_dir,
+                    "nvidia-gpu.sock",
+                    "Allocate",
+                    pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=[bad])]),
+                )
+            assert "unhealthy (XID 48)" in (err.value.details() or "")
+            # it answers queries and stays quiet: Healthy again without a restart
+            await kubelet.wait_for(all_healthy(kubelet, "nvidia.com/gpu", 8))
+
+    run(body())
+
+
+def test_ignored_xid_and_failing_event_wait_leave_devices_healthy(short_dir: Path) -> None:
+    async def body() -> None:
+        async with running_kubelet(short_dir) as kubelet, agent(short_dir) as a:
+            await kubelet.wait_for(all_healthy(kubelet, "nvidia.com/gpu", 8))
+            a.node.sim.inject_xid(1, 13)
+            a.node.sim.inject_error(999, call="event_set_wait", times=3)
+            await wait_until(lambda: a.health.wait_failures >= 1 and a.health.events_seen >= 1)
+            assert a.store.xid_counts()[(a.store.inventory.gpu(1).uuid, 13)] == 1
+            assert set(kubelet.devices["nvidia.com/gpu"].values()) == {"Healthy"}
+
+    run(body())
+
+
+def test_lost_gpu_stays_unhealthy_until_it_reappears(short_dir: Path) -> None:
+    async def body() -> None:
+        async with running_kubelet(short_dir) as kubelet, agent(short_dir) as a:
+            await kubelet.wait_for(all_healthy(kubelet, "nvidia.com/gpu", 8))
+            lost = a.store.inventory.gpu(2).uuid
+            a.node.sim.lose_gpu(2)
+            await kubelet.wait_for(lambda: kubelet.devices["nvidia.com/gpu"][lost] == "Unhealthy")
+            await asyncio.sleep(0.5)  # longer than the quiet period: still lost
+            assert kubelet.devices["nvidia.com/gpu"][lost] == "Unhealthy"
+            a.node.sim.recover_gpu(2)
+            await kubelet.wait_for(all_healthy(kubelet, "nvidia.com/gpu", 8))
+
+    run(body())
+
+
+def test_kubelet_restart_reregisters(short_dir: Path) -> None:
+    async def body() -> None:
+        async with running_kubelet(short_dir) as kubelet, agent(short_dir) as a:
+            await kubelet.wait_for(lambda: len(kubelet.registrations) == 1)
+            await kubelet.restart()
+            await kubelet.wait_for(lambda: len(kubelet.registrations) == 2, timeout=3)
+            await kubelet.wait_for(all_healthy(kubelet, "nvidia.com/gpu", 8))
+            assert a.manager.kubelet_restarts_seen + a.manager.restarts >= 1
+
+    run(body())
+
+
+def test_deleted_plugin_socket_restarts_and_reregisters(short_dir: Path) -> None:
+    async def body() -> None:
+        async with running_kubelet(short_dir) as kubelet, agent(short_dir):
+            await kubelet.wait_for(lambda: len(kubelet.registrations) == 1)
+            (short_dir / "nvidia-gpu.sock").unlink()
+            await kubelet.wait_for(lambda: len(kubelet.registrations) == 2, timeout=3)
+            assert (short_dir / "nvidia-gpu.sock").exists()
+
+    run(body())
+
+
+def test_registers_once_kubelet_appears_and_retries_rejections(short_dir: Path) -> None:
+    async def body() -> None:
+        async with agent(short_dir) as a:
+            await wait_until((short_dir / "nvidia-gpu.sock").exists)
+            assert not a.manager.ready()
+            kubelet = FakeKubelet(short_dir, reject=True)
+            await kubelet.start()
+            try:
+                await asyncio.sleep(0.3)
+                assert not a.manager.ready()
+                kubelet.reject = False
+                await kubelet.wait_for(lambda: len(kubelet.registrations) == 1, timeout=8)
+                await wait_until(a.manager.ready)
+            finally:
+                await kubelet.stop()
+
+    run(body())
+
+
+def test_mig_reconfiguration_adds_and_withdraws_resources(short_dir: Path) -> None:
+    async def body() -> None:
+        async with (
+            running_kubelet(short_dir) as kubelet,
+            agent(short_dir, "dgx-a100-mig", {"flags": {"migStrategy": "mixed"}}) as a,
+        ):
+            before = set(a.manager.registered())
+            await kubelet.wait_for(lambda: {r.resource_name for r in kubelet.registrations} == before)
+            assert "nvidia.com/mig-7g.80gb" not in before
+            four_g = [
+                i
+                for i, s in enumerate(a.store.inventory.mig)
+                if any(d.profile == "4g.40gb" for d in s.devices)
+            ]
+            gpu = a.store.inventory.mig[four_g[0]].gpu_index
+            a.node.sim.reconfigure_mig(gpu, ["7g.80gb"])
+            await kubelet.wait_for(
+                lambda: any(r.resource_name == "nvidia.com/mig-7g.80gb" for r in kubelet.registrations),
+                timeout=5,
+            )
+            await wait_until(lambda: "nvidia.com/mig-4g.40gb" not in a.manager.registered())
+            assert not (short_dir / "nvidia-mig-4g.40gb.sock").exists()
+            assert a.rediscovery.runs >= 1
+
+    run(body())
+
+
+def test_kubelet_missing_our_devices_triggers_reregistration(short_dir: Path) -> None:
+    listed: dict[str, frozenset[str]] = {}
+
+    async def check() -> Mapping[str, frozenset[str]] | None:
+        return listed
+
+    async def body() -> None:
+        async with (
+            running_kubelet(short_dir) as kubelet,
+            agent(short_dir, allocatable_check=check, check_interval_s=0.1),
+        ):
+            await kubelet.wait_for(lambda: len(kubelet.registrations) >= 2, timeout=3)
+
+    run(body())
+
+
+def test_stop_removes_sockets(short_dir: Path) -> None:
+    async def body() -> None:
+        async with (
+            running_kubelet(short_dir) as kubelet,
+            agent(short_dir, "dgx-a100-mig", {"flags": {"migStrategy": "mixed"}}),
+        ):
+            await kubelet.wait_for(lambda: len(kubelet.registrations) == 5)
+            assert len(list(short_dir.glob("nvidia-*.sock"))) == 5
+        assert list(short_dir.glob("nvidia-*.sock")) == []
+
+    run(body())
+
+
+def test_time_sliced_replicas_advertised_and_allocated(short_dir: Path) -> None:
+    data = {
+        "sharing": {
+            "timeSlicing": {
+                "renameByDefault": True,
+                "failRequestsGreaterThanOne": True,
+                "resources": [{"name": "nvidia.com/gpu", "replicas": 2}],
+            }
+        }
+    }
+
+    async def body() -> None:
+        async with running_kubelet(short_dir) as kubelet, agent(short_dir, "pcie-l40s", data):
+            await kubelet.wait_for(all_healthy(kubelet, "nvidia.com/gpu.shared", 8))
+            ids = sorted(kubelet.devices["nvidia.com/gpu.shared"])
+            assert all("::" in i for i in ids)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await call(
+                    short_dir,
+                    "nvidia-gpu.shared.sock",
+                    "Allocate",
+                    pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids[:2])]),
+                )
+            assert "at most 1" in (err.value.details() or "")
+
+    run(body())
