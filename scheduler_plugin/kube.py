@@ -103,7 +103,7 @@ class KubeApi:
             target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
         )
         # the generated client fails to parse the Status the API returns for bindings
-        self.core.create_namespaced_binding(namespace, body, _preload_content=False)
+        self.core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False)
 
     def event(self, pod: Mapping[str, Any], *, reason: str, message: str, warning: bool) -> None:
         meta = pod.get("metadata") or {}

@@ -15,7 +15,8 @@ rebuilds everything from the API: bound pods count as used; reservations are mad
 
 Pods on their own pass filter wherever the GPUs not reserved for a gang cover their request, and get
 a fragmentation-aware priority (0..10, kube-scheduler's extender range; it scales by weight x 10):
-nodes in domains already in use and nodes left full score higher, so wholly free domains stay whole.
+half the score goes to not breaking a wholly free tier-1 domain, the rest to how full the domain and
+the node end up, so wholly free domains stay whole for gangs.
 """
 
 from __future__ import annotations
@@ -366,9 +367,10 @@ class ClusterState:
             d = domains.get(n, {}).get(first) if first else None
             if d is not None and dom_total.get(d):
                 dom_fill = 1 - (dom_free[d] - need) / dom_total[d]  # 1 when the domain ends full
+                broken = 1.0 if dom_free[d] < dom_total[d] else 0.0  # 0: this pod would break a whole domain
             else:
-                dom_fill = node_fill
-            out.append((n, round(MAX_PRIORITY * (0.6 * dom_fill + 0.4 * node_fill))))
+                dom_fill, broken = node_fill, 1.0
+            out.append((n, round(MAX_PRIORITY * (0.5 * broken + 0.3 * dom_fill + 0.2 * node_fill))))
         return out
 
     # -- bind ------------------------------------------------------------------------------------
