@@ -44,6 +44,12 @@ class RunSettings:
     shutdown_grace_s: float = 5.0
     rediscover_interval_s: float = 60.0
     registration_check_s: float = 30.0
+    metrics_addr: str = "0.0.0.0:9400"  # HOST:PORT of /metrics, /healthz, /readyz; "" turns them off
+    metrics_format: str = "native"
+    metrics_interval_s: float = 10.0
+    pod_resources_interval_s: float = 10.0
+    proc_root: Path = Path("/proc")
+    pod_logs_root: Path = Path("/var/log/pods")
     plugin: PluginConfig = field(default_factory=PluginConfig)
 
 
@@ -78,9 +84,23 @@ def _boolean(text: str) -> bool:
     raise ValueError(f"expected true or false, got {text!r}")
 
 
+def _sim_spec(text: str) -> str:
+    from agent.nvml.simulate import parse_spec  # noqa: PLC0415 - only when simulating
+
+    parse_spec(text)  # SimSpecError is a ValueError naming the valid profiles/options
+    return text
+
+
 def _nonempty(text: str) -> str:
     if not text.strip():
         raise ValueError("expected a non-empty string")
+    return text.strip()
+
+
+def _listen_addr(text: str) -> str:
+    _host, sep, port = text.strip().rpartition(":")
+    if text.strip() and (not sep or not port.isdigit() or int(port) > 65535):
+        raise ValueError(f"expected HOST:PORT (or '' to turn it off), got {text!r}")
     return text.strip()
 
 
@@ -120,7 +140,7 @@ SETTINGS: tuple[Setting, ...] = (
         "--simulate",
         ENV_PREFIX + "SIMULATE",
         "simulate",
-        _nonempty,
+        _sim_spec,
         "simulated machine PROFILE[:k=v]",
     ),
     Setting(
@@ -170,6 +190,54 @@ SETTINGS: tuple[Setting, ...] = (
         "registrationCheckSeconds",
         _positive,
         "seconds between pod-resources checks that kubelet lists our devices",
+    ),
+    Setting(
+        "metrics_addr",
+        "--metrics-addr",
+        ENV_PREFIX + "METRICS_ADDR",
+        "metricsAddr",
+        _listen_addr,
+        "HOST:PORT for /metrics, /healthz, /readyz ('' turns them off; default 0.0.0.0:9400)",
+    ),
+    Setting(
+        "metrics_format",
+        "--metrics-format",
+        ENV_PREFIX + "METRICS_FORMAT",
+        "metricsFormat",
+        _choice(("native", "dcgm")),
+        "metric names: native gpuagent_* or dcgm-exporter's DCGM_FI_* (default native)",
+    ),
+    Setting(
+        "metrics_interval_s",
+        "--metrics-interval",
+        ENV_PREFIX + "METRICS_INTERVAL",
+        "metricsIntervalSeconds",
+        _positive,
+        "seconds between NVML refreshes of the metrics cache (default 10)",
+    ),
+    Setting(
+        "pod_resources_interval_s",
+        "--pod-resources-interval",
+        ENV_PREFIX + "POD_RESOURCES_INTERVAL",
+        "podResourcesIntervalSeconds",
+        _positive,
+        "seconds between pod-resources refreshes for metric pod labels (default 10)",
+    ),
+    Setting(
+        "proc_root",
+        "--proc-root",
+        ENV_PREFIX + "PROC_ROOT",
+        "procRoot",
+        _path,
+        "host /proc, to map processes of shared GPUs to pods (needs hostPID)",
+    ),
+    Setting(
+        "pod_logs_root",
+        "--pod-logs-root",
+        ENV_PREFIX + "POD_LOGS_ROOT",
+        "podLogsRoot",
+        _path,
+        "kubelet's /var/log/pods, to name the pods of those processes",
     ),
 )
 

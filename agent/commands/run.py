@@ -76,6 +76,16 @@ def _metrics_exporter(ctx: RunContext) -> Component | None:
 COMPONENT_FACTORIES.append(_metrics_exporter)
 
 
+def _publisher(ctx: RunContext) -> Component | None:
+    """GPUNode and node labels in the Kubernetes API (``--no-kube`` turns it off)."""
+    from agent.publisher import publisher_for_run  # noqa: PLC0415 - loads the Kubernetes client only here
+
+    return publisher_for_run(ctx)
+
+
+COMPONENT_FACTORIES.append(_publisher)
+
+
 @dataclass(slots=True)
 class Node:
     """The hardware side: NVML, how to discover, and a fault follower when simulating."""

@@ -20,6 +20,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from agent import logs
 from agent.metrics.attribution import Attribution, DeviceResolver, PodOfProcess, attribute, sharing
@@ -48,8 +49,16 @@ def describe_nvml_problem(exc: NVMLError) -> str:
     return f"NVML unusable: {exc.name} ({exc}): {hint}"
 
 
+class XidSource(Protocol):
+    """XID counts per GPU and the last XID seen; ``refresh`` is called once per cache refresh."""
+
+    def refresh(self) -> None: ...
+
+    def of(self, gpu_uuid: str) -> tuple[tuple[tuple[int, int], ...], int | None]: ...
+
+
 class XidCounter:
-    """Counts XID events per GPU; the health loop hands every NVML event to :meth:`record`."""
+    """Counts XID events per GPU from an event hook: hand every NVML event to :meth:`record`."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -64,10 +73,43 @@ class XidCounter:
             per_gpu[event.xid] = per_gpu.get(event.xid, 0) + 1
             self._last[event.gpu_uuid] = event.xid
 
+    def refresh(self) -> None:
+        """Nothing to do: events arrive through :meth:`record`."""
+
     def of(self, gpu_uuid: str) -> tuple[tuple[tuple[int, int], ...], int | None]:
         with self._lock:
             counts = tuple(sorted(self._counts.get(gpu_uuid, {}).items()))
             return counts, self._last.get(gpu_uuid)
+
+
+class CountsXids:
+    """XIDs from a table of counts by ``(gpu_uuid, xid)`` kept elsewhere (the run command's
+    ``InventoryStore.xid_counts``).
+
+    The last XID of a GPU is inferred at each refresh from the counts that grew since the previous
+    one: the XID that grew most (ties: the higher XID number). Like DCGM's sampled
+    ``DCGM_FI_DEV_XID_ERRORS``, several XIDs within one refresh interval report one of them.
+    """
+
+    def __init__(self, counts: Callable[[], Mapping[tuple[str, int], int]]) -> None:
+        self._counts = counts
+        self._table: dict[str, dict[int, int]] = {}
+        self._last: dict[str, int] = {}
+
+    def refresh(self) -> None:
+        table: dict[str, dict[int, int]] = defaultdict(dict)
+        for (uuid, xid), count in self._counts().items():
+            table[uuid][xid] = count
+        for uuid, per_gpu in table.items():
+            before = self._table.get(uuid, {})
+            grown = [(count - before.get(xid, 0), xid) for xid, count in per_gpu.items()]
+            best = max(grown)
+            if best[0] > 0:
+                self._last[uuid] = best[1]
+        self._table = dict(table)
+
+    def of(self, gpu_uuid: str) -> tuple[tuple[tuple[int, int], ...], int | None]:
+        return tuple(sorted(self._table.get(gpu_uuid, {}).items())), self._last.get(gpu_uuid)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,11 +131,11 @@ def build_snapshot(
     inventory: NodeInventory,
     reads: Reads,
     attribution: Attribution,
-    health: Mapping[str, bool],
-    xids: XidCounter,
+    health: Callable[[str], bool | None],
+    xids: XidSource,
     refresh: RefreshStats,
 ) -> MetricsSnapshot:
-    """Combines one refresh's reads into a snapshot (pure apart from reading the XID counter)."""
+    """Combines one refresh's reads into a snapshot (pure apart from reading the XID source)."""
     mig_by_gpu = {m.gpu_index: m for m in inventory.mig}
     views: list[GpuView] = []
     for gpu in sorted(inventory.gpus, key=lambda g: g.index):
@@ -106,7 +148,7 @@ def build_snapshot(
                     device=dev,
                     sample=mig_sample,
                     owners=attribution.owners.get(dev.uuid, ()),
-                    healthy=health.get(dev.uuid),
+                    healthy=health(dev.uuid),
                     sharing=sharing(
                         uuid=dev.uuid,
                         attribution=attribution,
@@ -125,7 +167,7 @@ def build_snapshot(
                 error=reads.errors.get(gpu.index),
                 mig_enabled=None if state is None else state.current_enabled,
                 fabric=reads.fabric.get(gpu.index),
-                healthy=health.get(gpu.uuid),
+                healthy=health(gpu.uuid),
                 xid_counts=counts,
                 last_xid=last,
                 owners=attribution.owners.get(gpu.uuid, ()),
@@ -148,6 +190,10 @@ def build_snapshot(
     )
 
 
+def _unknown(uuid: str) -> bool | None:
+    return None
+
+
 class MetricsCache:
     def __init__(
         self,
@@ -157,8 +203,8 @@ class MetricsCache:
         hostname: str,
         interval_s: float = 10.0,
         podresources: Callable[[], tuple[PodResourcesSnapshot, PodResourcesStats]] | None = None,
-        device_health: Callable[[], Mapping[str, bool]] | None = None,
-        xids: XidCounter | None = None,
+        device_health: Callable[[str], bool | None] | None = None,
+        xids: XidSource | None = None,
         pid_mapper: ProcessPodMapper | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
@@ -171,7 +217,7 @@ class MetricsCache:
         self.interval_s = interval_s
         self._podresources = podresources
         self._device_health = device_health
-        self.xids = xids if xids is not None else XidCounter()
+        self.xids: XidSource = xids if xids is not None else XidCounter()
         self._pid_mapper = pid_mapper
         self._clock = clock
         self._monotonic = monotonic
@@ -250,7 +296,7 @@ class MetricsCache:
             self._log.debug("gpu_sample_failed", index=index, error=error)
         self._refreshes += 1
         counters = self._backend.counters()
-        health = self._device_health() if self._device_health is not None else {}
+        self.xids.refresh()
         refresh = RefreshStats(
             refreshes=self._refreshes,
             last_duration_seconds=self._monotonic() - started,
@@ -269,7 +315,7 @@ class MetricsCache:
             inventory=inventory,
             reads=reads,
             attribution=attribution,
-            health=health,
+            health=self._device_health if self._device_health is not None else _unknown,
             xids=self.xids,
             refresh=refresh,
         )

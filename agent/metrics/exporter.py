@@ -1,29 +1,28 @@
 """The metrics component the ``run`` command starts: cache refresher, pod-resources cache, HTTP server.
 
-Settings (flags of ``run``, see :func:`add_arguments`):
+Settings (``run`` flags, also settable by environment and config file through ``agent.config``):
 
 - ``--metrics-addr HOST:PORT`` (default ``0.0.0.0:9400``, dcgm-exporter's port, so existing scrape
   configs and ServiceMonitors keep working; an empty value turns the exporter off);
 - ``--metrics-format native|dcgm`` (default ``native``);
 - ``--metrics-interval SECONDS`` (default 10): NVML refresh period of the cache;
-- ``--pod-resources-socket PATH`` (default ``/var/lib/kubelet/pod-resources/kubelet.sock``; empty turns
-  pod attribution off) and ``--pod-resources-interval SECONDS`` (default 10);
+- ``--pod-resources-socket PATH`` (default ``/var/lib/kubelet/pod-resources/kubelet.sock``, shared with
+  the device plugin's registration check) and ``--pod-resources-interval SECONDS`` (default 10);
 - ``--proc-root`` (default ``/proc``) and ``--pod-logs-root`` (default ``/var/log/pods``) for mapping
   processes of shared GPUs to pods (needs ``hostPID: true`` to see other pods' processes).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
-from agent.metrics.cache import MetricsCache, XidCounter
+from agent.metrics.cache import MetricsCache, XidSource
 from agent.metrics.dcgm import render_dcgm
 from agent.metrics.native import SnapshotCollector, render_native
 from agent.metrics.procmap import ProcessPodMapper
@@ -72,58 +71,6 @@ def parse_addr(text: str) -> tuple[str, int]:
     return host or "0.0.0.0", int(port)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    d = MetricsSettings()
-    g = parser.add_argument_group("metrics")
-    g.add_argument(
-        "--metrics-addr",
-        default=f"{d.host}:{d.port}",
-        help="HOST:PORT for /metrics, /healthz, /readyz ('' disables; default %(default)s)",
-    )
-    g.add_argument(
-        "--metrics-format",
-        choices=FORMATS,
-        default=d.format,
-        help="metric names: native gpuagent_* or dcgm-exporter's (default %(default)s)",
-    )
-    g.add_argument(
-        "--metrics-interval",
-        type=float,
-        default=d.interval_s,
-        help="seconds between NVML refreshes of the metrics cache (default %(default)s)",
-    )
-    g.add_argument(
-        "--pod-resources-socket",
-        default=d.pod_resources_socket,
-        help="kubelet pod-resources socket for pod labels ('' disables; default %(default)s)",
-    )
-    g.add_argument(
-        "--pod-resources-interval",
-        type=float,
-        default=d.pod_resources_interval_s,
-        help="seconds between pod-resources refreshes (default %(default)s)",
-    )
-    g.add_argument("--proc-root", default=d.proc_root, help="host /proc for per-process attribution")
-    g.add_argument("--pod-logs-root", default=d.pod_logs_root, help="kubelet pod log directory root")
-
-
-def settings_from_args(ns: argparse.Namespace) -> MetricsSettings | None:
-    """The settings from parsed flags; ``None`` when ``--metrics-addr ''`` turns the exporter off."""
-    if not ns.metrics_addr:
-        return None
-    host, port = parse_addr(ns.metrics_addr)
-    return MetricsSettings(
-        host=host,
-        port=port,
-        format=ns.metrics_format,
-        interval_s=ns.metrics_interval,
-        pod_resources_socket=ns.pod_resources_socket or None,
-        pod_resources_interval_s=ns.pod_resources_interval,
-        proc_root=ns.proc_root,
-        pod_logs_root=ns.pod_logs_root,
-    )
-
-
 def agent_version() -> str:
     try:
         return metadata.version("gpu-node-agent")
@@ -136,7 +83,8 @@ class MetricsExporter:
 
     ``readiness`` adds checks to ``/readyz`` besides NVML's (e.g. "every plugin registered");
     ``agent_stats`` supplies discovery duration, registrations and kubelet restarts; ``device_health``
-    maps device UUIDs to healthy/unhealthy; XID events go to ``exporter.xids.record``.
+    answers healthy/unhealthy per device UUID; ``xids`` supplies XID counts (default: an
+    :class:`~agent.metrics.cache.XidCounter` at ``exporter.xids`` fed through its ``record`` hook).
     """
 
     def __init__(
@@ -148,8 +96,8 @@ class MetricsExporter:
         hostname: str,
         readiness: Sequence[tuple[str, ReadinessCheck]] = (),
         agent_stats: Callable[[], AgentStats] = AgentStats,
-        device_health: Callable[[], Mapping[str, bool]] | None = None,
-        xids: XidCounter | None = None,
+        device_health: Callable[[str], bool | None] | None = None,
+        xids: XidSource | None = None,
         version: str | None = None,
     ) -> None:
         self.settings = settings
@@ -198,7 +146,7 @@ class MetricsExporter:
             self.serving.set()
             async with asyncio.TaskGroup() as tasks:
                 if self.podresources is not None:
-                    tasks.create_task(self.podresources.run(stop))
+                    tasks.create_task(self.podresources.run(stop, refresh_first=False))
                 tasks.create_task(self._refresh_loop(stop))
         finally:
             await self.server.stop()

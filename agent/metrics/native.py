@@ -352,12 +352,18 @@ def render_agent(
         {},
         agent.discovery_duration_seconds,
     )
-    for resource, count in agent.registrations:
-        f.counter(
-            P + "plugin_registrations",
-            "Successful device-plugin registrations with kubelet.",
+    f.counter(
+        P + "plugin_registrations",
+        "Successful device-plugin registrations with kubelet.",
+        {},
+        agent.registrations,
+    )
+    for resource, registered in agent.registered:
+        f.gauge(
+            P + "plugin_registered",
+            "1 while the resource's device plugin is registered with kubelet.",
             {"resource": resource},
-            count,
+            float(registered),
         )
     f.counter(P + "kubelet_restarts", "Kubelet restarts the agent noticed.", {}, agent.kubelet_restarts)
     r = snap.refresh

@@ -80,8 +80,9 @@ class AgentStats:
     """The agent's own figures, from the components that own them (injected by ``run``)."""
 
     discovery_duration_seconds: float | None = None
-    registrations: tuple[tuple[str, int], ...] = ()  # (resource, successful registrations)
-    kubelet_restarts: int = 0
+    registrations: int | None = None  # successful device-plugin registrations with kubelet, all resources
+    registered: tuple[tuple[str, bool], ...] = ()  # (resource, registered now)
+    kubelet_restarts: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,9 +80,13 @@ class PodResourcesCache:
         )
         return True
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Refresh every interval until ``stop`` is set; closes the client on the way out."""
+    async def run(self, stop: asyncio.Event, *, refresh_first: bool = True) -> None:
+        """Refresh every interval until ``stop`` is set (at once unless ``refresh_first`` is False,
+        for a caller that just refreshed); closes the client on the way out."""
         try:
+            if not refresh_first:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=self._interval_s)
             while not stop.is_set():
                 await self.refresh()
                 with contextlib.suppress(TimeoutError):

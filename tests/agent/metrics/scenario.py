@@ -90,7 +90,7 @@ def scenario(*, pids_visible: bool = True) -> MetricsSnapshot:
             gpu_uuid(3): True,
             mig_uuid(3, 1): True,
             mig_uuid(3, 2): True,
-        },
+        }.get,
         xids=xids,
         refresh=RefreshStats(
             refreshes=3,

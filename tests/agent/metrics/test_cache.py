@@ -158,3 +158,24 @@ def test_run_refreshes_until_stopped() -> None:
 def test_bad_interval_is_rejected() -> None:
     with pytest.raises(ValueError, match="metrics refresh interval must be > 0 s"):
         _cache(StubBackend(), interval_s=0)
+
+
+def test_counts_xids_infers_the_last_xid_from_what_grew() -> None:
+    from agent.metrics.cache import CountsXids
+
+    table: dict[tuple[str, int], int] = {}
+    xids = CountsXids(lambda: table)
+    xids.refresh()
+    assert xids.of(gpu_uuid(0)) == ((), None)
+    table[(gpu_uuid(0), 48)] = 1
+    xids.refresh()
+    assert xids.of(gpu_uuid(0)) == (((48, 1),), 48)
+    table[(gpu_uuid(0), 79)] = 1
+    xids.refresh()
+    assert xids.of(gpu_uuid(0)) == (((48, 1), (79, 1)), 79)
+    xids.refresh()  # nothing grew: the last XID stays
+    assert xids.of(gpu_uuid(0))[1] == 79
+    table[(gpu_uuid(0), 48)] = 4
+    table[(gpu_uuid(0), 79)] = 2
+    xids.refresh()
+    assert xids.of(gpu_uuid(0))[1] == 48  # grew by 3 against 1

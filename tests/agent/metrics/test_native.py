@@ -7,7 +7,10 @@ from tests.agent.metrics.render_helpers import promtool, samples, to_text, value
 from tests.agent.metrics.scenario import scenario
 
 AGENT = AgentStats(
-    discovery_duration_seconds=0.25, registrations=(("nvidia.com/gpu", 2),), kubelet_restarts=1
+    discovery_duration_seconds=0.25,
+    registrations=3,
+    registered=(("nvidia.com/gpu", True), ("nvidia.com/mig-1g.10gb", False)),
+    kubelet_restarts=1,
 )
 
 
@@ -117,7 +120,9 @@ def test_agent_self_metrics() -> None:
     text = render()
     assert value(text, "gpuagent_build_info", version="1.2.3") == 1
     assert value(text, "gpuagent_discovery_duration_seconds") == 0.25
-    assert value(text, "gpuagent_plugin_registrations_total", resource="nvidia.com/gpu") == 2
+    assert value(text, "gpuagent_plugin_registrations_total") == 3
+    assert value(text, "gpuagent_plugin_registered", resource="nvidia.com/gpu") == 1
+    assert value(text, "gpuagent_plugin_registered", resource="nvidia.com/mig-1g.10gb") == 0
     assert value(text, "gpuagent_kubelet_restarts_total") == 1
     assert value(text, "gpuagent_nvml_errors_total", code="GPU_IS_LOST") == 2
     assert value(text, "gpuagent_nvml_up") == 1
