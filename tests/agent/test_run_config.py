@@ -1,0 +1,103 @@
+"""Settings of ``run``: precedence CLI > env > file in one place; one line per bad value; exit 2."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from agent.commands import run as run_command
+from agent.config import add_arguments, load_settings
+from deviceplugin.config import ConfigError, MigStrategy
+
+
+def parse(argv: list[str], env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return load_settings(parser.parse_args(argv), env or {})
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "agent.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults() -> None:
+    s = parse([])
+    assert s.kubelet_dir == Path("/var/lib/kubelet/device-plugins")
+    assert s.node_name
+    assert not s.no_kube
+    assert s.plugin.mig_strategy is MigStrategy.NONE
+
+
+@pytest.mark.parametrize(
+    ("cli", "env", "file_value", "want"),
+    [
+        pytest.param(
+            ["--kubelet-dir", "/c"], {"GPU_NODE_AGENT_KUBELET_DIR": "/e"}, "/f", "/c", id="cli-wins"
+        ),
+        pytest.param([], {"GPU_NODE_AGENT_KUBELET_DIR": "/e"}, "/f", "/e", id="env-over-file"),
+        pytest.param([], {}, "/f", "/f", id="file"),
+    ],
+)
+def test_precedence(tmp_path: Path, cli: list[str], env: dict[str, str], file_value: str, want: str) -> None:
+    path = write(tmp_path, f"version: v1\nkubeletDir: {file_value}\n")
+    s = parse([*cli, "--config", str(path)], env)
+    assert s.kubelet_dir == Path(want)
+
+
+def test_plugin_sections_and_overrides(tmp_path: Path) -> None:
+    path = write(tmp_path, "version: v1\nflags:\n  migStrategy: single\nnoKube: true\n")
+    assert parse(["--config", str(path)]).plugin.mig_strategy is MigStrategy.SINGLE
+    assert parse(["--config", str(path)], {"MIG_STRATEGY": "mixed"}).plugin.mig_strategy is MigStrategy.MIXED
+    assert parse(
+        ["--config", str(path), "--mig-strategy", "none"], {"MIG_STRATEGY": "mixed"}
+    ).plugin.mig_strategy is (MigStrategy.NONE)
+    assert parse(["--config", str(path)]).no_kube
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "expected"),
+    [
+        pytest.param("version: v2\n", {}, "version: expected 'v1'", id="version"),
+        pytest.param("version: v1\nkubeletdir: /x\n", {}, "kubeletdir: unknown key", id="unknown-key"),
+        pytest.param("version: v1\nlogLevel: loud\n", {}, "logLevel: 'loud' is not one of", id="file-value"),
+        pytest.param(
+            "version: v1\n",
+            {"GPU_NODE_AGENT_SHUTDOWN_GRACE": "-1"},
+            "env GPU_NODE_AGENT_SHUTDOWN_GRACE",
+            id="env",
+        ),
+        pytest.param("version: [v1\n", {}, "not valid YAML", id="yaml"),
+        pytest.param(
+            "version: v1\nflags: {migStrategy: all}\n", {}, "flags.migStrategy", id="plugin-section"
+        ),
+    ],
+)
+def test_bad_values_name_what_and_where(
+    tmp_path: Path, text: str, env: dict[str, str], expected: str
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        parse(["--config", str(path)], env)
+    assert any(expected in p for p in err.value.problems), err.value.problems
+
+
+def test_main_prints_one_line_per_problem_and_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write(tmp_path, "version: v1\nlogLevel: loud\nshutdownGraceSeconds: 0\n")
+    monkeypatch.delenv("GPU_NODE_AGENT_CONFIG", raising=False)
+    assert run_command.main(["--config", str(path)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2
+    assert all(line.startswith("gpu-node-agent run: ") for line in lines)
+
+
+def test_missing_config_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_command.main(["--config", str(tmp_path / "nope.yaml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert "cannot read" in err
