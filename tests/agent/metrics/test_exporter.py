@@ -1,10 +1,8 @@
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
-from agent.metrics.exporter import MetricsSettings, add_arguments, parse_addr, settings_from_args
+from agent.metrics.exporter import MetricsSettings, parse_addr
 
 
 @pytest.mark.parametrize(
@@ -38,32 +36,3 @@ def test_parse_addr_rejects_bad_values_naming_the_flag(text: str) -> None:
 def test_settings_validate(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         MetricsSettings(**kwargs)  # type: ignore[arg-type]
-
-
-def _parse(*argv: str) -> MetricsSettings | None:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    return settings_from_args(parser.parse_args(list(argv)))
-
-
-def test_flags_defaults_and_overrides() -> None:
-    assert _parse() == MetricsSettings()
-    s = _parse(
-        "--metrics-addr",
-        "127.0.0.1:9500",
-        "--metrics-format",
-        "dcgm",
-        "--metrics-interval",
-        "2",
-        "--pod-resources-socket",
-        "",
-    )
-    assert s is not None
-    assert (s.host, s.port, s.format, s.interval_s, s.pod_resources_socket) == (
-        "127.0.0.1",
-        9500,
-        "dcgm",
-        2.0,
-        None,
-    )
-    assert _parse("--metrics-addr", "") is None
