@@ -516,10 +516,7 @@ class SimulatedNvml:
 
     @_primitive
     def device_get_serial(self, index: int) -> str:
-        spec = self._state(index).spec
-        if spec.brand != 14 and spec.architecture < 7:
-            raise NVMLError_NotSupported(3)  # not on the V100 SXM2 boards of a DGX-1 (inferred)
-        return spec.serial
+        return self._state(index).spec.serial
 
     @_primitive
     def device_get_pci_info(self, index: int) -> tuple[str, int]:
@@ -833,8 +830,6 @@ class SimulatedNvml:
     @_primitive
     def device_get_process_utilization(self, index: int) -> tuple[ProcessUtilization, ...]:
         state = self._state(index)
-        if state.spec.architecture < 7:
-            raise NVMLError_NotSupported(3)
         load = self._load(state)
         total = sum(p.sm_percent for p in state.processes) or 1
         return tuple(
@@ -1154,6 +1149,8 @@ class SimulatedNvml:
         (any when ``None``), ``times`` times (forever when ``None``)."""
         if call is not None and not callable(getattr(self, call, None)):
             raise SimulationError(f"no simulator primitive {call!r}")
+        if code not in _CODE_NAMES:
+            raise SimulationError(f"unknown NVML code {code}")
         self._injected.append(_Injected(code, call, gpu, times))
 
     def clear_errors(self) -> None:
@@ -1173,8 +1170,9 @@ class SimulatedNvml:
         self._emit_hotplug(HotplugEvent("remove", "pci", state.spec.bus_id_sysfs))
 
     def recover_gpu(self, gpu: int) -> None:
-        """The GPU is back (after a reset / re-plug); its MIG layout is kept as a MIG manager would
-        re-apply it, its volatile ECC counters are cleared."""
+        """The GPU is back (after a reset / re-plug): its MIG layout is kept (as a MIG manager
+        re-applies it) and so is its event registration; volatile ECC counters, NVLink state and
+        processes are reset."""
         state = self._gpu_index_checked(gpu)
         with self._lock:
             if not state.lost:
@@ -1184,14 +1182,19 @@ class SimulatedNvml:
             state.remapped_pending = False
             state.link_up = [True] * len(state.spec.nvlinks)
             state.processes.clear()
-            state.registered_mask = 0  # a re-attached GPU must be registered again
         self._emit_hotplug(HotplugEvent("add", "pci", state.spec.bus_id_sysfs))
 
     def inject_xid(self, gpu: int, xid: int, *, gpu_instance_id: int | None = None) -> None:
-        """An Xid critical error; Xid 79 (fallen off the bus) also loses the GPU."""
+        """An Xid critical error (on one MIG GPU instance when ``gpu_instance_id`` is given);
+        Xid 79 (fallen off the bus) also loses the GPU."""
         state = self._gpu_index_checked(gpu)
         if xid <= 0:
             raise SimulationError(f"Xid must be a positive number, got {xid}")
+        if gpu_instance_id is not None and not (
+            state.mig_enabled and any(i.gi_id == gpu_instance_id for i in state.instances)
+        ):
+            ids = sorted(i.gi_id for i in state.instances) if state.mig_enabled else []
+            raise SimulationError(f"GPU {gpu} has no GPU instance {gpu_instance_id}; its instances: {ids}")
         state.xids.append(xid)
         ci = 0 if gpu_instance_id is not None else None
         self._enqueue(NvmlEvent(EventKind.XID, gpu, state.spec.uuid, xid, gpu_instance_id, ci))
@@ -1206,6 +1209,13 @@ class SimulatedNvml:
             state.remapped_pending = True
         self._enqueue(NvmlEvent(EventKind.ECC_DBE, gpu, state.spec.uuid))
         self.inject_xid(gpu, 48)
+
+    def ecc_sbe(self, gpu: int) -> None:
+        """A single-bit (corrected) ECC error: the corrected counters and the SBE event."""
+        state = self._gpu_index_checked(gpu)
+        with self._lock:
+            state.ecc_sbe += 1
+        self._enqueue(NvmlEvent(EventKind.ECC_SBE, gpu, state.spec.uuid))
 
     def nvlink_down(self, gpu: int, link: int) -> None:
         state = self._gpu_index_checked(gpu)

@@ -11,9 +11,12 @@ and following a JSON-lines fault file.
 
       {"event":"xid","gpu":3,"xid":79}          {"event":"gpu_lost","gpu":2}
       {"event":"recover","gpu":2}               {"event":"nvlink_down","gpu":0,"link":5}
-      {"event":"nvlink_up","gpu":0,"link":5}    {"event":"ecc_dbe","gpu":1}
+      {"event":"nvlink_up","gpu":0,"link":5}    {"event":"ecc_dbe","gpu":1}   {"event":"ecc_sbe","gpu":1}
+      {"event":"xid","gpu":0,"xid":31,"gpu_instance_id":7}      (an Xid on one MIG GPU instance)
       {"event":"fabric","gpu":0,"health_summary":"UNHEALTHY"}
       {"event":"mig_reconfig","gpu":0,"profiles":["3g.40gb","3g.40gb"]}   (null profiles: MIG off)
+      {"event":"nvml_error","code":"LIB_RM_VERSION_MISMATCH"}   (every call fails; optional "call",
+      "gpu"; "code": null clears) — e.g. a driver upgraded under a running agent
 
   A bad line is logged (``fault_line_invalid`` with the file and line number) and skipped; the
   others still apply. ``poll()`` is the synchronous step (tests); ``run(stop)`` polls every
@@ -32,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import logs
+from agent.nvml.errors import CODES
 from agent.nvml.fake import SimulatedNvml, SimulationError
 from agent.nvml.profiles import PROFILES as _PROFILES
 from agent.nvml.profiles import MachineSpec, build_machine
@@ -130,7 +134,18 @@ def build_simulator(
 
 # --------------------------------------------------------------------------- fault file
 
-FAULT_EVENTS = ("xid", "gpu_lost", "recover", "nvlink_down", "nvlink_up", "ecc_dbe", "fabric", "mig_reconfig")
+FAULT_EVENTS = (
+    "xid",
+    "gpu_lost",
+    "recover",
+    "nvlink_down",
+    "nvlink_up",
+    "ecc_dbe",
+    "ecc_sbe",
+    "fabric",
+    "mig_reconfig",
+    "nvml_error",
+)
 
 
 _HEAD_BYTES = 64
@@ -152,9 +167,17 @@ def apply_fault(sim: SimulatedNvml, event: Mapping[str, Any]) -> None:
     kind = event.get("event")
     if kind not in FAULT_EVENTS:
         raise FaultLineError(f"unknown event {kind!r}; valid: {', '.join(FAULT_EVENTS)}")
+    if kind == "nvml_error":
+        _apply_nvml_error(sim, event)
+        return
     gpu = _int_field(event, "gpu")
     if kind == "xid":
-        sim.inject_xid(gpu, _int_field(event, "xid"))
+        gi = event.get("gpu_instance_id")
+        sim.inject_xid(
+            gpu,
+            _int_field(event, "xid"),
+            gpu_instance_id=None if gi is None else _int_field(event, "gpu_instance_id"),
+        )
     elif kind == "gpu_lost":
         sim.lose_gpu(gpu)
     elif kind == "recover":
@@ -165,6 +188,8 @@ def apply_fault(sim: SimulatedNvml, event: Mapping[str, Any]) -> None:
         sim.nvlink_up(gpu, _int_field(event, "link"))
     elif kind == "ecc_dbe":
         sim.ecc_dbe(gpu)
+    elif kind == "ecc_sbe":
+        sim.ecc_sbe(gpu)
     elif kind == "fabric":
         summary = event.get("health_summary")
         if not isinstance(summary, str):
@@ -179,6 +204,26 @@ def apply_fault(sim: SimulatedNvml, event: Mapping[str, Any]) -> None:
                 f"field 'profiles' must be a list of profile names or null, got {profiles!r}"
             )
         sim.reconfigure_mig(gpu, profiles)
+
+
+def _apply_nvml_error(sim: SimulatedNvml, event: Mapping[str, Any]) -> None:
+    """``{"event":"nvml_error","code":"LIB_RM_VERSION_MISMATCH"}``: every NVML call fails with that
+    code from now on (optionally only ``call`` and/or ``gpu``); ``"code": null`` clears all."""
+    code = event.get("code")
+    if code is None:
+        sim.clear_errors()
+        return
+    if isinstance(code, str):
+        if code.upper() not in CODES:
+            raise FaultLineError(f"unknown NVML error {code!r}; e.g. GPU_IS_LOST, LIB_RM_VERSION_MISMATCH")
+        code = CODES[code.upper()]
+    if not isinstance(code, int) or isinstance(code, bool):
+        raise FaultLineError(f"field 'code' must be an NVML error name or number, got {code!r}")
+    call = event.get("call")
+    if call is not None and not isinstance(call, str):
+        raise FaultLineError(f"field 'call' must be a simulator primitive name, got {call!r}")
+    gpu = event.get("gpu")
+    sim.inject_error(code, call=call, gpu=None if gpu is None else _int_field(event, "gpu"))
 
 
 class FaultFollower:

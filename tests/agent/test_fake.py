@@ -539,8 +539,10 @@ def test_not_supported_values_are_none_in_samples() -> None:
     assert sample.memory_temperature_celsius is None  # GDDR board
     assert sample.remapped_rows_pending is None
     assert sample.nvlinks == ()
-    v100 = started("dgx1-v100")
-    assert v100.process_utilization(0) == ()
+    sim.add_process(0, 7)
+    assert sim.process_utilization(0) != ()
+    sim.inject_error(3, call="device_get_process_utilization")
+    assert sim.process_utilization(0) == ()
 
 
 def test_process_utilization_splits_the_load() -> None:
@@ -558,3 +560,33 @@ def test_mutations_name_the_gpu_they_cannot_find() -> None:
     sim = build_simulator("gb200-nvl72")
     with pytest.raises(SimulationError, match="no GPU 4; this gb200-nvl72 has GPUs 0-3"):
         sim.lose_gpu(4)
+
+
+def test_xid_on_a_mig_gpu_instance_carries_its_ids() -> None:
+    sim = started("dgx-a100-mig")
+    sim.register_events((2,))
+    sim.inject_xid(2, 31, gpu_instance_id=1)
+    event = sim.wait_event(0)
+    assert event is not None
+    assert (event.xid, event.gpu_instance_id, event.compute_instance_id) == (31, 1, 0)
+    with pytest.raises(SimulationError, match=r"no GPU instance 5; its instances: \[1, 2\]"):
+        sim.inject_xid(2, 31, gpu_instance_id=5)
+    with pytest.raises(SimulationError, match=r"its instances: \[\]"):
+        sim.inject_xid(7, 31, gpu_instance_id=0)  # GPU 7 runs without MIG
+
+
+def test_ecc_sbe_counts_corrected_errors_and_raises_the_sbe_event() -> None:
+    sim = started("dgx-h100")
+    sim.register_events((6,))
+    sim.ecc_sbe(6)
+    sim.ecc_sbe(6)
+    sample = sim.sample(6)
+    assert (sample.ecc_corrected_volatile, sample.ecc_uncorrected_volatile) == (2, 0)
+    event = sim.wait_event(0)
+    assert event is not None
+    assert event.kind is EventKind.ECC_SBE
+
+
+def test_injecting_an_unknown_code_is_refused() -> None:
+    with pytest.raises(SimulationError, match="unknown NVML code 4242"):
+        build_simulator("dgx-h100").inject_error(4242)

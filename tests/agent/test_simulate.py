@@ -246,3 +246,41 @@ def test_follower_task_applies_lines_while_running_and_stops(tmp_path: Path) -> 
 def test_follower_rejects_a_non_positive_interval(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="poll_interval_s"):
         FaultFollower(build_simulator("dgx-h100"), tmp_path / "x", poll_interval_s=0)
+
+
+def test_nvml_error_fault_fails_every_call_until_cleared(tmp_path: Path) -> None:
+    faults = tmp_path / "faults.jsonl"
+    sim = started("dgx-h100")
+    follower = FaultFollower(sim, faults)
+    write_lines(faults, '{"event":"nvml_error","code":"LIB_RM_VERSION_MISMATCH"}')
+    assert follower.poll() == 1
+    with pytest.raises(errors.NVMLError_LibRmVersionMismatch):
+        sim.gpu(0)
+    with pytest.raises(errors.NVMLError_LibRmVersionMismatch):
+        sim.device_count()
+    write_lines(faults, '{"event":"nvml_error","code":null}', '{"event":"nvml_error","code":15,"gpu":3}')
+    assert follower.poll() == 2
+    assert sim.gpu(0).index == 0
+    with pytest.raises(errors.NVMLError_GpuIsLost):
+        sim.gpu(3)
+    write_lines(
+        faults,
+        '{"event":"nvml_error","code":"MELTED"}',
+        '{"event":"nvml_error","code":3,"call":"device_get_nothing"}',
+        '{"event":"nvml_error","code":true}',
+    )
+    assert follower.poll() == 0
+    assert [e.split(": ", 1)[1] for e in follower.errors] == [
+        "unknown NVML error 'MELTED'; e.g. GPU_IS_LOST, LIB_RM_VERSION_MISMATCH",
+        "no simulator primitive 'device_get_nothing'",
+        "field 'code' must be an NVML error name or number, got True",
+    ]
+
+
+def test_xid_fault_on_a_mig_instance_and_sbe(tmp_path: Path) -> None:
+    faults = tmp_path / "faults.jsonl"
+    write_lines(faults, '{"event":"xid","gpu":1,"xid":94,"gpu_instance_id":1}', '{"event":"ecc_sbe","gpu":1}')
+    sim = build_simulator("dgx-a100-mig", faults_path=faults)
+    sim.init()
+    assert sim.xid_history(1) == (94,)
+    assert sim.sample(1).ecc_corrected_volatile == 1
