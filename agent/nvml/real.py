@@ -367,7 +367,8 @@ class RealNvml:
         compute_mode = self._optional("nvmlDeviceGetComputeMode", h)
         brand = self._optional("nvmlDeviceGetBrand", h)
         power = self._optional("nvmlDeviceGetPowerManagementLimit", h)
-        words = max(1, ((os.cpu_count() or 64) + 63) // 64)
+        # room for at least 1024 CPUs: the agent may see fewer CPUs than the host has
+        words = max(16, ((os.cpu_count() or 0) + 63) // 64)
         masks = self._optional("nvmlDeviceGetCpuAffinity", h, words)
         affinity = cpulist_from_masks(int(m) for m in masks) if masks is not None else None
         return Gpu(
@@ -751,7 +752,8 @@ class RealNvml:
         try:
             samples = self._call("nvmlDeviceGetProcessUtilization", h, self._process_ts.get(index, 0))
         except NVMLError as exc:
-            if exc.value in (_NOT_FOUND, *_UNSUPPORTED):  # NOT_FOUND: no samples since last time
+            # NOT_FOUND: no samples since last time; 0: pynvml raises "success" when there are none
+            if exc.value in (0, _NOT_FOUND, *_UNSUPPORTED):
                 return ()
             raise
         latest = self._process_ts.get(index, 0)
