@@ -76,7 +76,7 @@ class FakeKube:
         for prefix, suffix in NAMESPACED:
             if parts.startswith(prefix):
                 rest = parts[len(prefix) :]
-                ns, _, tail = rest.partition("/")
+                ns, _, _tail = rest.partition("/")
                 coll = f"{prefix}{ns}{suffix}"
                 if parts == coll:
                     return coll, None, status
@@ -136,12 +136,20 @@ class FakeKube:
             return self._watch(h, coll, query)
         with self.cond:
             code, payload = self._dispatch(
-                h.command, coll, name, status, query, body, h.headers.get("Content-Type", "")
+                method=h.command,
+                coll=coll,
+                name=name,
+                status=status,
+                query=query,
+                body=body,
+                ctype=h.headers.get("Content-Type", ""),
             )
         self._send(h, code, payload)
+        return None
 
     def _dispatch(
         self,
+        *,
         method: str,
         coll: str,
         name: str | None,
@@ -277,7 +285,17 @@ class FakeKube:
             def do_GET(self) -> None:
                 fake.handle(self)
 
-            do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
+            def do_POST(self) -> None:
+                fake.handle(self)
+
+            def do_PUT(self) -> None:
+                fake.handle(self)
+
+            def do_PATCH(self) -> None:
+                fake.handle(self)
+
+            def do_DELETE(self) -> None:
+                fake.handle(self)
 
             def log_message(self, *args: Any) -> None:
                 return

@@ -1,0 +1,148 @@
+"""The publisher against Kubernetes faked at the HTTP level (tests/topology/kubefake.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from agent.healthbook import DeviceHealth
+from agent.publisher import KubeNodeApi, Publisher, PublisherSettings, device_health
+from agent.runtime import InventoryStore
+from tests.topology.factories import nvl72_tray
+from tests.topology.kubefake import FakeKube, api_client
+from topology.gpunode import inventory_from_gpunode
+from topology.kube import GPUNODES, NODES, Kube
+from topology.model import FabricHealthSummary, Health
+
+NODE = "rack0-tray0"
+
+
+@pytest.fixture
+def fake() -> Iterator[tuple[FakeKube, str]]:
+    f = FakeKube()
+    f.put(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": {"team": "ml"}}})
+    with f.serve() as url:
+        yield f, url
+
+
+def publisher(url: str, store: InventoryStore, **kw: float) -> Publisher:
+    settings = PublisherSettings(node_name=NODE, min_backoff_s=0.02, max_backoff_s=0.1, **kw)
+    return Publisher(source=store, api=KubeNodeApi(Kube(api_client(url))), settings=settings)
+
+
+def test_publishes_gpunode_status_and_labels_once(fake: tuple[FakeKube, str]) -> None:
+    f, url = fake
+    store = InventoryStore(nvl72_tray(NODE))
+    p = publisher(url, store)
+    assert p.publish_once() == 3
+    obj = f.get(GPUNODES, NODE)
+    assert obj is not None
+    node = f.get(NODES, NODE)
+    assert node is not None
+    assert obj["metadata"]["ownerReferences"][0]["uid"] == node["metadata"]["uid"]
+    name, inv, health = inventory_from_gpunode(obj)
+    assert (name, inv) == (NODE, store.inventory)
+    assert health is not None
+    assert set(health.values()) == {Health.HEALTHY}
+    labels = node["metadata"]["labels"]
+    assert labels["team"] == "ml"  # someone else's label stays
+    assert labels["nvidia.com/gpu.count"] == "4"
+    assert labels["nvidia.com/gpu.clique"].endswith(".32766")
+    applies = [path for method, path in f.writes() if method == "PATCH"]
+    assert applies == [f"{GPUNODES}/{NODE}", f"{GPUNODES}/{NODE}/status", f"{NODES}/{NODE}"]
+
+    # nothing changed: nothing written
+    assert p.publish_once() == 0
+    assert len(f.writes()) == 3
+
+
+def test_health_change_writes_status_only_and_labels_follow_fabric(fake: tuple[FakeKube, str]) -> None:
+    f, url = fake
+    store = InventoryStore(nvl72_tray(NODE))
+    p = publisher(url, store)
+    p.publish_once()
+    gpu2 = store.inventory.gpus[2].uuid
+    store.set_health({gpu2: DeviceHealth(Health.UNHEALTHY, "xid 79")})
+    assert p.publish_once() == 1
+    status = f.get(GPUNODES, NODE)["status"]  # type: ignore[index]
+    assert status["summary"]["health"] == "Degraded"
+    assert {"id": gpu2, "health": "Unhealthy"} in status["health"]
+
+    # fabric turns unhealthy: our NVLink-domain label is removed, the GFD clique label stays
+    store.set_inventory(nvl72_tray(NODE, summary=FabricHealthSummary.UNHEALTHY))
+    assert p.publish_once() == 2
+    labels = f.get(NODES, NODE)["metadata"]["labels"]  # type: ignore[index]
+    assert "gpuagent.dev/nvlink-domain" not in labels
+    assert labels["gpuagent.dev/nvlink-fabric"] == "unhealthy"
+    assert "nvidia.com/gpu.clique" in labels
+    assert labels["team"] == "ml"
+
+
+def test_device_health_lists_every_device() -> None:
+    inv = nvl72_tray(NODE)
+    out = device_health(inv, {inv.gpus[0].uuid: DeviceHealth(Health.UNHEALTHY)})
+    assert out[inv.gpus[0].uuid] is Health.UNHEALTHY
+    assert sorted(out) == sorted(g.uuid for g in inv.gpus)
+
+
+def run_for(p: Publisher, until: object, limit_s: float = 20.0, during: object = None) -> None:
+    """Run the component until ``until()`` is true (bounded), calling ``during()`` on the way."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(p.run(stop))
+        deadline = time.monotonic() + limit_s
+        try:
+            while not until():  # type: ignore[operator]
+                if time.monotonic() > deadline:
+                    raise AssertionError("timed out")
+                if during is not None:
+                    during()  # type: ignore[operator]
+                await asyncio.sleep(0.02)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, timeout=10)
+
+    asyncio.run(main())
+
+
+def test_retries_while_api_down_and_crd_missing_then_publishes_latest(fake: tuple[FakeKube, str]) -> None:
+    f, url = fake
+    f.down = True
+    store = InventoryStore(nvl72_tray(NODE))
+    p = publisher(url, store)
+    steps = {"n": 0}
+
+    def during() -> None:
+        steps["n"] += 1
+        if p.failures >= 3 and f.down:
+            f.down = False
+            f.missing.add(GPUNODES)  # API back, CRD not yet installed
+            store.set_inventory(nvl72_tray(NODE, summary=FabricHealthSummary.UNHEALTHY))
+        elif p.failures >= 5 and GPUNODES in f.missing:
+            f.missing.clear()
+
+    run_for(p, lambda: f.get(GPUNODES, NODE) is not None and "status" in f.get(GPUNODES, NODE), during=during)
+    assert p.failures >= 5
+    assert f.get(GPUNODES, NODE)["status"]["summary"]["fabric"] == "unhealthy"  # type: ignore[index]
+
+
+def test_loop_writes_on_change_only_and_recreates_deleted_gpunode(fake: tuple[FakeKube, str]) -> None:
+    f, url = fake
+    store = InventoryStore(nvl72_tray(NODE))
+    p = publisher(url, store, verify_interval_s=0.2)
+    state = {"deleted": False}
+
+    def during() -> None:
+        if p.writes == 3 and not state["deleted"]:
+            state["deleted"] = True
+            f.remove(GPUNODES, NODE)
+
+    run_for(
+        p, lambda: state["deleted"] and f.get(GPUNODES, NODE) is not None and p.writes >= 5, during=during
+    )
+    # re-created: the object and its status again, labels untouched (they did not change)
+    assert [m for m, path in f.writes(NODES)] == ["PATCH"]
