@@ -31,6 +31,7 @@ def test_serve_registers_and_stops_without_signals(short_dir: Path) -> None:
         kubelet_dir=short_dir,
         simulate="dgx-a100-mig",
         no_kube=True,
+        metrics_addr="",
         plugin=parse_plugin_config({"flags": {"migStrategy": "mixed"}}),
     )
 
@@ -90,6 +91,8 @@ def test_sigterm_stops_the_process_and_removes_sockets(short_dir: Path) -> None:
                 "--kubelet-dir",
                 str(short_dir),
                 "--no-kube",
+                "--metrics-addr",
+                "",
                 "--log-format",
                 "json",
                 env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
