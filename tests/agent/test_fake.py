@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import threading
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -17,8 +19,9 @@ from agent.nvml.fake import (
     SimulationError,
     decode_health_mask,
     place_instances,
+    plan_layout,
 )
-from agent.nvml.profiles import MIG_A100_80GB, MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES
+from agent.nvml.profiles import MIG_A100_80GB, MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES, MigProfileSpec
 from agent.nvml.protocol import EventKind, NvmlBackend
 from agent.nvml.simulate import build_simulator
 from topology.model import FabricHealth, FabricHealthSummary, FabricState
@@ -357,6 +360,37 @@ def test_driver_placement_uses_only_listed_starts(names: list[str]) -> None:
     for prof, start in placed:
         assert start in prof.starts
     assert sum(p.slices for p, _ in placed) <= MIG_COMPUTE_SLICES
+
+
+def _fits(profiles: list[MigProfileSpec]) -> bool:
+    """Exhaustive search over every placement combination (the reference for ``plan_layout``)."""
+    counts = Counter(p.id for p in profiles)
+    if sum(p.slices for p in profiles) > MIG_COMPUTE_SLICES or any(
+        counts[p.id] > p.max_instances for p in profiles
+    ):
+        return False
+
+    def search(i: int, used: frozenset[int]) -> bool:
+        if i == len(profiles):
+            return True
+        prof = profiles[i]
+        for start in prof.starts:
+            span = frozenset(range(start, start + prof.placement_size))
+            if not span & used and search(i + 1, used | span):
+                return True
+        return False
+
+    return search(0, frozenset())
+
+
+def test_layout_planning_finds_a_placement_exactly_when_one_exists() -> None:
+    checked = 0
+    for size in range(1, MIG_COMPUTE_SLICES + 1):
+        for combo in itertools.combinations_with_replacement(MIG_A100_80GB, size):
+            profiles = list(combo)
+            assert (plan_layout(profiles) is not None) == _fits(profiles), [p.name for p in profiles]
+            checked += 1
+    assert checked == 3431
 
 
 # --------------------------------------------------------------------------- events
