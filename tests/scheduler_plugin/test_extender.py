@@ -1,0 +1,291 @@
+"""The extender's pure state (reservations, barrier, scores) and its request handlers, with an
+injected clock and an in-memory cluster recorder (no network; tests/integration has the HTTP side)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from scheduler_plugin.cluster import snapshot_from_objects
+from scheduler_plugin.extender import Extender
+from scheduler_plugin.state import ClusterState
+from tests.integration.fakekube import hypernode, node, pod
+
+NODES = [f"r{r}-t{t}" for r in range(2) for t in range(4)]
+
+
+def gang_pod(
+    name: str, rank: int, *, gang: str = "g", size: int = 4, gpus: int = 4, min_subgroups: int | None = None
+) -> dict[str, Any]:
+    ann = {
+        "gpuagent.dev/gang": gang,
+        "gpuagent.dev/gang-size": str(size),
+        "gpuagent.dev/subgroup-size": "2",
+        "gpuagent.dev/subgroup-tier": "nvlink",
+        "gpuagent.dev/rank": str(rank),
+    }
+    if min_subgroups is not None:
+        ann["gpuagent.dev/min-subgroups"] = str(min_subgroups)
+    return pod(name, gpus, annotations=ann)
+
+
+def make_state(*, ttl: float = 10.0, barrier: float = 5.0, pods: list[dict[str, Any]] = ()) -> ClusterState:  # type: ignore[assignment]
+    s = ClusterState(reservation_ttl_s=ttl, barrier_timeout_s=barrier)
+    s.replace("nodes", [node(n, 4) for n in NODES])
+    s.replace(
+        "hypernodes",
+        [hypernode(f"nvl-{r}", 1, "nvlink", [f"r{r}-t{t}" for t in range(4)]) for r in range(2)],
+    )
+    s.replace("pods", pods)
+    return s
+
+
+class Recorder:
+    def __init__(self, fail: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+        self.bound: list[tuple[str, str]] = []
+        self.events: list[tuple[str, str]] = []
+        self.fail = fail
+
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        if f"{namespace}/{name}" in self.fail:
+            raise RuntimeError("injected API failure")
+        self.bound.append((f"{namespace}/{name}", node))
+
+    def event(self, pod: Mapping[str, Any], *, reason: str, message: str, warning: bool) -> None:
+        self.events.append((pod["metadata"]["name"], reason))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def planned_node(s: ClusterState, p: dict[str, Any], now: float) -> str:
+    out = s.filter(p, NODES, now)
+    assert len(out.passed) == 1, (out.failed, out.unresolvable)
+    return out.passed[0]
+
+
+# -- state ---------------------------------------------------------------------------------------
+
+
+def test_gang_plan_reserves_and_filters_each_pod_to_its_node() -> None:
+    pods = [gang_pod(f"w{i}", i) for i in range(4)]
+    s = make_state(pods=pods)
+    nodes = [planned_node(s, p, 0.0) for p in pods]
+    assert len(set(nodes)) == 4
+    # blocks of 2 (ranks 0-1, 2-3) each in one rack
+    assert nodes[0][:2] == nodes[1][:2]
+    assert nodes[2][:2] == nodes[3][:2]
+    res = s.reservations["default/g"]
+    assert sum(h["nvidia.com/gpu"] for h in res.held.values()) == 16
+    # a pod on its own cannot take a reserved GPU
+    solo = pod("solo", 1)
+    out = s.filter(solo, NODES, 0.0)
+    for n in nodes:
+        assert "not reserved for a gang" in out.failed[n]
+
+
+def test_reservation_expires_when_no_pod_reaches_bind() -> None:
+    pods = [gang_pod(f"w{i}", i) for i in range(4)]
+    s = make_state(pods=pods, ttl=10.0)
+    planned_node(s, pods[0], 0.0)
+    assert s.expire(9.0) == []
+    assert s.expire(10.0) == ["default/g"]
+    assert s.reservations == {}
+    assert all(s.free_gpus(n) == 4 for n in NODES)
+
+
+def test_bind_on_another_node_than_planned_is_an_error() -> None:
+    pods = [gang_pod(f"w{i}", i) for i in range(4)]
+    s = make_state(pods=pods)
+    n0 = planned_node(s, pods[0], 0.0)
+    other = next(n for n in NODES if n != n0)
+    d = s.bind("default", "w0", "u", other, 0.0)
+    assert d.action == "error"
+    assert f"planned on {n0}" in d.error
+
+
+def test_barrier_timeout_binds_when_the_elastic_minimum_arrived() -> None:
+    pods = [gang_pod(f"w{i}", i, min_subgroups=1) for i in range(4)]
+    s = make_state(pods=pods, barrier=5.0)
+    nodes = {p["metadata"]["name"]: planned_node(s, p, 0.0) for p in pods}
+    assert s.bind("default", "w0", "u0", nodes["w0"], 1.0).action == "wait"
+    d = s.bind("default", "w1", "u1", nodes["w1"], 2.0)
+    assert d.action == "wait"
+    assert s.barrier_timeout("default/g", 3.0).action == "wait"  # not yet
+    d = s.barrier_timeout("default/g", 6.0)
+    assert d.action == "bind"
+    assert sorted(k for k, _, _ in d.pods) == ["default/w0", "default/w1"]
+
+
+def test_barrier_timeout_below_the_minimum_releases_everything() -> None:
+    pods = [gang_pod(f"w{i}", i) for i in range(4)]
+    s = make_state(pods=pods)
+    nodes = {p["metadata"]["name"]: planned_node(s, p, 0.0) for p in pods}
+    s.bind("default", "w0", "u0", nodes["w0"], 1.0)
+    d = s.barrier_timeout("default/g", 100.0)
+    assert d.action == "error"
+    assert "only 1 of 4" in d.error
+    assert [e.reason for e in d.events] == ["GangBarrierTimeout"]
+    assert s.reservations == {}
+
+
+def test_gang_pods_prioritize_their_planned_node() -> None:
+    pods = [gang_pod(f"w{i}", i) for i in range(4)]
+    s = make_state(pods=pods)
+    n0 = planned_node(s, pods[0], 0.0)
+    scores = dict(s.prioritize(pods[0], NODES, 0.0))
+    assert scores[n0] == 10
+    assert sum(scores.values()) == 10
+
+
+def test_solo_scores_prefer_used_domains_and_full_nodes() -> None:
+    s = make_state(pods=[pod("busy", 2, node_name="r0-t0")])
+    scores = dict(s.prioritize(pod("solo", 2), NODES, 0.0))
+    assert scores["r0-t0"] == max(scores.values())  # fills the half-used node
+    assert scores["r0-t1"] > scores["r1-t0"]  # keeps rack 1 whole
+    assert all(0 <= v <= 10 for v in scores.values())
+    assert dict(s.prioritize(pod("huge", 8), ["r0-t1"], 0.0)) == {"r0-t1": 0}
+
+
+def test_informer_events_update_usage() -> None:
+    s = make_state()
+    p = pod("x", 4, node_name="r0-t0")
+    s.apply("pods", "ADDED", p)
+    assert s.free_gpus("r0-t0") == 0
+    s.apply("pods", "MODIFIED", {**p, "status": {"phase": "Succeeded"}})
+    assert s.free_gpus("r0-t0") == 4
+    s.apply("pods", "MODIFIED", p)
+    s.apply("pods", "DELETED", p)
+    assert s.free_gpus("r0-t0") == 4
+    s.apply("nodes", "DELETED", node("r0-t0", 4))
+    assert "r0-t0" not in s.filter(pod("y", 1), NODES, 0.0).passed
+
+
+def test_restart_mid_gang_plans_only_the_unbound_pods() -> None:
+    pods = [gang_pod(f"w{i}", i) for i in range(4)]
+    pods[0] = {**pods[0], "spec": {**pods[0]["spec"], "nodeName": "r1-t0"}, "status": {"phase": "Running"}}
+    pods[1] = {**pods[1], "spec": {**pods[1]["spec"], "nodeName": "r1-t1"}, "status": {"phase": "Running"}}
+    s = make_state(pods=pods)
+    n2 = planned_node(s, pods[2], 0.0)
+    n3 = planned_node(s, pods[3], 0.0)
+    assert {n2, n3}.isdisjoint({"r1-t0", "r1-t1"})
+    assert s.reservations["default/g"].target == 2
+
+
+def test_events_are_not_repeated_for_the_same_reason() -> None:
+    pods = [gang_pod(f"w{i}", i, size=10) for i in range(10)]  # cannot fit in two racks of 4 trays
+    s = make_state(pods=pods)
+    first = s.filter(pods[0], NODES, 0.0)
+    again = s.filter(pods[0], NODES, 1.0)
+    assert [e.reason for e in first.events] == ["GangUnschedulable"]
+    assert again.events == []
+
+
+def test_snapshot_from_objects_with_labels_and_requests() -> None:
+    nodes = [
+        node("a", 8, labels={"gpuagent.dev/nvlink-domain": "d1", "gpuagent.dev/ib-leaf": "L"}),
+        node("b", 8),
+    ]
+    nodes[1]["spec"]["unschedulable"] = True
+    pods = [
+        pod("p", 3, node_name="a"),
+        {**pod("done", 8, node_name="a"), "status": {"phase": "Succeeded"}},
+        pod("pending", 8),
+    ]
+    snap = snapshot_from_objects(nodes, pods)
+    assert snap.tiers == ("nvlink", "leaf")
+    a, b = snap.nodes
+    assert (a.gpus, a.free, dict(a.domains)) == (8, 5, {"nvlink": "d1", "leaf": "L"})
+    assert a.free_resources == {"cpu": 64000, "memory": 512 * 2**30}
+    assert not b.schedulable
+
+
+# -- handlers ------------------------------------------------------------------------------------
+
+
+def test_handlers_bind_a_gang_through_the_barrier() -> None:
+    async def scenario() -> tuple[list[dict[str, Any]], Recorder]:
+        pods = [gang_pod(f"w{i}", i) for i in range(4)]
+        rec = Recorder()
+        ext = Extender(state=make_state(pods=pods), cluster=rec, clock=Clock())
+        nodes = {}
+        for p in pods:
+            status, out = await ext.dispatch(
+                "POST", "/filter", json.dumps({"Pod": p, "NodeNames": NODES}).encode()
+            )
+            assert status == 200
+            nodes[p["metadata"]["name"]] = out["NodeNames"][0]
+
+        def args(name: str) -> bytes:
+            return json.dumps(
+                {"PodName": name, "PodNamespace": "default", "PodUID": "u", "Node": nodes[name]}
+            ).encode()
+
+        waiting = [asyncio.create_task(ext.dispatch("POST", "/bind", args(f"w{i}"))) for i in range(3)]
+        await asyncio.sleep(0)
+        assert rec.bound == []
+        last = await ext.dispatch("POST", "/bind", args("w3"))
+        results = [await t for t in waiting] + [last]
+        await ext.drain()
+        return [r[1] for r in results], rec
+
+    results, rec = asyncio.run(scenario())
+    assert results == [{"Error": ""}] * 4
+    assert len(rec.bound) == 4
+    assert ("w0", "GangPlanned") in rec.events
+
+
+def test_handlers_report_a_failed_binding() -> None:
+    async def scenario() -> dict[str, Any]:
+        rec = Recorder(fail={"default/solo"})
+        p = pod("solo", 1)
+        state = make_state()
+        ext = Extender(state=state, cluster=rec, clock=Clock())
+        await ext.dispatch("POST", "/filter", json.dumps({"Pod": p, "NodeNames": NODES}).encode())
+        _, out = await ext.dispatch(
+            "POST",
+            "/bind",
+            json.dumps({"PodName": "solo", "PodNamespace": "default", "Node": "r0-t0"}).encode(),
+        )
+        assert state.free_gpus("r0-t0") == 4  # the failed bind is not counted
+        return out
+
+    assert "injected API failure" in asyncio.run(scenario())["Error"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status"),
+    [
+        pytest.param("GET", "/healthz", 200, id="healthz"),
+        pytest.param("GET", "/readyz", 200, id="readyz"),
+        pytest.param("GET", "/filter", 405, id="filter-get"),
+        pytest.param("POST", "/preempt", 404, id="unknown-verb"),
+    ],
+)
+def test_dispatch_routes(method: str, path: str, status: int) -> None:
+    ext = Extender(state=make_state(), cluster=Recorder())
+    got, body = asyncio.run(ext.dispatch(method, path, b""))
+    assert got == status
+    assert body
+
+
+def test_dispatch_prefix_path_and_not_ready() -> None:
+    ext = Extender(state=make_state(), cluster=Recorder(), ready=lambda: False)
+    status, _ = asyncio.run(ext.dispatch("GET", "/readyz", b""))
+    assert status == 503
+    status, out = asyncio.run(
+        ext.dispatch(
+            "POST", "/scheduler/filter", json.dumps({"Pod": pod("a", 1), "NodeNames": ["r0-t0"]}).encode()
+        )
+    )
+    assert status == 200
+    assert out["NodeNames"] == ["r0-t0"]
