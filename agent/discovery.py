@@ -15,7 +15,7 @@ The matrix follows ``nvidia-smi topo -m``: ``NV<n>`` where a pair shares NVLinks
 links between them, plus, when both GPUs have active links to NVSwitches, the smaller of the two GPUs'
 switch-link counts (``NV18`` on DGX H100, ``NV12`` on DGX A100) — otherwise the PCIe level NVML reports
 for the pair. Where NVML cannot say (not supported), same NUMA node is ``NODE`` and different is ``SYS``.
-Lost GPUs are left out of the matrix (nothing can be said about their links).
+Lost and unidentified GPUs are left out of the matrix (nothing can be said about their links).
 """
 
 from __future__ import annotations
@@ -81,6 +81,11 @@ def _placeholder(index: int, error: str, *, lost: bool) -> Gpu:
     )
 
 
+def usable(gpu: Gpu) -> bool:
+    """Identified (has a UUID) and not lost: only such GPUs get links, MIG, fabric and a matrix row."""
+    return bool(gpu.uuid) and not gpu.lost
+
+
 def _describe(call: str, exc: NVMLError) -> str:
     return f"{call}: {exc} (NVML {exc.name})"
 
@@ -131,12 +136,12 @@ def connectivity_matrix(
     links: Sequence[NvLink],
     pcie: Mapping[tuple[int, int], LinkLevel | None],
 ) -> ConnectivityMatrix:
-    """The ``topo -m`` matrix over the GPUs that are not lost, by index.
+    """The ``topo -m`` matrix over the usable GPUs (identified, not lost), by index.
 
     ``pcie`` maps ``(a, b)`` with ``a < b`` to NVML's PCIe level; a missing or ``None`` entry falls back
     to the GPUs' NUMA nodes (same node → ``NODE``, else ``SYS``).
     """
-    present = sorted((g for g in gpus if not g.lost), key=lambda g: g.index)
+    present = sorted((g for g in gpus if usable(g)), key=lambda g: g.index)
     indices = [g.index for g in present]
     numa = {g.index: g.numa_node for g in present}
     counts = nvlink_counts(indices, links)
@@ -226,7 +231,7 @@ def discover(
             gpus.append(_placeholder(index, _describe("identity", exc), lost=lost))
             if lost:
                 problems.lost.add(index)
-    live = [g.index for g in gpus if not g.lost]
+    live = [g.index for g in gpus if usable(g)]
 
     raw_links: list[NvLink] = []
     mig: list[MigState] = []
@@ -259,7 +264,7 @@ def discover(
     mps: MpsInfo | None = None
     if mps_root is not None:
         scan = detect_mps(
-            root=mps_root, gpus=[g for g in final_gpus if not g.lost], pipe_directory=mps_pipe_directory
+            root=mps_root, gpus=[g for g in final_gpus if usable(g)], pipe_directory=mps_pipe_directory
         )
         mps = scan.info
         errors.extend(scan.errors)

@@ -167,9 +167,13 @@ def test_missing_binding_is_reported_as_library_not_found() -> None:
     assert backend.counters().errors_by_code == {"LIBRARY_NOT_FOUND": 1}
 
 
-def test_outputs_are_table_driven() -> None:
-    assert list(command.OUTPUTS) == ["table", "json", "yaml"]
-    assert all(callable(render) for render in command.OUTPUTS.values())
+def test_outputs_are_table_driven(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert {"table", "json", "yaml"} <= set(command.OUTPUTS)
+    monkeypatch.setitem(command.OUTPUTS, "count", lambda inv, _opts: f"{len(inv.gpus)} GPUs\n")
+    code, out, _ = run(["--simulate", "pcie-l40s", "--output", "count"], capsys)
+    assert (code, out) == (0, "4 GPUs\n")
 
 
 def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:

@@ -59,7 +59,7 @@ def assert_matrix_consistent(inv: NodeInventory) -> None:
     matrix = inv.matrix
     assert matrix is not None
     idx = matrix.gpu_indices
-    assert idx == tuple(g.index for g in inv.gpus if not g.lost)
+    assert idx == tuple(g.index for g in inv.gpus if g.uuid and not g.lost)
     switch = dict.fromkeys(idx, 0)
     direct: dict[tuple[int, int], int] = {}
     for link in inv.nvlinks:
@@ -219,7 +219,10 @@ def test_identity_failure_that_is_not_lost_keeps_a_placeholder(tmp_path: Path) -
     inv = _discover(sim, tmp_path)
     gpu = inv.gpu(0)
     assert gpu.error == "identity: Insufficient Permissions (NVML NO_PERMISSION)"
+    assert not gpu.lost
     assert [g.uuid != "" for g in inv.gpus] == [False, True, True, True]
+    assert inv.matrix is not None
+    assert inv.matrix.gpu_indices == (1, 2, 3)  # nothing is known about an unidentified GPU's links
 
 
 def test_node_level_problems_go_to_errors(tmp_path: Path) -> None:
