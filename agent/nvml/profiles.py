@@ -419,6 +419,15 @@ def _hca_lid(pos: FabricPosition, function: int) -> int:
 SM_LID = 1
 
 
+def _mac_port_guid(pos: FabricPosition, function: int) -> int:
+    """RoCE port GUID: the EUI-64 of the port's MAC (ConnectX OUI with the U/L bit flipped, ``fffe``
+    in the middle); the MAC's low 24 bits encode the node's position and the PCI function."""
+    kind_bit = 1 if pos.group_kind == "su" else 2
+    low = (kind_bit << 20) | (pos.group << 12) | (pos.slot << 4) | function
+    oui = (_CX_OUI >> 40) ^ 0x020000
+    return (oui << 40) | (0xFFFE << 24) | low
+
+
 @dataclass(frozen=True, slots=True)
 class _Hca:
     """Per-profile HCA row before the fabric position is applied."""
@@ -476,7 +485,7 @@ def _hcas(
                 link_layer=row.link_layer,
                 lid=0,
                 sm_lid=0,
-                port_guid=(guid & ~0xFFFF000000) | 0x02FFFE000000,
+                port_guid=_mac_port_guid(pos, function),
             )
         # the second function of a dual-port card reports the first one's GUID as system image GUID
         sys_image = guid

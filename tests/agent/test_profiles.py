@@ -307,3 +307,26 @@ def test_connectivity_is_symmetric(spec: tuple[str, dict[str, int]]) -> None:
         for i in range(n)
     }
     assert len({tuple(sorted(c.items())) for c in switch_links.values()}) == 1  # same fan-out per GPU
+
+
+def test_hca_identities_follow_the_observed_relations_and_are_unique_cluster_wide() -> None:
+    machines = [build_machine("dgx-h100", {"su": s, "node": n}) for s in (0, 63) for n in (0, 31)]
+    machines += [build_machine("gb200-nvl72", {"rack": r, "tray": t}) for r in (0, 63) for t in (0, 17)]
+    node_guids: set[int] = set()
+    port_guids: set[int] = set()
+    lids: set[int] = set()
+    for machine in machines:
+        for hca in machine.hcas:
+            port = hca.ports[0]
+            if port.link_layer == "InfiniBand":
+                assert port.port_guid == hca.node_guid  # single-port IB CA
+                lids.add(port.lid)
+                assert 0 < port.lid < 0xC000  # unicast LID range
+            else:  # RoCE: MAC-derived EUI-64
+                assert (port.port_guid >> 24) & 0xFFFF == 0xFFFE
+                assert port.lid == 0
+            node_guids.add(hca.node_guid)
+            port_guids.add(port.port_guid)
+    count = sum(len(m.hcas) for m in machines)
+    assert len(node_guids) == len(port_guids) == count
+    assert len(lids) == sum(1 for m in machines for h in m.hcas if h.ports[0].link_layer == "InfiniBand")
