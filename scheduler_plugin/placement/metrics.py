@@ -1,0 +1,74 @@
+"""Figures of one simulation run (pure arithmetic over a ``SimResult``).
+
+- ``allocation_ratio``: allocated GPUs / cluster GPUs, time-weighted over the arrival window (GPUs held
+  by partly placed gangs count as allocated; they are idle, which is the point of showing them).
+- ``allocation_ratio_saturated``: the same over the part of the window when at least one job waited.
+- ``wait_mean_s``, ``wait_p95_s``: start minus arrival; a job that never started counts with the wait
+  it had when the run ended (a lower bound), and ``unstarted_jobs`` says how many did.
+- ``jct_mean_s``: completion minus arrival, over jobs that completed.
+- ``nvlink_local_ratio``: subgroups that require one tier-1 domain and got one, over all such subgroups
+  of started jobs (a hard constraint: anything under 1.0 is a broken placement).
+- ``stranded_gpus_mean``: time-weighted free GPUs in tier-1 domains that cannot host the smallest
+  waiting subgroup (0 while nobody waits).
+- ``free_domains_mean``: time-weighted count of wholly free tier-1 domains.
+- ``plan_p50_ms``, ``plan_p99_ms``: wall time of the policy's placement calls (nearest rank).
+- ``partial_gangs``: jobs that held some pods while waiting for the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from scheduler_plugin.placement.sim import SimResult
+
+FIGURES: tuple[str, ...] = (
+    "allocation_ratio",
+    "wait_mean_s",
+    "wait_p95_s",
+    "jct_mean_s",
+    "nvlink_local_ratio",
+    "stranded_gpus_mean",
+    "free_domains_mean",
+    "plan_p50_ms",
+    "plan_p99_ms",
+    "partial_gangs",
+)
+
+
+def percentile(values: Sequence[float], pct: float) -> float:
+    """Nearest-rank percentile (pct in 0..100); 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), round(pct / 100 * len(ordered) + 0.5)))
+    return ordered[rank - 1]
+
+
+def figures(result: SimResult) -> dict[str, float | int | None]:
+    window = result.window_s
+    capacity = result.total_gpus
+    waits = [(r.start_s if r.start_s is not None else result.end_s) - r.arrival_s for r in result.records]
+    jcts = [r.end_s - r.arrival_s for r in result.records if r.end_s is not None]
+    sub_total = sum(r.tier1_subgroups for r in result.records)
+    sub_local = sum(r.tier1_local for r in result.records)
+    plan_ms = [t * 1000 for t in result.plan_times_s]
+    return {
+        "allocation_ratio": result.allocated_gpu_s / (capacity * window) if window > 0 else None,
+        "allocation_ratio_saturated": (
+            result.saturated_gpu_s / (capacity * result.saturated_s) if result.saturated_s > 0 else None
+        ),
+        "saturated_share": result.saturated_s / window if window > 0 else None,
+        "wait_mean_s": sum(waits) / len(waits) if waits else None,
+        "wait_p95_s": percentile(waits, 95) if waits else None,
+        "jct_mean_s": sum(jcts) / len(jcts) if jcts else None,
+        "nvlink_local_ratio": sub_local / sub_total if sub_total else None,
+        "stranded_gpus_mean": result.stranded_gpu_s / window if window > 0 else None,
+        "free_domains_mean": result.free_domain_s / window if window > 0 else None,
+        "plan_p50_ms": percentile(plan_ms, 50) if plan_ms else None,
+        "plan_p99_ms": percentile(plan_ms, 99) if plan_ms else None,
+        "plan_calls": len(plan_ms),
+        "partial_gangs": sum(1 for r in result.records if r.partial),
+        "jobs": len(result.records),
+        "unstarted_jobs": sum(1 for r in result.records if r.start_s is None),
+        "deadlocked": result.deadlocked,
+    }

@@ -1,0 +1,405 @@
+"""The event-driven cluster simulator: one policy, one cluster, one job stream.
+
+Pure: no I/O, no randomness, no wall clock except ``clock``, the injected timer that measures each
+planning call. Events are arrivals and completions; everything at one instant is handled together,
+then one scheduling pass runs.
+
+Queue discipline (the same for every policy, so the comparison is about placement): **FIFO with EASY
+backfill** on GPU counts. Jobs are tried in arrival order. The first job that cannot start is the head
+and gets a reservation: its shadow time is the earliest completion after which the cluster has enough
+free GPUs for it, and the spare GPUs are what is free then beyond its need. A later job may start now
+if the policy places it and it either ends (runtime known exactly, a common simplification) by the
+shadow time or fits in the spare GPUs. The reservation is by GPU count, not by nodes: whether the
+head then fits its topology is up to the placement, which is what is compared.
+
+Bounded work per pass: a job is not offered to the policy when fewer GPUs are free than it needs, or
+when a job of the same shape already failed in this pass (placements only remove capacity). After an
+arrival only the new jobs are tried; after a completion the whole queue is.
+
+Non-gang policies (kube default) may place some pods of a job: those pods hold their GPUs while the
+job waits for the rest (``partial_gangs`` counts such jobs). If nothing runs, nothing arrives and the
+queue cannot move, the run stops (``deadlocked``) and held GPUs are released.
+
+Figures are time-weighted over the measured window [warm-up, last arrival], the warm-up being the first
+25 % of the arrival span by default (the cluster starts empty).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from scheduler_plugin.placement.cluster import Cluster
+from scheduler_plugin.placement.policies.base import Policy, units
+from scheduler_plugin.placement.workloads import Job
+from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, NodeState, Role
+
+
+class SimulationError(RuntimeError):
+    """A policy produced an impossible plan (over-allocation, unknown node or pod)."""
+
+
+@dataclass(slots=True)
+class JobRecord:
+    name: str
+    source: str
+    gpus: int
+    arrival_s: float
+    start_s: float | None = None
+    end_s: float | None = None
+    tier1_subgroups: int = 0  # subgroups that require one tier-1 domain
+    tier1_local: int = 0  # ... and got one
+    partial: bool = False  # held some pods while waiting for the rest
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    policy: str
+    total_gpus: int
+    window_s: float  # length of the measured window
+    end_s: float
+    records: tuple[JobRecord, ...]
+    plan_times_s: tuple[float, ...]
+    allocated_gpu_s: float  # integral of allocated GPUs over the window
+    saturated_gpu_s: float  # ... over the part of the window when some job waited
+    saturated_s: float
+    stranded_gpu_s: float
+    free_domain_s: float
+    timeline: tuple[tuple[float, int, int], ...]  # (time, allocated GPUs, free tier-1 domains)
+    max_allocated: int
+    released_all: bool
+    deadlocked: bool
+    free_domains_at_start: int = 0
+
+
+@dataclass(slots=True)
+class _Live:
+    job: Job
+    record: JobRecord
+    left: dict[str, int]  # role -> pods not yet placed
+    held: list[tuple[int, int]] = field(default_factory=list)  # (node, gpus) per placed pod
+    nodes_by_role: dict[str, list[int]] = field(default_factory=dict)  # placed pods in index order
+    min_unit: tuple[int, int] = (1, 1)  # (pods, gpus per pod) of its smallest subgroup/unit
+    shape: tuple[object, ...] = ()
+
+    @property
+    def gpus_left(self) -> int:
+        per = {r.name: r.gpus_per_pod for r in self.job.gang.roles}
+        return sum(per[r] * n for r, n in self.left.items())
+
+
+def _shape(gang: Gang) -> tuple[object, ...]:
+    return (
+        gang.tier,
+        gang.soft,
+        tuple(
+            (r.pods, r.gpus_per_pod, r.subgroup_size, r.subgroup_tier, r.min_subgroups) for r in gang.roles
+        ),
+    )
+
+
+class _Cluster:
+    """Mutable free-GPU state, the snapshot handed to policies, and tier-1 domain bookkeeping."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.spec = cluster
+        self.index = {n.name: i for i, n in enumerate(cluster.nodes)}
+        self.free = [n.gpus for n in cluster.nodes]
+        self.capacity = [n.gpus for n in cluster.nodes]
+        self.total = sum(self.capacity)
+        self.free_total = self.total
+        self.states = [
+            NodeState(name=n.name, gpus=n.gpus, free=n.gpus, domains=n.domains) for n in cluster.nodes
+        ]
+        self._snapshot: ClusterSnapshot | None = None
+        tier1 = cluster.tiers[0]
+        names = sorted({n.domains[tier1] for n in cluster.nodes})
+        dom_of = {d: k for k, d in enumerate(names)}
+        self.domain = [dom_of[n.domains[tier1]] for n in cluster.nodes]
+        self.dom_total = [0] * len(names)
+        for i, d in enumerate(self.domain):
+            self.dom_total[d] += self.capacity[i]
+        self.dom_free = list(self.dom_total)
+        top = max(self.capacity)
+        self.hist = [[0] * (top + 1) for _ in names]  # domain -> free value -> node count
+        for i, d in enumerate(self.domain):
+            self.hist[d][self.free[i]] += 1
+        self.free_domains = len(names)
+
+    def snapshot(self) -> ClusterSnapshot:
+        if self._snapshot is None:
+            self._snapshot = ClusterSnapshot(tiers=self.spec.tiers, nodes=tuple(self.states))
+        return self._snapshot
+
+    def change(self, i: int, delta: int) -> None:
+        """Free GPUs of node ``i`` change by ``delta`` (negative: taken)."""
+        new = self.free[i] + delta
+        if new < 0 or new > self.capacity[i]:
+            raise SimulationError(
+                f"node {self.spec.nodes[i].name}: free GPUs would be {new} (capacity {self.capacity[i]})"
+            )
+        d = self.domain[i]
+        was_free = self.dom_free[d] == self.dom_total[d]
+        self.hist[d][self.free[i]] -= 1
+        self.hist[d][new] += 1
+        self.free[i] = new
+        self.dom_free[d] += delta
+        self.free_total += delta
+        now_free = self.dom_free[d] == self.dom_total[d]
+        self.free_domains += int(now_free) - int(was_free)
+        old = self.states[i]
+        self.states[i] = NodeState(name=old.name, gpus=old.gpus, free=new, domains=old.domains)
+        self._snapshot = None
+
+    def stranded(self, unit: tuple[int, int]) -> int:
+        """Free GPUs in tier-1 domains that cannot host ``unit`` = (pods, GPUs per pod)."""
+        pods, g = unit
+        out = 0
+        for d, hist in enumerate(self.hist):
+            if self.dom_free[d] == 0:
+                continue
+            room = sum(count * (f // g) for f, count in enumerate(hist) if f >= g)
+            if room < pods:
+                out += self.dom_free[d]
+        return out
+
+
+def simulate(
+    cluster: Cluster,
+    jobs: list[Job],
+    policy: Policy,
+    *,
+    clock: Callable[[], float],
+    progress: Callable[[int, int], None] | None = None,
+    timeline_points: int = 1500,
+    warmup: float = 0.25,
+) -> SimResult:
+    """Run ``jobs`` (sorted by arrival) through ``policy`` on ``cluster``.
+
+    Time-weighted figures cover [``warmup`` x last arrival, last arrival]: the cluster starts empty,
+    and the first part of the window measures the ramp, not the policy.
+    """
+    if not 0 <= warmup < 1:
+        raise ValueError(f"warmup must be in [0, 1), got {warmup}")
+    state = _Cluster(cluster)
+    tier1 = cluster.tiers[0]
+    window_end = jobs[-1].arrival_s if jobs else 0.0
+    window_start = warmup * window_end
+    window = window_end - window_start
+    records: list[JobRecord] = []
+    queue: list[_Live] = []
+    running: list[tuple[float, int, _Live]] = []
+    plan_times: list[float] = []
+    seq = 0
+    acc = {"alloc": 0.0, "sat": 0.0, "sat_s": 0.0, "stranded": 0.0, "free_dom": 0.0}
+    timeline: list[tuple[float, int, int]] = []
+    max_alloc = 0
+    stranded_now = 0
+    t = 0.0
+    next_arrival = 0
+    finished = 0
+    deadlocked = False
+    free_domains_at_start = state.free_domains
+
+    def release(live: _Live) -> None:
+        for node, g in live.held:
+            state.change(node, g)
+        live.held.clear()
+
+    def start(live: _Live, now: float) -> None:
+        nonlocal seq
+        live.record.start_s = now
+        rec = live.record
+        for role in live.job.gang.roles:
+            if role.subgroup_tier != tier1 or not role.subgroup_size:
+                continue
+            placed = live.nodes_by_role.get(role.name, [])
+            for first in range(0, role.pods, role.subgroup_size):
+                chunk = placed[first : first + role.subgroup_size]
+                rec.tier1_subgroups += 1
+                if len({state.domain[n] for n in chunk}) == 1:
+                    rec.tier1_local += 1
+        end = now + live.job.runtime_s
+        seq += 1
+        heapq.heappush(running, (end, seq, live))
+
+    def apply(live: _Live, placement: dict[str, str] | object) -> int:
+        """Take the GPUs of a plan's pods; returns pods placed."""
+        assert isinstance(placement, dict)
+        per = {r.name: r.gpus_per_pod for r in live.job.gang.roles}
+        placed = 0
+        for pod, node_name in sorted(placement.items(), key=lambda kv: _pod_key(kv[0])):
+            role = pod.rsplit("-", 1)[0]
+            if role not in per or live.left.get(role, 0) <= 0:
+                raise SimulationError(
+                    f"{policy.name}: plan for {live.job.name} names unknown or extra pod {pod!r}"
+                )
+            node = state.index.get(node_name)
+            if node is None:
+                raise SimulationError(
+                    f"{policy.name}: plan for {live.job.name} names unknown node {node_name!r}"
+                )
+            state.change(node, -per[role])
+            live.held.append((node, per[role]))
+            live.nodes_by_role.setdefault(role, []).append(node)
+            live.left[role] -= 1
+            placed += 1
+        return placed
+
+    def remaining_gang(live: _Live) -> Gang:
+        if all(live.left[r.name] == r.pods for r in live.job.gang.roles):
+            return live.job.gang
+        roles = tuple(
+            Role(name=r.name, pods=live.left[r.name], gpus_per_pod=r.gpus_per_pod)
+            for r in live.job.gang.roles
+            if live.left[r.name] > 0
+        )
+        return Gang(name=live.job.gang.name, roles=roles)
+
+    def shadow(head: _Live, now: float) -> tuple[float, int]:
+        need = head.gpus_left
+        free = state.free_total
+        if free >= need:
+            return now, free - need
+        # walk the running heap in end order lazily: a frontier heap of positions in it
+        frontier = [(running[0][0], running[0][1], 0)] if running else []
+        while frontier:
+            end, _, pos = heapq.heappop(frontier)
+            free += sum(g for _, g in running[pos][2].held)
+            if free >= need:
+                return end, free - need
+            for child in (2 * pos + 1, 2 * pos + 2):
+                if child < len(running):
+                    heapq.heappush(frontier, (running[child][0], running[child][1], child))
+        return math.inf, 0
+
+    def schedule(now: float, fresh: set[str] | None) -> None:
+        """One pass; ``fresh`` None tries every queued job, else only those names."""
+        failed: set[tuple[object, ...]] = set()
+        shadow_t, spare = math.inf, 0
+        head_seen = False
+        kept: list[_Live] = []
+        for live in queue:
+            tried = fresh is None or live.job.name in fresh
+            started = False
+            need = live.gpus_left
+            min_pod = min(r.gpus_per_pod for r in live.job.gang.roles if live.left[r.name] > 0)
+            allowed = not head_seen or now + live.job.runtime_s <= shadow_t or need <= spare
+            enough = state.free_total >= (need if policy.gang else min_pod)
+            if tried and allowed and enough and live.shape not in failed:
+                t0 = clock()
+                result = policy.place(state.snapshot(), remaining_gang(live))
+                plan_times.append(max(0.0, clock() - t0))
+                if isinstance(result, Infeasible):
+                    failed.add(live.shape)
+                else:
+                    placed = apply(live, dict(result.placement))
+                    if placed == 0:
+                        failed.add(live.shape)
+                    if sum(live.left.values()) == 0:
+                        start(live, now)
+                        started = True
+                        if head_seen and now + live.job.runtime_s > shadow_t:
+                            spare -= need
+                    elif not policy.gang:
+                        live.record.partial = live.record.partial or placed > 0
+                    else:
+                        raise SimulationError(
+                            f"{policy.name}: gang plan for {live.job.name} left pods unplaced"
+                        )
+            if not started:
+                kept.append(live)
+                if not head_seen:
+                    head_seen = True
+                    shadow_t, spare = shadow(live, now)
+        queue[:] = kept
+
+    def account(until: float) -> None:
+        nonlocal max_alloc
+        lo, hi = max(t, window_start), min(until, window_end)
+        allocated = state.total - state.free_total
+        max_alloc = max(max_alloc, allocated)
+        if hi > lo:
+            dt = hi - lo
+            acc["alloc"] += allocated * dt
+            acc["free_dom"] += state.free_domains * dt
+            if queue:
+                acc["sat"] += allocated * dt
+                acc["sat_s"] += dt
+                acc["stranded"] += stranded_now * dt
+
+    while True:
+        t_arr = jobs[next_arrival].arrival_s if next_arrival < len(jobs) else math.inf
+        t_end = running[0][0] if running else math.inf
+        t_next = min(t_arr, t_end)
+        if t_next == math.inf:
+            deadlocked = bool(queue)
+            break
+        account(t_next)
+        t = t_next
+        released = False
+        while running and running[0][0] <= t:
+            _, _, live = heapq.heappop(running)
+            release(live)
+            live.record.end_s = t
+            finished += 1
+            released = True
+        fresh: set[str] = set()
+        while next_arrival < len(jobs) and jobs[next_arrival].arrival_s <= t:
+            job = jobs[next_arrival]
+            next_arrival += 1
+            rec = JobRecord(name=job.name, source=job.source, gpus=job.gpus, arrival_s=job.arrival_s)
+            records.append(rec)
+            unit_list = units(job.gang)
+            smallest = min(unit_list, key=lambda u: (u.gpus, u.pods))
+            queue.append(
+                _Live(
+                    job=job,
+                    record=rec,
+                    left={r.name: r.pods for r in job.gang.roles},
+                    min_unit=(smallest.pods, smallest.gpus_per_pod),
+                    shape=_shape(job.gang),
+                )
+            )
+            fresh.add(job.name)
+        schedule(t, None if released else fresh)
+        if queue:
+            unit = min((lv.min_unit for lv in queue), key=lambda u: (u[0] * u[1], u[0]))
+            stranded_now = state.stranded(unit)
+        else:
+            stranded_now = 0
+        max_alloc = max(max_alloc, state.total - state.free_total)
+        timeline.append((t, state.total - state.free_total, state.free_domains))
+        if progress is not None and (finished % 200 == 0 or not running):
+            progress(finished, len(jobs))
+    for live in queue:  # deadlock: give back what partial gangs held
+        release(live)
+    released_all = state.free == state.capacity and state.free_total == state.total
+    if len(timeline) > timeline_points:
+        step = len(timeline) / timeline_points
+        timeline = [timeline[int(k * step)] for k in range(timeline_points)] + [timeline[-1]]
+    return SimResult(
+        policy=policy.name,
+        total_gpus=state.total,
+        window_s=window,
+        end_s=t,
+        records=tuple(records),
+        plan_times_s=tuple(plan_times),
+        allocated_gpu_s=acc["alloc"],
+        saturated_gpu_s=acc["sat"],
+        saturated_s=acc["sat_s"],
+        stranded_gpu_s=acc["stranded"],
+        free_domain_s=acc["free_dom"],
+        timeline=tuple(timeline),
+        max_allocated=max_alloc,
+        released_all=released_all,
+        deadlocked=deadlocked,
+        free_domains_at_start=free_domains_at_start,
+    )
+
+
+def _pod_key(pod: str) -> tuple[str, int]:
+    role, _, index = pod.rpartition("-")
+    return (role, int(index)) if index.isdigit() else (pod, -1)
