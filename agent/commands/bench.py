@@ -10,6 +10,7 @@ import sys
 
 TARGETS: dict[str, tuple[str, str]] = {
     "discovery": ("agent.discovery_bench", "full discovery time per simulated profile"),
+    "simulator": ("agent.nvml.sim_bench", "NVML simulator: fault-file to event latency, per-call cost"),
     "deviceplugin": ("deviceplugin.bench", "Allocate, health propagation, re-registration"),
     "metrics": ("agent.metrics.bench", "scrape latency, RSS and CPU of the exporter"),
     "topology": ("topology.bench", "HyperNode build and diff for 10,000 nodes"),
