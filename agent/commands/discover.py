@@ -410,7 +410,7 @@ def run(opts: Options) -> NodeInventory:
             env.nvml.shutdown()
     for gpu in inventory.gpus:
         if gpu.error:
-            log.bind(gpu_uuid=gpu.uuid or None).warning(
+            (log.bind(gpu_uuid=gpu.uuid) if gpu.uuid else log).warning(
                 "gpu_discovery_failed", index=gpu.index, lost=gpu.lost, error=gpu.error
             )
     for problem in inventory.errors:
