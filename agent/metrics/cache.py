@@ -36,6 +36,9 @@ from topology.model import FabricInfo, NodeInventory
 # LIBRARY_NOT_FOUND, LIB_RM_VERSION_MISMATCH.
 FATAL_CODES = frozenset({1, 9, 12, 18})
 
+# Codes that are answers, not failures: an event wait that saw no event, a query the GPU does not support.
+_NOT_ERRORS = frozenset({"TIMEOUT", "NOT_SUPPORTED"})
+
 _HINTS = {
     18: "the NVIDIA driver changed under the running agent; restart the agent pod (or reboot the node)",
     9: "the NVIDIA kernel driver is not loaded; check the driver installation",
@@ -301,7 +304,9 @@ class MetricsCache:
             refreshes=self._refreshes,
             last_duration_seconds=self._monotonic() - started,
             last_unix=self._clock(),
-            nvml_errors=tuple(sorted(counters.errors_by_code.items())),
+            nvml_errors=tuple(
+                sorted((k, v) for k, v in counters.errors_by_code.items() if k not in _NOT_ERRORS)
+            ),
             nvml_problem=reads.problem,
             podresources_up=None
             if pr_stats is None
