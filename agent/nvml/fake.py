@@ -163,6 +163,8 @@ HEALTH_MASKS: dict[FabricHealthSummary, int] = {
 }
 
 _CODE_NAMES = {code: name for name, code in CODES.items()}
+FABRIC_INFO_V2 = 0x02000024
+FABRIC_INFO_V3 = 0x03000028
 
 
 def decode_health_mask(mask: int) -> FabricHealth:
@@ -228,8 +230,10 @@ class _GpuState:
     instances: tuple[PlacedInstance, ...] = ()
     next_serial: int = 0
     fabric: FabricSpec | None = None
-    ecc_dbe: int = 0
+    ecc_dbe: int = 0  # volatile (since the last driver load / GPU reset)
     ecc_sbe: int = 0
+    ecc_dbe_aggregate: int = 0  # lifetime (InfoROM)
+    ecc_sbe_aggregate: int = 0
     remapped_pending: bool = False
     xids: list[int] = field(default_factory=list)
     processes: list[_Process] = field(default_factory=list)
@@ -717,12 +721,24 @@ class SimulatedNvml:
     # ------------------------------------------------------------------ primitives: fabric
 
     @_primitive
-    def device_get_gpu_fabric_info_v(self, index: int) -> FabricSpec:
-        """``nvmlDeviceGetGpuFabricInfoV`` with the v3 struct."""
+    def device_get_gpu_fabric_info(self, index: int) -> FabricSpec:
+        """``nvmlDeviceGetGpuFabricInfo`` (the unversioned v1 struct: no health fields, read as 0)."""
         fabric = self._state(index).fabric
         if fabric is None:
             raise NVMLError_NotSupported(3)
-        return fabric
+        return replace(fabric, health_mask=0, health_summary=0)
+
+    @_primitive
+    def device_get_gpu_fabric_info_v(self, index: int, version: int = FABRIC_INFO_V3) -> FabricSpec:
+        """``nvmlDeviceGetGpuFabricInfoV``: v3 (``0x3000028``) has ``healthSummary``, v2
+        (``0x02000024``, pynvml's ``c_nvmlGpuFabricInfoV_t``) only ``healthMask``; any other version
+        is ``ARGUMENT_VERSION_MISMATCH``."""
+        fabric = self._state(index).fabric
+        if version not in (FABRIC_INFO_V2, FABRIC_INFO_V3):
+            raise NVMLError(25)  # ARGUMENT_VERSION_MISMATCH
+        if fabric is None:
+            raise NVMLError_NotSupported(3)
+        return fabric if version == FABRIC_INFO_V3 else replace(fabric, health_summary=0)
 
     # ------------------------------------------------------------------ primitives: samples
 
@@ -805,6 +821,8 @@ class SimulatedNvml:
         state = self._state(index)
         if error_type not in (0, 1) or counter_type not in (0, 1):
             raise NVMLError_InvalidArgument(2)
+        if counter_type == 1:
+            return state.ecc_dbe_aggregate if error_type == 1 else state.ecc_sbe_aggregate
         return state.ecc_dbe if error_type == 1 else state.ecc_sbe
 
     @_primitive
@@ -813,7 +831,7 @@ class SimulatedNvml:
         state = self._state(index)
         if state.spec.architecture < 7 or state.spec.architecture == 8:
             raise NVMLError_NotSupported(3)
-        return 0, state.ecc_dbe, state.remapped_pending, False
+        return 0, state.ecc_dbe_aggregate, state.remapped_pending, False
 
     @_primitive
     def device_get_compute_running_processes(self, index: int) -> tuple[ProcessInfo, ...]:
@@ -1206,6 +1224,7 @@ class SimulatedNvml:
         state = self._gpu_index_checked(gpu)
         with self._lock:
             state.ecc_dbe += 1
+            state.ecc_dbe_aggregate += 1
             state.remapped_pending = True
         self._enqueue(NvmlEvent(EventKind.ECC_DBE, gpu, state.spec.uuid))
         self.inject_xid(gpu, 48)
@@ -1215,6 +1234,7 @@ class SimulatedNvml:
         state = self._gpu_index_checked(gpu)
         with self._lock:
             state.ecc_sbe += 1
+            state.ecc_sbe_aggregate += 1
         self._enqueue(NvmlEvent(EventKind.ECC_SBE, gpu, state.spec.uuid))
 
     def nvlink_down(self, gpu: int, link: int) -> None:

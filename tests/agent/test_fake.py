@@ -624,3 +624,30 @@ def test_ecc_sbe_counts_corrected_errors_and_raises_the_sbe_event() -> None:
 def test_injecting_an_unknown_code_is_refused() -> None:
     with pytest.raises(SimulationError, match="unknown NVML code 4242"):
         build_simulator("dgx-h100").inject_error(4242)
+
+
+def test_fabric_info_struct_versions() -> None:
+    sim = started("gb200-nvl72")
+    v3 = sim.device_get_gpu_fabric_info_v(0, 0x03000028)
+    assert (v3.health_mask, v3.health_summary) == (0x1AA, 1)
+    v2 = sim.device_get_gpu_fabric_info_v(0, 0x02000024)
+    assert (v2.health_mask, v2.health_summary) == (0x1AA, 0)
+    v1 = sim.device_get_gpu_fabric_info(0)
+    assert (v1.cluster_uuid, v1.clique_id, v1.health_mask) == (v3.cluster_uuid, 32766, 0)
+    with pytest.raises(errors.NVMLError_ArgumentVersionMismatch):
+        sim.device_get_gpu_fabric_info_v(0, 0x01000000)
+    with pytest.raises(errors.NVMLError_NotSupported):
+        started("dgx-a100-mig").device_get_gpu_fabric_info_v(0)
+
+
+def test_aggregate_ecc_counts_survive_a_recovery_volatile_do_not() -> None:
+    sim = started("dgx-h100")
+    sim.ecc_dbe(2)
+    sim.ecc_sbe(2)
+    sim.lose_gpu(2)
+    sim.recover_gpu(2)
+    sample = sim.sample(2)
+    assert (sample.ecc_uncorrected_volatile, sample.ecc_corrected_volatile) == (0, 0)
+    assert (sample.ecc_uncorrected_aggregate, sample.ecc_corrected_aggregate) == (1, 1)
+    assert sample.remapped_rows_uncorrectable == 1
+    assert sample.remapped_rows_pending is False  # the reset applied the remap
