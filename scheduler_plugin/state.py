@@ -104,6 +104,7 @@ class ClusterState:
         self._domains_cache: tuple[tuple[str, ...], dict[str, dict[str, str]]] | None = None
         self._last_event: dict[str, tuple[str, str]] = {}
         self._uids: dict[str, str] = {}  # pod key -> uid the scheduler gave at bind
+        self._alloc: dict[str, int] = {}  # node -> allocatable GPUs, parsed once
 
     # -- informer side ---------------------------------------------------------------------------
     @staticmethod
@@ -134,6 +135,7 @@ class ClusterState:
                 self._account(k, pod)
         if kind in ("nodes", "hypernodes"):
             self._domains_cache = None
+            self._alloc.clear()
 
     def apply(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> None:
         """One watch event (ADDED / MODIFIED / DELETED)."""
@@ -149,6 +151,7 @@ class ClusterState:
                 self._account(key, store[key])
         if kind in ("nodes", "hypernodes"):
             self._domains_cache = None
+            self._alloc.pop(key, None)
 
     def _account(self, key: str, pod: Mapping[str, Any]) -> None:
         if not holds_resources(pod):
@@ -175,20 +178,44 @@ class ClusterState:
 
     # -- capacity --------------------------------------------------------------------------------
     def _allocatable_gpus(self, node: str) -> int:
-        alloc = ((self.nodes.get(node) or {}).get("status") or {}).get("allocatable") or {}
-        try:
-            return int(str(alloc.get(GPU, 0)))
-        except ValueError:
-            return 0
+        cached = self._alloc.get(node)
+        if cached is None:
+            alloc = ((self.nodes.get(node) or {}).get("status") or {}).get("allocatable") or {}
+            try:
+                cached = int(str(alloc.get(GPU, 0)))
+            except ValueError:
+                cached = 0
+            if node in self.nodes:
+                self._alloc[node] = cached
+        return cached
 
-    def _held(self, node: str, *, except_gang: str | None = None) -> int:
-        return sum(r.held.get(node, {}).get(GPU, 0) for k, r in self.reservations.items() if k != except_gang)
+    def held_gpus(self, *, except_gang: str | None = None) -> dict[str, int]:
+        """GPUs held per node for gangs (other than ``except_gang``) that are planned, not bound."""
+        out: dict[str, int] = {}
+        for k, r in self.reservations.items():
+            if k == except_gang:
+                continue
+            for node, res in r.held.items():
+                out[node] = out.get(node, 0) + res.get(GPU, 0)
+        return out
 
-    def free_gpus(self, node: str, *, except_gang: str | None = None, holds: bool = True) -> int:
+    def free_gpus(
+        self,
+        node: str,
+        *,
+        except_gang: str | None = None,
+        holds: bool = True,
+        held: Mapping[str, int] | None = None,
+    ) -> int:
         """GPUs of ``node`` neither used by bound pods nor held for a gang (other than ``except_gang``)."""
         used = self._node_used.get(node, {}).get(GPU, 0)
-        held = self._held(node, except_gang=except_gang) if holds else 0
-        return self._allocatable_gpus(node) - used - held
+        if not holds:
+            taken = 0
+        elif held is not None:
+            taken = held.get(node, 0)
+        else:
+            taken = self.held_gpus(except_gang=except_gang).get(node, 0)
+        return self._allocatable_gpus(node) - used - taken
 
     def _domains(self) -> tuple[tuple[str, ...], dict[str, dict[str, str]]]:
         if self._domains_cache is None:
@@ -277,13 +304,16 @@ class ClusterState:
         found = gang_key_of(pod)
         if found is None:
             need = pod_requests(pod).get(GPU, 0)
-            for n in node_names:
-                if n not in self.nodes:
+            held = self.held_gpus()
+            nodes, used, passed = self.nodes, self._node_used, out.passed
+            for n in node_names:  # the hot loop of the extender: plain dict look-ups only
+                if n not in nodes:
                     out.failed[n] = "node unknown to the extender (informer not synced yet)"
                     continue
-                free = self.free_gpus(n)
+                u = used.get(n)
+                free = self._allocatable_gpus(n) - (u.get(GPU, 0) if u else 0) - held.get(n, 0)
                 if free >= need:
-                    out.passed.append(n)
+                    passed.append(n)
                 elif self.free_gpus(n, holds=False) >= need:
                     out.failed[n] = f"{need} GPU(s) requested; {max(free, 0)} not reserved for a gang"
                 else:
@@ -345,6 +375,7 @@ class ClusterState:
             node = res.nodes.get(planned) if res and planned else None
             return [(n, MAX_PRIORITY if n == node else 0) for n in node_names]
         need = pod_requests(pod).get(GPU, 0)
+        held = self.held_gpus()
         tiers, domains = self._domains()
         first = tiers[0] if tiers else None
         dom_free: dict[str, int] = {}
@@ -354,12 +385,12 @@ class ClusterState:
             for name, doms in domains.items():
                 d = doms.get(first)
                 if d is not None and d in wanted:
-                    dom_free[d] = dom_free.get(d, 0) + max(0, self.free_gpus(name))
+                    dom_free[d] = dom_free.get(d, 0) + max(0, self.free_gpus(name, held=held))
                     dom_total[d] = dom_total.get(d, 0) + self._allocatable_gpus(name)
         out: list[tuple[str, int]] = []
         for n in node_names:
             total = self._allocatable_gpus(n)
-            free = self.free_gpus(n)
+            free = self.free_gpus(n, held=held)
             if total <= 0 or free < need:
                 out.append((n, 0))
                 continue
