@@ -18,7 +18,7 @@ from agent.nvml.errors import NVMLError, NVMLError_Uninitialized
 from agent.nvml.protocol import GpuSample, NvmlBackend, NvmlEvent
 from agent.nvml.real import RealNvml
 from agent.nvml.simulate import PROFILES, build_simulator
-from tests.agent.test_discovery import assert_matrix_consistent, assert_mig_within_slices
+from tests.agent.inventory_checks import assert_matrix_consistent, assert_mig_within_slices
 from topology.model import FabricState, LinkLevel, RemoteDeviceType
 
 NVML_BUS_ID = re.compile(r"^[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]$")
