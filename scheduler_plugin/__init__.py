@@ -1,6 +1,9 @@
 """Topology-aware gang scheduling: the pure planner, the ``plan`` command, the kube-scheduler
 extender (filter / prioritize / bind with a gang barrier) and the placement benchmark.
 
-The planner (``planner``, ``snapshot``) does no I/O. Nothing here imports ``agent`` or
-``deviceplugin``.
+Owns: the planner's types (``snapshot``) and algorithm (``planner``), the gang sources (``gangs``),
+API objects to snapshots (``cluster``), the extender's pure state (``state``), its HTTP server
+(``extender``), the Kubernetes adapter (``kube``) and the commands. The planner and snapshot import
+no I/O library (an import-linter contract). Nothing here imports ``agent`` or ``deviceplugin``,
+except the benchmark, which prints ``agent.benchinfo``'s machine summary.
 """
