@@ -14,7 +14,8 @@ It has two layers:
   backend composes pynvml calls and turn "not supported" into ``None``/empty.
 
 Mutations for tests and fault injection: ``lose_gpu``, ``recover_gpu``, ``inject_xid``, ``ecc_dbe``,
-``nvlink_down``/``nvlink_up``, ``set_fabric_health``, ``reconfigure_mig``, ``set_init_error``,
+``nvlink_down``/``nvlink_up``, ``set_fabric_health``/``set_fabric_state``, ``reconfigure_mig``,
+``set_init_error``, ``inject_error``,
 ``add_process``/``remove_process``. Misuse of a mutation (unknown GPU, invalid MIG layout …) raises
 ``SimulationError`` and changes nothing.
 
@@ -1268,6 +1269,39 @@ class SimulatedNvml:
             health_summary=_SUMMARY_VALUE[value],
             health_mask=HEALTH_MASKS[value] if mask is None else mask,
         )
+
+    def set_fabric_state(
+        self,
+        gpu: int,
+        *,
+        state: FabricState | str | None = None,
+        status: str | None = None,
+        clique_id: int | None = None,
+    ) -> None:
+        """Change the fabric registration: ``state`` (``IN_PROGRESS`` while Fabric Manager / NMX
+        works), ``status`` (an NVML error name such as ``INSUFFICIENT_RESOURCES``, or ``SUCCESS``),
+        ``clique_id`` (a new NVLink partition)."""
+        gpu_state = self._gpu_index_checked(gpu)
+        fabric = gpu_state.fabric
+        if fabric is None:
+            raise SimulationError(f"GPU {gpu} ({gpu_state.spec.name}) has no NVLink fabric info")
+        new = fabric
+        if state is not None:
+            try:
+                value = FabricState(state)
+            except ValueError:
+                valid = ", ".join(s.value for s in FabricState)
+                raise SimulationError(f"unknown fabric state {state!r}; valid: {valid}") from None
+            new = replace(new, state={v: k for k, v in _FABRIC_STATES.items()}[value])
+        if status is not None:
+            if status != "SUCCESS" and status not in CODES:
+                raise SimulationError(f"unknown fabric status {status!r}; SUCCESS or an NVML error name")
+            new = replace(new, status=0 if status == "SUCCESS" else CODES[status])
+        if clique_id is not None:
+            if not 0 <= clique_id <= 0xFFFFFFFF:
+                raise SimulationError(f"clique id {clique_id} is not a 32-bit unsigned number")
+            new = replace(new, clique_id=clique_id)
+        gpu_state.fabric = new
 
     def reconfigure_mig(self, gpu: int, profiles: Sequence[str] | None) -> None:
         """Apply a whole MIG layout (``None``: MIG disabled; ``[]``: enabled, no instances), placing

@@ -14,6 +14,9 @@ and following a JSON-lines fault file.
       {"event":"nvlink_up","gpu":0,"link":5}    {"event":"ecc_dbe","gpu":1}   {"event":"ecc_sbe","gpu":1}
       {"event":"xid","gpu":0,"xid":31,"gpu_instance_id":7}      (an Xid on one MIG GPU instance)
       {"event":"fabric","gpu":0,"health_summary":"UNHEALTHY"}
+      {"event":"fabric","gpu":0,"state":"IN_PROGRESS","status":"INSUFFICIENT_RESOURCES","clique_id":7}
+      {"event":"process_start","gpu":0,"pid":4242,"used_memory_mib":1024}   (optional "mig_uuid",
+      "sm_percent")          {"event":"process_exit","gpu":0,"pid":4242}
       {"event":"mig_reconfig","gpu":0,"profiles":["3g.40gb","3g.40gb"]}   (null profiles: MIG off)
       {"event":"nvml_error","code":"LIB_RM_VERSION_MISMATCH"}   (every call fails; optional "call",
       "gpu"; "code": null clears) — e.g. a driver upgraded under a running agent
@@ -39,6 +42,7 @@ from agent.nvml.errors import CODES
 from agent.nvml.fake import SimulatedNvml, SimulationError
 from agent.nvml.profiles import PROFILES as _PROFILES
 from agent.nvml.profiles import MachineSpec, build_machine
+from topology.model import FabricHealthSummary
 
 log = logs.get_logger(__name__)
 
@@ -145,6 +149,8 @@ FAULT_EVENTS = (
     "fabric",
     "mig_reconfig",
     "nvml_error",
+    "process_start",
+    "process_exit",
 )
 
 
@@ -191,10 +197,21 @@ def apply_fault(sim: SimulatedNvml, event: Mapping[str, Any]) -> None:
     elif kind == "ecc_sbe":
         sim.ecc_sbe(gpu)
     elif kind == "fabric":
-        summary = event.get("health_summary")
-        if not isinstance(summary, str):
-            raise FaultLineError(f"field 'health_summary' must be a string, got {summary!r}")
-        sim.set_fabric_health(gpu, summary.upper())
+        _apply_fabric(sim, gpu, event)
+    elif kind == "process_start":
+        used = event.get("used_memory_mib")
+        mig_uuid = event.get("mig_uuid")
+        if mig_uuid is not None and not isinstance(mig_uuid, str):
+            raise FaultLineError(f"field 'mig_uuid' must be a MIG-… UUID, got {mig_uuid!r}")
+        sim.add_process(
+            gpu,
+            _int_field(event, "pid"),
+            used_memory_bytes=None if used is None else _int_field(event, "used_memory_mib") * 2**20,
+            mig_uuid=mig_uuid,
+            sm_percent=80 if event.get("sm_percent") is None else _int_field(event, "sm_percent"),
+        )
+    elif kind == "process_exit":
+        sim.remove_process(gpu, _int_field(event, "pid"))
     else:  # mig_reconfig
         profiles = event.get("profiles")
         if profiles is not None and (
@@ -204,6 +221,30 @@ def apply_fault(sim: SimulatedNvml, event: Mapping[str, Any]) -> None:
                 f"field 'profiles' must be a list of profile names or null, got {profiles!r}"
             )
         sim.reconfigure_mig(gpu, profiles)
+
+
+def _apply_fabric(sim: SimulatedNvml, gpu: int, event: Mapping[str, Any]) -> None:
+    """``fabric``: ``health_summary`` and/or ``state``, ``status``, ``clique_id``."""
+    fields = {k: event.get(k) for k in ("health_summary", "state", "status")}
+    for key, value in fields.items():
+        if value is not None and not isinstance(value, str):
+            raise FaultLineError(f"field {key!r} must be a string, got {value!r}")
+    clique = event.get("clique_id")
+    if all(v is None for v in fields.values()) and clique is None:
+        raise FaultLineError("a fabric event needs health_summary, state, status or clique_id")
+    summary, state, status = (str(v).upper() if v is not None else None for v in fields.values())
+    if summary is not None and summary not in FabricHealthSummary.__members__:
+        valid = ", ".join(FabricHealthSummary.__members__)
+        raise FaultLineError(f"unknown fabric health summary {summary!r}; valid: {valid}")
+    if state is not None or status is not None or clique is not None:
+        sim.set_fabric_state(
+            gpu,
+            state=state,
+            status=status,
+            clique_id=None if clique is None else _int_field(event, "clique_id"),
+        )
+    if summary is not None:
+        sim.set_fabric_health(gpu, summary)
 
 
 def _apply_nvml_error(sim: SimulatedNvml, event: Mapping[str, Any]) -> None:

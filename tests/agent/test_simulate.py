@@ -18,7 +18,7 @@ from agent.nvml.simulate import (
     build_simulator,
     parse_spec,
 )
-from topology.model import FabricHealthSummary
+from topology.model import FabricHealthSummary, FabricState
 
 # --------------------------------------------------------------------------- spec parsing
 
@@ -284,3 +284,56 @@ def test_xid_fault_on_a_mig_instance_and_sbe(tmp_path: Path) -> None:
     sim.init()
     assert sim.xid_history(1) == (94,)
     assert sim.sample(1).ecc_corrected_volatile == 1
+
+
+def test_fabric_state_status_and_clique_events(tmp_path: Path) -> None:
+    faults = tmp_path / "faults.jsonl"
+    sim = started("gb200-nvl72:rack=4")
+    follower = FaultFollower(sim, faults)
+    write_lines(
+        faults,
+        '{"event":"fabric","gpu":1,"state":"in_progress","status":"INSUFFICIENT_RESOURCES"}',
+        '{"event":"fabric","gpu":2,"clique_id":7,"health_summary":"limited_capacity"}',
+        '{"event":"fabric","gpu":3,"state":"DONE"}',
+        '{"event":"fabric","gpu":3,"clique_id":9,"health_summary":"SICK"}',
+        '{"event":"fabric","gpu":3}',
+    )
+    assert follower.poll() == 2
+    one, two, three = (sim.fabric(i) for i in (1, 2, 3))
+    assert one is not None
+    assert (one.state, one.status) == (FabricState.IN_PROGRESS, "INSUFFICIENT_RESOURCES")
+    assert two is not None
+    assert two.clique.endswith(".7")
+    assert two.health_summary is FabricHealthSummary.LIMITED_CAPACITY
+    assert two.health.degraded_bandwidth is True
+    assert three is not None
+    assert three.clique_id == 32766  # the bad lines changed nothing, not even their valid parts
+    assert three.health_summary is FabricHealthSummary.HEALTHY
+    assert [e.split(": ", 1)[1] for e in follower.errors] == [
+        "unknown fabric state 'DONE'; valid: NOT_SUPPORTED, NOT_STARTED, IN_PROGRESS, COMPLETED",
+        "unknown fabric health summary 'SICK'; valid: NOT_SUPPORTED, HEALTHY, UNHEALTHY, LIMITED_CAPACITY",
+        "a fabric event needs health_summary, state, status or clique_id",
+    ]
+
+
+def test_process_events_show_in_samples(tmp_path: Path) -> None:
+    faults = tmp_path / "faults.jsonl"
+    sim = started("dgx-a100-mig")
+    mig = sim.mig_state(2)
+    assert mig is not None
+    follower = FaultFollower(sim, faults)
+    write_lines(
+        faults,
+        '{"event":"process_start","gpu":5,"pid":11,"used_memory_mib":2048,"sm_percent":60}',
+        json.dumps({"event": "process_start", "gpu": 2, "pid": 12, "mig_uuid": mig.devices[1].uuid}),
+        '{"event":"process_start","gpu":5,"pid":11}',
+    )
+    assert follower.poll() == 2
+    assert "pid 11 already runs on GPU 5" in follower.errors[0]
+    sample = sim.sample(5)
+    assert [(p.pid, p.used_memory_bytes) for p in sample.processes] == [(11, 2 * 2**30)]
+    assert sample.gpu_utilization_percent
+    assert [p.pid for p in sim.mig_sample(mig.devices[1].uuid).processes] == [12]
+    write_lines(faults, '{"event":"process_exit","gpu":5,"pid":11}')
+    assert follower.poll() == 1
+    assert sim.sample(5).processes == ()
