@@ -81,16 +81,33 @@ class BuildResult:
     problems: list[str] = field(default_factory=list)  # unreadable objects and sources, one line each
 
 
-def build_from(inputs: Inputs, *, policy: FabricPolicy) -> BuildResult:
+ParseCache = dict[tuple[str, str], tuple[str, NodeInventory] | str]
+"""(object name, resourceVersion) -> (node, inventory) or the parse error: a reconcile re-parses only
+GPUNodes that changed."""
+
+
+def build_from(inputs: Inputs, *, policy: FabricPolicy, cache: ParseCache | None = None) -> BuildResult:
     problems: list[str] = []
     inventories: dict[str, NodeInventory] = {}
+    fresh: ParseCache = {}
     for key in sorted(inputs.gpunodes):
-        try:
-            name, inv, _health = inventory_from_gpunode(inputs.gpunodes[key])
-        except GpuNodeError as exc:
-            problems.append(str(exc))
+        obj = inputs.gpunodes[key]
+        rv = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+        hit = cache.get((key, rv)) if cache is not None and rv else None
+        if hit is None:
+            try:
+                name, inv, _health = inventory_from_gpunode(obj)
+                hit = (name, inv)
+            except GpuNodeError as exc:
+                hit = str(exc)
+        fresh[(key, rv)] = hit
+        if isinstance(hit, str):
+            problems.append(hit)
             continue
-        inventories[name] = inv
+        inventories[hit[0]] = hit[1]
+    if cache is not None:
+        cache.clear()
+        cache.update(fresh)
     tree_data: SwitchTree | None = None
     if inputs.ibnet:
         try:
@@ -262,6 +279,7 @@ class TopologyController:
         )
         self._excluded: dict[str, str] = {}  # node -> reason last reported
         self._reported_problems: set[str] = set()
+        self._parsed: ParseCache = {}
 
     def _changed(self) -> None:
         now = self.monotonic()
@@ -284,7 +302,7 @@ class TopologyController:
         )
 
     def reconcile(self) -> Diff:
-        result = build_from(self.inputs(), policy=self.settings.policy)
+        result = build_from(self.inputs(), policy=self.settings.policy, cache=self._parsed)
         for p in result.problems:
             self._problem(p)
         tree = result.tree

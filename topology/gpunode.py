@@ -17,7 +17,7 @@ import dataclasses
 import enum
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from topology.model import SCHEMA_VERSION, Health, NodeInventory
@@ -143,7 +143,8 @@ def inventory_from_gpunode(obj: Any) -> tuple[str, NodeInventory, dict[str, Heal
             f"{where}: status.inventory.schema is {schema!r}, this build reads {SCHEMA_VERSION!r}"
         )
     try:
-        inventory = NodeInventory.from_dict(_fill_none(NodeInventory, raw))
+        body = {k: v for k, v in raw.items() if k != "schema"}
+        inventory = _decoder(NodeInventory)(body, "NodeInventory")
     except ValueError as exc:
         raise GpuNodeError(f"{where}: status.inventory: {exc}") from None
     health: dict[str, Health] | None = None
@@ -162,26 +163,113 @@ def inventory_from_gpunode(obj: Any) -> tuple[str, NodeInventory, dict[str, Heal
     return name, inventory, health
 
 
-def _fill_none(tp: Any, data: Any) -> Any:
-    """Put back the ``None`` of optional fields that :func:`gpunode_object` left out."""
-    tp = _strip_optional(tp)[0]
+Decoder = Callable[[Any, str], Any]
+_DECODERS: dict[Any, Decoder] = {}
+
+
+def _decoder(tp: Any) -> Decoder:
+    """A converter from plain data to ``tp`` (a model dataclass, enum, tuple or scalar), built once per
+    type: the GPUNodes of a large cluster are read on every controller start, and resolving type hints
+    per object costs milliseconds. Absent optional fields become ``None``; errors name the field path
+    the way :func:`topology.model.from_plain` does."""
+    cached = _DECODERS.get(tp)
+    if cached is not None:
+        return cached
+    inner, optional = _strip_optional(tp)
+    base = _build_decoder(inner)
+    if optional:
+
+        def decode_optional(data: Any, path: str) -> Any:
+            return None if data is None else base(data, path)
+
+        out: Decoder = decode_optional
+    else:
+        out = base
+    _DECODERS[tp] = out
+    return out
+
+
+def _build_decoder(tp: Any) -> Decoder:
     origin = typing.get_origin(tp)
-    if origin is tuple and isinstance(data, list):
+    if origin is tuple:
         args = typing.get_args(tp)
         if len(args) == 2 and args[1] is Ellipsis:
-            return [_fill_none(args[0], v) for v in data]
-        return data
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp) and isinstance(data, Mapping):
+            item = _decoder(args[0])
+
+            def decode_seq(data: Any, path: str) -> Any:
+                if not isinstance(data, list | tuple):
+                    raise ValueError(f"{path}: expected a list, got {type(data).__name__}")
+                return tuple(item(v, f"{path}[{i}]") for i, v in enumerate(data))
+
+            return decode_seq
+        items = [_decoder(a) for a in args]
+
+        def decode_fixed(data: Any, path: str) -> Any:
+            if not isinstance(data, list | tuple):
+                raise ValueError(f"{path}: expected a list, got {type(data).__name__}")
+            if len(data) != len(items):
+                raise ValueError(f"{path}: expected {len(items)} items, got {len(data)}")
+            return tuple(d(v, f"{path}[{i}]") for i, (d, v) in enumerate(zip(items, data, strict=True)))
+
+        return decode_fixed
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         hints = typing.get_type_hints(tp)
-        out = dict(data)
+        fields: list[tuple[str, Decoder, str]] = []
         for f in dataclasses.fields(tp):
-            inner, optional = _strip_optional(hints[f.name])
-            if f.name in out:
-                out[f.name] = _fill_none(inner, out[f.name])
-            elif optional:
-                out[f.name] = None
-        return out
-    return data
+            no_default = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            optional = _strip_optional(hints[f.name])[1]
+            # when absent: "missing" is an error, "none" reads as None, "default" takes the default
+            absent = ("none" if optional else "missing") if no_default else "default"
+            fields.append((f.name, _decoder(hints[f.name]), absent))
+        names = {name for name, _, _ in fields}
+        cls = tp
+
+        def decode_dataclass(data: Any, path: str) -> Any:
+            if not isinstance(data, Mapping):
+                raise ValueError(f"{path}: expected an object, got {type(data).__name__}")
+            unknown = set(data) - names
+            if unknown:
+                raise ValueError(f"{path}: unknown field(s) {', '.join(sorted(map(str, unknown)))}")
+            kwargs = {}
+            for name, decode, absent in fields:
+                if name in data:
+                    kwargs[name] = decode(data[name], f"{path}.{name}")
+                elif absent == "none":
+                    kwargs[name] = None
+                elif absent == "missing":
+                    raise ValueError(f"{path}.{name}: missing")
+            return cls(**kwargs)
+
+        return decode_dataclass
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        enum_type = tp
+
+        def decode_enum(data: Any, path: str) -> Any:
+            try:
+                return enum_type(data)
+            except ValueError:
+                valid = ", ".join(str(m.value) for m in enum_type)
+                raise ValueError(f"{path}: {data!r} is not one of {valid}") from None
+
+        return decode_enum
+    if tp is float:
+
+        def decode_float(data: Any, path: str) -> Any:
+            if isinstance(data, int | float) and not isinstance(data, bool):
+                return float(data)
+            raise ValueError(f"{path}: expected a number, got {type(data).__name__}")
+
+        return decode_float
+    if tp in (int, str, bool):
+        scalar = tp
+
+        def decode_scalar(data: Any, path: str) -> Any:
+            if isinstance(data, scalar) and not (scalar is int and isinstance(data, bool)):
+                return data
+            raise ValueError(f"{path}: expected {scalar.__name__}, got {type(data).__name__}")
+
+        return decode_scalar
+    raise TypeError(f"no decoder for {tp!r}")
 
 
 def _strip_optional(tp: Any) -> tuple[Any, bool]:

@@ -1,0 +1,123 @@
+"""``discover --output gpunode`` and ``controller --once --from DIR`` on simulated nodes, end to end."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+import yaml
+
+from agent.commands import discover
+from agent.nvml.sim_sysfs import ibnetdiscover_sample
+from agent.nvml.simulate import parse_spec
+from topology import controller_command
+
+SPECS = {
+    **{f"rack{r}-tray{t}": f"gb200-nvl72:rack={r},tray={t}" for r in range(2) for t in range(3)},
+    "h100-0": "dgx-h100",
+}
+
+
+@pytest.fixture(scope="module")
+def cluster_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    d = tmp_path_factory.mktemp("cluster")
+    for name, spec in SPECS.items():
+        opts = discover.parse_options(["--simulate", spec, "--node-name", name, "--output", "gpunode"])
+        (d / f"{name}.yaml").write_text(discover.render_gpunode(discover.run(opts), opts), encoding="utf-8")
+    racks = [parse_spec(s) for s in SPECS.values() if s.startswith("gb200")]
+    (d / "fabric.ibnetdiscover").write_text(ibnetdiscover_sample(racks), encoding="utf-8")
+    return d
+
+
+def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = controller_command.main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_discover_prints_the_gpunode(cluster_dir: pathlib.Path) -> None:
+    obj = yaml.safe_load((cluster_dir / "rack1-tray2.yaml").read_text(encoding="utf-8"))
+    assert obj["kind"] == "GPUNode"
+    assert obj["metadata"]["name"] == "rack1-tray2"
+    assert obj["status"]["summary"]["gpus"] == 4
+    assert obj["status"]["summary"]["fabric"] == "ok"
+
+
+def test_once_from_dir_prints_the_hypernodes(
+    cluster_dir: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(["--once", "--from", str(cluster_dir)], capsys)
+    assert code == 0
+    objs = list(yaml.safe_load_all(out))
+    by_tier: dict[str, list[dict[str, object]]] = {}
+    for o in objs:
+        by_tier.setdefault(o["spec"]["tierName"], []).append(o)
+    assert len(by_tier["nvlink"]) == 3  # two racks and the DGX H100 on its own
+    rack_domains = [o for o in by_tier["nvlink"] if len(o["spec"]["members"]) == 3]
+    assert len(rack_domains) == 2
+    assert by_tier["leaf"]  # from the simulated fabric
+    code, out_json, _ = run(["--once", "--from", str(cluster_dir), "--output", "json"], capsys)
+    assert code == 0
+    assert json.loads(out_json)["items"] == objs
+
+
+def test_exports(
+    cluster_dir: pathlib.Path, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "topology.conf"
+    code, _, _ = run(
+        ["--once", "--from", str(cluster_dir), "--export", "slurm", "--output", str(target)], capsys
+    )
+    assert code == 0
+    text = target.read_text(encoding="utf-8")
+    assert "Nodes=rack0-tray[0-2]" in text
+    assert "BlockSizes=" in text
+    code, out, _ = run(
+        ["--once", "--from", str(cluster_dir), "--export", "slurm", "--slurm-form", "tree", "--output", "-"],
+        capsys,
+    )
+    assert "SwitchName=leaf-" in out
+    code, out, _ = run(["--once", "--from", str(cluster_dir), "--export", "kueue", "--output", "-"], capsys)
+    docs = list(yaml.safe_load_all(out))
+    assert docs[0]["kind"] == "Topology"
+    assert {d["metadata"]["name"] for d in docs[1:]} == set(SPECS)
+    code, out, _ = run(["--once", "--from", str(cluster_dir), "--export", "labels", "--output", "-"], capsys)
+    labels = {d["metadata"]["name"]: d["metadata"]["labels"] for d in yaml.safe_load_all(out)}
+    assert labels["rack0-tray0"]["accelerator.topograph.run/domain"].endswith(".32766")
+
+
+def test_bad_gpunode_is_skipped_with_one_line(
+    cluster_dir: pathlib.Path, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = tmp_path / "c"
+    d.mkdir()
+    for f in cluster_dir.iterdir():
+        (d / f.name).write_text(f.read_text(encoding="utf-8"), encoding="utf-8")
+    broken = yaml.safe_load((d / "rack0-tray0.yaml").read_text(encoding="utf-8"))
+    broken["status"]["inventory"]["gpus"][0]["index"] = "zero"
+    (d / "rack0-tray0.yaml").write_text(yaml.safe_dump(broken), encoding="utf-8")
+    code, out, err = run(["--once", "--from", str(d)], capsys)
+    assert code == 0
+    assert (
+        "skipped: GPUNode 'rack0-tray0': status.inventory: NodeInventory.gpus[0].index: expected int" in err
+    )
+    assert "rack0-tray1" in out
+    assert "rack0-tray0" not in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--from", "x"], "--from DIR works with --once"),
+        (["--once", "--from", "/nonexistent-dir"], "not a directory"),
+        (["--once", "--from", ".", "--export", "slurm"], "--export needs --output"),
+        (["--once", "--from", ".", "--output", "xml"], "yaml or json"),
+    ],
+    ids=["from-without-once", "missing-dir", "export-without-output", "bad-format"],
+)
+def test_usage_errors(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(args, capsys)
+    assert code == 2
+    assert message in err
+    assert err.count("\n") == 1
