@@ -15,6 +15,7 @@ This module imports no adapter (no gRPC, no HTTP, no Kubernetes).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from typing import Protocol, runtime_checkable
 from agent import logs
 from agent.healthbook import HEALTHY, DeviceHealth
 from agent.nvml.protocol import EventKind, NvmlEvent
-from topology.model import NodeInventory
+from topology.model import Gpu, NodeInventory
 
 
 @runtime_checkable
@@ -237,7 +238,26 @@ class Rediscovery:
                 )
             return
         self.runs += 1
-        self._store.set_inventory(inventory)
+        self._store.set_inventory(carry_lost_gpus(self._store.inventory, inventory))
+
+
+def carry_lost_gpus(previous: NodeInventory, current: NodeInventory) -> NodeInventory:
+    """Keep a GPU that was known and is now lost (discovery could not even read its UUID) in the
+    inventory, marked lost, with its MIG devices: it stays advertised, Unhealthy, until it reappears,
+    instead of silently vanishing from kubelet's capacity."""
+    known = {g.index: g for g in previous.gpus if g.uuid}
+    carried: dict[int, Gpu] = {}
+    for gpu in current.gpus:
+        before = known.get(gpu.index)
+        if gpu.lost and not gpu.uuid and before is not None:
+            carried[gpu.index] = dataclasses.replace(before, lost=True, error=gpu.error)
+    if not carried:
+        return current
+    gpus = tuple(carried.get(g.index, g) for g in current.gpus)
+    mig = tuple(s for s in current.mig if s.gpu_index not in carried) + tuple(
+        s for s in previous.mig if s.gpu_index in carried
+    )
+    return dataclasses.replace(current, gpus=gpus, mig=tuple(sorted(mig, key=lambda s: s.gpu_index)))
 
 
 async def sleep_until(stop: asyncio.Event, seconds: float) -> bool:

@@ -123,3 +123,21 @@ def test_sleep_until() -> None:
         return first, await sleep_until(stop, 10)
 
     assert asyncio.run(body()) == (False, True)
+
+
+def test_carry_lost_gpus_keeps_identity_and_mig_of_a_lost_gpu() -> None:
+    from agent.runtime import carry_lost_gpus
+
+    before = inventory("dgx-a100-mig")
+    gone = dataclasses.replace(before.gpu(0), uuid="", lost=True, error="GPU_IS_LOST")
+    after = dataclasses.replace(
+        before,
+        gpus=(gone, *before.gpus[1:]),
+        mig=tuple(s for s in before.mig if s.gpu_index != 0),
+    )
+    merged = carry_lost_gpus(before, after)
+    assert merged.gpu(0).uuid == before.gpu(0).uuid
+    assert merged.gpu(0).lost
+    assert merged.gpu(0).error == "GPU_IS_LOST"
+    assert [s.gpu_index for s in merged.mig] == [s.gpu_index for s in before.mig]
+    assert carry_lost_gpus(before, before) is before

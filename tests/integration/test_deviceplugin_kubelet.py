@@ -357,3 +357,50 @@ def test_time_sliced_replicas_advertised_and_allocated(short_dir: Path) -> None:
             assert "at most 1" in (err.value.details() or "")
 
     run(body())
+
+
+def test_hotplug_removal_keeps_the_lost_gpu_advertised_unhealthy(short_dir: Path) -> None:
+    from agent.commands.run import HotplugTrigger
+    from agent.udev import simulated_source
+
+    async def body() -> None:
+        async with running_kubelet(short_dir) as kubelet, agent(short_dir) as a:
+            await kubelet.wait_for(all_healthy(kubelet, "nvidia.com/gpu", 8))
+            trigger = HotplugTrigger(source=simulated_source(a.node.sim), rediscovery=a.rediscovery)
+            stop = asyncio.Event()
+            task = asyncio.create_task(trigger.run(stop))
+            try:
+                await asyncio.sleep(0)
+                lost = a.store.inventory.gpu(5).uuid
+                runs = a.rediscovery.runs
+                a.node.sim.lose_gpu(5)
+                await wait_until(lambda: a.rediscovery.runs > runs)
+                assert a.store.inventory.gpu(5).lost
+                assert a.store.inventory.gpu(5).uuid == lost
+                await kubelet.wait_for(lambda: kubelet.devices["nvidia.com/gpu"].get(lost) == "Unhealthy")
+                assert len(kubelet.devices["nvidia.com/gpu"]) == 8  # still counted in capacity
+                a.node.sim.recover_gpu(5)
+                await kubelet.wait_for(all_healthy(kubelet, "nvidia.com/gpu", 8))
+            finally:
+                stop.set()
+                await task
+
+    run(body())
+
+
+def test_fabric_unhealthy_marks_the_gpu_when_configured(short_dir: Path) -> None:
+    data = {
+        "health": {"fabricUnhealthyMarksGpu": True, "recoveryQuietSeconds": 0.2, "probeIntervalSeconds": 0.05}
+    }
+
+    async def body() -> None:
+        async with running_kubelet(short_dir) as kubelet, agent(short_dir, "gb200-nvl72", data) as a:
+            await kubelet.wait_for(all_healthy(kubelet, "nvidia.com/gpu", 4))
+            gpu = a.store.inventory.gpu(1).uuid
+            a.node.sim.set_fabric_health(1, "UNHEALTHY")
+            await kubelet.wait_for(lambda: kubelet.devices["nvidia.com/gpu"][gpu] == "Unhealthy")
+            assert a.store.health_of(gpu).reason == "fabric health UNHEALTHY"
+            a.node.sim.set_fabric_health(1, "HEALTHY")
+            await kubelet.wait_for(all_healthy(kubelet, "nvidia.com/gpu", 4))
+
+    run(body())
