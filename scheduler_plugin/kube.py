@@ -40,6 +40,7 @@ def api_client_from(kubeconfig: str | None) -> Any:
 class Listing:
     items: list[dict[str, Any]]
     resource_version: str
+    missing: bool = False  # the kind's CRD is not installed
 
 
 class KubeApi:
@@ -69,7 +70,7 @@ class KubeApi:
             resp = fn(*args, _preload_content=False)
         except ApiException as exc:
             if exc.status == 404 and kind in ("hypernodes", "podgroups"):
-                return Listing([], "")
+                return Listing([], "", missing=True)
             raise
         try:
             body = json.loads(resp.data)
@@ -130,7 +131,8 @@ class Informer:
     """List then watch one kind in a thread, handing every change to ``on_event(kind, type, obj)``.
 
     ``on_list(kind, items)`` replaces the kind wholesale after each (re)list; a watch that expires
-    (410 Gone) or fails relists after ``retry_s``. ``stop()`` ends the thread within ``watch_timeout_s``.
+    (410 Gone) or fails relists after ``retry_s``; a kind whose CRD is not installed is listed again
+    every ``missing_retry_s``. ``stop()`` ends the thread within ``watch_timeout_s``.
     """
 
     def __init__(
@@ -143,8 +145,10 @@ class Informer:
         on_error: Callable[[str, BaseException], None] = lambda kind, exc: None,
         watch_timeout_s: int = 30,
         retry_s: float = 1.0,
+        missing_retry_s: float = 30.0,
     ) -> None:
         self.api, self.kind = api, kind
+        self.missing_retry_s = missing_retry_s
         self.on_list, self.on_event, self.on_error = on_list, on_event, on_error
         self.watch_timeout_s, self.retry_s = watch_timeout_s, retry_s
         self.synced = threading.Event()
@@ -172,6 +176,9 @@ class Informer:
                 listing = self.api.list_objects(self.kind)
                 self.on_list(self.kind, listing.items)
                 self.synced.set()
+                if listing.missing:  # no CRD: nothing to watch; look again now and then
+                    self._stop.wait(self.missing_retry_s)
+                    continue
                 rv = listing.resource_version
                 while not self._stop.is_set():
                     self._watches.clear()
