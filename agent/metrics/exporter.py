@@ -19,11 +19,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 
-from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from agent.metrics.cache import MetricsCache, XidSource
 from agent.metrics.dcgm import render_dcgm
+from agent.metrics.exposition import render_text
 from agent.metrics.native import SnapshotCollector, render_native
 from agent.metrics.procmap import ProcessPodMapper
 from agent.metrics.server import MetricsServer, ReadinessCheck
@@ -123,7 +123,7 @@ class MetricsExporter:
         self.server = MetricsServer(
             host=settings.host,
             port=settings.port,
-            render=lambda: generate_latest(self.registry),
+            render=lambda: render_text(self.registry.collect()),
             readiness=(("nvml", self.cache.nvml_problem), *readiness),
         )
         self.registry.register(

@@ -2,12 +2,13 @@
 
 Both renderings go through it: families are created on first use, in a stable order, and every label
 value is a string. Counters are named without ``_total`` here and get it on their samples, as the text
-format wants.
+format wants. Label dicts are stored as given (callers share one dict between samples and never
+mutate it afterwards).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.samples import Sample
@@ -26,28 +27,28 @@ class Families:
             self._sample_names[name] = name + "_total" if typ == "counter" else name
         return family
 
-    def gauge(self, name: str, help_: str, labels: Mapping[str, str], value: float | None) -> None:
+    def gauge(self, name: str, help_: str, labels: dict[str, str], value: float | None) -> None:
         """Adds one sample; ``None`` (not supported) adds nothing but still declares the family."""
         family = self._family(name, help_, "gauge")
         if value is not None:
-            family.samples.append(Sample(name, dict(labels), float(value), None, None, None))
+            family.samples.append(Sample(name, labels, float(value), None, None, None))
 
-    def counter(self, name: str, help_: str, labels: Mapping[str, str], value: float | None) -> None:
+    def counter(self, name: str, help_: str, labels: dict[str, str], value: float | None) -> None:
         if name.endswith("_total"):
             raise ValueError(f"counter family {name!r}: give the name without _total")
         family = self._family(name, help_, "counter")
         if value is not None:
-            family.samples.append(Sample(name + "_total", dict(labels), float(value), None, None, None))
+            family.samples.append(Sample(name + "_total", labels, float(value), None, None, None))
 
-    def untyped(self, name: str, help_: str, labels: Mapping[str, str], value: float | None) -> None:
+    def untyped(self, name: str, help_: str, labels: dict[str, str], value: float | None) -> None:
         family = self._family(name, help_, "unknown")
         if value is not None:
-            family.samples.append(Sample(name, dict(labels), float(value), None, None, None))
+            family.samples.append(Sample(name, labels, float(value), None, None, None))
 
-    def summary(self, name: str, help_: str, labels: Mapping[str, str], count: int, total: float) -> None:
+    def summary(self, name: str, help_: str, labels: dict[str, str], count: int, total: float) -> None:
         family = self._family(name, help_, "summary")
-        family.samples.append(Sample(name + "_count", dict(labels), float(count), None, None, None))
-        family.samples.append(Sample(name + "_sum", dict(labels), float(total), None, None, None))
+        family.samples.append(Sample(name + "_count", labels, float(count), None, None, None))
+        family.samples.append(Sample(name + "_sum", labels, float(total), None, None, None))
 
     def __iter__(self) -> Iterator[Metric]:
         """Families that have at least one sample (an empty family says nothing to Prometheus)."""

@@ -11,6 +11,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from agent.metrics.exposition import render_text
+
 
 class _Fixed(Collector):
     def __init__(self, families: Iterable[Metric]) -> None:
@@ -21,6 +23,12 @@ class _Fixed(Collector):
 
 
 def to_text(families: Iterable[Metric]) -> str:
+    """The text the exporter serves (``agent.metrics.exposition``)."""
+    return render_text(families).decode()
+
+
+def to_text_reference(families: Iterable[Metric]) -> str:
+    """The same families through prometheus_client's own writer."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Fixed(families))
     return generate_latest(registry).decode()
