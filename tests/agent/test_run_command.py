@@ -113,3 +113,25 @@ def test_sigterm_stops_the_process_and_removes_sockets(short_dir: Path) -> None:
 
     assert asyncio.run(body()) == 0
     assert list(short_dir.glob("nvidia-*.sock")) == []
+
+
+def test_allocatable_check_reads_pod_resources(short_dir: Path) -> None:
+    from agent.commands.run import _allocatable_check
+    from agent.podresources.fake import FakePodResourcesServer
+
+    socket = short_dir / "pr.sock"
+    check = _allocatable_check(socket)
+    assert check is not None
+
+    async def body() -> tuple[object, object, object]:
+        missing = await check()  # no socket yet: unknown, not "nothing listed"
+        async with FakePodResourcesServer(str(socket), allocatable={"nvidia.com/gpu": ["GPU-a", "GPU-b"]}):
+            listed = await check()
+        async with FakePodResourcesServer(str(socket), allocatable=None):
+            unimplemented = await check()
+        return missing, listed, unimplemented
+
+    missing, listed, unimplemented = asyncio.run(body())
+    assert missing is None
+    assert listed == {"nvidia.com/gpu": frozenset({"GPU-a", "GPU-b"})}
+    assert unimplemented is None
