@@ -1,0 +1,735 @@
+"""Start and stop the real counterparts on loopback: etcd, kube-apiserver, kube-scheduler, Volcano's
+scheduler and the kubelet device-manager harness (``counterparts/dmharness``).
+
+The binaries come from ``counterparts/build.sh`` (see the README); :func:`locate_counterparts` finds
+them. Every component runs as its own process group with its log in the run folder, listens on a free
+127.0.0.1 port, keeps its data in that folder, and is stopped (group killed) by its ``stop()``.
+Nothing here depends on pytest, so the ``demo`` command can reuse it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+COUNTERPARTS_SRC = Path(__file__).resolve().parent / "counterparts"
+VERSIONS_FILE = COUNTERPARTS_SRC / "versions.env"
+BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "vc-scheduler", "dmharness")
+DIR_ENV = "GPU_NODE_AGENT_COUNTERPARTS_DIR"
+FIELD_MANAGER = "gpu-node-agent"
+START_TIMEOUT_S = 180.0
+
+
+class MissingCounterpartError(RuntimeError):
+    """A binary or file that build.sh should have produced is not there."""
+
+
+class StartupError(RuntimeError):
+    """A component exited or did not become ready in time; the message carries its log tail."""
+
+
+# -------------------------------------------------------------------------------------------- binaries
+
+
+def versions() -> dict[str, str]:
+    """The pinned versions from counterparts/versions.env (KEY=VALUE lines)."""
+    out: dict[str, str] = {}
+    for raw in VERSIONS_FILE.read_text().splitlines():
+        line = raw.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            out[key.strip()] = value.strip()
+    return out
+
+
+def default_counterparts_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """Where build.sh puts its output: <cache>/gpu-node-agent/<first 16 hex of sha256(versions.env)>."""
+    if environ.get(DIR_ENV):
+        return Path(environ[DIR_ENV])
+    cache = Path(environ.get("XDG_CACHE_HOME") or Path(environ.get("HOME", "~")).expanduser() / ".cache")
+    digest = hashlib.sha256(VERSIONS_FILE.read_bytes()).hexdigest()[:16]
+    return cache / "gpu-node-agent" / digest
+
+
+@dataclass(frozen=True)
+class Counterparts:
+    """The built binaries and Volcano's CRD files."""
+
+    root: Path
+
+    def binary(self, name: str) -> Path:
+        path = self.root / "bin" / name
+        if not os.access(path, os.X_OK):
+            raise MissingCounterpartError(
+                f"{name}: no executable at {path}; build it with tests/e2e/counterparts/build.sh"
+            )
+        return path
+
+    def volcano_crds(self) -> list[Path]:
+        files = sorted((self.root / "crd" / "volcano").glob("*.yaml"))
+        if not files:
+            raise MissingCounterpartError(
+                f"Volcano CRDs: none in {self.root / 'crd' / 'volcano'}; run tests/e2e/counterparts/build.sh"
+            )
+        return files
+
+    def check(self, names: Iterable[str] = BINARIES) -> None:
+        for name in names:
+            self.binary(name)
+
+
+def locate_counterparts(environ: Mapping[str, str] = os.environ) -> Counterparts:
+    return Counterparts(default_counterparts_dir(environ))
+
+
+# ------------------------------------------------------------------------------------------- processes
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ManagedProcess:
+    """One counterpart process in its own process group, logging to a file."""
+
+    name: str
+    argv: Sequence[str]
+    log_path: Path
+    env: Mapping[str, str] | None = None
+    _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+
+    def start(self) -> ManagedProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            log.write(("$ " + " ".join(self.argv) + "\n").encode())
+            log.flush()
+            self._proc = subprocess.Popen(
+                list(self.argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=dict(self.env) if self.env is not None else None,
+            )
+        return self
+
+    @property
+    def pid(self) -> int:
+        if self._proc is None:
+            raise RuntimeError(f"{self.name} was not started")
+        return self._proc.pid
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM the whole process group, then SIGKILL what is left after the grace period."""
+        proc = self._proc
+        if proc is None:
+            return
+        try:
+            pgid = os.getpgid(proc.pid)
+        except ProcessLookupError:
+            pgid = proc.pid
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace_s)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace_s)
+        self._proc = None
+
+
+def wait_until(
+    ready: Callable[[], bool],
+    *,
+    what: str,
+    process: ManagedProcess | None = None,
+    timeout_s: float = START_TIMEOUT_S,
+    interval_s: float = 0.2,
+) -> None:
+    """Poll ``ready`` until true; fail early with the log tail when ``process`` exits."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if process is not None and not process.alive():
+            raise StartupError(
+                f"{what}: {process.name} exited; log {process.log_path}:\n{process.log_tail()}"
+            )
+        with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
+            if ready():
+                return
+        if time.monotonic() > deadline:
+            tail = f"; log {process.log_path}:\n{process.log_tail()}" if process is not None else ""
+            raise StartupError(f"{what}: not ready after {timeout_s:.0f}s{tail}")
+        time.sleep(interval_s)
+
+
+# ---------------------------------------------------------------------------------------- certificates
+
+
+@dataclass(frozen=True)
+class Pki:
+    """A throw-away CA, the API server's serving cert, an admin client cert and the SA signing key."""
+
+    ca_cert: Path
+    ca_key: Path
+    server_cert: Path
+    server_key: Path
+    admin_cert: Path
+    admin_key: Path
+    sa_key: Path
+    sa_pub: Path
+
+
+def _openssl(*args: str) -> None:
+    try:
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+    except FileNotFoundError as e:
+        raise MissingCounterpartError("openssl: not on PATH (Debian package 'openssl')") from e
+    except subprocess.CalledProcessError as e:
+        raise StartupError(
+            f"openssl {' '.join(args[:2])}: {e.stderr.decode(errors='replace').strip()}"
+        ) from e
+
+
+def make_pki(directory: Path) -> Pki:
+    """Generate certificates with the openssl CLI (EC P-256, one day)."""
+    d = directory
+    d.mkdir(parents=True, exist_ok=True)
+    pki = Pki(
+        ca_cert=d / "ca.crt",
+        ca_key=d / "ca.key",
+        server_cert=d / "apiserver.crt",
+        server_key=d / "apiserver.key",
+        admin_cert=d / "admin.crt",
+        admin_key=d / "admin.key",
+        sa_key=d / "sa.key",
+        sa_pub=d / "sa.pub",
+    )
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    _openssl("req", "-x509", *ec, "-keyout", str(pki.ca_key), "-out", str(pki.ca_cert), "-days", "1",
+             "-subj", "/CN=gpu-node-agent-e2e-ca")  # fmt: skip
+    ext = d / "apiserver.ext"
+    ext.write_text(
+        "subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
+        "DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth\n"
+    )
+    _issue(pki, pki.server_key, pki.server_cert, "/CN=kube-apiserver", ext)
+    client_ext = d / "client.ext"
+    client_ext.write_text("extendedKeyUsage=clientAuth\n")
+    _issue(pki, pki.admin_key, pki.admin_cert, "/O=system:masters/CN=e2e-admin", client_ext)
+    _openssl(
+        "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-out", str(pki.sa_key)
+    )
+    _openssl("pkey", "-in", str(pki.sa_key), "-pubout", "-out", str(pki.sa_pub))
+    return pki
+
+
+def _issue(pki: Pki, key: Path, cert: Path, subject: str, ext: Path) -> None:
+    csr = cert.with_suffix(".csr")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    _openssl("req", "-new", *ec, "-keyout", str(key), "-out", str(csr), "-subj", subject)
+    _openssl("x509", "-req", "-in", str(csr), "-CA", str(pki.ca_cert), "-CAkey", str(pki.ca_key),
+             "-CAcreateserial", "-out", str(cert), "-days", "1", "-extfile", str(ext))  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------- etcd + API server
+
+
+@dataclass
+class Etcd:
+    process: ManagedProcess
+    client_url: str
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+def start_etcd(counterparts: Counterparts, workdir: Path) -> Etcd:
+    client_port, peer_port = free_port(), free_port()
+    client_url = f"http://127.0.0.1:{client_port}"
+    peer_url = f"http://127.0.0.1:{peer_port}"
+    argv = [
+        str(counterparts.binary("etcd")),
+        "--name=e2e",
+        f"--data-dir={workdir / 'etcd-data'}",
+        f"--listen-client-urls={client_url}",
+        f"--advertise-client-urls={client_url}",
+        f"--listen-peer-urls={peer_url}",
+        f"--initial-advertise-peer-urls={peer_url}",
+        f"--initial-cluster=e2e={peer_url}",
+        "--unsafe-no-fsync",  # throw-away data; fsync makes a loaded test machine crawl
+        "--log-level=warn",
+    ]
+    proc = ManagedProcess("etcd", argv, workdir / "logs" / "etcd.log").start()
+    etcd = Etcd(proc, client_url)
+    try:
+        wait_until(lambda: _http_ok(f"{client_url}/health"), what="etcd /health", process=proc)
+    except BaseException:
+        etcd.stop()
+        raise
+    return etcd
+
+
+@dataclass
+class ApiServer:
+    """A running kube-apiserver with an admin kubeconfig (client cert in system:masters)."""
+
+    process: ManagedProcess
+    url: str
+    kubeconfig: Path
+    pki: Pki
+
+    def api_client(self) -> Any:
+        """A fresh ``kubernetes.client.ApiClient`` for the admin user (the caller closes it)."""
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        """GET ``path`` as admin; returns (status, body)."""
+        ctx = ssl.create_default_context(cafile=str(self.pki.ca_cert))
+        ctx.load_cert_chain(str(self.pki.admin_cert), str(self.pki.admin_key))
+        try:
+            with urllib.request.urlopen(f"{self.url}{path}", context=ctx, timeout=5) as resp:
+                return int(resp.status), resp.read()
+        except urllib.error.HTTPError as e:
+            return int(e.code), e.read()
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+def write_kubeconfig(path: Path, *, server: str, pki: Pki) -> Path:
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "e2e", "cluster": {"server": server, "certificate-authority": str(pki.ca_cert)}}
+        ],
+        "users": [
+            {
+                "name": "admin",
+                "user": {"client-certificate": str(pki.admin_cert), "client-key": str(pki.admin_key)},
+            }
+        ],
+        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "admin"}}],
+        "current-context": "e2e",
+    }
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def start_apiserver(counterparts: Counterparts, workdir: Path, *, etcd: Etcd) -> ApiServer:
+    pki = make_pki(workdir / "pki")
+    port = free_port()
+    url = f"https://127.0.0.1:{port}"
+    argv = [
+        str(counterparts.binary("kube-apiserver")),
+        f"--etcd-servers={etcd.client_url}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--tls-cert-file={pki.server_cert}",
+        f"--tls-private-key-file={pki.server_key}",
+        f"--client-ca-file={pki.ca_cert}",
+        "--service-account-issuer=https://kubernetes.default.svc",
+        f"--service-account-key-file={pki.sa_pub}",
+        f"--service-account-signing-key-file={pki.sa_key}",
+        "--service-cluster-ip-range=10.0.0.0/24",
+        "--authorization-mode=Node,RBAC",
+        # No controller manager creates service accounts here, so pods would be rejected for lacking one.
+        "--disable-admission-plugins=ServiceAccount",
+        # 127.0.0.1 is not a valid Endpoints address; nothing reaches the API server through a Service.
+        "--endpoint-reconciler-type=none",
+        f"--cert-dir={workdir / 'apiserver-certs'}",
+        "--profiling=false",
+    ]
+    proc = ManagedProcess("kube-apiserver", argv, workdir / "logs" / "kube-apiserver.log").start()
+    server = ApiServer(proc, url, write_kubeconfig(workdir / "admin.kubeconfig", server=url, pki=pki), pki)
+    try:
+        wait_until(lambda: server.get("/readyz")[0] == 200, what="kube-apiserver /readyz", process=proc)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+@dataclass
+class ControlPlane:
+    """etcd + kube-apiserver, stopped in reverse order."""
+
+    etcd: Etcd
+    apiserver: ApiServer
+    workdir: Path
+
+    def stop(self) -> None:
+        self.apiserver.stop()
+        self.etcd.stop()
+
+
+def start_control_plane(counterparts: Counterparts, workdir: Path) -> ControlPlane:
+    etcd = start_etcd(counterparts, workdir)
+    try:
+        apiserver = start_apiserver(counterparts, workdir, etcd=etcd)
+    except BaseException:
+        etcd.stop()
+        raise
+    return ControlPlane(etcd, apiserver, workdir)
+
+
+def _http_ok(url: str, *, context: ssl.SSLContext | None = None) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=3, context=context) as resp:
+            return int(resp.status) == 200
+    except urllib.error.HTTPError:
+        return False
+
+
+# ------------------------------------------------------------------------------------------ schedulers
+
+
+@dataclass
+class Scheduler:
+    process: ManagedProcess
+    name: str
+    config_path: Path
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+def kube_scheduler_config(
+    *, kubeconfig: Path, scheduler_name: str, extenders: Sequence[Mapping[str, Any]] = ()
+) -> dict[str, Any]:
+    """A KubeSchedulerConfiguration: one profile, every node scored, the given extenders (top level)."""
+    cfg: dict[str, Any] = {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": str(kubeconfig)},
+        "leaderElection": {"leaderElect": False},
+        "percentageOfNodesToScore": 100,
+        "profiles": [{"schedulerName": scheduler_name}],
+    }
+    if extenders:
+        cfg["extenders"] = [dict(e) for e in extenders]
+    return cfg
+
+
+def start_kube_scheduler(
+    counterparts: Counterparts,
+    workdir: Path,
+    *,
+    apiserver: ApiServer,
+    scheduler_name: str = "default-scheduler",
+    extenders: Sequence[Mapping[str, Any]] = (),
+) -> Scheduler:
+    """kube-scheduler with ``extenders`` (KubeSchedulerConfiguration ``extenders`` entries)."""
+    d = workdir / f"kube-scheduler-{scheduler_name}"
+    d.mkdir(parents=True, exist_ok=True)
+    cfg_path = d / "config.yaml"
+    cfg = kube_scheduler_config(
+        kubeconfig=apiserver.kubeconfig, scheduler_name=scheduler_name, extenders=extenders
+    )
+    cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    port = free_port()
+    argv = [
+        str(counterparts.binary("kube-scheduler")),
+        f"--config={cfg_path}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--cert-dir={d / 'certs'}",
+        f"--authentication-kubeconfig={apiserver.kubeconfig}",
+        f"--authorization-kubeconfig={apiserver.kubeconfig}",
+    ]
+    proc = ManagedProcess(
+        f"kube-scheduler[{scheduler_name}]", argv, workdir / "logs" / f"{d.name}.log"
+    ).start()
+    insecure = ssl.create_default_context()
+    insecure.check_hostname = False
+    insecure.verify_mode = ssl.CERT_NONE  # its own self-signed serving cert; loopback only
+    sched = Scheduler(proc, scheduler_name, cfg_path)
+    try:
+        wait_until(
+            lambda: _http_ok(f"https://127.0.0.1:{port}/healthz", context=insecure),
+            what="kube-scheduler /healthz",
+            process=proc,
+        )
+    except BaseException:
+        sched.stop()
+        raise
+    return sched
+
+
+VOLCANO_SCHEDULER_CONF: dict[str, Any] = {
+    # deployment.md §7.3: gang in tier 1, network-topology-aware binpacking GPUs in tier 2.
+    "actions": "enqueue, allocate, backfill",
+    "tiers": [
+        {"plugins": [{"name": "priority"}, {"name": "gang"}, {"name": "conformance"}]},
+        {
+            "plugins": [
+                {"name": "drf"},
+                {"name": "predicates"},
+                {"name": "proportion"},
+                {"name": "nodeorder"},
+                {"name": "binpack"},
+                {
+                    "name": "network-topology-aware",
+                    "arguments": {
+                        "weight": 10,
+                        "hypernode.binpack.resources": "nvidia.com/gpu",
+                        "hypernode.binpack.resources.nvidia.com/gpu": 2,
+                    },
+                },
+            ]
+        },
+    ],
+}
+
+
+def start_volcano_scheduler(
+    counterparts: Counterparts,
+    workdir: Path,
+    *,
+    apiserver: ApiServer,
+    scheduler_name: str = "volcano",
+    conf: Mapping[str, Any] = VOLCANO_SCHEDULER_CONF,
+) -> Scheduler:
+    """vc-scheduler; Volcano's CRDs must be installed first. Ready once it has created its default queue."""
+    d = workdir / "vc-scheduler"
+    d.mkdir(parents=True, exist_ok=True)
+    conf_path = d / "volcano-scheduler.conf"
+    conf_path.write_text(yaml.safe_dump(dict(conf), sort_keys=False))
+    argv = [
+        str(counterparts.binary("vc-scheduler")),
+        f"--kubeconfig={apiserver.kubeconfig}",
+        f"--scheduler-conf={conf_path}",
+        f"--scheduler-name={scheduler_name}",
+        "--leader-elect=false",
+        "--schedule-period=200ms",
+        f"--listen-address=127.0.0.1:{free_port()}",
+        f"--healthz-address=127.0.0.1:{free_port()}",
+        f"--cache-dump-dir={d}",
+        f"--plugins-dir={d / 'plugins'}",
+        "--logtostderr",
+        "-v=3",
+    ]
+    proc = ManagedProcess("vc-scheduler", argv, workdir / "logs" / "vc-scheduler.log").start()
+    sched = Scheduler(proc, scheduler_name, conf_path)
+    try:
+        wait_until(
+            lambda: apiserver.get("/apis/scheduling.volcano.sh/v1beta1/queues/default")[0] == 200,
+            what="vc-scheduler default queue",
+            process=proc,
+        )
+    except BaseException:
+        sched.stop()
+        raise
+    return sched
+
+
+# -------------------------------------------------------------------------------------- device manager
+
+
+@dataclass
+class DeviceManagerHarness:
+    """dmharness: the kubelet's device manager on ``socket_dir``, driven over HTTP on loopback."""
+
+    process: ManagedProcess
+    base_url: str
+    socket_dir: Path
+
+    @property
+    def kubelet_socket(self) -> Path:
+        return self.socket_dir / "kubelet.sock"
+
+    def _call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> tuple[int, Any]:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(
+            f"{self.base_url}{path}", data=data, method=method, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                return int(resp.status), json.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            return int(e.code), json.loads(e.read() or b"null")
+
+    def healthz(self) -> dict[str, Any]:
+        return dict(self._checked("GET", "/healthz"))
+
+    def resources(self) -> dict[str, Any]:
+        """``{"resources": {name: {capacity, allocatable, healthy_devices}}, "deleted": [...]}``."""
+        return dict(self._checked("GET", "/resources"))
+
+    def allocate(self, resource: str, count: int, *, pod: str = "", container: str = "") -> tuple[int, Any]:
+        """Allocate like a kubelet admitting a pod; (status, body) so tests can assert refusals."""
+        return self._call(
+            "POST", "/allocate", {"resource": resource, "count": count, "pod": pod, "container": container}
+        )
+
+    def delete_pod(self, pod_uid: str) -> tuple[int, Any]:
+        return self._call("DELETE", f"/pods/{pod_uid}")
+
+    def restart(self) -> dict[str, Any]:
+        """Stop the manager, remove kubelet.sock, start a new one (what a kubelet restart does)."""
+        return dict(self._checked("POST", "/restart"))
+
+    def _checked(self, method: str, path: str) -> Any:
+        status, body = self._call(method, path)
+        if status != 200:
+            raise RuntimeError(f"dmharness {method} {path}: HTTP {status}: {body}")
+        return body
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+def start_device_manager_harness(
+    counterparts: Counterparts, workdir: Path, *, socket_dir: Path
+) -> DeviceManagerHarness:
+    socket_dir.mkdir(parents=True, exist_ok=True)
+    ready = workdir / "dmharness.addr"
+    ready.unlink(missing_ok=True)
+    argv = [
+        str(counterparts.binary("dmharness")),
+        f"--socket-dir={socket_dir}",
+        "--listen=127.0.0.1:0",
+        f"--ready-file={ready}",
+        "-v=4",
+    ]
+    proc = ManagedProcess("dmharness", argv, workdir / "logs" / "dmharness.log").start()
+    try:
+        wait_until(ready.exists, what="dmharness ready file", process=proc, timeout_s=60)
+        harness = DeviceManagerHarness(proc, f"http://{ready.read_text().strip()}", socket_dir)
+        wait_until(harness.kubelet_socket.exists, what="dmharness kubelet.sock", process=proc, timeout_s=30)
+    except BaseException:
+        proc.stop()
+        raise
+    return harness
+
+
+# ------------------------------------------------------------------------------------- cluster objects
+
+
+def load_yaml_documents(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    for path in paths:
+        docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+    return docs
+
+
+def apply_crds(api_client: Any, crds: Iterable[Mapping[str, Any]], *, timeout_s: float = 60.0) -> list[str]:
+    """Server-side apply each CRD (field manager ``gpu-node-agent``) and wait until all are Established."""
+    from kubernetes import client
+
+    ext = client.ApiextensionsV1Api(api_client)
+    names = []
+    for crd in crds:
+        name = crd["metadata"]["name"]
+        ext.patch_custom_resource_definition(
+            name,
+            dict(crd),
+            field_manager=FIELD_MANAGER,
+            force=True,
+            _content_type="application/apply-patch+yaml",
+        )
+        names.append(name)
+
+    def established() -> bool:
+        for name in names:
+            conds = ext.read_custom_resource_definition(name).status.conditions or []
+            if not any(c.type == "Established" and c.status == "True" for c in conds):
+                return False
+        return True
+
+    wait_until(established, what=f"CRDs established ({', '.join(names)})", timeout_s=timeout_s)
+    return names
+
+
+def fake_gpu_node(
+    name: str,
+    *,
+    gpus: int = 4,
+    labels: Mapping[str, str] | None = None,
+    cpu: str = "64",
+    memory: str = "512Gi",
+    pods: int = 110,
+) -> dict[str, Any]:
+    """A simulated GPU Node: its metadata/spec; :func:`register_nodes` adds the Ready status."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", **dict(labels or {})},
+        },
+        "spec": {},
+        "status": {
+            "capacity": {"cpu": cpu, "memory": memory, "pods": str(pods), "nvidia.com/gpu": str(gpus)},
+            "allocatable": {"cpu": cpu, "memory": memory, "pods": str(pods), "nvidia.com/gpu": str(gpus)},
+        },
+    }
+
+
+def register_nodes(api_client: Any, nodes: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Create fake Nodes and mark them Ready with the given capacity (no kubelet behind them)."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api_client)
+    names = []
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    for node in nodes:
+        body = {k: v for k, v in node.items() if k != "status"}
+        core.create_node(body)
+        name = node["metadata"]["name"]
+        status = dict(node.get("status", {}))
+        status["conditions"] = [
+            {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "fake node (e2e)",
+             "lastHeartbeatTime": now, "lastTransitionTime": now},
+        ]  # fmt: skip
+        status["addresses"] = [{"type": "Hostname", "address": name}]
+        core.patch_node_status(name, {"status": status})
+        names.append(name)
+    return names
+
+
+def delete_nodes(api_client: Any, names: Iterable[str]) -> None:
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    core = client.CoreV1Api(api_client)
+    for name in names:
+        try:
+            core.delete_node(name)
+        except ApiException as e:
+            if e.status != 404:
+                raise

@@ -1,0 +1,223 @@
+"""Fixtures for end-to-end tests against the real control plane (marker ``e2e``).
+
+What runs: etcd, kube-apiserver and kube-scheduler built from k8s.io/kubernetes, Volcano's scheduler
+(vc-scheduler) and the kubelet's device manager inside ``counterparts/dmharness`` -- all built once per
+machine by ``tests/e2e/counterparts/build.sh`` (versions in ``counterparts/versions.env``), started on
+127.0.0.1 with free ports and per-run temporary folders by ``tests/e2e/cluster.py``. Component logs are
+in ``<pytest tmp>/e2e*/logs/``; a failing start shows the log tail.
+
+If a binary is missing, the tests that need it FAIL, or SKIP with the reason when
+``GPU_NODE_AGENT_E2E_OPTIONAL=1``.
+
+The pattern for a new e2e test (follow it in later features)
+-------------------------------------------------------------
+1. Put it in ``tests/e2e/test_<feature>.py`` with ``pytestmark = pytest.mark.e2e`` at the top.
+2. Ask for the fixtures you need; start nothing yourself that a fixture already starts:
+
+   - ``control_plane`` / ``api_client`` -- one etcd + kube-apiserver for the whole session (admin
+     kubeconfig at ``control_plane.apiserver.kubeconfig``). Shared: create cluster-scoped objects with
+     names unique to your test and delete them (or use the factories below, which clean up).
+   - ``namespace`` -- a fresh namespace; its pods (deleted at once, no kubelet) and the namespace go
+     away at the end.
+   - ``gpu_nodes`` -- ``gpu_nodes(["n1", "n2"], gpus=4, labels={...})`` registers Ready fake Nodes with
+     ``nvidia.com/gpu`` allocatable, and deletes them at the end. Each node carries the label
+     ``gpuagent.dev/e2e-test=<the test's id>`` (``e2e_test_label``): select it in pods so that your pods
+     never land on another test's nodes.
+   - ``volcano_crds`` / ``volcano`` -- Volcano's CRDs installed; vc-scheduler running (scheduler name
+     ``volcano``, gang + network-topology-aware plugins as in deployment.md §7.3).
+   - ``kube_scheduler`` -- a kube-scheduler for this test. Pass extenders and the scheduler name with
+     indirect parametrization:
+     ``@pytest.mark.parametrize("kube_scheduler", [{"scheduler_name": "gpu-topology-scheduler",
+     "extenders": [{"urlPrefix": ..., "filterVerb": "filter", ...}]}], indirect=True)``;
+     ``kube_scheduler_factory(scheduler_name=..., extenders=[...])`` when the extender's URL is known
+     only inside the test.
+   - ``device_manager`` -- the kubelet device manager on a private socket folder
+     (``device_manager.socket_dir``): point a device plugin at it, then read ``resources()``,
+     ``allocate(...)``, ``restart()``.
+3. Wait for outcomes with ``cluster.wait_until(predicate, what=...)`` (it polls and names what it
+   waited for); never assert on elapsed time.
+4. Anything your test starts itself (a helper server, a plugin) is stopped in a ``finally`` or by a
+   fixture finalizer.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e import cluster
+
+OPTIONAL_ENV = "GPU_NODE_AGENT_E2E_OPTIONAL"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _unavailable(reason: str) -> None:
+    """Skip when e2e is declared optional on this machine; otherwise fail (CI must run them)."""
+    if os.environ.get(OPTIONAL_ENV) == "1":
+        pytest.skip(reason)
+    pytest.fail(f"{reason} (set {OPTIONAL_ENV}=1 to skip instead)", pytrace=False)
+
+
+def _require(counterparts: cluster.Counterparts, *names: str) -> None:
+    try:
+        counterparts.check(names)
+    except cluster.MissingCounterpartError as e:
+        _unavailable(str(e))
+
+
+@pytest.fixture(scope="session")
+def counterparts() -> cluster.Counterparts:
+    return cluster.locate_counterparts()
+
+
+@pytest.fixture(scope="session")
+def e2e_workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("e2e")
+
+
+@pytest.fixture(scope="session")
+def control_plane(counterparts: cluster.Counterparts, e2e_workdir: Path) -> Iterator[cluster.ControlPlane]:
+    _require(counterparts, "etcd", "kube-apiserver")
+    plane = cluster.start_control_plane(counterparts, e2e_workdir)
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="session")
+def api_client(control_plane: cluster.ControlPlane) -> Iterator[Any]:
+    client = control_plane.apiserver.api_client()
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def volcano_crds(counterparts: cluster.Counterparts, api_client: Any) -> list[str]:
+    try:
+        files = counterparts.volcano_crds()
+    except cluster.MissingCounterpartError as e:
+        _unavailable(str(e))
+    return cluster.apply_crds(api_client, cluster.load_yaml_documents(files))
+
+
+@pytest.fixture(scope="session")
+def volcano(
+    counterparts: cluster.Counterparts,
+    control_plane: cluster.ControlPlane,
+    volcano_crds: list[str],
+    e2e_workdir: Path,
+) -> Iterator[cluster.Scheduler]:
+    _require(counterparts, "vc-scheduler")
+    sched = cluster.start_volcano_scheduler(counterparts, e2e_workdir, apiserver=control_plane.apiserver)
+    try:
+        yield sched
+    finally:
+        sched.stop()
+
+
+@pytest.fixture
+def kube_scheduler_factory(
+    counterparts: cluster.Counterparts, control_plane: cluster.ControlPlane, tmp_path: Path
+) -> Iterator[Callable[..., cluster.Scheduler]]:
+    """``start(scheduler_name=..., extenders=[...])`` -> a running kube-scheduler, stopped after the test.
+
+    For extenders whose URL is known only inside the test (an in-test server)."""
+    _require(counterparts, "kube-scheduler")
+    started: list[cluster.Scheduler] = []
+
+    def start(
+        *, scheduler_name: str = "default-scheduler", extenders: Sequence[Mapping[str, Any]] = ()
+    ) -> cluster.Scheduler:
+        sched = cluster.start_kube_scheduler(
+            counterparts,
+            tmp_path / f"sched-{len(started)}",
+            apiserver=control_plane.apiserver,
+            scheduler_name=scheduler_name,
+            extenders=extenders,
+        )
+        started.append(sched)
+        return sched
+
+    try:
+        yield start
+    finally:
+        for sched in reversed(started):
+            sched.stop()
+
+
+@pytest.fixture
+def kube_scheduler(
+    request: pytest.FixtureRequest, kube_scheduler_factory: Callable[..., cluster.Scheduler]
+) -> cluster.Scheduler:
+    """A kube-scheduler for one test; indirect param: ``{"scheduler_name": ..., "extenders": [...]}``."""
+    params: Mapping[str, Any] = getattr(request, "param", None) or {}
+    unknown = set(params) - {"scheduler_name", "extenders"}
+    if unknown:
+        raise ValueError(f"kube_scheduler fixture: unknown parameter(s) {sorted(unknown)}")
+    return kube_scheduler_factory(**params)
+
+
+@pytest.fixture
+def device_manager(
+    counterparts: cluster.Counterparts, tmp_path: Path
+) -> Iterator[cluster.DeviceManagerHarness]:
+    _require(counterparts, "dmharness")
+    harness = cluster.start_device_manager_harness(
+        counterparts, tmp_path, socket_dir=tmp_path / "device-plugins"
+    )
+    try:
+        yield harness
+    finally:
+        harness.stop()
+
+
+@pytest.fixture
+def e2e_test_label(request: pytest.FixtureRequest) -> str:
+    """A label value unique to this test (valid as a Kubernetes label value and name part)."""
+    value = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")
+    return value[-55:].strip("-") or "e2e"
+
+
+@pytest.fixture
+def namespace(api_client: Any, e2e_test_label: str) -> Iterator[str]:
+    from kubernetes import client
+
+    core = client.CoreV1Api(api_client)
+    name = f"t-{e2e_test_label}"[:63].rstrip("-")
+    core.create_namespace({"metadata": {"name": name}})
+    try:
+        yield name
+    finally:
+        # No kubelet and no namespace controller: delete pods at once, then ask for the namespace.
+        core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+        core.delete_namespace(name)
+
+
+@pytest.fixture
+def gpu_nodes(api_client: Any, e2e_test_label: str) -> Iterator[Callable[..., list[str]]]:
+    created: list[str] = []
+
+    def register(names: list[str], *, gpus: int = 4, labels: Mapping[str, str] | None = None) -> list[str]:
+        merged = {"gpuagent.dev/e2e-test": e2e_test_label, **dict(labels or {})}
+        nodes = [cluster.fake_gpu_node(n, gpus=gpus, labels=merged) for n in names]
+        done = cluster.register_nodes(api_client, nodes)
+        created.extend(done)
+        return done
+
+    try:
+        yield register
+    finally:
+        cluster.delete_nodes(api_client, created)
+
+
+@pytest.fixture
+def gpunode_crd_path() -> Path:
+    return REPO_ROOT / "daemonset" / "crds" / "gpunode.yaml"
