@@ -280,6 +280,7 @@ class TopologyController:
         self._excluded: dict[str, str] = {}  # node -> reason last reported
         self._reported_problems: set[str] = set()
         self._parsed: ParseCache = {}
+        self._seeded = False
 
     def _changed(self) -> None:
         now = self.monotonic()
@@ -347,7 +348,32 @@ class TopologyController:
             self.stats.failed_writes += failed
             raise KubeError(0, f"{failed} HyperNode write(s) failed; retrying")
 
+    def _seed_exclusions(self) -> None:
+        """What an earlier run already reported (its Events), so a restart does not report it again."""
+        self._seeded = True
+        try:
+            items, _ = self.kube.list(events(self.settings.namespace))
+        except KubeError as exc:
+            log.warning("event_list_failed", extra={"error": str(exc)})
+            return
+        latest: dict[str, tuple[str, str, str]] = {}
+        for e in items:
+            if (
+                e.get("reportingComponent") != COMPONENT
+                and (e.get("source") or {}).get("component") != COMPONENT
+            ):
+                continue
+            node = str((e.get("involvedObject") or {}).get("name", ""))
+            stamp = str(e.get("lastTimestamp") or e.get("eventTime") or "")
+            if node and (node not in latest or stamp >= latest[node][0]):
+                latest[node] = (stamp, str(e.get("reason")), str(e.get("message")))
+        self._excluded = {
+            n: msg for n, (_, reason, msg) in latest.items() if reason == "NvlinkDomainExcluded"
+        }
+
     def _report_exclusions(self, tree: Tree) -> None:
+        if not self._seeded:
+            self._seed_exclusions()
         for node, reason in tree.excluded.items():
             if self._excluded.get(node) != reason:
                 self._event(node, "Warning", "NvlinkDomainExcluded", reason)
@@ -358,11 +384,15 @@ class TopologyController:
 
     def _event(self, node: str, type_: str, reason: str, message: str) -> None:
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        involved: dict[str, Any] = {"apiVersion": "v1", "kind": "Node", "name": node}
+        uid = ((self.nodes.snapshot().get(node) or {}).get("metadata") or {}).get("uid")
+        if uid:
+            involved["uid"] = uid  # kubectl describe node matches events by uid
         body = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"generateName": f"{node}.", "namespace": self.settings.namespace},
-            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node},
+            "involvedObject": involved,
             "type": type_,
             "reason": reason,
             "message": message,

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import pytest
@@ -354,3 +355,42 @@ def test_property_tree_invariants_and_stable_names(
             assert n.name in tree.excluded
         else:
             assert n.name in tree.node_domain
+
+
+# Volcano's HyperNode CRD constraints (scheduling reference §2.1), checked on every object we build
+VOLCANO_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def assert_volcano_valid(obj: dict[str, object]) -> None:
+    spec = obj["spec"]
+    assert isinstance(spec, dict)
+    assert isinstance(spec["tier"], int)
+    assert spec["tier"] >= 0
+    assert len(spec["tierName"]) <= 253
+    assert len(spec["members"]) >= 1
+    for m in spec["members"]:
+        assert m["type"] in ("Node", "HyperNode")
+        # exactly one selector; HyperNode members need exactMatch
+        assert list(m["selector"]) == ["exactMatch"]
+        name = m["selector"]["exactMatch"]["name"]
+        assert 1 <= len(name) <= 253
+        assert VOLCANO_NAME.match(name), name
+    meta = obj["metadata"]
+    assert isinstance(meta, dict)
+    assert VOLCANO_NAME.match(meta["name"])
+    assert len(meta["name"]) <= 63
+
+
+@given(data=fabrics(), policy=st.sampled_from(list(FabricPolicy)))
+def test_property_objects_pass_volcano_schema(data: TopologyInput, policy: FabricPolicy) -> None:
+    for obj in desired_objects(build_tree(data, policy=policy)).values():
+        assert_volcano_valid(obj)
+
+
+def test_long_and_odd_node_names_still_make_valid_names() -> None:
+    # Node names are DNS subdomains up to 253 characters; HyperNode names stay within 63
+    nodes = (NodeFacts("a" * 240 + ".example.com"), NodeFacts("gpu-node.rack-07.dc1"), NodeFacts("a" * 241))
+    tree = build_tree(TopologyInput(nodes))
+    for obj in desired_objects(tree).values():
+        assert_volcano_valid(obj)
+    assert len(set(tree.node_domain.values())) == 3

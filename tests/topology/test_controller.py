@@ -142,11 +142,17 @@ def test_reconciles_tree_then_writes_only_changes(fake: tuple[FakeKube, str]) ->
         changed = {p.rsplit("/", 1)[1] for _, p in f.writes(HYPERNODES)[first_writes:]}
         assert changed == {rack0, node_domain_name("rack0-tray1"), "leaf-2c5eab0300b87b40"}
         event = next(e for e in f.items(events(NS)).values() if e["reason"] == "NvlinkDomainExcluded")
-        assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": "rack0-tray1"}
+        assert event["involvedObject"] == {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "name": "rack0-tray1",
+            "uid": f.get(NODES, "rack0-tray1")["metadata"]["uid"],  # type: ignore[index]
+        }
         assert "UNHEALTHY" in event["message"]
 
-    # a restarted controller finds everything in place and writes nothing
+    # a restarted controller finds everything in place and writes nothing (nor repeats its Events)
     before = len(f.writes(HYPERNODES))
+    events_before = len(f.writes(events(NS)))
     c2 = TopologyController(
         kube=Kube(api_client(url)), settings=settings(leader_elect=True, identity="ctl-b")
     )
@@ -155,6 +161,7 @@ def test_reconciles_tree_then_writes_only_changes(fake: tuple[FakeKube, str]) ->
         assert c2.stats.last_diff is not None
         assert c2.stats.last_diff.writes == 0
     assert len(f.writes(HYPERNODES)) == before
+    assert len(f.writes(events(NS))) == events_before
 
 
 def test_foreign_hypernodes_untouched_stale_ours_deleted(fake: tuple[FakeKube, str]) -> None:
