@@ -372,7 +372,7 @@ def simulate(
             stranded_now = 0
         max_alloc = max(max_alloc, state.total - state.free_total)
         timeline.append((t, state.total - state.free_total, state.free_domains))
-        if progress is not None and (finished % 200 == 0 or not running):
+        if progress is not None:
             progress(finished, len(jobs))
     for live in queue:  # deadlock: give back what partial gangs held
         release(live)

@@ -1,0 +1,143 @@
+"""Rendering of benchmark results: the JSON document, a Markdown table and a PNG comparison plot."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("allocation_ratio", "alloc", "{:.3f}"),
+    ("allocation_ratio_saturated", "alloc@sat", "{:.3f}"),
+    ("wait_mean_s", "wait mean s", "{:,.0f}"),
+    ("wait_p95_s", "wait p95 s", "{:,.0f}"),
+    ("jct_mean_s", "JCT mean s", "{:,.0f}"),
+    ("nvlink_local_ratio", "NVL-local", "{:.3f}"),
+    ("stranded_gpus_mean", "stranded GPUs", "{:.1f}"),
+    ("free_domains_mean", "free NVL domains", "{:.2f}"),
+    ("plan_p50_ms", "plan p50 ms", "{:.2f}"),
+    ("plan_p99_ms", "plan p99 ms", "{:.2f}"),
+    ("partial_gangs", "partial gangs", "{:d}"),
+    ("unstarted_jobs", "never started", "{:d}"),
+)
+_SMALL: tuple[tuple[str, str, str], ...] = (
+    ("small_allocation_ratio", "alloc of free GPUs", "{:.3f}"),
+    ("optimum_ratio_mean", "of optimum (mean)", "{:.3f}"),
+    ("optimum_ratio_min", "of optimum (worst)", "{:.3f}"),
+)
+
+
+def _cell(value: Any, fmt: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if isinstance(value, bool):
+        return str(value)
+    if fmt.endswith("d}") and isinstance(value, float):
+        value = round(value)
+    return fmt.format(value)
+
+
+def markdown(doc: Mapping[str, Any]) -> str:
+    policies: Mapping[str, Mapping[str, Any]] = doc["policies"]
+    lines = [
+        f"### Placement: workload `{doc['workload']}` on `{doc['cluster']['shape']}` "
+        f"({doc['cluster']['gpus']:,} GPUs, {doc['cluster']['nodes']:,} nodes), {doc['jobs']:,} jobs, "
+        f"load {doc['load']}, seed {doc['seed']}",
+        "",
+        "| policy | " + " | ".join(c[1] for c in _COLUMNS) + " |",
+        "|---|" + "---:|" * len(_COLUMNS),
+    ]
+    for name, figs in policies.items():
+        if name == "optimum":
+            continue
+        lines.append(f"| {name} | " + " | ".join(_cell(figs.get(k), f) for k, _, f in _COLUMNS) + " |")
+    small = doc.get("small_instances")
+    if small:
+        lines += [
+            "",
+            f"Small instances ({small['instances']} x {small['cluster']}, batch in order vs the "
+            f"integer-program optimum; {small['proven_optimal']} proven optimal):",
+            "",
+            "| policy | " + " | ".join(c[1] for c in _SMALL) + " |",
+            "|---|" + "---:|" * len(_SMALL),
+        ]
+        for name, figs in policies.items():
+            lines.append(f"| {name} | " + " | ".join(_cell(figs.get(k), f) for k, _, f in _SMALL) + " |")
+    lines += ["", *[f"- {n}" for n in doc.get("notes", [])], "", doc.get("machine", "")]
+    return "\n".join(lines) + "\n"
+
+
+def plot(
+    doc: Mapping[str, Any], timelines: Mapping[str, Sequence[tuple[float, int, int]]], path: Path
+) -> None:
+    policies = [p for p in doc["policies"] if p != "optimum"]
+    figs = doc["policies"]
+    total = doc["cluster"]["gpus"]
+    fig = Figure(figsize=(13, 8.5))
+    FigureCanvasAgg(fig)  # the Agg backend, without pyplot's global state
+    axes = fig.subplots(2, 2)
+    ax = axes[0][0]
+    for p in policies:
+        tl = timelines.get(p, ())
+        if tl:
+            ax.plot(
+                [t / 3600 for t, _, _ in tl],
+                [a / total for _, a, _ in tl],
+                label=p,
+                linewidth=0.8,
+                drawstyle="steps-post",
+            )
+    ax.set_title("GPU allocation over time")
+    ax.set_xlabel("hours")
+    ax.set_ylabel("allocated / total")
+    ax.legend(fontsize=8)
+    ax = axes[0][1]
+    for p in policies:
+        tl = timelines.get(p, ())
+        if tl:
+            ax.plot(
+                [t / 3600 for t, _, _ in tl],
+                [d for _, _, d in tl],
+                label=p,
+                linewidth=0.8,
+                drawstyle="steps-post",
+            )
+    ax.set_title("wholly free NVLink domains")
+    ax.set_xlabel("hours")
+    ax = axes[1][0]
+    xs = range(len(policies))
+    width = 0.4
+    ax.bar(
+        [x - width / 2 for x in xs], [figs[p].get("wait_mean_s") or 0 for p in policies], width, label="mean"
+    )
+    ax.bar(
+        [x + width / 2 for x in xs], [figs[p].get("wait_p95_s") or 0 for p in policies], width, label="p95"
+    )
+    ax.set_xticks(list(xs), policies, rotation=20)
+    ax.set_title("job wait (s)")
+    ax.legend(fontsize=8)
+    ax = axes[1][1]
+    ax.bar(
+        [x - width / 2 for x in xs],
+        [figs[p].get("allocation_ratio") or 0 for p in policies],
+        width,
+        label="simulation",
+    )
+    if "optimum" in figs:
+        ax.bar(
+            [x + width / 2 for x in xs],
+            [figs[p].get("optimum_ratio_mean") or 0 for p in policies],
+            width,
+            label="small instances: share of the optimum",
+        )
+    ax.set_xticks(list(xs), policies, rotation=20)
+    ax.set_ylim(0, 1.05)
+    ax.set_title("GPU allocation ratio")
+    ax.legend(fontsize=8, loc="lower left")
+    fig.suptitle(f"placement: {doc['workload']} on {doc['cluster']['shape']}, {doc['jobs']} jobs")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
