@@ -687,6 +687,20 @@ class SimulatedNvml:
         raise NVMLError_InvalidArgument(2)
 
     @_primitive
+    def device_get_gpu_instance_remaining_capacity(self, index: int, profile_id: int) -> int:
+        """How many more instances of the profile fit next to the existing ones."""
+        state = self._mig_capable(index)
+        if not state.mig_enabled:
+            raise NVMLError_NotSupported(3)
+        prof = next((p for p in state.spec.mig_profiles if p.id == profile_id), None)
+        if prof is None:
+            raise NVMLError_InvalidArgument(2)
+        count = 0
+        while place_instances([prof] * (count + 1), state.instances) is not None:
+            count += 1
+        return count
+
+    @_primitive
     def device_create_gpu_instance(self, index: int, profile_id: int) -> int:
         """Create a GPU instance (driver-chosen placement) with its default compute instance."""
         state = self._mig_capable(index)

@@ -658,3 +658,36 @@ def test_health_mask_decoding_agrees_with_the_real_backend() -> None:
 
     for mask in range(0x10000):
         assert decode_health_mask(mask) == real.decode_health_mask(mask), hex(mask)
+
+
+@pytest.mark.parametrize(
+    ("gpu", "profile_id", "expected"),
+    [(0, 19, 0), (1, 19, 1), (1, 14, 0), (2, 19, 0), (3, 19, 0), (4, 19, 0)],
+    ids=["7x1g-full", "3g+2g+1g-one-1g-left", "no-2g-left", "2x3g-full", "4g+2g+1g-full", "mig-off"],
+)
+def test_remaining_capacity(gpu: int, profile_id: int, expected: int) -> None:
+    sim = started("dgx-a100-mig")
+    if gpu == 4:
+        with pytest.raises(errors.NVMLError_NotSupported):
+            sim.device_get_gpu_instance_remaining_capacity(gpu, profile_id)
+        sim.reconfigure_mig(gpu, [])
+        assert sim.device_get_gpu_instance_remaining_capacity(gpu, 19) == 7
+        assert sim.device_get_gpu_instance_remaining_capacity(gpu, 9) == 2
+        assert sim.device_get_gpu_instance_remaining_capacity(gpu, 20) == 1
+        return
+    assert sim.device_get_gpu_instance_remaining_capacity(gpu, profile_id) == expected
+    created = [sim.device_create_gpu_instance(gpu, profile_id) for _ in range(expected)]
+    assert len(set(created)) == expected
+    with pytest.raises(errors.NVMLError_InsufficientResources):
+        sim.device_create_gpu_instance(gpu, profile_id)
+
+
+def test_destroying_a_gpu_instance_frees_its_slices() -> None:
+    sim = started("dgx-a100-mig")
+    sim.gpu_instance_destroy(2, 1)
+    state = sim.mig_state(2)
+    assert state is not None
+    assert [g.id for g in state.gpu_instances] == [2]
+    assert sim.device_get_gpu_instance_remaining_capacity(2, 9) == 1
+    with pytest.raises(errors.NVMLError_NotFound):
+        sim.gpu_instance_destroy(2, 1)
