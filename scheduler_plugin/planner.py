@@ -439,7 +439,11 @@ def _place_tiered(
 def _place_free(
     p: PreparedSnapshot, st: _State, role: Role, key: RoleKey, scope: ScopeKey
 ) -> _Failure | None:
-    """Place a role without a subgroup tier: nodes the gang already uses first, then best fit."""
+    """Place a role without a subgroup tier: nodes the gang already uses first, then best fit.
+
+    Its blocks have no domain, and its pods are alike, so the whole blocks that fit are the longest
+    prefix whose pods the scope has room for; one pass fills them.
+    """
     _, full, rem = role_subgroups(role)
     total = full + (1 if rem else 0)
     need = _min_blocks(role)
@@ -448,29 +452,29 @@ def _place_free(
     used_first = [i for i in st.order if scope_dom is None or scope_dom[i] == scope[1]]  # type: ignore[index]
     order = p.scope_order(key, scope)
     ranges = _block_ranges(role, total)
-    placed = 0
-    for b, r in enumerate(ranges):
-        snapshot_state = (dict(st.used_gpus), {k: dict(v) for k, v in st.used_res.items()}, list(st.order))
-        saved_placement = dict(st.placement)
-        saved_pods = st.placed_pods
-        if _fill(p, st, role, key, pod_range=r, nodes=_chain(used_first, order), base=base):
-            placed += 1
-            st.subgroups.append(SubgroupPlacement(role=role.name, index=b, domain=None))
-            continue
-        st.used_gpus, st.used_res, st.order = snapshot_state
-        st.placement, st.placed_pods = saved_placement, saved_pods
-        break
-    if placed < need or placed == 0:
-        room = sum(_fit_now(p, st, i, key, base) for i in set(order) | set(used_first))
-        pods_needed = sum(len(r) for r in ranges[:need]) if need else 1
+    room = 0
+    for i in _chain(used_first, order):
+        room += _fit_now(p, st, i, key, base)
+        if room >= role.pods:
+            break
+    count = pods = 0
+    for r in ranges:
+        if pods + len(r) > room:
+            break
+        pods += len(r)
+        count += 1
+    if count < need or count == 0:
+        pods_needed = sum(len(r) for r in ranges[:need])
         unit = f"{key[0]} GPU(s)" + "".join(f", {q} {res}" for res, q in key[1])
         return _Failure(
             role.name,
             need,
-            placed,
+            count,
             f"role {role.name!r} needs {pods_needed} pod(s) of {unit}; room for {min(room, pods_needed - 1)}"
             + (f" in {p.snapshot.tiers[scope[0]]} domain {scope[1]}" if scope is not None else ""),
         )
+    _fill(p, st, role, key, pod_range=range(pods), nodes=_chain(used_first, order), base=base)
+    st.subgroups.extend(SubgroupPlacement(role=role.name, index=b, domain=None) for b in range(count))
     return None
 
 
@@ -610,13 +614,22 @@ def _sub_tier(role: Role, p: PreparedSnapshot, relax: int) -> int | None:
 
 def _plan_once(p: PreparedSnapshot, gang: Gang, relax: int) -> _Candidate | _Failure | str:
     sub_tiers = {r.name: _sub_tier(r, p, relax) for r in gang.roles}
-    roles = _role_order(gang, sub_tiers)
-    main = roles[0]
     gang_tier: int | None = None
     if gang.tier is not None:
         gang_tier = p.tier_index[gang.tier] + relax
         if gang_tier >= len(p.snapshot.tiers):
             gang_tier = None
+    if gang_tier is not None and len(gang.roles) == 1:
+        # one role whose pods form one block: "the gang in one domain of T" is "the block in one
+        # domain of T", which the subgroup search answers in a single pass over the domains
+        only = gang.roles[0]
+        _, full, rem = role_subgroups(only)
+        if full + (1 if rem else 0) == 1:
+            t = sub_tiers[only.name]
+            sub_tiers[only.name] = gang_tier if t is None else min(t, gang_tier)  # domains nest
+            gang_tier = None
+    roles = _role_order(gang, sub_tiers)
+    main = roles[0]
     sub_levels = [t for t in sub_tiers.values() if t is not None]
     measure = min(sub_levels) if sub_levels else (gang_tier if gang_tier is not None else 0)
     if not p.snapshot.tiers:
