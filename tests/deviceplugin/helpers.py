@@ -6,12 +6,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc.aio
-
 from agent.discovery import discover
 from agent.nvml.fake import SimulatedNvml
 from agent.nvml.simulate import build_simulator, parse_spec
-from deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
 from deviceplugin.fakekubelet import FakeKubelet, Registration, running_kubelet
 from topology.model import Host, NodeInventory
 
@@ -53,7 +50,3 @@ def sim_node(profile: str, *, faults: Path | None = None, sysfs: Path | None = N
 def inventory(profile: str) -> NodeInventory:
     return sim_node(profile).discover()
 
-
-async def plugin_stub(socket: Path) -> tuple[grpc.aio.Channel, pb_grpc.DevicePluginAsyncStub]:
-    channel = grpc.aio.insecure_channel(f"unix://{socket}")
-    return channel, pb_grpc.DevicePluginStub(channel)
