@@ -12,8 +12,10 @@ Usage::
 Event names are stable snake_case identifiers (operators alert on them); a name that is not one is a
 programming error and raises ``ValueError``. Context keys (``node``, ``gpu_uuid``, ``resource``, ``gang``, …)
 are bound with :meth:`Logger.bind` and repeated on every line. Records go through the standard
-``logging`` module (logger names under ``gpu_node_agent.``), so pytest's ``caplog`` and library loggers
-keep working; :func:`configure` installs one handler on that root.
+``logging`` module (logger names under ``gpu_node_agent.``), so pytest's ``caplog`` keeps working;
+:func:`configure` installs one handler on the root logger, so plain ``logging`` users render the same
+way (a snake_case message becomes the event, ``extra=`` keys become fields; other messages are
+``log_message`` events with a ``message`` field).
 
 Formats: ``json`` — one object per line with ``ts`` (UTC, ISO 8601, milliseconds), ``level``, ``logger``,
 ``event`` and the bound and given keys; ``text`` — ``HH:MM:SS.mmm LEVEL event key=value …``; ``auto`` — text
@@ -111,12 +113,20 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
+_STANDARD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+
+
 def _record_parts(record: logging.LogRecord) -> tuple[str, dict[str, Any]]:
     event = getattr(record, _EVENT_ATTR, None)
     fields = getattr(record, _FIELDS_ATTR, None)
-    if event is None:  # a record from a plain ``logging`` user (a library): keep its message
-        return "log_message", {"message": record.getMessage()}
-    return str(event), dict(fields or {})
+    if event is not None:
+        return str(event), dict(fields or {})
+    # a record from a plain ``logging`` user: its ``extra=`` keys are fields
+    extras = {k: v for k, v in record.__dict__.items() if k not in _STANDARD_ATTRS and k not in _RESERVED}
+    message = record.getMessage()
+    if isinstance(record.msg, str) and not record.args and _EVENT_RE.match(message):
+        return message, extras
+    return "log_message", {"message": message, **extras}
 
 
 def _timestamp(record: logging.LogRecord) -> dt.datetime:
@@ -164,6 +174,21 @@ class TextFormatter(logging.Formatter):
 _HANDLER_NAME = "gpu_node_agent_handler"
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is at emit time (it may be replaced after configuration)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> IO[str]:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: IO[str]) -> None:
+        pass
+
+
 def resolve_format(fmt: str, stream: IO[str]) -> str:
     """``auto`` → ``text`` on a terminal, else ``json``; other values are checked and returned."""
     if fmt not in FORMATS:
@@ -175,22 +200,21 @@ def resolve_format(fmt: str, stream: IO[str]) -> str:
 
 
 def configure(fmt: str = "auto", level: str = "info", *, stream: IO[str] | None = None) -> None:
-    """Install (or replace) the one handler of the project's loggers; idempotent.
+    """Install (or replace) the one handler, on the root logger; idempotent.
 
     ``fmt`` is one of :data:`FORMATS`, ``level`` one of :data:`LEVELS`; a bad value raises ``ValueError``
     naming the valid ones. ``stream`` defaults to ``sys.stderr`` (stdout stays the command's output).
     """
     if level not in LEVELS:
         raise ValueError(f"unknown log level {level!r}; valid: {', '.join(LEVELS)}")
-    out = stream if stream is not None else sys.stderr
-    resolved = resolve_format(fmt, out)
-    root = logging.getLogger(ROOT)
-    for handler in list(root.handlers):
-        if handler.get_name() == _HANDLER_NAME:
-            root.removeHandler(handler)
-    handler = logging.StreamHandler(out)
+    resolved = resolve_format(fmt, stream if stream is not None else sys.stderr)
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        if old.get_name() == _HANDLER_NAME:
+            root.removeHandler(old)
+    handler: logging.Handler = logging.StreamHandler(stream) if stream is not None else _StderrHandler()
     handler.set_name(_HANDLER_NAME)
     handler.setFormatter(JsonFormatter() if resolved == "json" else TextFormatter())
     root.addHandler(handler)
     root.setLevel(getattr(logging, level.upper()))
-    root.propagate = True
+    logging.getLogger(ROOT).setLevel(logging.NOTSET)  # the project's loggers follow the root's level

@@ -3,6 +3,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -17,7 +18,7 @@ class _Tty(io.StringIO):
 
 @pytest.fixture(autouse=True)
 def _restore_root() -> Iterator[None]:
-    root = logging.getLogger(logs.ROOT)
+    root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     yield
     root.handlers[:] = handlers
@@ -111,10 +112,21 @@ def test_records_reach_standard_logging(caplog: pytest.LogCaptureFixture) -> Non
     assert any(r.getMessage() == "hotplug_event" for r in caplog.records)
 
 
-def test_plain_library_records_are_kept() -> None:
+def test_plain_logging_records_are_rendered_too() -> None:
     out = io.StringIO()
     logs.configure("json", "info", stream=out)
-    logging.getLogger(logs.ROOT + ".lib").info("hello %s", "world")
-    record = json.loads(out.getvalue())
-    assert record["event"] == "log_message"
-    assert record["message"] == "hello world"
+    logging.getLogger("some.library").info("hello %s", "world")
+    logging.getLogger("agent.publisher").warning("gpunode_missing", extra={"node": "n1"})
+    logging.getLogger("some.library").debug("below the level")
+    first, second = (json.loads(line) for line in out.getvalue().splitlines())
+    assert (first["event"], first["message"]) == ("log_message", "hello world")
+    assert first["logger"] == "some.library"
+    assert (second["event"], second["node"], second["level"]) == ("gpunode_missing", "n1", "warning")
+
+
+def test_default_stream_is_whatever_stderr_is_when_logging(monkeypatch: pytest.MonkeyPatch) -> None:
+    logs.configure("json", "info")
+    later = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", later)
+    logs.get_logger("x").info("after_replacement")
+    assert json.loads(later.getvalue())["event"] == "after_replacement"
