@@ -17,7 +17,6 @@ __all__ = [
     "Registration",
     "SimNode",
     "inventory",
-    "plugin_stub",
     "running_kubelet",
     "sim_node",
 ]
