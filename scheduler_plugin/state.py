@@ -21,6 +21,7 @@ the node end up, so wholly free domains stay whole for gangs.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -321,7 +322,8 @@ class ClusterState:
             return out
         gang_name = found[1]
         res = self.reservations.get(gang_name)
-        if res is None or (key not in res.spec.members and not res.arrived):
+        spec: GangSpec | None = None
+        if res is None or key not in res.spec.members:
             try:
                 spec = gang_for_pod(pod, self.pods.values(), self.podgroups, self.tiers())
             except GangError as exc:
@@ -329,6 +331,16 @@ class ClusterState:
                 out.unresolvable = dict.fromkeys(node_names, msg)
                 out.events += self._event_once(pod, "InvalidGang", msg)
                 return out
+            assert spec is not None
+            if res is not None and spec.gang == res.spec.gang and key in spec.members:
+                # a pod created after the plan: the plan already holds a place for its index
+                res.spec = dataclasses.replace(res.spec, members={**res.spec.members, key: spec.members[key]})
+                spec = None
+            elif res is not None and res.arrived:
+                msg = f"gang {gang_name} changed while its pods wait at bind; retry after its barrier"
+                out.failed = dict.fromkeys(node_names, msg)
+                return out
+        if res is None or spec is not None:
             assert spec is not None
             planned = self._plan_gang(spec, now)
             if isinstance(planned, str):

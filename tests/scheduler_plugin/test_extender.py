@@ -289,3 +289,15 @@ def test_dispatch_prefix_path_and_not_ready() -> None:
     )
     assert status == 200
     assert out["NodeNames"] == ["r0-t0"]
+
+
+def test_a_pod_created_after_the_plan_takes_its_reserved_place() -> None:
+    pods = [gang_pod(f"w{i}", i) for i in range(4)]
+    s = make_state(pods=pods[:3])
+    planned_node(s, pods[0], 0.0)
+    res = s.reservations["default/g"]
+    assert res.target == 4  # the whole gang was planned, though one pod did not exist yet
+    s.apply("pods", "ADDED", pods[3])
+    n3 = planned_node(s, pods[3], 1.0)
+    assert s.reservations["default/g"] is res  # no new plan
+    assert n3 == res.nodes["worker-3"]
