@@ -48,4 +48,3 @@ def sim_node(profile: str, *, faults: Path | None = None, sysfs: Path | None = N
 
 def inventory(profile: str) -> NodeInventory:
     return sim_node(profile).discover()
-
