@@ -231,6 +231,16 @@ def format_cluster_uuid(raw: bytes) -> str:
     return str(uuidlib.UUID(bytes=bytes(raw[:16]).ljust(16, b"\0")))
 
 
+def format_ib_guid(raw: bytes) -> str | None:
+    """``ibGuid[16]`` → ``0x`` + 16 hex digits when it holds one 8-byte GUID (the rest zero), else all
+    32 digits; ``None`` when all zero."""
+    if not any(raw):
+        return None
+    if not any(raw[8:]):
+        return "0x" + raw[:8].hex()
+    return "0x" + raw.hex()
+
+
 def status_name(code: int) -> str:
     """A fabric ``status`` (an nvmlReturn) as the name the model stores."""
     if code == 0:
@@ -413,7 +423,7 @@ class RealNvml:
             host_id=byte("hostId"),
             module_id=byte("moduleId"),
             peer_type=byte("peerType"),
-            ib_guid="0x" + guid.hex() if any(guid) else None,
+            ib_guid=format_ib_guid(guid),
         )
 
     # ---------------------------------------------------------------- NVLink, PCIe

@@ -24,7 +24,7 @@ from agent.nvml.errors import (
     NVMLError_Uninitialized,
 )
 from agent.nvml.protocol import EventKind
-from agent.nvml.real import RealNvml, decode_health_mask, format_cluster_uuid, status_name
+from agent.nvml.real import RealNvml, decode_health_mask, format_cluster_uuid, format_ib_guid, status_name
 from topology.model import (
     FabricHealthSummary,
     FabricState,
@@ -536,6 +536,8 @@ def test_shutdown_then_calls_are_uninitialized(nvml: RealNvml) -> None:
 
 def test_pure_helpers() -> None:
     assert format_cluster_uuid(bytes(16)) == "00000000-0000-0000-0000-000000000000"
+    assert format_ib_guid(bytes.fromhex("e09d730320000001") + bytes(8)) == "0xe09d730320000001"
+    assert format_ib_guid(bytes(16)) is None
     assert status_name(0) == "SUCCESS"
     assert status_name(23) == "INSUFFICIENT_RESOURCES"
     assert decode_health_mask(None).degraded_bandwidth is None
