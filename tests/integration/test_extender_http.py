@@ -354,3 +354,82 @@ def test_restart_rebuilds_state_from_bound_pods(fake: FakeKube) -> None:
         assert second.state(lambda s: s.reservations) == {}
     finally:
         second.stop()
+
+
+def test_extender_command_serves_and_stops_on_sigterm(fake: FakeKube, tmp_path: Any) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import yaml
+
+    kubeconfig = tmp_path / "k.yaml"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "fake", "cluster": {"server": fake.url}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "fake", "user": "u"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent.cli", "extender", f"--addr=127.0.0.1:{port}",
+         f"--kubeconfig={kubeconfig}", "--watch-timeout=1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    try:
+
+        def ready() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as resp:
+                    return bool(resp.status == 200)
+            except (urllib.error.URLError, ConnectionError):
+                return False
+
+        wait_for(ready, "extender /readyz", timeout_s=30)
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/filter",
+            data=json.dumps({"Pod": pod("solo", 1), "NodeNames": NODES}).encode(),
+            method="POST",
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert set(json.loads(resp.read())["NodeNames"]) == set(NODES)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        assert proc.stdout is not None
+        proc.stdout.close()
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        pytest.param(["--addr", "nowhere"], "--addr: expected HOST:PORT", id="addr"),
+        pytest.param(["--barrier-timeout", "0"], "--barrier-timeout: must be positive", id="barrier"),
+        pytest.param(["--max-body-bytes", "10"], "--max-body-bytes", id="body"),
+    ],
+)
+def test_extender_command_rejects_bad_settings(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from scheduler_plugin.extender_command import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err
+    assert err.count("\n") == 1
