@@ -29,10 +29,13 @@ from deviceplugin.cdi import cdi_spec, write_spec
 from deviceplugin.config import PluginConfig
 from deviceplugin.resources import Resource, ResourceError, ResourcePlan, build_plan
 from deviceplugin.server import PluginError, PluginServer, PluginState, register
+from topology.model import LinkLevel, NodeInventory
 
 KUBELET_SOCKET = "kubelet.sock"
 
 AllocatableCheck = Callable[[], Awaitable[Mapping[str, frozenset[str]] | None]]
+PcieLevels = Callable[[NodeInventory], Mapping[tuple[int, int], LinkLevel]]
+"""PCIe common-ancestor level per GPU index pair (NVML), which the matrix hides for NVLinked pairs."""
 """Kubelet's allocatable device IDs by resource (pod-resources ``GetAllocatableResources``), or None
 when that cannot be known right now."""
 
@@ -58,6 +61,7 @@ class PluginManager:
         grace_s: float = 1.0,
         register_timeout_s: float = 1.0,
         allocatable_check: AllocatableCheck | None = None,
+        pcie_levels: PcieLevels | None = None,
         check_interval_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -69,6 +73,7 @@ class PluginManager:
         self._grace = grace_s
         self._register_timeout = register_timeout_s
         self._check = allocatable_check
+        self._pcie_levels = pcie_levels
         self._check_interval = check_interval_s
         self._clock = clock
         self._plugins: dict[str, _Plugin] = {}
@@ -151,7 +156,7 @@ class PluginManager:
         for warning in plan.warnings:
             self._log.warning("resource_plan_warning", reason=warning)
         self._plan = plan
-        self._topology = topology_from_inventory(self._store.inventory)
+        self._topology = self._build_topology()
         wanted = plan.by_name()
         for name in sorted(set(self._plugins) - set(wanted)):
             plugin = self._plugins.pop(name)
@@ -167,6 +172,16 @@ class PluginManager:
                     resource=resource, topology=self._topology, unhealthy=self._unhealthy(resource)
                 )
         self._write_cdi()
+
+    def _build_topology(self) -> Topology:
+        inventory = self._store.inventory
+        levels = None
+        if self._pcie_levels is not None:
+            try:
+                levels = self._pcie_levels(inventory)
+            except Exception as exc:  # the matrix alone still gives a topology-aware answer
+                self._log.warning("pcie_levels_unavailable", error=str(exc))
+        return topology_from_inventory(inventory, pcie_levels=levels)
 
     async def _start(self, resource: Resource) -> None:
         assert self._topology is not None

@@ -37,7 +37,7 @@ from agent.runtime import Component, InventoryStore, Rediscovery, run_components
 from deviceplugin.config import ConfigError
 from deviceplugin.manager import AllocatableCheck, PluginManager
 from deviceplugin.resources import ResourceError, build_plan
-from topology.model import Host, NodeInventory
+from topology.model import Host, LinkLevel, NodeInventory
 
 if TYPE_CHECKING:
     from agent.nvml.simulate import SimSpec
@@ -220,6 +220,7 @@ async def serve(settings: RunSettings, *, node: Node | None = None, stop: asynci
             grace_s=min(settings.shutdown_grace_s, 2.0),
             allocatable_check=_allocatable_check(settings.pod_resources_socket),
             check_interval_s=settings.registration_check_s,
+            pcie_levels=_pcie_levels(node.nvml),
         )
         ctx = RunContext(
             settings=settings,
@@ -259,6 +260,22 @@ async def serve(settings: RunSettings, *, node: Node | None = None, stop: asynci
         with contextlib.suppress(NVMLError):
             node.nvml.shutdown()
         node.cleanup()
+
+
+def _pcie_levels(nvml: NvmlBackend) -> Callable[[NodeInventory], Mapping[tuple[int, int], LinkLevel]]:
+    """NVML's PCIe level for every pair of live GPUs (the preferred-allocation tie-breaker)."""
+
+    def levels(inventory: NodeInventory) -> Mapping[tuple[int, int], LinkLevel]:
+        live = sorted(g.index for g in inventory.gpus if not g.lost)
+        out: dict[tuple[int, int], LinkLevel] = {}
+        for pos, a in enumerate(live):
+            for b in live[pos + 1 :]:
+                level = nvml.pcie_level(a, b)
+                if level is not None:
+                    out[(a, b)] = level
+        return out
+
+    return levels
 
 
 def _allocatable_check(socket_path: Path) -> AllocatableCheck | None:

@@ -212,3 +212,17 @@ def test_never_over_size_and_never_unhealthy(topology: Topology, data: st.DataOb
     # never worse than the simple baseline: the first healthy GPUs by name
     baseline = sorted(set(topology.gpus) - unhealthy)[:size]
     assert topology.score(got).as_tuple() >= topology.score(baseline).as_tuple()
+
+
+def test_pcie_levels_break_ties_between_nvswitch_pairs() -> None:
+    inv = inventory("dgx-h100")
+    uuid = {g.index: g.uuid for g in inv.gpus}
+    # every pair is NV18 through the NVSwitches; NVML says GPUs 0 and 5 share a PCIe switch
+    levels = {(a, b): LinkLevel.SYS for a, b in itertools.combinations(range(8), 2)}
+    levels[(0, 5)] = LinkLevel.PIX
+    topology = topology_from_inventory(inv, pcie_levels=levels)
+    assert best_gpu_set(topology, available=topology.gpus, size=2) == tuple(sorted((uuid[0], uuid[5])))
+    without = topology_from_inventory(inv)  # NUMA fallback: a same-socket pair, first by name
+    pair = best_gpu_set(without, available=without.gpus, size=2)
+    numa = {g.uuid: g.numa_node for g in inv.gpus}
+    assert numa[pair[0]] == numa[pair[1]]
