@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from deviceplugin.allocator import DeviceKind
 from deviceplugin.config import parse_plugin_config
@@ -103,3 +105,52 @@ def test_sharing_an_absent_resource_warns() -> None:
     )
     assert plan.warnings
     assert "nvidia.com/mig-1g.10gb" in plan.warnings[0]
+
+
+PROFILES = ["dgx-h100", "dgx-a100-mig", "dgx1-v100", "pcie-l40s", "gb200-nvl72"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    profile=st.sampled_from(PROFILES),
+    mig=st.sampled_from(["none", "mixed"]),
+    replicas=st.integers(min_value=2, max_value=16),
+    rename=st.booleans(),
+    subset=st.lists(st.integers(min_value=0, max_value=7), min_size=1, max_size=4, unique=True)
+    | st.just("all"),
+)
+def test_plans_never_repeat_or_lose_devices(
+    profile: str, mig: str, replicas: int, rename: bool, subset: list[int] | str
+) -> None:
+    inv = _INVENTORIES.setdefault(profile, inventory(profile))
+    devices: Any = subset if subset == "all" else list(subset)
+    data = {
+        "flags": {"migStrategy": mig},
+        "sharing": {
+            "timeSlicing": {
+                "renameByDefault": rename,
+                "resources": [{"name": "nvidia.com/gpu", "replicas": replicas, "devices": devices}],
+            }
+        },
+    }
+    plan = build_plan(inv, parse_plugin_config(data))
+    ids = [d.id for r in plan.resources for d in r.devices]
+    assert len(ids) == len(set(ids))
+    assert all(len(i) <= 63 for i in ids)
+    # every physical device is advertised: whole, as MIG devices, or as exactly `replicas` replicas
+    bases: dict[str, int] = {}
+    for r in plan.resources:
+        for d in r.devices:
+            bases[d.base_uuid] = bases.get(d.base_uuid, 0) + 1
+    expected = {
+        g.uuid
+        for g in inv.gpus
+        if mig == "none" or not any(s.gpu_index == g.index and s.current_enabled for s in inv.mig)
+    }
+    if mig == "mixed":
+        expected |= {m.uuid for m in inv.mig_devices()}
+    assert set(bases) == expected
+    assert set(bases.values()) <= {1, replicas}
+
+
+_INVENTORIES: dict[str, Any] = {}
