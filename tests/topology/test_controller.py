@@ -240,3 +240,38 @@ def test_lease_elector_takes_over_an_expired_lease() -> None:
         lease = f.get(leases(NS), "l")
         assert lease["spec"]["holderIdentity"] == "b"
         assert lease["spec"]["leaseTransitions"] == 1
+
+
+def test_command_once_against_the_cluster(
+    fake: tuple[FakeKube, str], tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import yaml
+
+    from topology import controller_command
+
+    f, url = fake
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "fake", "cluster": {"server": url}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "fake", "user": "u"}}],
+                "current-context": "c",
+            }
+        ),
+        encoding="utf-8",
+    )
+    base = ["--once", "--kubeconfig", str(kubeconfig), "--lease-namespace", NS]
+    assert controller_command.main([*base, "--dry-run"]) == 0
+    assert "(dry run)" in capsys.readouterr().err
+    assert hypernode_names(f) == set()
+    export = tmp_path / "topology.conf"
+    assert controller_command.main([*base, "--export", "slurm", "--output", str(export)]) == 0
+    assert "0 unchanged" in capsys.readouterr().err
+    assert len(hypernode_names(f)) >= 5
+    assert "BlockName=" in export.read_text(encoding="utf-8")
+    assert controller_command.main(base) == 0
+    assert "0 applied, 0 deleted" in capsys.readouterr().err
