@@ -6,12 +6,13 @@ the decisions come back as values (which nodes pass, which pods to bind, which E
 ``scheduler_plugin.extender`` carries them out.
 
 Gangs: the first pod of a gang to reach filter makes a plan for the whole gang (``planner.plan``) on
-the cluster minus other gangs' reservations, and the plan becomes a reservation: its nodes' GPUs are
-held for the gang and every pod of the gang is filtered to its planned node. Bind waits at a barrier
-until every planned pod has arrived, then all are bound together; on ``barrier_timeout_s`` the pods
-bind only if at least the gang minimum arrived, otherwise nothing binds and the reservation is
-released. A reservation no pod has reached bind for in ``reservation_ttl_s`` expires. A restart
-rebuilds everything from the API: bound pods count as used; reservations are made afresh.
+the nodes its pods' ``nodeSelector`` allows, minus other gangs' reservations, and the plan becomes
+a reservation: its nodes' GPUs are held for the gang and every pod of the gang is filtered to its
+planned node. Bind waits at a barrier until every planned pod has arrived, then all are bound
+together; on ``barrier_timeout_s`` the pods bind only if at least the gang minimum arrived,
+otherwise nothing binds and the reservation is released. A reservation no pod has reached bind for
+in ``reservation_ttl_s`` expires. A restart rebuilds everything from the API: bound pods count as
+used; reservations are made afresh.
 
 Pods on their own pass filter wherever the GPUs not reserved for a gang cover their request, and get
 a fragmentation-aware priority (0..10, kube-scheduler's extender range; it scales by weight x 10):
@@ -265,9 +266,19 @@ class ClusterState:
         gang, members = _unbound_part(spec, self.pods)
         if gang is None:
             return "every pod of the gang is already bound"
-        snapshot = snapshot_from_objects(
-            self.nodes.values(), self.pods.values(), self.hypernodes.values(), reserved=others
-        )
+        selector: dict[str, str] = {}
+        for k in spec.members:
+            for label, value in (
+                ((self.pods.get(k) or {}).get("spec") or {}).get("nodeSelector") or {}
+            ).items():
+                if selector.setdefault(label, value) != value:
+                    return (
+                        f"the gang's pods disagree on nodeSelector {label} ({selector[label]!r}, {value!r})"
+                    )
+        nodes = [n for n in self.nodes.values() if _matches(n, selector)] if selector else self.nodes.values()
+        if not nodes:
+            return f"no node matches the gang's nodeSelector {selector}"
+        snapshot = snapshot_from_objects(nodes, self.pods.values(), self.hypernodes.values(), reserved=others)
         result = plan(snapshot, gang)
         if isinstance(result, Infeasible):
             return result.reason
@@ -506,6 +517,11 @@ class ClusterState:
                 self.pods[k] = pod
                 self._unaccount(k)
         self.reservations.pop(gang_name, None)
+
+
+def _matches(node: Mapping[str, Any], selector: Mapping[str, str]) -> bool:
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    return all(labels.get(k) == v for k, v in selector.items())
 
 
 def pods_nodes(pods: Iterable[tuple[str, str, str]]) -> list[tuple[str, str]]:

@@ -301,3 +301,17 @@ def test_a_pod_created_after_the_plan_takes_its_reserved_place() -> None:
     n3 = planned_node(s, pods[3], 1.0)
     assert s.reservations["default/g"] is res  # no new plan
     assert n3 == res.nodes["worker-3"]
+
+
+def test_gang_plan_honours_the_pods_node_selector() -> None:
+    pods = [gang_pod(f"w{i}", i) for i in range(4)]
+    for p in pods:
+        p["spec"]["nodeSelector"] = {"pool": "b"}
+    s = make_state(pods=pods)
+    nodes = [node(n, 4, labels={"pool": "b" if n.startswith("r1") else "a"}) for n in NODES]
+    s.replace("nodes", nodes)
+    assert {planned_node(s, p, 0.0)[:2] for p in pods} == {"r1"}
+    pods[3]["spec"]["nodeSelector"] = {"pool": "a"}
+    s = make_state(pods=pods)
+    out = s.filter(pods[0], NODES, 0.0)
+    assert "disagree on nodeSelector pool" in next(iter(out.failed.values()))
