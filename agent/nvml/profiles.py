@@ -840,7 +840,7 @@ def build_gb200_nvl72(opts: Options) -> MachineSpec:
                 host_id=tray + 1,
                 module_id=i + 1,
                 peer_type=0,
-                ib_guid=f"{_hca_guid(pos, 0):016x}",
+                ib_guid=f"0x{_hca_guid(pos, 0):016x}",
             ),
             module_id=i + 1,
         )

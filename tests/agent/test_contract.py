@@ -70,6 +70,8 @@ def test_driver_and_identity(backend: NvmlBackend) -> None:
         assert gpu.compute_capability >= (3, 0)
         assert gpu.name
         assert not gpu.lost
+        if gpu.platform is not None and gpu.platform.ib_guid is not None:
+            assert re.fullmatch(r"0x[0-9a-f]{16}([0-9a-f]{16})?", gpu.platform.ib_guid), gpu.platform.ib_guid
     assert len(uuids) == count
     with pytest.raises(NVMLError):
         backend.gpu(count)
