@@ -79,6 +79,26 @@ def node_labels(
         labels[f"{NVIDIA}gpu.family"] = label_value(first.architecture)
         labels[f"{NVIDIA}gpu.compute.major"] = str(first.compute_capability[0])
         labels[f"{NVIDIA}gpu.compute.minor"] = str(first.compute_capability[1])
+        devices = inventory.mig_devices()
+        profiles = {d.profile for d in devices}
+        if mig_strategy == "single" and len(profiles) == 1:
+            # single strategy: every GPU is cut the same way and the MIG devices are what is counted
+            profile = next(iter(profiles))
+            labels[f"{NVIDIA}gpu.product"] = label_value(f"{product}-MIG-{profile}")
+            labels[f"{NVIDIA}gpu.count"] = str(len(devices))
+            labels[f"{NVIDIA}gpu.memory"] = str(min(d.memory_bytes for d in devices) // 2**20)
+            labels[f"{NVIDIA}gpu.slices.gi"] = str(devices[0].gpu_slices)
+            labels[f"{NVIDIA}gpu.slices.ci"] = str(devices[0].compute_slices)
+            if devices[0].sm_count is not None:
+                labels[f"{NVIDIA}gpu.multiprocessors"] = str(devices[0].sm_count)
+        elif mig_strategy == "mixed":
+            for profile in sorted(profiles):
+                of_profile = [d for d in devices if d.profile == profile]
+                key = f"{NVIDIA}mig-{profile}"
+                labels[f"{key}.count"] = str(len(of_profile))
+                labels[f"{key}.memory"] = str(of_profile[0].memory_bytes // 2**20)
+                labels[f"{key}.slices.gi"] = str(of_profile[0].gpu_slices)
+                labels[f"{key}.slices.ci"] = str(of_profile[0].compute_slices)
         labels[f"{NVIDIA}mig.capable"] = "true" if any(g.mig_capable for g in gpus) else "false"
         labels[f"{NVIDIA}mig.strategy"] = mig_strategy
         labels[f"{NVIDIA}gpu.sharing-strategy"] = sharing_strategy

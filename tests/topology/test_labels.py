@@ -75,3 +75,40 @@ def test_label_value_sanitizing() -> None:
     assert label_value("NVIDIA H100 80GB HBM3") == "NVIDIA-H100-80GB-HBM3"
     assert label_value("A (weird) name!") == "A-weird-name"
     assert len(label_value("x" * 100)) == 63
+
+
+def test_mig_labels_follow_the_strategy() -> None:
+    from topology.model import MigDevice, MigState
+
+    inv = hgx_node("m")
+    devices = tuple(
+        MigDevice(
+            uuid=f"MIG-{g}-{i}",
+            parent_uuid=inv.gpus[g].uuid,
+            parent_index=g,
+            index=i,
+            gpu_instance_id=i,
+            compute_instance_id=0,
+            profile="1g.10gb",
+            gpu_slices=1,
+            memory_slices=1,
+            compute_slices=1,
+            memory_bytes=9984 * 2**20,
+            sm_count=16,
+        )
+        for g in range(8)
+        for i in range(7)
+    )
+    states = tuple(
+        MigState(gpu_index=g, current_enabled=True, pending_enabled=True, devices=devices[g * 7 : g * 7 + 7])
+        for g in range(8)
+    )
+    mig = dataclasses.replace(inv, mig=states)
+    single = node_labels(mig, node_name="m", mig_strategy="single")
+    assert single["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb"
+    assert single["nvidia.com/gpu.count"] == "56"
+    assert single["nvidia.com/gpu.memory"] == "9984"
+    mixed = node_labels(mig, node_name="m", mig_strategy="mixed")
+    assert mixed["nvidia.com/mig-1g.10gb.count"] == "56"
+    assert mixed["nvidia.com/gpu.count"] == "8"
+    assert "nvidia.com/mig-1g.10gb.count" not in node_labels(mig, node_name="m")
