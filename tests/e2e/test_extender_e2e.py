@@ -1,0 +1,273 @@
+"""Our extender with the REAL kube-scheduler and kube-apiserver: an 18-pod x 4-GPU gang lands in one
+NVL72 domain, an impossible gang binds nothing, and two gangs competing for one domain never end
+half-bound (the second gets the domain once the first leaves)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.e2e import cluster
+
+pytestmark = pytest.mark.e2e
+
+SCHEDULER = "gpu-topology-scheduler"
+RACKS = 2
+TRAYS = 18
+HYPERNODES = ("topology.volcano.sh", "v1alpha1", "hypernodes")
+
+
+class RunningExtender:
+    """``gpu-node-agent extender`` (its ``Service``) on its own event loop thread, against the real API."""
+
+    def __init__(self, kubeconfig: str) -> None:
+        from kubernetes import config
+
+        from scheduler_plugin.extender_command import Service, Settings
+
+        settings = Settings(
+            host="127.0.0.1",
+            port=cluster.free_port(),
+            kubeconfig=kubeconfig,
+            barrier_timeout_s=15.0,
+            reservation_ttl_s=60.0,
+            max_body_bytes=32 << 20,
+            watch_timeout_s=5,
+        )
+        self.service = Service(settings, config.new_client_from_config(config_file=kubeconfig))
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self.service.start(), self.loop).result(30)
+        cluster.wait_until(
+            lambda: all(i.synced.is_set() for i in self.service.informers), what="extender informers synced"
+        )
+        self.url = f"http://127.0.0.1:{settings.port}/"
+
+    def state(self, fn: Callable[[Any], Any]) -> Any:
+        with self.service.lock:
+            return fn(self.service.state)
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.service.stop(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture
+def racks(
+    api_client: Any, volcano_crds: list[str], gpu_nodes: Callable[..., list[str]], e2e_test_label: str
+) -> Iterator[list[list[str]]]:
+    """Two NVL72 racks (18 trays x 4 GPUs), each a tier-1 ``nvlink`` HyperNode."""
+    from kubernetes import client
+
+    custom = client.CustomObjectsApi(api_client)
+    out: list[list[str]] = []
+    made: list[str] = []
+    try:
+        for r in range(RACKS):
+            names = gpu_nodes([f"{e2e_test_label}-r{r}-t{t:02d}"[-63:] for t in range(TRAYS)], gpus=4)
+            out.append(names)
+            hn = f"nvl-{r}-{e2e_test_label}"[:63].rstrip("-")
+            custom.create_cluster_custom_object(
+                *HYPERNODES,
+                {
+                    "apiVersion": "topology.volcano.sh/v1alpha1",
+                    "kind": "HyperNode",
+                    "metadata": {"name": hn},
+                    "spec": {
+                        "tier": 1,
+                        "tierName": "nvlink",
+                        "members": [{"type": "Node", "selector": {"exactMatch": {"name": n}}} for n in names],
+                    },
+                },
+            )
+            made.append(hn)
+        yield out
+    finally:
+        for hn in made:
+            custom.delete_cluster_custom_object(*HYPERNODES, hn)
+
+
+@pytest.fixture
+def extender(
+    control_plane: cluster.ControlPlane,
+    racks: list[list[str]],
+    kube_scheduler_factory: Callable[..., cluster.Scheduler],
+) -> Iterator[RunningExtender]:
+    ext = RunningExtender(str(control_plane.apiserver.kubeconfig))
+    try:
+        kube_scheduler_factory(
+            scheduler_name=SCHEDULER,
+            extenders=[
+                {
+                    "urlPrefix": ext.url,
+                    "filterVerb": "filter",
+                    "prioritizeVerb": "prioritize",
+                    "bindVerb": "bind",
+                    "weight": 5,
+                    "nodeCacheCapable": True,
+                    "httpTimeout": "30s",
+                    "ignorable": False,
+                    "managedResources": [{"name": "nvidia.com/gpu", "ignoredByScheduler": False}],
+                }
+            ],
+        )
+        yield ext
+    finally:
+        ext.stop()
+
+
+def gang_pods(ns: str, gang: str, n: int, label: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{gang}-{i}",
+                "namespace": ns,
+                "annotations": {
+                    "gpuagent.dev/gang": gang,
+                    "gpuagent.dev/gang-size": str(n),
+                    "gpuagent.dev/subgroup-size": str(n),
+                    "gpuagent.dev/subgroup-tier": "nvlink",
+                    "gpuagent.dev/rank": str(i),
+                },
+            },
+            "spec": {
+                "schedulerName": SCHEDULER,
+                "nodeSelector": {"gpuagent.dev/e2e-test": label},
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": "registry.invalid/none:0",
+                        "resources": {"limits": {"nvidia.com/gpu": "4"}},
+                    }
+                ],
+            },
+        }
+        for i in range(n)
+    ]
+
+
+def occupy(api: Any, ns: str, node: str, name: str) -> None:
+    """A pod bound straight to ``node`` (no scheduler) holding its 4 GPUs."""
+    create(
+        api,
+        [
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {
+                    "nodeName": node,
+                    "containers": [
+                        {
+                            "name": "c",
+                            "image": "registry.invalid/none:0",
+                            "resources": {"limits": {"nvidia.com/gpu": "4"}},
+                        }
+                    ],
+                },
+            }
+        ],
+    )
+
+
+def create(api: Any, pods: list[dict[str, Any]]) -> None:
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    for p in pods:
+        core.create_namespaced_pod(p["metadata"]["namespace"], p)
+
+
+def bound(api: Any, ns: str, gang: str) -> dict[str, str]:
+    from kubernetes import client
+
+    return {
+        p.metadata.name: p.spec.node_name
+        for p in client.CoreV1Api(api).list_namespaced_pod(ns).items
+        if p.metadata.name.startswith(gang + "-") and p.spec.node_name
+    }
+
+
+def events(api: Any, ns: str, reason: str) -> list[Any]:
+    from kubernetes import client
+
+    return [e for e in client.CoreV1Api(api).list_namespaced_event(ns).items if e.reason == reason]
+
+
+def test_18_pod_gang_lands_in_one_nvl72_domain(
+    api_client: Any, namespace: str, racks: list[list[str]], extender: RunningExtender, e2e_test_label: str
+) -> None:
+    occupy(api_client, namespace, racks[0][5], "busy")  # rack 0 cannot take the whole gang
+    cluster.wait_until(
+        lambda: extender.state(lambda s: f"{namespace}/busy" in s.pods), what="extender sees busy pod"
+    )
+    create(api_client, gang_pods(namespace, "train", 18, e2e_test_label))
+    cluster.wait_until(lambda: len(bound(api_client, namespace, "train")) == 18, what="all 18 pods bound")
+    placement = bound(api_client, namespace, "train")
+    assert len(set(placement.values())) == 18
+    assert set(placement.values()) == set(racks[1])
+    assert [placement[f"train-{i}"] for i in range(18)] == sorted(racks[1])  # ranks in node order
+
+
+def test_impossible_gang_binds_nothing(
+    api_client: Any, namespace: str, racks: list[list[str]], extender: RunningExtender, e2e_test_label: str
+) -> None:
+    create(api_client, gang_pods(namespace, "huge", 19, e2e_test_label))  # 19 trays in an 18-tray domain
+    cluster.wait_until(
+        lambda: events(api_client, namespace, "GangUnschedulable"), what="GangUnschedulable Event"
+    )
+    assert bound(api_client, namespace, "huge") == {}
+    assert "nvlink" in events(api_client, namespace, "GangUnschedulable")[0].message
+
+
+def test_competing_gangs_never_half_bound(
+    api_client: Any, namespace: str, racks: list[list[str]], extender: RunningExtender, e2e_test_label: str
+) -> None:
+    from kubernetes import client
+
+    core = client.CoreV1Api(api_client)
+    for t, n in enumerate(racks[1]):  # rack 1 is full: both gangs compete for rack 0's 18 trays
+        occupy(api_client, namespace, n, f"fill-{t}")
+    cluster.wait_until(
+        lambda: extender.state(lambda s: sum(k.startswith(f"{namespace}/fill-") for k in s.pods)) == TRAYS,
+        what="extender sees rack 1 full",
+    )
+    a = gang_pods(namespace, "ga", 10, e2e_test_label)
+    b = gang_pods(namespace, "gb", 10, e2e_test_label)
+    create(api_client, [p for pair in zip(a, b, strict=True) for p in pair])  # interleaved
+    cluster.wait_until(
+        lambda: max(len(bound(api_client, namespace, "ga")), len(bound(api_client, namespace, "gb"))) == 10,
+        what="one gang bound",
+    )
+    first, second = ("ga", "gb") if len(bound(api_client, namespace, "ga")) == 10 else ("gb", "ga")
+    # the other one is told why, and none of its pods is bound while the first holds the domain
+    cluster.wait_until(
+        lambda: any(
+            e.involved_object.name.startswith(second + "-")
+            for e in events(api_client, namespace, "GangUnschedulable")
+        ),
+        what=f"GangUnschedulable Event for {second}",
+    )
+    assert bound(api_client, namespace, second) == {}
+    for i in range(10):
+        core.delete_namespaced_pod(f"{first}-{i}", namespace, grace_period_seconds=0)
+    cluster.wait_until(
+        lambda: not extender.state(lambda s: [k for k in s.pods if k.startswith(f"{namespace}/{first}-")]),
+        what="extender sees the first gang gone",
+    )
+    # a cluster event after that makes kube-scheduler retry the waiting pods now, not after a back-off
+    for i in range(10):
+        core.patch_namespaced_pod(f"{second}-{i}", namespace, {"metadata": {"labels": {"retry": "1"}}})
+    cluster.wait_until(
+        lambda: len(bound(api_client, namespace, second)) == 10, what=f"{second} bound after {first} left"
+    )
+    assert set(bound(api_client, namespace, second).values()) <= set(racks[0])
