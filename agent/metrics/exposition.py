@@ -24,13 +24,13 @@ _TYPES = {
 
 
 def _value(v: float) -> str:
+    if v - v == 0:  # finite (inf - inf and nan - nan are nan)
+        return repr(v)
     if v == math.inf:
         return "+Inf"
     if v == -math.inf:
         return "-Inf"
-    if math.isnan(v):
-        return "NaN"
-    return repr(float(v))
+    return "NaN"
 
 
 def _escape(value: str) -> str:
@@ -46,14 +46,20 @@ def _help(text: str) -> str:
 def render_text(families: Iterable[Metric]) -> bytes:
     out: list[str] = []
     append = out.append
-    pairs: dict[tuple[str, str], str] = {}  # memo of 'name="escaped value"' within one scrape
+    pairs: dict[tuple[str, str], str] = {}  # 'name="escaped value"' by (name, value), within one scrape
+    sets: dict[int, str] = {}  # rendered label sets by dict identity (samples share their label dicts)
+    keep: list[object] = []  # the dicts behind ``sets`` stay alive, so identities are not reused
     for family in families:
         name = family.name + "_total" if family.type == "counter" else family.name
         kind = _TYPES.get(family.type, "untyped")
         append(f"# HELP {name} {_help(family.documentation)}\n# TYPE {name} {kind}\n")
-        for sample in family.samples:
-            labels = sample.labels
-            if labels:
+        for sname, labels, value, *_ in family.samples:
+            text = repr(value) if value - value == 0 else _value(value)
+            if not labels:
+                append(f"{sname} {text}\n")
+                continue
+            rendered = sets.get(id(labels))
+            if rendered is None:
                 parts = []
                 for item in labels.items():
                     pair = pairs.get(item)
@@ -61,7 +67,8 @@ def render_text(families: Iterable[Metric]) -> bytes:
                         pair = f'{item[0]}="{_escape(item[1])}"'
                         pairs[item] = pair
                     parts.append(pair)
-                append(f"{sample.name}{{{','.join(parts)}}} {_value(sample.value)}\n")
-            else:
-                append(f"{sample.name} {_value(sample.value)}\n")
+                rendered = "{" + ",".join(parts) + "}"
+                sets[id(labels)] = rendered
+                keep.append(labels)
+            append(f"{sname}{rendered} {text}\n")
     return "".join(out).encode()
