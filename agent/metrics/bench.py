@@ -27,8 +27,8 @@ import contextlib
 import http.client
 import itertools
 import json
-import os
 import math
+import os
 import re
 import shutil
 import subprocess
