@@ -28,10 +28,11 @@ from deviceplugin.allocator import Topology, topology_from_inventory
 from deviceplugin.cdi import cdi_spec, write_spec
 from deviceplugin.config import PluginConfig
 from deviceplugin.resources import Resource, ResourceError, ResourcePlan, build_plan
-from deviceplugin.server import PluginError, PluginServer, PluginState, register
+from deviceplugin.server import PluginError, PluginServer, PluginState, check_socket_path, register
 from topology.model import LinkLevel, NodeInventory
 
 KUBELET_SOCKET = "kubelet.sock"
+START_RETRY_S = 1.0
 
 AllocatableCheck = Callable[[], Awaitable[Mapping[str, frozenset[str]] | None]]
 PcieLevels = Callable[[NodeInventory], Mapping[tuple[int, int], LinkLevel]]
@@ -77,6 +78,8 @@ class PluginManager:
         self._check_interval = check_interval_s
         self._clock = clock
         self._plugins: dict[str, _Plugin] = {}
+        self._unstarted: dict[str, Resource] = {}  # servers that failed to start; retried every tick
+        self._retry_at = 0.0
         self._plan: ResourcePlan | None = None
         self._topology: Topology | None = None
         self._kubelet_seen: tuple[int, int] | None = None
@@ -99,11 +102,13 @@ class PluginManager:
 
     def registered(self) -> dict[str, bool]:
         """Each served resource and whether kubelet has accepted its registration."""
-        return {name: p.registered_with is not None for name, p in sorted(self._plugins.items())}
+        out = {name: p.registered_with is not None for name, p in self._plugins.items()}
+        out.update(dict.fromkeys(self._unstarted, False))
+        return dict(sorted(out.items()))
 
     def ready(self) -> bool:
-        """Every resource is served and registered (true with no resources at all)."""
-        return all(self.registered().values())
+        """Started, and every resource is served and registered (true with no resources at all)."""
+        return self.started.is_set() and all(self.registered().values())
 
     def states(self) -> dict[str, PluginState]:
         return {name: p.server.state for name, p in self._plugins.items()}
@@ -113,6 +118,8 @@ class PluginManager:
     async def run(self, stop: asyncio.Event) -> None:
         self._dir.mkdir(parents=True, exist_ok=True)
         plan = build_plan(self._store.inventory, self._config)  # a bad plan at start is fatal
+        for resource in plan.resources:
+            check_socket_path(self._dir / resource.socket_name)  # so is a directory path too long
         remove = self._store.add_listener(self._on_store)
         try:
             await self._apply(plan)
@@ -136,6 +143,9 @@ class PluginManager:
                 )
             else:
                 await self._apply(plan)
+        if self._unstarted and self._clock() >= self._retry_at:
+            for resource in list(self._unstarted.values()):
+                await self._start(resource)
         await self._watch_kubelet()
         await self._register_pending()
         await self._check_allocatable()
@@ -158,6 +168,8 @@ class PluginManager:
         self._plan = plan
         self._topology = self._build_topology()
         wanted = plan.by_name()
+        for name in sorted(set(self._unstarted) - set(wanted)):
+            del self._unstarted[name]
         for name in sorted(set(self._plugins) - set(wanted)):
             plugin = self._plugins.pop(name)
             await plugin.server.stop(self._grace)
@@ -165,8 +177,8 @@ class PluginManager:
         for name, resource in sorted(wanted.items()):
             current = self._plugins.get(name)
             if current is None:
-                await self._start(resource)
-                self._log.info("resource_added", resource=name, devices=len(resource.devices))
+                if await self._start(resource):
+                    self._log.info("resource_added", resource=name, devices=len(resource.devices))
             else:
                 current.server.state.update(
                     resource=resource, topology=self._topology, unhealthy=self._unhealthy(resource)
@@ -183,7 +195,8 @@ class PluginManager:
                 self._log.warning("pcie_levels_unavailable", error=str(exc))
         return topology_from_inventory(inventory, pcie_levels=levels)
 
-    async def _start(self, resource: Resource) -> None:
+    async def _start(self, resource: Resource) -> bool:
+        """Serve one resource; a server that cannot start is logged and retried (not fatal)."""
         assert self._topology is not None
         state = PluginState(
             resource=resource,
@@ -191,14 +204,31 @@ class PluginManager:
             config=self._config,
             unhealthy=self._unhealthy(resource),
         )
-        server = PluginServer(state=state, socket_path=self._dir / resource.socket_name, grace_s=self._grace)
-        await server.start()
+        try:
+            server = PluginServer(
+                state=state, socket_path=self._dir / resource.socket_name, grace_s=self._grace
+            )
+            await server.start()
+        except PluginError as exc:
+            self._unstarted[resource.name] = resource
+            self._retry_at = self._clock() + START_RETRY_S
+            self._log.error(
+                "plugin_start_failed",
+                resource=resource.name,
+                reason=str(exc),
+                retry_in_s=START_RETRY_S,
+                hint="check the device-plugin directory is writable and the path short enough",
+            )
+            return False
+        self._unstarted.pop(resource.name, None)
         self._plugins[resource.name] = _Plugin(server=server)
+        return True
 
     async def _restart_all(self, why: str) -> None:
         self.restarts += 1
         self._log.info("plugins_restarting", reason=why, resources=sorted(self._plugins))
         resources = [p.server.state.resource for p in self._plugins.values()]
+        resources += list(self._unstarted.values())
         for plugin in self._plugins.values():
             await plugin.server.stop(0)
         self._plugins.clear()

@@ -198,8 +198,12 @@ class PluginServer:
 
     async def start(self, *, check_timeout_s: float = 5.0) -> None:
         """Serve, then prove the socket answers (a GetDevicePluginOptions call over it)."""
-        with contextlib.suppress(FileNotFoundError):
+        try:
             self.socket_path.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise PluginError(f"cannot replace {self.socket_path}: {exc.strerror or exc}") from None
         server = grpc.aio.server()
         pb_grpc.add_DevicePluginServicer_to_server(DevicePluginService(self.state), server)
         if server.add_insecure_port(f"unix://{self.socket_path}") == 0:

@@ -87,8 +87,8 @@ async def agent(
     task = asyncio.create_task(run_components(components, stop))
     try:
         async with asyncio.timeout(10):
-            await manager.started.wait()
-            await health.started.wait()
+            while not (manager.started.is_set() and health.started.is_set()) and not task.done():
+                await asyncio.sleep(0.01)
         yield Agent(node, store, manager, health, rediscovery, directory)
     finally:
         stop.set()
@@ -404,3 +404,34 @@ def test_fabric_unhealthy_marks_the_gpu_when_configured(short_dir: Path) -> None
             await kubelet.wait_for(all_healthy(kubelet, "nvidia.com/gpu", 4))
 
     run(body())
+
+
+def test_a_plugin_that_cannot_start_is_retried_not_fatal(short_dir: Path) -> None:
+    blocker = short_dir / "nvidia-gpu.sock"
+    blocker.mkdir()
+    (blocker / "keep").write_text("x")
+
+    async def body() -> None:
+        async with running_kubelet(short_dir) as kubelet, agent(short_dir) as a:
+            await asyncio.sleep(0.2)
+            assert a.manager.registered() == {"nvidia.com/gpu": False}
+            assert not a.manager.ready()
+            (blocker / "keep").unlink()
+            blocker.rmdir()
+            await kubelet.wait_for(all_healthy(kubelet, "nvidia.com/gpu", 8), timeout=5)
+            await wait_until(a.manager.ready)
+
+    run(body())
+
+
+def test_a_socket_path_too_long_stops_the_manager_with_one_line(short_dir: Path) -> None:
+    deep = short_dir / ("d" * 90)
+
+    async def body() -> None:
+        async with agent(deep) as a:
+            await asyncio.sleep(0)
+            del a
+
+    with pytest.raises(ExceptionGroup) as err:
+        run(body())
+    assert "longer than 107 bytes" in str(err.value.exceptions[0])
