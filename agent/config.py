@@ -322,6 +322,8 @@ def load_settings(args: argparse.Namespace, env: Mapping[str, str]) -> RunSettin
     except ConfigError as exc:
         problems.extend(exc.problems)
         plugin = PluginConfig()
+    if values.get("simulate_faults") is not None and values.get("simulate") is None:
+        problems.append("--simulate-faults: needs --simulate (faults are injected into the simulator)")
     if problems:
         raise ConfigError(problems)
     return RunSettings(**values, config_file=config_path, plugin=plugin)

@@ -101,3 +101,9 @@ def test_missing_config_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureF
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0
     assert "cannot read" in err
+
+
+def test_faults_need_a_simulator() -> None:
+    with pytest.raises(ConfigError, match="--simulate-faults: needs --simulate"):
+        parse(["--simulate-faults", "/tmp/f.jsonl"])
+    assert parse(["--simulate", "pcie-l40s", "--simulate-faults", "/tmp/f.jsonl"]).simulate == "pcie-l40s"
