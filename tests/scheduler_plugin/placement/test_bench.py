@@ -1,0 +1,78 @@
+"""``gpu-node-agent bench placement`` end to end: JSON, Markdown and PNG, and clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from scheduler_plugin.placement import bench
+from scheduler_plugin.placement.metrics import FIGURES
+
+POLICY_KEYS = {"ours", "volcano", "kueue", "kai", "slurm", "kube-default", "optimum"}
+
+
+def test_quick_run_writes_json_markdown_and_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = {k: tmp_path / f"place.{k}" for k in ("json", "md", "png")}
+    code = bench.main(
+        ["--quick", "--json", str(out["json"]), "--markdown", str(out["md"]), "--plot", str(out["png"])]
+    )
+    assert code == 0
+    doc = json.loads(out["json"].read_text())
+    assert set(doc["policies"]) == POLICY_KEYS
+    for name, figs in doc["policies"].items():
+        assert set(FIGURES) <= set(figs), name
+    for name in POLICY_KEYS - {"optimum"}:
+        assert doc["policies"][name]["gpus_conserved"] is True
+        assert doc["policies"][name]["plan_p99_ms"] >= doc["policies"][name]["plan_p50_ms"] > 0
+    assert doc["policies"]["ours"]["nvlink_local_ratio"] == 1.0
+    assert 0 < doc["policies"]["optimum"]["allocation_ratio"] <= 1
+    assert doc["machine"].startswith("machine: ")
+    md = out["md"].read_text()
+    assert "| kube-default |" in md
+    assert "FIFO with EASY backfill" in md
+    assert out["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    captured = capsys.readouterr()
+    assert "| ours |" in captured.out
+    assert "simulating ours" in captured.err
+    assert "machine: " in captured.err
+
+
+def test_philly_workload_says_runtimes_are_sampled(
+    philly_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = bench.main(
+        [
+            "--quick",
+            "--workload",
+            "philly",
+            "--data-dir",
+            str(philly_dir),
+            "--policies",
+            "ours,kube-default",
+            "--optimum-instances",
+            "0",
+            "--jobs",
+            "300",
+        ]
+    )
+    assert code == 0
+    assert "runtimes SAMPLED" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        pytest.param(["--policies", "ours,borg"], "--policies: unknown ['borg']", id="unknown-policy"),
+        pytest.param(["--workload", "philly", "--data-dir", "/nonexistent"], "--data-dir", id="no-data"),
+        pytest.param(["--load", "0"], "--load must be > 0", id="bad-load"),
+    ],
+)
+def test_bad_options_exit_2_with_one_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert bench.main(["--quick", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert message in err[0]
