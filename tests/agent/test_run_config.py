@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from agent.commands import run as run_command
-from agent.config import add_arguments, load_settings
+from agent.config import RunSettings, add_arguments, load_settings
 from deviceplugin.config import ConfigError, MigStrategy
 
 
-def parse(argv: list[str], env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+def parse(argv: list[str], env: dict[str, str] | None = None) -> RunSettings:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     return load_settings(parser.parse_args(argv), env or {})
