@@ -107,6 +107,7 @@ class ClusterState:
         self._last_event: dict[str, tuple[str, str]] = {}
         self._uids: dict[str, str] = {}  # pod key -> uid the scheduler gave at bind
         self._alloc: dict[str, int] = {}  # node -> allocatable GPUs, parsed once
+        self._excluded: dict[str, set[str]] = {}  # gang -> nodes kube-scheduler ruled out for it
 
     # -- informer side ---------------------------------------------------------------------------
     @staticmethod
@@ -275,9 +276,17 @@ class ClusterState:
                     return (
                         f"the gang's pods disagree on nodeSelector {label} ({selector[label]!r}, {value!r})"
                     )
-        nodes = [n for n in self.nodes.values() if _matches(n, selector)] if selector else self.nodes.values()
+        mates = [self.pods[k] for k in spec.members if k in self.pods]
+        excluded = self._excluded.get(spec.key, set())
+        nodes = [
+            n
+            for n in self.nodes.values()
+            if _matches(n, selector)
+            and all(_tolerates(p, n) for p in mates)
+            and (n.get("metadata") or {}).get("name") not in excluded
+        ]
         if not nodes:
-            return f"no node matches the gang's nodeSelector {selector}"
+            return f"no node matches the gang's nodeSelector {selector} and tolerations"
         snapshot = snapshot_from_objects(nodes, self.pods.values(), self.hypernodes.values(), reserved=others)
         result = plan(snapshot, gang)
         if isinstance(result, Infeasible):
@@ -373,18 +382,22 @@ class ClusterState:
             msg = f"pod {key} has no place in gang {gang_name}'s plan (an elastic subgroup left out)"
             out.failed = dict.fromkeys(node_names, msg)
             return out
+        if node not in node_names:
+            # kube-scheduler ruled the planned node out (a taint, a port, its own view of the node):
+            # unless pods already wait at bind, drop the plan and plan again without that node
+            msg = f"planned node {node} of gang {gang_name} was not among the scheduler's candidates"
+            out.failed = dict.fromkeys(node_names, msg)
+            out.events += self._event_once(pod, "GangNodeFiltered", msg)
+            if not res.arrived:
+                self._excluded.setdefault(gang_name, set()).add(node)
+                self.reservations.pop(gang_name, None)
+            return out
         res.expires_at = max(res.expires_at, now + self.reservation_ttl_s)
         for n in node_names:
             if n == node:
                 out.passed.append(n)
             else:
                 out.failed[n] = f"gang {gang_name} planned this pod on {node}"
-        if node not in node_names:
-            out.events += self._event_once(
-                pod,
-                "GangNodeFiltered",
-                f"planned node {node} of gang {gang_name} was not among the scheduler's candidates",
-            )
         return out
 
     # -- prioritize ------------------------------------------------------------------------------
@@ -466,6 +479,7 @@ class ClusterState:
             self._release_hold(res, res.spec.members[k], n)
         res.barrier_deadline = None
         self.reservations.pop(gang_name, None)
+        self._excluded.pop(gang_name, None)
         return BindDecision(action="bind", pods=pods, gang=gang_name)
 
     def _assume_bound(self, key: str, node: str) -> None:
@@ -522,6 +536,26 @@ class ClusterState:
 def _matches(node: Mapping[str, Any], selector: Mapping[str, str]) -> bool:
     labels = (node.get("metadata") or {}).get("labels") or {}
     return all(labels.get(k) == v for k, v in selector.items())
+
+
+def _tolerates(pod: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
+    """Whether ``pod`` tolerates every NoSchedule/NoExecute taint of ``node``."""
+    tolerations = (pod.get("spec") or {}).get("tolerations") or []
+    for taint in (node.get("spec") or {}).get("taints") or []:
+        if taint.get("effect") not in ("NoSchedule", "NoExecute"):
+            continue
+        if not any(_tolerates_one(t, taint) for t in tolerations):
+            return False
+    return True
+
+
+def _tolerates_one(tol: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
+    if tol.get("effect") and tol.get("effect") != taint.get("effect"):
+        return False
+    key = tol.get("key")
+    if tol.get("operator") == "Exists":
+        return not key or key == taint.get("key")
+    return key == taint.get("key") and (tol.get("value") or "") == (taint.get("value") or "")
 
 
 def pods_nodes(pods: Iterable[tuple[str, str, str]]) -> list[tuple[str, str]]:

@@ -315,3 +315,42 @@ def test_gang_plan_honours_the_pods_node_selector() -> None:
     s = make_state(pods=pods)
     out = s.filter(pods[0], NODES, 0.0)
     assert "disagree on nodeSelector pool" in next(iter(out.failed.values()))
+
+
+def test_gang_plan_skips_tainted_nodes_it_does_not_tolerate() -> None:
+    pods = [gang_pod(f"w{i}", i) for i in range(4)]
+    s = make_state(pods=pods)
+    nodes = [node(n, 4) for n in NODES]
+    for n in nodes[:4]:  # rack 0 is tainted
+        n["spec"]["taints"] = [{"key": "maintenance", "value": "yes", "effect": "NoSchedule"}]
+    s.replace("nodes", nodes)
+    assert {planned_node(s, p, 0.0)[:2] for p in pods} == {"r1"}
+    tolerant = [gang_pod(f"t{i}", i, gang="t") for i in range(4)]
+    for p in tolerant:
+        p["spec"]["tolerations"] = [{"key": "maintenance", "operator": "Exists"}]
+        s.apply("pods", "ADDED", p)
+    assert {planned_node(s, p, 0.0)[:2] for p in tolerant} == {"r0"}  # r1 is held for gang g
+
+
+def test_a_planned_node_the_scheduler_rules_out_is_replanned_around() -> None:
+    pods = [gang_pod(f"w{i}", i, size=2) for i in range(2)]
+    pods = [
+        {
+            **p,
+            "metadata": {
+                **p["metadata"],
+                "annotations": {**p["metadata"]["annotations"], "gpuagent.dev/subgroup-size": "2"},
+            },
+        }
+        for p in pods
+    ]
+    s = make_state(pods=pods)
+    first = planned_node(s, pods[0], 0.0)
+    without = [n for n in NODES if n != first]
+    out = s.filter(pods[0], without, 1.0)
+    assert out.passed == []
+    assert [e.reason for e in out.events] == ["GangNodeFiltered"]
+    assert s.reservations == {}
+    again = s.filter(pods[0], without, 2.0)
+    assert len(again.passed) == 1
+    assert again.passed[0] != first
