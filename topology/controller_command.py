@@ -25,7 +25,7 @@ import pathlib
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import yaml
@@ -84,6 +84,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--debounce", type=float, default=1.0, help="seconds without changes before a reconcile")
     p.add_argument("--max-delay", type=float, default=10.0, help="longest a change waits for its reconcile")
     p.add_argument("--dry-run", action="store_true", help="compute the writes, issue none")
+    p.add_argument(
+        "--config", metavar="FILE", help="settings file (version: v1); CLI > GPU_TOPOLOGY_* env > file"
+    )
     return p
 
 
@@ -170,8 +173,75 @@ def write_output(target: str, text: str) -> None:
     tmp.replace(path)
 
 
+# config file key / environment variable -> argparse destination, and how to read the value
+SETTINGS: dict[str, tuple[str, str, Callable[[Any], Any]]] = {
+    "unhealthyFabric": (
+        "unhealthy_fabric",
+        "GPU_TOPOLOGY_UNHEALTHY_FABRIC",
+        lambda v: FabricPolicy(str(v)).value,
+    ),
+    "leaseNamespace": ("lease_namespace", "GPU_TOPOLOGY_LEASE_NAMESPACE", str),
+    "leaseName": ("lease_name", "GPU_TOPOLOGY_LEASE_NAME", str),
+    "debounceSeconds": ("debounce", "GPU_TOPOLOGY_DEBOUNCE_SECONDS", float),
+    "maxDelaySeconds": ("max_delay", "GPU_TOPOLOGY_MAX_DELAY_SECONDS", float),
+    "mapping": ("mapping", "GPU_TOPOLOGY_MAPPING", str),
+    "ibnetdiscover": (
+        "ibnetdiscover",
+        "GPU_TOPOLOGY_IBNETDISCOVER",
+        lambda v: [str(x) for x in v] if isinstance(v, list) else str(v).split(","),
+    ),
+    "slurmForm": ("slurm_form", "GPU_TOPOLOGY_SLURM_FORM", lambda v: _choice(str(v), ("block", "tree"))),
+    "kueueTopology": ("kueue_topology", "GPU_TOPOLOGY_KUEUE_TOPOLOGY", str),
+}
+
+
+def _choice(value: str, valid: tuple[str, ...]) -> str:
+    if value not in valid:
+        raise ValueError(f"{value!r} is not one of {', '.join(valid)}")
+    return value
+
+
+def file_and_env_defaults(config: str | None, environ: Mapping[str, str]) -> dict[str, Any]:
+    """Defaults from the config file (``version: v1``), overridden by ``GPU_TOPOLOGY_*`` variables;
+    the command line overrides both. A bad value raises :class:`UsageError` naming it."""
+    values: dict[str, Any] = {}
+    if config:
+        try:
+            data = yaml.safe_load(pathlib.Path(config).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as exc:
+            raise UsageError(f"--config {config}: {str(exc).splitlines()[0]}") from None
+        if not isinstance(data, dict) or data.get("version") != "v1":
+            raise UsageError(f"--config {config}: expected a mapping with version: v1")
+        for key, value in data.items():
+            if key == "version":
+                continue
+            if key not in SETTINGS:
+                raise UsageError(f"--config {config}: unknown key {key!r}; valid: {', '.join(SETTINGS)}")
+            dest, _, read = SETTINGS[key]
+            try:
+                values[dest] = read(value)
+            except ValueError as exc:
+                raise UsageError(f"--config {config}: {key}: {exc}") from None
+    for _key, (dest, env, read) in SETTINGS.items():
+        if env in environ:
+            try:
+                values[dest] = read(environ[env])
+            except ValueError as exc:
+                raise UsageError(f"{env}: {exc}") from None
+    return values
+
+
 def main(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config")
+    known, _ = pre.parse_known_args(argv)
+    p = parser()
+    try:
+        p.set_defaults(**file_and_env_defaults(known.config, os.environ))
+    except UsageError as exc:
+        print(f"controller: {exc}", file=sys.stderr)
+        return 2
+    args = p.parse_args(argv)
     try:
         return _main(args)
     except (UsageError, SourceError, OSError) as exc:

@@ -121,3 +121,47 @@ def test_usage_errors(args: list[str], message: str, capsys: pytest.CaptureFixtu
     assert code == 2
     assert message in err
     assert err.count("\n") == 1
+
+
+def test_settings_precedence_cli_over_env_over_file(tmp_path: pathlib.Path) -> None:
+    cfg = tmp_path / "controller.yaml"
+    cfg.write_text("version: v1\nunhealthyFabric: exclude\nslurmForm: tree\n", encoding="utf-8")
+    values = controller_command.file_and_env_defaults(str(cfg), {})
+    assert values == {"unhealthy_fabric": "exclude", "slurm_form": "tree"}
+    env = {"GPU_TOPOLOGY_UNHEALTHY_FABRIC": "keep"}
+    assert controller_command.file_and_env_defaults(str(cfg), env)["unhealthy_fabric"] == "keep"
+    p = controller_command.parser()
+    p.set_defaults(**controller_command.file_and_env_defaults(str(cfg), env))
+    assert p.parse_args([]).unhealthy_fabric == "keep"
+    assert p.parse_args(["--unhealthy-fabric", "isolate"]).unhealthy_fabric == "isolate"
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("version: v1\nsurprise: 1\n", {}, "unknown key 'surprise'"),
+        ("version: v2\n", {}, "version: v1"),
+        ("version: v1\nunhealthyFabric: maybe\n", {}, "unhealthyFabric: 'maybe' is not a valid FabricPolicy"),
+        (
+            "version: v1\n",
+            {"GPU_TOPOLOGY_DEBOUNCE_SECONDS": "soon"},
+            "GPU_TOPOLOGY_DEBOUNCE_SECONDS: could not",
+        ),
+    ],
+    ids=["unknown-key", "version", "bad-policy", "bad-env"],
+)
+def test_bad_settings_are_one_line(
+    case: tuple[str, dict[str, str], str],
+    tmp_path: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    text, env, message = case
+    cfg = tmp_path / "controller.yaml"
+    cfg.write_text(text, encoding="utf-8")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    code, _, err = run(["--config", str(cfg), "--once", "--from", str(tmp_path)], capsys)
+    assert code == 2
+    assert message in err
+    assert err.count("\n") == 1
