@@ -631,9 +631,9 @@ def _plan_once(p: PreparedSnapshot, gang: Gang, relax: int) -> _Candidate | _Fai
     roles = _role_order(gang, sub_tiers)
     main = roles[0]
     sub_levels = [t for t in sub_tiers.values() if t is not None]
-    measure = min(sub_levels) if sub_levels else (gang_tier if gang_tier is not None else 0)
-    if not p.snapshot.tiers:
-        measure = None  # type: ignore[assignment]
+    measure: int | None = None  # no tiers: nothing to strand
+    if p.snapshot.tiers:
+        measure = min(sub_levels) if sub_levels else (gang_tier if gang_tier is not None else 0)
     main_key = _role_key(main)
     main_need = sum(len(r) for r in _block_ranges(main, _min_blocks(main)))
 

@@ -370,3 +370,13 @@ def test_deterministic_whatever_the_node_order(case: tuple[ClusterSnapshot, Gang
     again = ClusterSnapshot(tiers=snap.tiers, nodes=tuple(shuffled))
     assert plan(snap, gang) == plan(again, gang)
     assert plan(snap, gang) == plan(snap, gang)
+
+
+def test_a_cluster_without_tiers() -> None:
+    snap = ClusterSnapshot(
+        tiers=(), nodes=(NodeState(name="a", gpus=8, free=8), NodeState(name="b", gpus=8, free=2))
+    )
+    result = plan(snap, Gang(name="g", roles=(Role(name="w", pods=3, gpus_per_pod=2),)))
+    assert isinstance(result, Plan)
+    assert result.placement == {"w-0": "b", "w-1": "a", "w-2": "a"}  # best fit: the fuller node first
+    assert result.score["span_tier"] == 1  # one past the (absent) tiers: the cluster
