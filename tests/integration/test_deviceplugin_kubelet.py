@@ -435,3 +435,31 @@ def test_a_socket_path_too_long_stops_the_manager_with_one_line(short_dir: Path)
     with pytest.raises(ExceptionGroup) as err:
         run(body())
     assert "longer than 107 bytes" in str(err.value.exceptions[0])
+
+
+def test_cdi_spec_written_and_cdi_devices_allocated(short_dir: Path) -> None:
+    spec_dir = short_dir / "cdi"
+    data = {
+        "flags": {"plugin": {"deviceListStrategy": ["envvar", "cdi-cri"]}},
+        "cdi": {"specDir": str(spec_dir)},
+    }
+
+    async def body() -> None:
+        async with running_kubelet(short_dir) as kubelet, agent(short_dir, "pcie-l40s", data) as a:
+            await kubelet.wait_for(all_healthy(kubelet, "nvidia.com/gpu", 4))
+            spec = json.loads((spec_dir / "gpuagent.dev-gpu.json").read_text())
+            assert sorted(d["name"] for d in spec["devices"]) == sorted(
+                g.uuid for g in a.store.inventory.gpus
+            )
+            uuid = a.store.inventory.gpu(2).uuid
+            reply = await call(
+                short_dir,
+                "nvidia-gpu.sock",
+                "Allocate",
+                pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=[uuid])]),
+            )
+            response = reply.container_responses[0]
+            assert [c.name for c in response.cdi_devices] == [f"gpuagent.dev/gpu={uuid}"]
+            assert response.envs["NVIDIA_VISIBLE_DEVICES"] == uuid
+
+    run(body())
