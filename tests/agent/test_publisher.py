@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import pathlib
 import time
 from collections.abc import Iterator
 
@@ -146,3 +147,53 @@ def test_loop_writes_on_change_only_and_recreates_deleted_gpunode(fake: tuple[Fa
     )
     # re-created: the object and its status again, labels untouched (they did not change)
     assert [m for m, path in f.writes(NODES)] == ["PATCH"]
+
+
+def test_run_publishes_through_the_kubeconfig(
+    fake: tuple[FakeKube, str], tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``run`` builds the publisher when a Kubernetes API is configured (here: $KUBECONFIG)."""
+    import tempfile
+
+    import yaml
+
+    from agent.commands.run import serve
+    from agent.config import RunSettings
+    from tests.deviceplugin.helpers import running_kubelet
+
+    f, url = fake
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "fake", "cluster": {"server": url}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "fake", "user": "u"}}],
+                "current-context": "c",
+            }
+        ),
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    with tempfile.TemporaryDirectory(prefix="pub", dir="/tmp") as d:
+        settings = RunSettings(
+            node_name=NODE, kubelet_dir=pathlib.Path(d), simulate="gb200-nvl72:rack=0,tray=0", metrics_addr=""
+        )
+
+        async def body() -> int:
+            async with running_kubelet(pathlib.Path(d)):
+                stop = asyncio.Event()
+                task = asyncio.create_task(serve(settings, stop=stop))
+                deadline = time.monotonic() + 30
+                while f.get(GPUNODES, NODE) is None or "status" not in f.get(GPUNODES, NODE):  # type: ignore[operator]
+                    assert time.monotonic() < deadline, "no GPUNode published"
+                    await asyncio.sleep(0.05)
+                stop.set()
+                return await asyncio.wait_for(task, 20)
+
+        assert asyncio.run(body()) == 0
+    labels = f.get(NODES, NODE)["metadata"]["labels"]  # type: ignore[index]
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-GB200"
+    assert labels["gpuagent.dev/nvlink-domain"].startswith("nvl-")
