@@ -188,6 +188,7 @@ class Publisher:
             log.warning("gpunode_missing", extra={"node": self.settings.node_name})
             self._created = False
             self._status = None
+            self._uid = None  # the Node may have been re-created (a new uid for the owner reference)
 
     async def _call(self, fn: Callable[[], Any]) -> Any:
         return await asyncio.to_thread(fn)
