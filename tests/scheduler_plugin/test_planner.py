@@ -380,3 +380,66 @@ def test_a_cluster_without_tiers() -> None:
     assert isinstance(result, Plan)
     assert result.placement == {"w-0": "b", "w-1": "a", "w-2": "a"}  # best fit: the fuller node first
     assert result.score["span_tier"] == 1  # one past the (absent) tiers: the cluster
+
+
+@st.composite
+def two_role_cases(draw: st.DrawFn) -> tuple[ClusterSnapshot, Gang]:
+    nodes = []
+    for i in range(draw(st.integers(1, 6))):
+        gpus = draw(st.integers(0, 8))
+        nv = draw(st.integers(0, 2))
+        cpu = draw(st.integers(0, 8000))
+        nodes.append(
+            NodeState(
+                name=f"n{i}",
+                gpus=gpus,
+                free=draw(st.integers(0, gpus)),
+                domains={"nvlink": f"d{nv}", "leaf": f"l{nv // 2}"},
+                free_resources={"cpu": cpu},
+            )
+        )
+    head = Role(
+        name="head",
+        pods=draw(st.integers(1, 2)),
+        gpus_per_pod=0,
+        resources_per_pod={"cpu": draw(st.integers(0, 4000))},
+    )
+    pods = draw(st.integers(1, 6))
+    workers = Role(
+        name="worker",
+        pods=pods,
+        gpus_per_pod=draw(st.integers(1, 4)),
+        subgroup_size=draw(st.one_of(st.none(), st.integers(1, pods))),
+        subgroup_tier=draw(st.sampled_from([None, "nvlink", "leaf"])),
+        resources_per_pod={"cpu": draw(st.integers(0, 2000))},
+    )
+    gang = Gang(
+        name="g", roles=(head, workers), tier=draw(st.sampled_from([None, "leaf"])), soft=draw(st.booleans())
+    )
+    return ClusterSnapshot(tiers=("nvlink", "leaf"), nodes=tuple(nodes)), gang
+
+
+@given(two_role_cases())
+def test_heterogeneous_roles_respect_every_resource(case: tuple[ClusterSnapshot, Gang]) -> None:
+    snap, gang = case
+    result = plan(snap, gang)
+    assert result == plan(snap, gang)
+    if isinstance(result, Infeasible):
+        assert result.reason
+        return
+    roles = {r.name: r for r in gang.roles}
+    assert set(result.placement) == {
+        f"{r.name}-{i}" for r in gang.roles for i in range(r.pods)
+    }  # all or nothing
+    gpus: Counter[str] = Counter()
+    cpu: Counter[str] = Counter()
+    for pod, node in result.placement.items():
+        role = roles[pod.rsplit("-", 1)[0]]
+        gpus[node] += role.gpus_per_pod
+        cpu[node] += role.resources_per_pod.get("cpu", 0)
+    by_name = {n.name: n for n in snap.nodes}
+    for node in gpus:
+        assert gpus[node] <= by_name[node].free
+        assert cpu[node] <= by_name[node].free_resources["cpu"]
+    if gang.tier and not gang.soft:
+        assert len({by_name[n].domains["leaf"] for n in result.placement.values()}) == 1
