@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import threading
 import time
 from collections import defaultdict
@@ -30,7 +31,7 @@ from agent.nvml.errors import NVMLError
 from agent.nvml.protocol import EventKind, GpuSample, MigSample, NvmlBackend, NvmlEvent, ProcessUtilization
 from agent.podresources.cache import PodResourcesStats
 from agent.podresources.model import EMPTY, PodResourcesSnapshot
-from topology.model import FabricInfo, NodeInventory
+from topology.model import FabricInfo, Gpu, NodeInventory
 
 # NVML codes after which NVML as a whole is unusable (not one GPU): UNINITIALIZED, DRIVER_NOT_LOADED,
 # LIBRARY_NOT_FOUND, LIB_RM_VERSION_MISMATCH.
@@ -170,7 +171,7 @@ def build_snapshot(
                 error=reads.errors.get(gpu.index),
                 mig_enabled=None if state is None else state.current_enabled,
                 fabric=reads.fabric.get(gpu.index),
-                healthy=health(gpu.uuid),
+                healthy=False if gpu.lost else health(gpu.uuid),
                 xid_counts=counts,
                 last_xid=last,
                 owners=attribution.owners.get(gpu.uuid, ()),
@@ -228,6 +229,7 @@ class MetricsCache:
         self._resolver: tuple[NodeInventory, DeviceResolver] | None = None
         self._problem: str | None = "waiting for the first NVML refresh"
         self._refreshes = 0
+        self._known: dict[int, Gpu] = {}  # last identity of each GPU index that answered
         self._log = logs.get_logger("agent.metrics").bind(node=hostname)
 
     def snapshot(self) -> MetricsSnapshot:
@@ -236,6 +238,22 @@ class MetricsCache:
     def nvml_problem(self) -> str | None:
         """Why NVML is unusable (readiness fails with it), or ``None``."""
         return self._problem
+
+    def _remember_lost(self, inventory: NodeInventory) -> NodeInventory:
+        """Discovery lists a GPU that fell off the bus as a placeholder without identity; put back the
+        identity it had when it last answered, so its series (XIDs, health) keep their UUID."""
+        patched = []
+        for gpu in inventory.gpus:
+            known = self._known.get(gpu.index)
+            if gpu.lost and not gpu.uuid and known is not None:
+                patched.append(dataclasses.replace(known, lost=True, error=gpu.error))
+                continue
+            if gpu.uuid and not gpu.lost:
+                self._known[gpu.index] = gpu
+            patched.append(gpu)
+        if all(a is b for a, b in zip(patched, inventory.gpus, strict=True)):
+            return inventory
+        return dataclasses.replace(inventory, gpus=tuple(patched))
 
     def _resolver_for(self, inventory: NodeInventory) -> DeviceResolver:
         if self._resolver is None or self._resolver[0] is not inventory:
@@ -283,7 +301,7 @@ class MetricsCache:
 
     async def refresh(self) -> MetricsSnapshot:
         started = self._monotonic()
-        inventory = self._inventory()
+        inventory = self._remember_lost(self._inventory())
         pr_snap, pr_stats = self._podresources() if self._podresources is not None else (EMPTY, None)
         attribution = attribute(pr_snap, self._resolver_for(inventory))
         shared_uuids = frozenset(attribution.replica_holders)

@@ -138,7 +138,11 @@ class MetricsExporter:
         self.serving = asyncio.Event()  # set once the first refresh is in the cache and the port is bound
 
     async def run(self, stop: asyncio.Event) -> None:
-        await self.server.start()
+        try:
+            await self.server.start()
+        except OSError as exc:
+            where = f"{self.settings.host}:{self.settings.port}"
+            raise RuntimeError(f"--metrics-addr {where}: cannot listen: {exc.strerror or exc}") from None
         try:
             if self.podresources is not None:
                 await self.podresources.refresh()

@@ -11,14 +11,42 @@ registration state for ``/readyz`` and the self-metrics (``manager.registered()`
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Protocol
 
-from agent.config import RunSettings
 from agent.metrics.cache import CountsXids
 from agent.metrics.exporter import MetricsExporter, MetricsSettings, parse_addr
 from agent.metrics.snapshot import AgentStats
 from agent.nvml.protocol import NvmlBackend
 from topology.model import NodeInventory
+
+
+class _Settings(Protocol):
+    """The fields of ``agent.config.RunSettings`` the exporter reads."""
+
+    @property
+    def node_name(self) -> str: ...
+
+    @property
+    def pod_resources_socket(self) -> Path: ...
+
+    @property
+    def metrics_addr(self) -> str: ...
+
+    @property
+    def metrics_format(self) -> str: ...
+
+    @property
+    def metrics_interval_s(self) -> float: ...
+
+    @property
+    def pod_resources_interval_s(self) -> float: ...
+
+    @property
+    def proc_root(self) -> Path: ...
+
+    @property
+    def pod_logs_root(self) -> Path: ...
 
 
 class _Health(Protocol):
@@ -47,7 +75,7 @@ class _Manager(Protocol):
 
 class RunContextLike(Protocol):
     @property
-    def settings(self) -> RunSettings: ...
+    def settings(self) -> _Settings: ...
 
     @property
     def nvml(self) -> NvmlBackend: ...
@@ -62,7 +90,7 @@ class RunContextLike(Protocol):
     def extras(self) -> dict[str, object]: ...
 
 
-def metrics_settings(settings: RunSettings) -> MetricsSettings | None:
+def metrics_settings(settings: _Settings) -> MetricsSettings | None:
     """The exporter's settings from ``run``'s; ``None`` when ``--metrics-addr ''`` turns it off."""
     if not settings.metrics_addr:
         return None

@@ -87,7 +87,7 @@ def test_allocatable_is_none_when_the_kubelet_does_not_serve_it(socket_path: str
 
 def test_errors_name_the_socket_and_the_status(socket_path: str) -> None:
     async def main() -> None:
-        client = PodResourcesClient(socket_path, timeout_s=2)
+        client = PodResourcesClient(socket_path, timeout_s=10)
         try:
             with pytest.raises(PodResourcesError, match=rf"pod-resources List on {socket_path}: UNAVAILABLE"):
                 await client.list()
@@ -95,7 +95,7 @@ def test_errors_name_the_socket_and_the_status(socket_path: str) -> None:
             await client.close()
         async with FakePodResourcesServer(socket_path, pods=PODS) as kubelet:
             kubelet.fail_with = grpc.StatusCode.PERMISSION_DENIED
-            client = PodResourcesClient(socket_path, timeout_s=2)
+            client = PodResourcesClient(socket_path, timeout_s=10)
             try:
                 with pytest.raises(
                     PodResourcesError, match=r"List on .*: PERMISSION_DENIED fake kubelet told to fail"
@@ -109,7 +109,7 @@ def test_errors_name_the_socket_and_the_status(socket_path: str) -> None:
 
 def test_cache_keeps_the_last_good_snapshot_through_a_kubelet_restart(socket_path: str) -> None:
     async def main() -> None:
-        cache = PodResourcesCache(client=PodResourcesClient(socket_path, timeout_s=2), interval_s=60)
+        cache = PodResourcesCache(client=PodResourcesClient(socket_path, timeout_s=10), interval_s=60)
         kubelet = FakePodResourcesServer(socket_path, pods=PODS)
         await kubelet.start()
         try:

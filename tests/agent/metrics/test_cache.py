@@ -179,3 +179,34 @@ def test_counts_xids_infers_the_last_xid_from_what_grew() -> None:
     table[(gpu_uuid(0), 79)] = 2
     xids.refresh()
     assert xids.of(gpu_uuid(0))[1] == 48  # grew by 3 against 1
+
+
+def test_a_gpu_lost_after_discovery_keeps_its_identity_and_is_unhealthy() -> None:
+    import dataclasses
+
+    from agent.metrics.cache import CountsXids
+
+    placeholder = dataclasses.replace(
+        INV.gpus[1], uuid="", name="", pci_bus_id="", lost=True, error="identity: GPU is lost"
+    )
+    lost_inv = dataclasses.replace(INV, gpus=(INV.gpus[0], placeholder, INV.gpus[2]))
+    current = {"inv": INV}
+    counts = {(gpu_uuid(1), 79): 1}
+    cache = MetricsCache(
+        backend=StubBackend(),  # type: ignore[arg-type]
+        inventory=lambda: current["inv"],
+        hostname="node-a",
+        device_health=lambda uuid: True,
+        xids=CountsXids(lambda: counts),
+    )
+    asyncio.run(cache.refresh())
+    current["inv"] = lost_inv  # rediscovery after XID 79
+    snap = asyncio.run(cache.refresh())
+    view = snap.gpus[1]
+    assert view.gpu.uuid == gpu_uuid(1)
+    assert view.gpu.lost
+    assert view.healthy is False
+    assert view.sample is None
+    assert view.error == "GPU lost at discovery"
+    assert view.xid_counts == ((79, 1),)
+    assert snap.gpus[0].healthy is True

@@ -36,3 +36,25 @@ def test_parse_addr_rejects_bad_values_naming_the_flag(text: str) -> None:
 def test_settings_validate(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         MetricsSettings(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_port_in_use_fails_with_one_line_naming_the_flag() -> None:
+    import asyncio
+    import socket
+
+    from agent.metrics.exporter import MetricsExporter
+    from tests.agent.metrics.builders import make_inventory
+
+    inv = make_inventory(gpus=1)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        exporter = MetricsExporter(
+            settings=MetricsSettings(host="127.0.0.1", port=port, pod_resources_socket=None),
+            backend=None,  # type: ignore[arg-type]  # never reached
+            inventory=lambda: inv,
+            hostname="n",
+        )
+        with pytest.raises(RuntimeError, match=rf"--metrics-addr 127.0.0.1:{port}: cannot listen: "):
+            asyncio.run(exporter.run(asyncio.Event()))
