@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ from scheduler_plugin.placement.metrics import figures
 from scheduler_plugin.placement.policies import POLICIES
 from scheduler_plugin.placement.sim import SimulationError, simulate
 
-DEFAULT_JOBS = {"nvl72": 2000, "philly": 6000, "mixed": 4000}
+DEFAULT_JOBS = {"nvl72": 2000, "philly": 0, "mixed": 8000}  # 0: the whole Philly trace
 QUICK_JOBS = {"nvl72": 150, "philly": 600, "mixed": 400}
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_DATA = REPO.parent / "shared" / "data"
@@ -37,9 +39,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--racks", type=int, default=None, help="size in NVL72-rack equivalents (default 64; quick 16)"
     )
-    p.add_argument("--jobs", type=int, default=None, help="jobs in the stream (default per workload)")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="jobs in the stream (default: nvl72 2000, philly the whole trace, mixed 8000)",
+    )
     p.add_argument("--load", type=float, default=0.95, help="offered load the arrivals are scaled to")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1, help="first seed")
+    p.add_argument("--seeds", type=int, default=None, help="seeds to average over (default 3; quick 1)")
+    p.add_argument("--workers", type=int, default=None, help="simulation processes (default: up to 2 CPUs)")
     p.add_argument(
         "--policies", default=",".join(POLICIES), help="comma-separated subset of: " + ", ".join(POLICIES)
     )
@@ -72,32 +81,50 @@ def main(argv: list[str]) -> int:
         args.jobs if args.jobs is not None else (QUICK_JOBS if args.quick else DEFAULT_JOBS)[args.workload]
     )
     instances = args.optimum_instances if args.optimum_instances is not None else (3 if args.quick else 12)
+    n_seeds = args.seeds if args.seeds is not None else (1 if args.quick else 3)
+    workers = args.workers if args.workers is not None else min(2, _usable_cpus())
+    if n_seeds < 1 or workers < 1:
+        print("bench placement: --seeds and --workers must be >= 1", file=sys.stderr)
+        return 2
+    seeds = list(range(args.seed, args.seed + n_seeds))
     try:
         cluster = clusters.build(args.cluster, racks)
         philly = workloads.load_philly(args.data_dir) if args.workload != "nvl72" else None
-        jobs = workloads.build(
-            args.workload,
-            count=count,
-            seed=args.seed,
-            load=args.load,
-            capacity=cluster.total_gpus,
-            nvlink_domain_gpus=cluster.tier1_domain_gpus(),
-            tier_gpus=cluster.largest_domain_gpus(),
-            philly=philly,
-        )
+        streams = {
+            seed: workloads.build(
+                args.workload,
+                count=count if count > 0 else len(philly.jobs) if philly else 0,
+                seed=seed,
+                load=args.load,
+                capacity=cluster.total_gpus,
+                nvlink_domain_gpus=cluster.tier1_domain_gpus(),
+                tier_gpus=cluster.largest_domain_gpus(),
+                philly=philly,
+            )
+            for seed in seeds
+        }
     except (ValueError, OSError) as err:
         print(f"bench placement: {err}", file=sys.stderr)
         return 2
 
     machine = machine_summary()
     print(machine, file=sys.stderr)
+    jobs = streams[seeds[0]]
     span_h = jobs[-1].arrival_s / 3600
+    longest_h = max(j.runtime_s for j in jobs) / 3600
     notes = [
         "queue: FIFO with EASY backfill on GPU counts, the same for every policy (runtimes known exactly)",
-        f"arrivals scaled to offered load {args.load} over {span_h:.1f} h; figures time-weighted over the "
-        "last 75 % of the arrival span (first 25 % is warm-up)",
+        f"arrivals scaled to offered load {args.load} over {span_h:.1f} h (seed {seeds[0]}); figures "
+        "time-weighted over the last 75 % of the arrival span (first 25 % is warm-up)",
+        f"figures are means over seeds {seeds[0]}..{seeds[-1]} (per-seed values in the JSON); "
+        f"{workers} worker process(es), so plan times are measured with {workers} simulation(s) running",
         "alloc counts GPUs held by partly placed gangs (kube-default): allocated but idle",
     ]
+    if span_h < 2 * longest_h:
+        notes.append(
+            f"the arrival span ({span_h:.1f} h) is short against the longest runtime ({longest_h:.1f} h): "
+            "the cluster is still filling, so allocation stays under the offered load"
+        )
     if args.workload in ("philly", "mixed"):
         notes.append(
             "Philly jobs: arrivals and GPU counts from philly-jobs-seed0.tsv (first jobs in arrival order); "
@@ -120,33 +147,38 @@ def main(argv: list[str]) -> int:
         "jobs": len(jobs),
         "load": args.load,
         "seed": args.seed,
+        "seeds": seeds,
         "quick": args.quick,
         "notes": notes,
         "policies": {},
     }
+    tasks = [(name, seed) for seed in seeds for name in names]
+    done: dict[tuple[str, int], tuple[dict[str, Any], Any]] = {}
+    try:
+        if workers == 1:
+            for name, seed in tasks:
+                done[(name, seed)] = _simulate_one(cluster, streams[seed], name, seed)
+        else:
+            with ProcessPoolExecutor(
+                max_workers=workers, mp_context=multiprocessing.get_context("spawn")
+            ) as pool:
+                futures = {
+                    pool.submit(_simulate_one, cluster, streams[seed], name, seed): (name, seed)
+                    for name, seed in tasks
+                }
+                for fut, key in futures.items():
+                    done[key] = fut.result()
+    except SimulationError as err:
+        print(f"bench placement: {err}", file=sys.stderr)
+        return 1
     timelines: dict[str, Any] = {}
     for name in names:
-        policy = POLICIES[name]()
-        last = [-1]
-
-        def progress(done: int, total: int, name: str = name, last: list[int] = last) -> None:
-            pct = 100 * done // max(1, total)
-            if pct >= last[0] + 10:
-                last[0] = pct
-                print(f"  {name}: {done}/{total} jobs done", file=sys.stderr, flush=True)
-
-        print(f"simulating {name} ({len(jobs)} jobs, {cluster.total_gpus} GPUs)", file=sys.stderr, flush=True)
-        started = time.perf_counter()
-        try:
-            result = simulate(cluster, jobs, policy, clock=time.perf_counter, progress=progress)
-        except SimulationError as err:
-            print(f"bench placement: {err}", file=sys.stderr)
-            return 1
-        figs: dict[str, Any] = figures(result)
-        figs["sim_wall_s"] = round(time.perf_counter() - started, 2)
-        figs["gpus_conserved"] = result.released_all and result.max_allocated <= result.total_gpus
-        doc["policies"][name] = figs
-        timelines[name] = result.timeline
+        runs = [done[(name, seed)][0] for seed in seeds]
+        doc["policies"][name] = {
+            **_mean(runs),
+            "per_seed": [{"seed": s, **r} for s, r in zip(seeds, runs, strict=True)],
+        }
+        timelines[name] = done[(name, seeds[0])][1]
 
     if instances > 0:
         _small_study(doc, names, instances, args.optimum_time_limit, args.seed)
@@ -160,6 +192,51 @@ def main(argv: list[str]) -> int:
     if args.plot:
         report.plot(doc, timelines, args.plot)
     return 0
+
+
+def _simulate_one(
+    cluster: clusters.Cluster, jobs: list[workloads.Job], name: str, seed: int
+) -> tuple[dict[str, Any], Any]:
+    """One policy on one stream (runs in a worker process when there are several)."""
+    last = [-1]
+
+    def progress(done: int, total: int) -> None:
+        pct = 100 * done // max(1, total)
+        if pct >= last[0] + 10:
+            last[0] = pct
+            print(f"  {name} (seed {seed}): {done}/{total} jobs done", file=sys.stderr, flush=True)
+
+    print(
+        f"simulating {name} (seed {seed}, {len(jobs)} jobs, {cluster.total_gpus} GPUs)",
+        file=sys.stderr,
+        flush=True,
+    )
+    started = time.perf_counter()
+    result = simulate(cluster, jobs, POLICIES[name](), clock=time.perf_counter, progress=progress)
+    figs: dict[str, Any] = figures(result)
+    figs["sim_wall_s"] = round(time.perf_counter() - started, 2)
+    figs["gpus_conserved"] = result.released_all and result.max_allocated <= result.total_gpus
+    return figs, result.timeline
+
+
+def _mean(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Numbers averaged over seeds (None where no seed has a value); flags true only if true for all."""
+    out: dict[str, Any] = {}
+    for key in runs[0]:
+        values = [r.get(key) for r in runs]
+        if all(isinstance(v, bool) for v in values):
+            out[key] = all(values)
+        else:
+            nums = [float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+            out[key] = sum(nums) / len(nums) if nums else None
+    return out
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _banner_to_stderr() -> None:

@@ -10,7 +10,8 @@
   of started jobs (a hard constraint: anything under 1.0 is a broken placement).
 - ``stranded_gpus_mean``: time-weighted free GPUs in tier-1 domains that cannot host the smallest
   waiting subgroup (0 while nobody waits).
-- ``free_domains_mean``: time-weighted count of wholly free tier-1 domains.
+- ``free_domains_mean``: time-weighted count of wholly free tier-1 domains (``free_<tier>_domains_mean``
+  the same for the higher tiers).
 - ``plan_p50_ms``, ``plan_p99_ms``: wall time of the policy's placement calls (nearest rank).
 - ``partial_gangs``: jobs that held some pods while waiting for the rest.
 """
@@ -64,6 +65,11 @@ def figures(result: SimResult) -> dict[str, float | int | None]:
         "nvlink_local_ratio": sub_local / sub_total if sub_total else None,
         "stranded_gpus_mean": result.stranded_gpu_s / window if window > 0 else None,
         "free_domains_mean": result.free_domain_s / window if window > 0 else None,
+        **{
+            f"free_{tier}_domains_mean": v / window
+            for tier, v in result.free_upper_domain_s.items()
+            if window > 0
+        },
         "plan_p50_ms": percentile(plan_ms, 50) if plan_ms else None,
         "plan_p99_ms": percentile(plan_ms, 99) if plan_ms else None,
         "plan_calls": len(plan_ms),

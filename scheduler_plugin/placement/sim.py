@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from scheduler_plugin.placement.cluster import Cluster
@@ -72,6 +72,7 @@ class SimResult:
     released_all: bool
     deadlocked: bool
     free_domains_at_start: int = 0
+    free_upper_domain_s: Mapping[str, float] = field(default_factory=dict)  # tier -> integral
 
 
 @dataclass(slots=True)
@@ -127,6 +128,13 @@ class _Cluster:
         for i, d in enumerate(self.domain):
             self.hist[d][self.free[i]] += 1
         self.free_domains = len(names)
+        # wholly free domains of the higher tiers: tier -> (domain of each node, used GPUs per domain)
+        self.upper: dict[str, tuple[list[int], list[int]]] = {}
+        for tier in cluster.tiers[1:]:
+            upper_names = sorted({n.domains[tier] for n in cluster.nodes})
+            of = {d: k for k, d in enumerate(upper_names)}
+            self.upper[tier] = ([of[n.domains[tier]] for n in cluster.nodes], [0] * len(upper_names))
+        self.upper_free = {tier: len(used) for tier, (_, used) in self.upper.items()}
 
     def snapshot(self) -> ClusterSnapshot:
         if self._snapshot is None:
@@ -149,6 +157,11 @@ class _Cluster:
         self.free_total += delta
         now_free = self.dom_free[d] == self.dom_total[d]
         self.free_domains += int(now_free) - int(was_free)
+        for tier, (of, used) in self.upper.items():
+            k = of[i]
+            before = used[k] == 0
+            used[k] -= delta
+            self.upper_free[tier] += int(used[k] == 0) - int(before)
         old = self.states[i]
         self.states[i] = NodeState(name=old.name, gpus=old.gpus, free=new, domains=old.domains)
         self._snapshot = None
@@ -202,6 +215,7 @@ def simulate(
     finished = 0
     deadlocked = False
     free_domains_at_start = state.free_domains
+    upper_acc: dict[str, float] = {}
 
     def release(live: _Live) -> None:
         for node, g in live.held:
@@ -325,6 +339,8 @@ def simulate(
             dt = hi - lo
             acc["alloc"] += allocated * dt
             acc["free_dom"] += state.free_domains * dt
+            for tier, count in state.upper_free.items():
+                upper_acc[tier] = upper_acc.get(tier, 0.0) + count * dt
             if queue:
                 acc["sat"] += allocated * dt
                 acc["sat_s"] += dt
@@ -397,6 +413,7 @@ def simulate(
         released_all=released_all,
         deadlocked=deadlocked,
         free_domains_at_start=free_domains_at_start,
+        free_upper_domain_s=upper_acc,
     )
 
 

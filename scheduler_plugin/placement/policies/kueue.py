@@ -14,6 +14,8 @@ Follows kubernetes-sigs/kueue ``pkg/cache/scheduler/tas_flavor_snapshot.go``
   none fits: fail; preferred: climb a level; at the top, take sorted domains greedily and best-fit the last.
 - Phase 2b: walk down; in each chosen domain sort its children the same way, take them greedily and
   best-fit the last, in units of slices down to the slice level and of pods below it.
+- A short last subgroup counts as a whole slice (Kueue only has equal slices), so such a gang can be
+  refused where it would fit; the benchmark's workloads have no short subgroups.
 - Slices and pods are numbered in the order the domains and nodes were taken (Kueue's ungater assigns
   pods to domains by index).
 """

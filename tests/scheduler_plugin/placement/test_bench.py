@@ -13,7 +13,7 @@ from scheduler_plugin.placement.metrics import FIGURES
 POLICY_KEYS = {"ours", "volcano", "kueue", "kai", "slurm", "kube-default", "optimum"}
 
 
-def test_quick_run_writes_json_markdown_and_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_quick_run_writes_json_markdown_and_png(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     out = {k: tmp_path / f"place.{k}" for k in ("json", "md", "png")}
     code = bench.main(
         ["--quick", "--json", str(out["json"]), "--markdown", str(out["md"]), "--plot", str(out["png"])]
@@ -33,7 +33,9 @@ def test_quick_run_writes_json_markdown_and_png(tmp_path: Path, capsys: pytest.C
     assert "| kube-default |" in md
     assert "FIFO with EASY backfill" in md
     assert out["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    captured = capsys.readouterr()
+    assert doc["seeds"] == [1]
+    assert doc["policies"]["ours"]["per_seed"][0]["seed"] == 1
+    captured = capfd.readouterr()  # fd level: the simulations run in worker processes
     assert "| ours |" in captured.out
     assert "simulating ours" in captured.err
     assert "machine: " in captured.err
@@ -53,12 +55,18 @@ def test_philly_workload_says_runtimes_are_sampled(
             "ours,kube-default",
             "--optimum-instances",
             "0",
+            "--seeds",
+            "2",
+            "--workers",
+            "1",
             "--jobs",
             "300",
         ]
     )
     assert code == 0
-    assert "runtimes SAMPLED" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "runtimes SAMPLED" in out
+    assert "means over seeds 1..2" in out
 
 
 @pytest.mark.parametrize(
