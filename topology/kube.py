@@ -46,10 +46,17 @@ class KubeError(Exception):
         self.status = status
 
 
-def api_client_from(kubeconfig: str | None) -> Any:
-    """An ``ApiClient`` from a kubeconfig file, else the in-cluster service account, else ~/.kube/config."""
+def api_client_from(kubeconfig: str | None, *, environ: Mapping[str, str] | None = None) -> Any:
+    """An ``ApiClient`` from a kubeconfig file (the argument, else the first file in ``$KUBECONFIG``),
+    else the in-cluster service account, else ~/.kube/config. (The client library reads ``$KUBECONFIG``
+    once at import; reading it here keeps the usual precedence whenever the client is built.)"""
+    import os  # noqa: PLC0415
+
     from kubernetes import client, config  # noqa: PLC0415 - only the composition root needs it
 
+    env = os.environ if environ is None else environ
+    if not kubeconfig and env.get("KUBECONFIG"):
+        kubeconfig = next((p for p in env["KUBECONFIG"].split(os.pathsep) if p and os.path.exists(p)), None)
     if kubeconfig:
         return config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
     try:
