@@ -202,9 +202,11 @@ class Extender:
         if errors:
             with self.lock:
                 self.state.bind_failed(decision.gang, errors)
-            log.warning("bind_failed gang=%s errors=%s", decision.gang, errors)
+            log.warning("bind_failed", extra={"gang": decision.gang, "errors": errors})
         else:
-            log.info("bound gang=%s pods=%d", decision.gang or "-", len(decision.pods))
+            log.info(
+                "pods_bound", extra={"gang": decision.gang or None, "pods": [k for k, _, _ in decision.pods]}
+            )
         if not decision.gang:
             with self.lock:
                 for k, _, n in decision.pods:
@@ -229,7 +231,7 @@ class Extender:
                 self.cluster.event, ev.pod, reason=ev.reason, message=ev.message, warning=ev.warning
             )
         except Exception as exc:  # an Event that cannot be recorded is logged, never fatal
-            log.warning("event_failed reason=%s error=%s", ev.reason, _short(exc))
+            log.warning("event_failed", extra={"reason": ev.reason, "error": _short(exc)})
 
     async def drain(self) -> None:
         """Answer every waiting bind with an error (shutdown) and let pending Events finish."""
@@ -259,12 +261,12 @@ class Extender:
         try:
             return 200, await handler(_obj(args, "body"))
         except BadRequestError as exc:
-            log.warning("bad_request verb=%s error=%s", route, exc)
+            log.warning("bad_request", extra={"verb": route, "error": str(exc)})
             if route == "prioritize":
                 return 400, {"Error": f"{route}: {exc}"}
             return 200, {"Error": f"{route}: {exc}"}
         except Exception as exc:  # a bug answers this request, never stops the server
-            log.exception("handler_failed verb=%s", route)
+            log.exception("handler_failed", extra={"verb": route})
             return 500, {"Error": f"{route}: internal error: {_short(exc)}"}
 
 

@@ -28,6 +28,8 @@ class Settings:
     reservation_ttl_s: float
     max_body_bytes: int
     watch_timeout_s: int
+    log_format: str = "auto"
+    log_level: str = "info"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -55,6 +57,10 @@ def parse_settings(argv: list[str]) -> Settings:
     p.add_argument(
         "--watch-timeout", type=int, default=300, help="seconds per watch request before re-watching"
     )
+    p.add_argument(
+        "--log-format", choices=("auto", "json", "text"), default="auto", help="auto: text on a TTY"
+    )
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     a = p.parse_args(argv)
     host, sep, port_s = a.addr.rpartition(":")
     if not sep or not port_s.isdigit() or not 0 <= int(port_s) <= 65535:
@@ -75,6 +81,8 @@ def parse_settings(argv: list[str]) -> Settings:
         reservation_ttl_s=a.reservation_ttl,
         max_body_bytes=a.max_body_bytes,
         watch_timeout_s=a.watch_timeout,
+        log_format=a.log_format,
+        log_level=a.log_level,
     )
 
 
@@ -102,7 +110,9 @@ class Service:
                 self.state.apply(kind, event_type, obj)
 
         def on_error(kind: str, exc: BaseException) -> None:
-            log.warning("informer_error kind=%s error=%s: %s", kind, type(exc).__name__, str(exc)[:200])
+            log.warning(
+                "informer_error", extra={"kind": kind, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+            )
 
         self.informers = [
             Informer(
@@ -127,7 +137,7 @@ class Service:
         for inf in self.informers:
             inf.start()
         await self.server.start(self.settings.host, self.settings.port)
-        log.info("extender_listening addr=%s:%d", self.settings.host, self.server.port)
+        log.info("extender_listening", extra={"host": self.settings.host, "port": self.server.port})
 
     async def stop(self) -> None:
         await self.server.stop()
@@ -167,5 +177,7 @@ async def _run(settings: Settings) -> int:
 
 def main(argv: list[str]) -> int:
     settings = parse_settings(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    from agent import logs  # noqa: PLC0415 - the project's structured logging, set up once here
+
+    logs.configure(settings.log_format, settings.log_level)
     return asyncio.run(_run(settings))
