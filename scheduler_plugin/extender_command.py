@@ -143,8 +143,7 @@ class Service:
         await self.server.stop()
         for inf in self.informers:
             inf.stop_soon()
-        for inf in self.informers:
-            await asyncio.to_thread(inf.stop, 2.0)
+        await asyncio.gather(*(asyncio.to_thread(inf.stop, 2.0) for inf in self.informers))
 
 
 async def _run(settings: Settings) -> int:
