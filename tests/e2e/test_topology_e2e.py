@@ -60,28 +60,49 @@ class Plane:
 
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
+    """kube-apiserver + etcd with our CRD and the simulated Nodes."""
     counterparts = cluster.locate_counterparts()
     try:
-        counterparts.check(("etcd", "kube-apiserver", "vc-scheduler"))
-        volcano_crds = counterparts.volcano_crds()
+        counterparts.check(("etcd", "kube-apiserver"))
     except cluster.MissingCounterpartError as exc:
         pytest.skip(f"real counterparts not built: {exc}")
     workdir = tmp_path_factory.mktemp("topology-e2e")
     cp = cluster.start_control_plane(counterparts, workdir)
     api = cp.apiserver.api_client()
-    sched: cluster.Scheduler | None = None
     try:
-        cluster.apply_crds(
-            api, cluster.load_yaml_documents([ROOT / "daemonset/crds/gpunode.yaml", *volcano_crds])
-        )
+        cluster.apply_crds(api, cluster.load_yaml_documents([ROOT / "daemonset/crds/gpunode.yaml"]))
         cluster.register_nodes(api, [cluster.fake_gpu_node(n, gpus=4) for n in NODE_NAMES])
-        sched = cluster.start_volcano_scheduler(counterparts, workdir, apiserver=cp.apiserver)
         yield Plane(cp, api)
     finally:
-        if sched is not None:
-            sched.stop()
         api.close()
         cp.stop()
+
+
+@pytest.fixture(scope="module")
+def volcano_crds(plane: Plane) -> Plane:
+    """Volcano's own CRDs (HyperNode, PodGroup, Queue), as its release ships them."""
+    try:
+        files = cluster.locate_counterparts().volcano_crds()
+    except cluster.MissingCounterpartError as exc:
+        pytest.skip(f"Volcano CRDs not built: {exc}")
+    cluster.apply_crds(plane.api_client, cluster.load_yaml_documents(files))
+    return plane
+
+
+@pytest.fixture(scope="module")
+def volcano(volcano_crds: Plane) -> Iterator[Plane]:
+    counterparts = cluster.locate_counterparts()
+    try:
+        counterparts.check(("vc-scheduler",))
+    except cluster.MissingCounterpartError as exc:
+        pytest.skip(f"Volcano scheduler not built: {exc}")
+    sched = cluster.start_volcano_scheduler(
+        counterparts, volcano_crds.cp.workdir, apiserver=volcano_crds.cp.apiserver
+    )
+    try:
+        yield volcano_crds
+    finally:
+        sched.stop()
 
 
 def publish_all(plane: Plane) -> None:
@@ -154,7 +175,10 @@ def test_agent_publishes_gpunode_and_labels(plane: Plane) -> None:
     assert labels["kubernetes.io/hostname"] == "rack1-tray2"  # others' labels untouched
 
 
-def test_controller_hypernodes_pass_volcano_validation_and_restart_writes_nothing(plane: Plane) -> None:
+def test_controller_hypernodes_pass_volcano_validation_and_restart_writes_nothing(
+    volcano_crds: Plane,
+) -> None:
+    plane = volcano_crds
     publish_all(plane)
     fabric_configmap(plane)
     first = reconcile_once(plane, "first")
@@ -173,7 +197,8 @@ def test_controller_hypernodes_pass_volcano_validation_and_restart_writes_nothin
     assert {o["metadata"]["name"]: o["metadata"]["resourceVersion"] for o in items} == versions
 
 
-def test_running_controller_follows_a_fabric_change(plane: Plane) -> None:
+def test_running_controller_follows_a_fabric_change(volcano_crds: Plane) -> None:
+    plane = volcano_crds
     publish_all(plane)
     fabric_configmap(plane)
     c = TopologyController(
@@ -207,7 +232,8 @@ def test_running_controller_follows_a_fabric_change(plane: Plane) -> None:
     reconcile_once(plane, "heal")
 
 
-def test_volcano_keeps_each_subgroup_in_one_nvlink_domain(plane: Plane) -> None:
+def test_volcano_keeps_each_subgroup_in_one_nvlink_domain(volcano: Plane) -> None:
+    plane = volcano
     publish_all(plane)
     fabric_configmap(plane)
     reconcile_once(plane, "before-scheduling")
