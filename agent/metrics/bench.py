@@ -37,7 +37,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import psutil
 
@@ -53,8 +53,9 @@ MIB = 1024 * 1024
 # --------------------------------------------------------------------------- the node layout
 
 
-def plan_node(profile: str, pods: int, root: Path) -> dict[str, Any]:
-    """Pods, devices and processes for ``pods`` attributed pods; writes the /proc and pod-log trees."""
+def plan_node(profile: str, pods: int, root: Path, *, others: int = 0) -> dict[str, Any]:
+    """Pods, devices and processes for ``pods`` attributed pods (and ``others`` pods holding only a
+    non-GPU device); writes the /proc and pod-log trees."""
     from agent.discovery import discover  # noqa: PLC0415 - only the bench needs discovery here
     from agent.nvml.simulate import build_simulator  # noqa: PLC0415
     from topology.model import Host  # noqa: PLC0415
@@ -100,16 +101,22 @@ def plan_node(profile: str, pods: int, root: Path) -> dict[str, Any]:
         "pods": plan_pods,
         "processes": processes,
         "allocatable": allocatable,
+        "others": others,
         "proc_root": str(proc),
         "pod_logs_root": str(logs),
     }
 
 
 def fake_pods(plan: dict[str, Any]) -> list[FakePod]:
-    return [
+    gpu_pods = [
         FakePod("bench", p["name"], (FakeContainer("main", {p["resource"]: [p["device"]]}),))
         for p in plan["pods"]
     ]
+    other_pods = [
+        FakePod("web", f"web-{i:05d}", (FakeContainer("app", {"example.com/nic": [f"vf-{i}"]}),))
+        for i in range(plan["others"])
+    ]
+    return gpu_pods + other_pods
 
 
 # --------------------------------------------------------------------------- the exporter process
@@ -181,9 +188,11 @@ class Scraper:
 class Run:
     """A fake kubelet (in a loop thread of this process) and an exporter child process."""
 
-    def __init__(self, *, profile: str, pods: int, fmt: str, interval_s: float, workdir: Path) -> None:
+    def __init__(
+        self, *, profile: str, pods: int, fmt: str, interval_s: float, workdir: Path, others: int = 0
+    ) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix=f"pods{pods}-", dir=workdir))
-        self.plan = plan_node(profile, pods, self.dir)
+        self.plan = plan_node(profile, pods, self.dir, others=others)
         (self.dir / "plan.json").write_text(json.dumps(self.plan))
         self.socket = str(self.dir / "pr.sock")
         self.fmt = fmt
@@ -193,6 +202,7 @@ class Run:
             self.socket, pods=fake_pods(self.plan), allocatable=self.plan["allocatable"]
         )
         self.child: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
         self.port = 0
 
     def _thread(self) -> None:
@@ -202,9 +212,11 @@ class Run:
     def __enter__(self) -> Run:
         import threading  # noqa: PLC0415
 
-        threading.Thread(target=self._thread, daemon=True).start()
+        self._loop_thread = threading.Thread(target=self._thread, daemon=True)
+        self._loop_thread.start()
         asyncio.run_coroutine_threadsafe(self.kubelet.start(), self.loop).result(30)
         port_file = self.dir / "port"
+        self._log = (self.dir / "exporter.log").open("wb")
         self.child = subprocess.Popen(
             [
                 sys.executable,
@@ -218,7 +230,7 @@ class Run:
                 str(self.interval_s),
             ],
             stdout=subprocess.DEVNULL,
-            stderr=open(self.dir / "exporter.log", "wb"),
+            stderr=self._log,
         )
         deadline = time.monotonic() + 120
         while not port_file.exists() or not port_file.read_text():
@@ -242,8 +254,12 @@ class Run:
             except subprocess.TimeoutExpired:
                 self.child.kill()
                 self.child.wait(timeout=10)
+        if self._log is not None:
+            self._log.close()
         asyncio.run_coroutine_threadsafe(self.kubelet.stop(), self.loop).result(30)
         self.loop.call_soon_threadsafe(self.loop.stop)
+        self._loop_thread.join(timeout=30)
+        self.loop.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -313,11 +329,11 @@ def _idle(run: Run, seconds: float) -> tuple[float, float]:
 
 
 def _memory(run: Run, scrapes: int) -> list[float]:
-    """RSS MiB after 1000 warm-up scrapes, then five times along ``scrapes`` back-to-back scrapes."""
+    """RSS MiB after up to 1000 warm-up scrapes, then five times along ``scrapes`` back-to-back ones."""
     proc = run.process
     scraper = Scraper(run.port)
     try:
-        for _ in range(1000):
+        for _ in range(min(1000, scrapes)):
             scraper.get()
         marks = [proc.memory_info().rss / MIB]
         step = max(1, scrapes // 5)
@@ -337,6 +353,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--profile", default="dgx-a100-mig", help="simulated machine (default %(default)s)")
     parser.add_argument("--format", choices=("native", "dcgm"), default="native")
     parser.add_argument("--pods", default="10,100,1000", help="pod counts to compare (default %(default)s)")
+    parser.add_argument(
+        "--other-pods",
+        default="0,1000,5000",
+        help="pods without GPUs listed beside --detail-pods attributed ones (default %(default)s)",
+    )
     parser.add_argument("--scrapes", type=int, default=500, help="timed scrapes per pod count")
     parser.add_argument("--detail-pods", type=int, default=100, help="pods for the idle and memory runs")
     parser.add_argument("--idle-seconds", type=float, default=300.0, help="idle period (default %(default)s)")
@@ -345,10 +366,16 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         counts = [int(p) for p in args.pods.split(",") if p]
+        others = [int(p) for p in args.other_pods.split(",") if p]
     except ValueError:
-        print(f"bench metrics: --pods: expected comma-separated integers, got {args.pods!r}", file=sys.stderr)
+        print("bench metrics: --pods, --other-pods: expected comma-separated integers", file=sys.stderr)
         return 2
-    if args.scrapes < 1 or args.idle_seconds < 0 or args.leak_scrapes < 0 or any(c < 0 for c in counts):
+    if (
+        args.scrapes < 1
+        or args.idle_seconds < 0
+        or args.leak_scrapes < 0
+        or min(counts + others, default=0) < 0
+    ):
         print("bench metrics: --scrapes must be >= 1; pod counts and durations >= 0", file=sys.stderr)
         return 2
 
@@ -358,10 +385,28 @@ def main(argv: list[str]) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="bench-metrics-", dir="/tmp"))
     verdicts: list[str] = []
 
-    def run_for(pods: int) -> Run:
+    def run_for(pods: int, other: int = 0) -> Run:
         return Run(
-            profile=args.profile, pods=pods, fmt=args.format, interval_s=args.interval, workdir=workdir
+            profile=args.profile,
+            pods=pods,
+            fmt=args.format,
+            interval_s=args.interval,
+            workdir=workdir,
+            others=other,
         )
+
+    def row(label: str, lat: Latency) -> None:
+        cells = (
+            label,
+            lat.attributed,
+            lat.series,
+            f"{_ms(lat.client_s, 50):.2f}",
+            f"{_ms(lat.client_s, 99):.2f}",
+            f"{_ms(lat.render_s, 50):.2f}",
+            f"{_ms(lat.render_s, 99):.2f}",
+            f"{lat.cpu_ms_per_scrape:.2f}",
+        )
+        print("  " + " ".join(f"{c:>10}" for c in cells))
 
     try:
         print("\nscrape latency in ms (client: request to last byte over keep-alive HTTP; render: the")
@@ -371,22 +416,19 @@ def main(argv: list[str]) -> int:
         for pods in counts:
             with run_for(pods) as run:
                 lat = _latency(run, args.scrapes)
-            row = (
-                pods,
-                lat.attributed,
-                lat.series,
-                f"{_ms(lat.client_s, 50):.2f}",
-                f"{_ms(lat.client_s, 99):.2f}",
-                f"{_ms(lat.render_s, 50):.2f}",
-                f"{_ms(lat.render_s, 99):.2f}",
-                f"{lat.cpu_ms_per_scrape:.2f}",
-            )
-            print("  " + " ".join(f"{c:>10}" for c in row))
+            row(str(pods), lat)
             if pods == args.detail_pods:
                 r99 = _ms(lat.render_s, 99)
                 verdicts.append(
                     f"render p99 {r99:.2f} ms {'<' if r99 < TARGET_P99_MS else '>='} {TARGET_P99_MS:g}"
                 )
+        if others:
+            print(f"\n{args.detail_pods} attributed pods plus pods without GPUs (first column: pods listed)")
+            print("  " + " ".join(f"{h:>10}" for h in head))
+            for other in others:
+                with run_for(args.detail_pods, other) as run:
+                    lat = _latency(run, args.scrapes)
+                row(str(args.detail_pods + other), lat)
 
         if args.idle_seconds > 0:
             with run_for(args.detail_pods) as run:
@@ -405,7 +447,8 @@ def main(argv: list[str]) -> int:
             trail = " -> ".join(f"{m:.1f}" for m in marks)
             print(
                 f"\nmemory over {args.leak_scrapes} back-to-back scrapes ({args.detail_pods} pods, after "
-                f"1000 warm-up): RSS {trail} MiB, growth {marks[-1] - marks[0]:+.1f} MiB"
+                f"{min(1000, args.leak_scrapes)} warm-up): RSS {trail} MiB, "
+                f"growth {marks[-1] - marks[0]:+.1f} MiB"
             )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
