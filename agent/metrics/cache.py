@@ -301,9 +301,10 @@ class MetricsCache:
 
     async def refresh(self) -> MetricsSnapshot:
         started = self._monotonic()
-        inventory = self._remember_lost(self._inventory())
+        raw = self._inventory()
+        inventory = self._remember_lost(raw)
         pr_snap, pr_stats = self._podresources() if self._podresources is not None else (EMPTY, None)
-        attribution = attribute(pr_snap, self._resolver_for(inventory))
+        attribution = attribute(pr_snap, self._resolver_for(raw))  # keyed on discovery's own object
         shared_uuids = frozenset(attribution.replica_holders)
         shared = frozenset(g.index for g in inventory.gpus if g.uuid in shared_uuids)
         reads = await asyncio.to_thread(self._read, inventory, shared, shared_uuids)
