@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import sys
@@ -17,6 +18,16 @@ from agent.commands.run import serve
 from agent.config import RunSettings
 from deviceplugin.config import parse_plugin_config
 from tests.deviceplugin.helpers import FakeKubelet, running_kubelet
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """The command configures process-wide logging; put it back for the tests that follow."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield
+    root.setLevel(level)
+    root.handlers[:] = handlers
 
 
 @pytest.fixture

@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+
 import pytest
 
 from deviceplugin import bench
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """The command configures process-wide logging; put it back for the tests that follow."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield
+    root.setLevel(level)
+    root.handlers[:] = handlers
 
 
 def test_bench_prints_every_figure(capsys: pytest.CaptureFixture[str]) -> None:
