@@ -218,7 +218,7 @@ def test_pcie_levels_break_ties_between_nvswitch_pairs() -> None:
     inv = inventory("dgx-h100")
     uuid = {g.index: g.uuid for g in inv.gpus}
     # every pair is NV18 through the NVSwitches; NVML says GPUs 0 and 5 share a PCIe switch
-    levels = {(a, b): LinkLevel.SYS for a, b in itertools.combinations(range(8), 2)}
+    levels = dict.fromkeys(itertools.combinations(range(8), 2), LinkLevel.SYS)
     levels[(0, 5)] = LinkLevel.PIX
     topology = topology_from_inventory(inv, pcie_levels=levels)
     assert best_gpu_set(topology, available=topology.gpus, size=2) == tuple(sorted((uuid[0], uuid[5])))
