@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import itertools
 import json
 import os
@@ -273,6 +274,7 @@ def main(argv: list[str]) -> int:
         f"load average {load[0]:.1f} at start"
     )
     figures = asyncio.run(_runtime_figures(args))
+    gc.collect()  # start the pure measurements without the gRPC phase's garbage
     pure, pure_cpu, optimal, total, sixteen = _pure_figures(args.optimality)
 
     def line(label: str, values: list[float], aim: float | None = None) -> None:
