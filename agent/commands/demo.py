@@ -1,0 +1,490 @@
+"""``gpu-node-agent demo``: a simulated GPU cluster, end to end, on a machine without GPUs.
+
+What it starts, all in this process:
+
+- one node agent per simulated node (``gb200-nvl72`` trays in NVL72 racks, and ``dgx-h100`` nodes),
+  each the real ``run`` agent (:func:`agent.commands.run.serve`): discovery through the NVML simulator,
+  health, device plugins serving kubelet's v1beta1 API on real unix sockets and registered with an
+  in-process kubelet stand-in (:mod:`deviceplugin.fakekubelet`), and a metrics endpoint;
+- publishing: with ``--control-plane`` (the real etcd + kube-apiserver built by the test command) the
+  agents write their ``GPUNode`` and labels to it and the topology controller applies HyperNodes;
+  otherwise the objects they would apply are written as YAML into the output folder;
+- the topology controller's HyperNode tree (tier 1 NVLink domains, then IB leaves and spines) from the
+  agents' ``GPUNode`` objects and the simulated fabric's ``ibnetdiscover`` file;
+- the gang planner placing a sample NVL72 training job on the cluster as the agents report it.
+
+It prints the domain tree, the placement, where metrics are served and how to stop; ``--once`` stops
+after one pass (for scripts and tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import contextlib
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from agent import logs
+from agent.commands import run as run_command
+from agent.config import RunSettings
+from agent.nvml.sim_sysfs import ibnetdiscover_sample
+from agent.nvml.simulate import parse_spec
+from agent.runtime import InventoryStore
+from deviceplugin.fakekubelet import FakeKubelet
+from scheduler_plugin.planner import plan
+from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, NodeState, Plan, Role
+from topology.builder import FabricPolicy, Tree, desired_objects
+from topology.controller import Inputs, build_from
+from topology.gpunode import gpunode_object
+from topology.labels import node_labels
+from topology.model import Health, NodeInventory
+
+GPU_RESOURCE = "nvidia.com/gpu"
+START_TIMEOUT_S = 60.0
+
+
+class DemoError(RuntimeError):
+    """The demo could not bring the simulated cluster up; one line for the user."""
+
+
+# --------------------------------------------------------------------------- the cluster layout
+
+
+@dataclass(frozen=True, slots=True)
+class DemoNode:
+    name: str
+    simulate: str  # the --simulate spec of its agent
+    rack: int | None  # NVL72 rack, for GB200 trays
+
+
+def cluster_layout(*, racks: int, dgx: int, trays: int = 18) -> tuple[DemoNode, ...]:
+    """GB200 trays ``gb200-r<rack>-t<tray>`` in ``racks`` NVL72 racks, then ``dgx`` DGX H100 nodes."""
+    nodes = [
+        DemoNode(f"gb200-r{r}-t{t:02d}", f"gb200-nvl72:rack={r},tray={t},hostname=gb200-r{r}-t{t:02d}", r)
+        for r in range(racks)
+        for t in range(trays)
+    ]
+    nodes += [
+        DemoNode(f"dgx-h100-{i}", f"dgx-h100:su=0,node={i},hostname=dgx-h100-{i}", None) for i in range(dgx)
+    ]
+    return tuple(nodes)
+
+
+# --------------------------------------------------------------------------- pure views
+
+
+def cluster_snapshot(
+    inventories: Mapping[str, NodeInventory],
+    health: Mapping[str, Mapping[str, Health]],
+    tree: Tree,
+    *,
+    busy: Mapping[str, int],
+) -> ClusterSnapshot:
+    """The planner's view: healthy GPUs per node, minus ``busy`` ones, with domains from the tree."""
+    tiers = tuple(
+        t
+        for t in ("nvlink", "leaf", "spine", "core")
+        if any(h.tier_name == t for h in tree.hypernodes.values())
+    )
+    states = []
+    for name in sorted(inventories):
+        inv = inventories[name]
+        bad = health.get(name, {})
+        healthy = sum(1 for g in inv.gpus if not g.lost and bad.get(g.uuid, Health.HEALTHY) is Health.HEALTHY)
+        states.append(
+            NodeState(
+                name=name,
+                gpus=len(inv.gpus),
+                free=max(0, healthy - busy.get(name, 0)),
+                domains=tree.ancestors(name),
+            )
+        )
+    return ClusterSnapshot(tiers=tiers, nodes=tuple(states))
+
+
+def sample_gang(*, pods: int = 18, gpus_per_pod: int = 4, subgroup: int = 18) -> Gang:
+    """An NVL72 training job: ``pods`` workers, each block of ``subgroup`` inside one NVLink domain."""
+    return Gang(
+        name="llm-pretrain",
+        roles=(Role("worker", pods, gpus_per_pod, subgroup_size=subgroup, subgroup_tier="nvlink"),),
+    )
+
+
+def _span(names: Sequence[str]) -> str:
+    if not names:
+        return "none"
+    if len(names) <= 3:
+        return ", ".join(names)
+    return f"{names[0]} … {names[-1]}"
+
+
+def render_tree(tree: Tree, gpus: Mapping[str, int]) -> list[str]:
+    """The HyperNode tree, roots first, one line per HyperNode, tier-1 lines summarising their nodes."""
+    children: dict[str, list[str]] = {}
+    for child, parent in tree.parent.items():
+        children.setdefault(parent, []).append(child)
+    roots = sorted(h for h in tree.hypernodes if h not in tree.parent)
+    lines: list[str] = []
+
+    def walk(name: str, depth: int) -> None:
+        h = tree.hypernodes[name]
+        pad = "  " * depth
+        if h.member_type == "Node":
+            total = sum(gpus.get(n, 0) for n in h.members)
+            lines.append(
+                f"{pad}{h.tier_name:<6} {name}: {len(h.members)} nodes, {total} GPUs ({_span(h.members)})"
+            )
+            return
+        lines.append(f"{pad}{h.tier_name:<6} {name}")
+        for child in sorted(children.get(name, [])):
+            walk(child, depth + 1)
+
+    for root in roots:
+        walk(root, 1)
+    for node, why in sorted(tree.excluded.items()):
+        lines.append(f"  excluded {node}: {why}")
+    return lines
+
+
+def render_plan(result: Plan | Infeasible, gang: Gang, busy: Mapping[str, int]) -> list[str]:
+    role = gang.roles[0]
+    head = (
+        f'Sample job "{gang.name}": {role.pods} pods x {role.gpus_per_pod} GPUs, '
+        f"every {role.subgroup_size} consecutive pods inside one {role.subgroup_tier} domain"
+    )
+    lines = [head]
+    if busy:
+        lines.append(f"  already busy (a running job): {_span(sorted(busy))} ({sum(busy.values())} GPUs)")
+    if isinstance(result, Infeasible):
+        lines.append(f"  not placed: {result.reason}")
+        return lines
+    for sg in result.subgroups:
+        start = sg.index * (role.subgroup_size or role.pods)
+        stop = min(role.pods, start + (role.subgroup_size or role.pods))
+        pods = [f"{sg.role}-{i}" for i in range(start, stop)]
+        nodes = [result.placement[p] for p in pods]
+        lines.append(
+            f"  subgroup {sg.index} -> {sg.domain}: {pods[0]}..{pods[-1]} on {_span(sorted(set(nodes)))}"
+        )
+    return lines
+
+
+# --------------------------------------------------------------------------- running it
+
+
+@dataclass
+class DemoOptions:
+    racks: int = 2
+    dgx: int = 2
+    once: bool = False
+    out: Path | None = None
+    control_plane: str = "auto"  # auto | on | off
+    busy_trays: int = 2  # trays of rack 0 shown as running another job
+
+
+@dataclass
+class RunningNode:
+    node: DemoNode
+    settings: RunSettings
+    kubelet: FakeKubelet
+    workdir: Path
+    task: asyncio.Task[int] | None = None
+    store: InventoryStore | None = None
+
+
+@dataclass
+class DemoResult:
+    nodes: list[RunningNode] = field(default_factory=list)
+    tree: Tree | None = None
+    published_to: str = ""
+
+
+def _free_ports(count: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@contextlib.contextmanager
+def _observing(stores: dict[str, InventoryStore]) -> Iterator[None]:
+    """Lets the demo read each agent's inventory store (a component factory that starts nothing)."""
+
+    def observe(ctx: run_command.RunContext) -> None:
+        stores[ctx.settings.node_name] = ctx.store
+
+    run_command.COMPONENT_FACTORIES.append(observe)
+    try:
+        yield
+    finally:
+        run_command.COMPONENT_FACTORIES.remove(observe)
+
+
+async def _wait_until(check: Callable[[], bool], *, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise DemoError(f"timed out after {timeout:.0f} s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def _scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        body: bytes = reply.read()
+    return body.decode()
+
+
+def write_objects(
+    out: Path, gpunodes: Mapping[str, Mapping[str, Any]], labels: Mapping[str, Mapping[str, str]], tree: Tree
+) -> None:
+    """What the agents and the controller would apply, as YAML files under ``out``."""
+    (out / "gpunodes").mkdir(parents=True, exist_ok=True)
+    for name, obj in gpunodes.items():
+        (out / "gpunodes" / f"{name}.yaml").write_text(yaml.safe_dump(dict(obj), sort_keys=False))
+    (out / "node-labels.yaml").write_text(
+        yaml.safe_dump({n: dict(v) for n, v in labels.items()}, sort_keys=True)
+    )
+    hypernodes = list(desired_objects(tree).values())
+    (out / "hypernodes.yaml").write_text(yaml.safe_dump_all(hypernodes, sort_keys=False))
+
+
+async def run_demo(options: DemoOptions, *, stop: asyncio.Event, out: TextIO) -> int:
+    layout = cluster_layout(racks=options.racks, dgx=options.dgx)
+    if options.control_plane == "on":
+        raise DemoError("--control-plane on: not available in this build; use auto or off")
+    base = Path(tempfile.mkdtemp(prefix="gna-demo-"))
+    out_dir = options.out if options.out is not None else base / "out"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    loop = asyncio.get_running_loop()
+    # every agent waits on NVML events in a worker thread; give each its own
+    loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=4 * len(layout) + 8))
+    ports = _free_ports(len(layout))
+    stores: dict[str, InventoryStore] = {}
+    running: list[RunningNode] = []
+    agent_stop = asyncio.Event()
+    try:
+        print(f"Starting {len(layout)} simulated nodes (no GPU needed) ...", file=out, flush=True)
+        for i, node in enumerate(layout):
+            workdir = base / f"n{i:03d}"
+            kubelet_dir = workdir / "dp"
+            kubelet_dir.mkdir(parents=True)
+            kubelet = FakeKubelet(kubelet_dir)
+            await kubelet.start()
+            settings = RunSettings(
+                node_name=node.name,
+                kubelet_dir=kubelet_dir,
+                pod_resources_socket=workdir / "pod-resources.sock",
+                simulate=node.simulate,
+                no_kube=True,
+                log_level="error",
+                shutdown_grace_s=1.0,
+                metrics_addr=f"127.0.0.1:{ports[i]}",
+                metrics_interval_s=2.0,
+                rediscover_interval_s=300.0,
+            )
+            running.append(RunningNode(node, settings, kubelet, workdir))
+        with _observing(stores):
+            for rn in running:
+                rn.task = asyncio.create_task(
+                    run_command.serve(rn.settings, stop=agent_stop), name=rn.node.name
+                )
+            await _wait_until(
+                lambda: (
+                    len(stores) == len(running) or any(r.task is not None and r.task.done() for r in running)
+                ),
+                timeout=START_TIMEOUT_S,
+                what="the agents to discover their nodes",
+            )
+        failed = [r for r in running if r.task is not None and r.task.done()]
+        if failed:
+            exc = failed[0].task.exception() if failed[0].task is not None else None
+            raise DemoError(f"agent {failed[0].node.name} stopped: {exc}")
+        for rn in running:
+            rn.store = stores[rn.node.name]
+        await _wait_until(
+            lambda: all(GPU_RESOURCE in r.kubelet.devices for r in running),
+            timeout=START_TIMEOUT_S,
+            what="every device plugin to register with its kubelet",
+        )
+        inventories = {r.node.name: r.store.inventory for r in running if r.store is not None}
+        health = {
+            r.node.name: {uuid: h.health for uuid, h in r.store.health().items()}
+            for r in running
+            if r.store is not None
+        }
+        gpunodes = {
+            name: gpunode_object(inv, node_name=name, health=health[name])
+            for name, inv in inventories.items()
+        }
+        labels = {name: node_labels(inv, node_name=name) for name, inv in inventories.items()}
+        fabric = ibnetdiscover_sample([parse_spec(n.simulate) for n in layout])
+        (out_dir / "fabric.ibnetdiscover").write_text(fabric)
+        built = build_from(
+            Inputs(gpunodes=gpunodes, nodes=None, ibnet=(("simulated fabric", fabric),)),
+            policy=FabricPolicy.ISOLATE,
+        )
+        tree = built.tree
+        write_objects(out_dir, gpunodes, labels, tree)
+
+        busy = {n.name: 4 for n in layout if n.rack == 0 and n.name.endswith(("-t03", "-t11"))}
+        busy = dict(list(busy.items())[: options.busy_trays])
+        snapshot = cluster_snapshot(inventories, health, tree, busy=busy)
+        gang = sample_gang()
+        result = plan(snapshot, gang)
+
+        scrape = await asyncio.to_thread(_scrape, ports[0])
+        samples = sum(1 for line in scrape.splitlines() if line and not line.startswith("#"))
+        _print_picture(
+            out,
+            running=running,
+            inventories=inventories,
+            tree=tree,
+            problems=built.problems,
+            out_dir=out_dir,
+            result=result,
+            gang=gang,
+            busy=busy,
+            ports=ports,
+            samples=samples,
+        )
+        if not options.once:
+            print("\nRunning. Press Ctrl-C to stop.", file=out, flush=True)
+            await stop.wait()
+        return 0
+    finally:
+        agent_stop.set()
+        for rn in running:
+            if rn.task is not None:
+                with contextlib.suppress(Exception):
+                    await rn.task
+            await rn.kubelet.stop()
+        if options.out is None and options.once:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def _print_picture(
+    out: TextIO,
+    *,
+    running: Sequence[RunningNode],
+    inventories: Mapping[str, NodeInventory],
+    tree: Tree,
+    problems: Sequence[str],
+    out_dir: Path,
+    result: Plan | Infeasible,
+    gang: Gang,
+    busy: Mapping[str, int],
+    ports: Sequence[int],
+    samples: int,
+) -> None:
+    gpus = {name: len(inv.gpus) for name, inv in inventories.items()}
+    trays = [r for r in running if r.node.rack is not None]
+    racks = len({r.node.rack for r in trays})
+    others = len(running) - len(trays)
+    advertised = sum(
+        sum(1 for h in r.kubelet.devices.get(GPU_RESOURCE, {}).values() if h == "Healthy") for r in running
+    )
+    registered = sum(1 for r in running if r.kubelet.registrations)
+    p = print
+    p("", file=out)
+    p(
+        f"Cluster: {len(running)} nodes ({len(trays)} gb200-nvl72 trays in {racks} NVL72 racks, "
+        f"{others} dgx-h100), {sum(gpus.values())} GPUs",
+        file=out,
+    )
+    p(
+        f"Device plugins: {registered}/{len(running)} registered with their kubelet over unix sockets; "
+        f"{GPU_RESOURCE}: {advertised} healthy devices advertised",
+        file=out,
+    )
+    p(f"Published objects (no cluster API in this run): {out_dir}", file=out)
+    p(
+        "  gpunodes/*.yaml (GPUNode per node), node-labels.yaml, hypernodes.yaml, fabric.ibnetdiscover",
+        file=out,
+    )
+    p("", file=out)
+    p(f"HyperNode tree ({len(tree.hypernodes)} HyperNodes):", file=out)
+    for line in render_tree(tree, gpus):
+        p(line, file=out)
+    for problem in problems:
+        p(f"  problem: {problem}", file=out)
+    p("", file=out)
+    for line in render_plan(result, gang, busy):
+        p(line, file=out)
+    p("", file=out)
+    p(
+        f"Metrics: http://127.0.0.1:{ports[0]}/metrics ({running[0].node.name}, {samples} samples) "
+        f"... http://127.0.0.1:{ports[-1]}/metrics ({running[-1].node.name}); also /healthz and /readyz",
+        file=out,
+    )
+    p("Stop: Ctrl-C (or run with --once to exit after one pass)", file=out, flush=True)
+
+
+# --------------------------------------------------------------------------- command
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpu-node-agent demo", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--racks", type=_positive_int, default=2, help="GB200 NVL72 racks (18 trays each; default 2)"
+    )
+    p.add_argument("--dgx", type=_positive_int, default=2, help="DGX H100 nodes (default 2)")
+    p.add_argument("--once", action="store_true", help="exit after one pass")
+    p.add_argument("--out", type=Path, default=None, help="folder for the objects the demo would apply")
+    p.add_argument(
+        "--control-plane",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="publish to the locally built etcd + kube-apiserver (auto: when built)",
+    )
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    if args.racks + args.dgx == 0:
+        print("gpu-node-agent demo: --racks and --dgx are both 0; nothing to simulate", file=sys.stderr)
+        return 2
+    logs.configure("auto", "error")
+    options = DemoOptions(
+        racks=args.racks, dgx=args.dgx, once=args.once, out=args.out, control_plane=args.control_plane
+    )
+
+    async def body() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+        return await run_demo(options, stop=stop, out=sys.stdout)
+
+    try:
+        return asyncio.run(body())
+    except DemoError as exc:
+        print(f"gpu-node-agent demo: {exc}", file=sys.stderr)
+        return 1

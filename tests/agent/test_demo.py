@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import asyncio
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from agent.commands.demo import DemoOptions, cluster_layout, run_demo, sample_gang
+
+
+def test_layout_names_and_specs() -> None:
+    layout = cluster_layout(racks=2, dgx=1)
+    assert len(layout) == 37
+    assert layout[0].name == "gb200-r0-t00"
+    assert layout[0].simulate == "gb200-nvl72:rack=0,tray=0,hostname=gb200-r0-t00"
+    assert layout[-1].name == "dgx-h100-0"
+    assert layout[-1].rack is None
+
+
+def test_sample_gang_is_one_nvl72_domain() -> None:
+    role = sample_gang().roles[0]
+    assert (role.pods, role.gpus_per_pod, role.subgroup_size, role.subgroup_tier) == (18, 4, 18, "nvlink")
+
+
+def test_demo_once_brings_up_agents_builds_the_tree_and_places_the_job(tmp_path: Path) -> None:
+    out = io.StringIO()
+    options = DemoOptions(racks=2, dgx=1, once=True, out=tmp_path / "out", control_plane="off")
+    code = asyncio.run(run_demo(options, stop=asyncio.Event(), out=out))
+    text = out.getvalue()
+    assert code == 0, text
+    assert "Device plugins: 37/37 registered" in text
+    assert "nvidia.com/gpu: 152 healthy devices advertised" in text
+    # rack 0 has busy trays, so the 72-GPU job must take rack 1 whole
+    placed = [line for line in text.splitlines() if "subgroup 0 ->" in line]
+    assert len(placed) == 1
+    assert "gb200-r1-t00 … gb200-r1-t17" in placed[0]
+    # what it would apply is on disk and well formed
+    gpunodes = sorted((tmp_path / "out" / "gpunodes").glob("*.yaml"))
+    assert len(gpunodes) == 37
+    first = yaml.safe_load(gpunodes[0].read_text())
+    assert first["kind"] == "GPUNode"
+    hypernodes = [d for d in yaml.safe_load_all((tmp_path / "out" / "hypernodes.yaml").read_text()) if d]
+    tier1 = [h for h in hypernodes if h["spec"]["tier"] == 1]
+    assert sorted(len(h["spec"]["members"]) for h in tier1) == [1, 18, 18]
+    assert "/metrics" in text
+
+
+def test_demo_command_rejects_an_empty_cluster() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "demo", "--racks", "0", "--dgx", "0", "--once"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "nothing to simulate" in done.stderr
