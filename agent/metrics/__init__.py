@@ -5,10 +5,12 @@ Layers, pure first:
 - ``snapshot``: frozen data of one refresh (per gpu, per mig device, per pod share, agent stats);
 - ``attribution``: which pod/container holds which device, per-process shares of shared GPUs, cgroup
   path parsing (pure);
-- ``native`` and ``dcgm``: two renderings of the same snapshot as Prometheus metric families;
+- ``native`` and ``dcgm``: two renderings of the same snapshot as Prometheus metric families
+  (built with ``families``), written as text by ``exposition``;
 - ``procmap``: thin adapter from host PIDs to pods (``/proc/<pid>/cgroup``, ``/var/log/pods``);
 - ``cache``: the background refresher (bulk NVML reads in a worker thread, never during a scrape);
-- ``server``: the asyncio HTTP server; ``exporter``: the component the ``run`` command starts;
+- ``server``: the asyncio HTTP server; ``exporter``: the component; ``wiring``: builds it from the
+  ``run`` command's context;
 - ``bench``: ``gpu-node-agent bench metrics``.
 
 A scrape only renders the last snapshot: it never calls NVML or the kubelet. Must not import the
