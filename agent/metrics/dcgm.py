@@ -2,9 +2,10 @@
 
 Existing dashboards and alerts keep working: ``DCGM_FI_DEV_GPU_UTIL`` (%), ``DCGM_FI_DEV_FB_USED`` (MiB),
 ``DCGM_FI_DEV_POWER_USAGE`` (W), ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION`` (mJ), … with the labels
-``gpu``, ``UUID``, ``pci_bus_id``, ``device`` (``nvidia<minor>``), ``modelName``, ``Hostname``,
-``DCGM_FI_DRIVER_VERSION``, ``GPU_I_PROFILE`` and ``GPU_I_ID`` on MIG series (whose ``gpu``/``UUID`` are
-the parent's, as in dcgm-exporter), and ``pod``/``namespace``/``container`` where a pod holds the device.
+``gpu``, ``UUID``, ``pci_bus_id``, ``device`` (``nvidia<minor>``), ``modelName``, ``Hostname`` (and
+``hostname``, its newest spelling), ``DCGM_FI_DRIVER_VERSION``, ``GPU_I_PROFILE`` and ``GPU_I_ID`` on MIG
+series (whose ``gpu``/``UUID`` are the parent's, as in dcgm-exporter), and ``pod``/``namespace``/
+``container`` where a pod holds the device.
 
 Differences, on purpose:
 
@@ -114,6 +115,7 @@ def _gpu_labels(view: GpuView, snap: MetricsSnapshot) -> dict[str, str]:
         "device": f"nvidia{g.minor_number if g.minor_number is not None else g.index}",
         "modelName": g.name,
         "Hostname": snap.hostname,
+        "hostname": snap.hostname,  # dcgm-exporter's newest name for the same label
         "DCGM_FI_DRIVER_VERSION": snap.driver_version or "",
     }
 

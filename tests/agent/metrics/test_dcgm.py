@@ -23,6 +23,7 @@ def test_dcgm_names_units_and_labels_of_an_exclusive_gpu() -> None:
         "device": "nvidia0",
         "modelName": "NVIDIA H100 80GB HBM3",
         "Hostname": "node-a",
+        "hostname": "node-a",
         "DCGM_FI_DRIVER_VERSION": "580.126.20",
         "pod": "train-0",
         "namespace": "ml",
