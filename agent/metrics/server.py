@@ -4,7 +4,7 @@
 format 0.0.4; ``/healthz`` answers 200 while the event loop runs; ``/readyz`` runs the injected
 readiness checks (each a callable returning ``None`` when fine or a one-line reason) and answers 503
 listing every failing reason. Connections are kept alive (Prometheus reuses them); requests are
-bounded in size and time.
+bounded in size and time, and open connections in number (``max_connections``).
 """
 
 from __future__ import annotations
@@ -40,8 +40,10 @@ class MetricsServer:
         render: Callable[[], bytes],
         readiness: Sequence[tuple[str, ReadinessCheck]] = (),
         monotonic: Callable[[], float] = time.perf_counter,
+        max_connections: int = 64,
     ) -> None:
         self.host = host
+        self.max_connections = max_connections
         self.port = port
         self._render = render
         self._readiness = tuple(readiness)
@@ -116,6 +118,9 @@ class MetricsServer:
         return 404, "text/plain; charset=utf-8", b"not found; try /metrics, /healthz or /readyz\n"
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._writers) >= self.max_connections:
+            writer.close()  # scrapers hold one or two connections; this many means a misbehaving client
+            return
         self._writers.add(writer)
         try:
             while True:

@@ -134,3 +134,17 @@ def test_stop_closes_idle_keep_alive_connections() -> None:
         writer.close()
 
     asyncio.run(main())
+
+
+def test_connections_beyond_the_cap_are_closed_at_once() -> None:
+    async def check(server: MetricsServer) -> None:
+        first = await asyncio.open_connection("127.0.0.1", server.bound_port)
+        second = await asyncio.open_connection("127.0.0.1", server.bound_port)
+        await _request(server.bound_port, _get("/healthz"), reader_writer=first)  # the first is served
+        assert await asyncio.wait_for(second[0].read(), timeout=5) == b""  # the second was closed
+        status, _, _ = await _request(server.bound_port, _get("/healthz"), reader_writer=first)
+        assert status == 200
+        for _, w in (first, second):
+            w.close()
+
+    _serve(check, max_connections=1)
