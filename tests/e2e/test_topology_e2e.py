@@ -100,6 +100,16 @@ def volcano(volcano_crds: Plane) -> Iterator[Plane]:
         counterparts, volcano_crds.cp.workdir, apiserver=volcano_crds.cp.apiserver
     )
     try:
+        # vc-controller-manager is not running here: open the default queue as it would
+        volcano_crds.kube.apply(
+            "/apis/scheduling.volcano.sh/v1beta1/queues/default/status",
+            {
+                "apiVersion": "scheduling.volcano.sh/v1beta1",
+                "kind": "Queue",
+                "metadata": {"name": "default"},
+                "status": {"state": "Open"},
+            },
+        )
         yield volcano_crds
     finally:
         sched.stop()
@@ -242,6 +252,26 @@ def test_volcano_keeps_each_subgroup_in_one_nvlink_domain(volcano: Plane) -> Non
         for o in plane.kube.list(HYPERNODES)[0]
         if o["spec"]["tierName"] == "nvlink"
     }
+    # rack0-tray0 is taken by a pod bound by hand: rack 0 has room for 3 pods only, so a scheduler
+    # that fills nodes in name order would split the first subgroup across racks 0 and 1
+    plane.kube.create(
+        "/api/v1/namespaces/default/pods",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "occupant", "namespace": "default"},
+            "spec": {
+                "nodeName": "rack0-tray0",
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": "busybox",
+                        "resources": {"limits": {"nvidia.com/gpu": "4"}, "requests": {"nvidia.com/gpu": "4"}},
+                    }
+                ],
+            },
+        },
+    )
     plane.kube.create(
         "/apis/scheduling.volcano.sh/v1beta1/namespaces/default/podgroups",
         {
@@ -298,6 +328,7 @@ def test_volcano_keeps_each_subgroup_in_one_nvlink_domain(volcano: Plane) -> Non
 
     wait_for(lambda: all(placement().values()) and len(placement()) == 8, "all 8 pods bound", limit_s=120)
     where = placement()
+    assert not any(n.startswith("rack0-") for n in where.values())  # rack 0 cannot hold a whole subgroup
     for part in range(2):
         nodes = {where[f"train-{i}"] for i in range(part * 4, part * 4 + 4)}
         assert len(nodes) == 4  # one pod per 4-GPU tray
