@@ -1,6 +1,7 @@
 """``ibnetdiscover`` topology files into a switch tree (leaf, spine, core). Pure: text in, data out.
 
-Reads the default topology-file format (``ibnetdiscover`` without ``-p``): node blocks with
+Reads the default topology-file format (``ibnetdiscover`` without ``-p``), and the one-line-per-port
+``--ports`` format (see :func:`_parse_ports`). The default format has node blocks with
 ``vendid=``/``devid=``/``sysimgguid=``/``switchguid=``/``caguid=`` headers, a ``Switch``/``Ca``/``Rt``
 line and one line per connected port. Switch tiers are assigned by distance from the hosts: a switch
 with a host port is a *leaf*, one hop above the leaves a *spine*, above the spines *core* (anything
@@ -92,7 +93,46 @@ class SwitchTree:
     descriptions: Mapping[str, str]
 
 
+_PORTS_LINE = re.compile(
+    r"^(CA|SW|RT)\s+(\d+)\s+(\d+)\s+(0x[0-9a-fA-F]+)\s+\S+\s+\S+"
+    r"(?:\s+-\s+(CA|SW|RT)\s+(\d+)\s+(\d+)\s+(0x[0-9a-fA-F]+)\s+\(\s*'([^']*)'\s+-\s+'([^']*)'\s*\))?"
+    r"(?:\s+'([^']*)')?\s*$"
+)
+_PORTS_KIND = {"CA": "ca", "SW": "switch", "RT": "router"}
+
+
+def _parse_ports(text: str, source: str) -> IbFabric:
+    """``ibnetdiscover -p``: one line per port, ``<type> <lid> <port> <guid> <width> <speed> - <peer
+    type> <lid> <port> <guid> ( '<desc>' - '<peer desc>' )``; unconnected ports end in ``'<desc>'``.
+    Port GUIDs stand for their nodes (a CA port GUID equals its node GUID on single-port HCAs)."""
+    fabric = IbFabric()
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _PORTS_LINE.match(line)
+        if m is None:
+            raise IbnetError(f"{source}:{lineno}: not ibnetdiscover --ports output: {line[:80]!r}")
+        guid = _guid(m.group(4), source, lineno)
+        desc = m.group(9) if m.group(5) else (m.group(11) or "")
+        if guid not in fabric.nodes or (desc and not fabric.nodes[guid].description):
+            fabric.nodes[guid] = IbNode(guid, _PORTS_KIND[m.group(1)], desc)
+        if m.group(5):
+            peer = _guid(m.group(8), source, lineno)
+            if peer not in fabric.nodes or not fabric.nodes[peer].description:
+                fabric.nodes[peer] = IbNode(peer, _PORTS_KIND[m.group(5)], m.group(10))
+            a, b = sorted((guid, peer))
+            fabric.links.add((a, b))
+    return fabric
+
+
 def parse_ibnetdiscover(text: str, *, source: str = "<ibnetdiscover>") -> IbFabric:
+    """Either format: the default topology file, or ``--ports`` (``-p``) output."""
+    first = next(
+        (ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")), ""
+    )
+    if first[:3] in ("CA ", "SW ", "RT "):
+        return _parse_ports(text, source)
     fabric = IbFabric()
     current: IbNode | None = None
     for lineno, raw in enumerate(text.splitlines(), start=1):

@@ -53,3 +53,24 @@ def test_merge_of_segments_is_order_independent() -> None:
 def test_errors_name_source_and_line(text: str, message: str) -> None:
     with pytest.raises(IbnetError, match=message):
         parse_ibnetdiscover(text, source="bad")
+
+
+PORTS = """\
+CA   134  1 0x7cfe9003003b4bde 4x EDR - SW  1719 10 0x7cfe9003009ce5b0 ( 'o0001 HCA-1' - 'ib-i1l1s01' )
+CA   135  1 0x7cfe9003003b4bdf 4x EDR - SW  1719 11 0x7cfe9003009ce5b0 ( 'o0002 HCA-1' - 'ib-i1l1s01' )
+SW  1719 10 0x7cfe9003009ce5b0 4x EDR - CA   134  1 0x7cfe9003003b4bde ( 'ib-i1l1s01' - 'o0001 HCA-1' )
+SW  1719  1 0x7cfe9003009ce5b0 4x EDR - SW  1516  1 0x7cfe900300b07320 ( 'ib-i1l1s01' - 'ib-i1l2s01' )
+SW  2052 37 0x506b4b03005c2740 4x ???                                    'ib-i4l1s01'
+"""
+
+
+def test_ports_format() -> None:
+    fabric = parse_ibnetdiscover(PORTS, source="ports")
+    assert fabric.nodes["7cfe9003003b4bde"].host == "o0001"
+    assert fabric.nodes["506b4b03005c2740"].description == "ib-i4l1s01"
+    tree = switch_tree(fabric)
+    assert tree.tier == {"7cfe9003009ce5b0": 1, "7cfe900300b07320": 2}
+    assert tree.host_leaves["7cfe9003003b4bdf"] == frozenset({"7cfe9003009ce5b0"})
+    assert tree.uplinks == {"7cfe9003009ce5b0": frozenset({"7cfe900300b07320"})}
+    with pytest.raises(IbnetError, match=r"ports:2: not ibnetdiscover --ports output"):
+        parse_ibnetdiscover(PORTS.splitlines()[0] + "\nCA garbage\n", source="ports")
