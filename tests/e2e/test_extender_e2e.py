@@ -61,33 +61,52 @@ class RunningExtender:
 
 @pytest.fixture
 def racks(
-    api_client: Any, volcano_crds: list[str], gpu_nodes: Callable[..., list[str]], e2e_test_label: str
+    api_client: Any,
+    counterparts: cluster.Counterparts,
+    gpu_nodes: Callable[..., list[str]],
+    e2e_test_label: str,
 ) -> Iterator[list[list[str]]]:
-    """Two NVL72 racks (18 trays x 4 GPUs), each a tier-1 ``nvlink`` HyperNode."""
+    """Two NVL72 racks (18 trays x 4 GPUs), each a tier-1 ``nvlink`` HyperNode when Volcano's CRDs are
+    built, else each named by the node label ``gpuagent.dev/nvlink-domain`` (the extender reads both)."""
     from kubernetes import client
 
+    try:
+        crds = cluster.load_yaml_documents(counterparts.volcano_crds())
+        cluster.apply_crds(api_client, [d for d in crds if d["metadata"]["name"].startswith("hypernodes.")])
+        use_hypernodes = True
+    except cluster.MissingCounterpartError:
+        use_hypernodes = False
     custom = client.CustomObjectsApi(api_client)
+    core = client.CoreV1Api(api_client)
     out: list[list[str]] = []
     made: list[str] = []
     try:
         for r in range(RACKS):
-            names = gpu_nodes([f"{e2e_test_label}-r{r}-t{t:02d}"[-63:] for t in range(TRAYS)], gpus=4)
-            out.append(names)
-            hn = f"nvl-{r}-{e2e_test_label}"[:63].rstrip("-")
-            custom.create_cluster_custom_object(
-                *HYPERNODES,
-                {
-                    "apiVersion": "topology.volcano.sh/v1alpha1",
-                    "kind": "HyperNode",
-                    "metadata": {"name": hn},
-                    "spec": {
-                        "tier": 1,
-                        "tierName": "nvlink",
-                        "members": [{"type": "Node", "selector": {"exactMatch": {"name": n}}} for n in names],
-                    },
-                },
+            domain = f"nvl-{r}-{e2e_test_label}"[:63].rstrip("-")
+            labels = {} if use_hypernodes else {"gpuagent.dev/nvlink-domain": domain}
+            names = gpu_nodes(
+                [f"{e2e_test_label}-r{r}-t{t:02d}"[-63:] for t in range(TRAYS)], gpus=4, labels=labels
             )
-            made.append(hn)
+            for n in names:  # no node controller here lifts the not-ready taint a new Node is created with
+                core.patch_node(n, {"spec": {"taints": None}})
+            out.append(names)
+            if use_hypernodes:
+                custom.create_cluster_custom_object(
+                    *HYPERNODES,
+                    {
+                        "apiVersion": "topology.volcano.sh/v1alpha1",
+                        "kind": "HyperNode",
+                        "metadata": {"name": domain},
+                        "spec": {
+                            "tier": 1,
+                            "tierName": "nvlink",
+                            "members": [
+                                {"type": "Node", "selector": {"exactMatch": {"name": n}}} for n in names
+                            ],
+                        },
+                    },
+                )
+                made.append(domain)
         yield out
     finally:
         for hn in made:
