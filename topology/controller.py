@@ -36,12 +36,13 @@ FABRIC_CONFIGMAP_LABEL = "gpuagent.dev/fabric"
 MAPPING_KEY = "mapping.yaml"
 IBNET_SUFFIX = ".ibnetdiscover"
 COMPONENT = "gpu-topology-controller"
+EVENT_NAMESPACE = "default"  # the API server keeps Events about cluster-scoped objects (Nodes) there
 
 
 @dataclass(frozen=True, slots=True)
 class ControllerSettings:
     policy: FabricPolicy = FabricPolicy.ISOLATE
-    namespace: str = "gpu-system"  # Lease, fabric ConfigMaps, Events
+    namespace: str = "gpu-system"  # Lease, fabric ConfigMaps (Events about Nodes go to "default")
     leader_elect: bool = False
     lease_name: str = COMPONENT
     identity: str = "controller"
@@ -352,7 +353,7 @@ class TopologyController:
         """What an earlier run already reported (its Events), so a restart does not report it again."""
         self._seeded = True
         try:
-            items, _ = self.kube.list(events(self.settings.namespace))
+            items, _ = self.kube.list(events(EVENT_NAMESPACE))
         except KubeError as exc:
             log.warning("event_list_failed", extra={"error": str(exc)})
             return
@@ -391,7 +392,7 @@ class TopologyController:
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{node}.", "namespace": self.settings.namespace},
+            "metadata": {"generateName": f"{node}.", "namespace": EVENT_NAMESPACE},
             "involvedObject": involved,
             "type": type_,
             "reason": reason,
@@ -404,7 +405,7 @@ class TopologyController:
             "count": 1,
         }
         try:
-            self.kube.create(events(self.settings.namespace), body)
+            self.kube.create(events(EVENT_NAMESPACE), body)
         except KubeError as exc:
             log.warning("event_failed", extra={"node": node, "error": str(exc)})
         log.info(

@@ -6,278 +6,274 @@
   restart) writes nothing; the running controller follows a fabric change through real watches;
 - Volcano's scheduler places a gang whose subgroups must each stay in one ``nvlink`` HyperNode onto
   simulated NVL72 nodes accordingly.
+
+The nodes are simulated GB200 trays (``discover --simulate gb200-nvl72:rack=R,tray=T``), registered as
+``topo-rR-tT``; the fabric is the simulator's ``ibnetdiscover`` output for the same trays, matched to
+the nodes by HCA GUID (the host names in it are the simulator's, not the node names).
 """
 
 from __future__ import annotations
 
 import asyncio
-import pathlib
 import threading
-import time
 from collections.abc import Callable, Iterator
+from functools import cache
 from typing import Any
 
 import pytest
 
+from agent.commands import discover
 from agent.nvml.sim_sysfs import ibnetdiscover_sample
 from agent.nvml.simulate import parse_spec
 from agent.publisher import KubeNodeApi, Publisher, PublisherSettings
 from agent.runtime import InventoryStore
 from tests.e2e import cluster
-from tests.topology.factories import nvl72_tray
+from tests.e2e.conftest import REPO_ROOT
+from topology.builder import SOURCE_LABEL, SOURCE_VALUE
 from topology.controller import ControllerSettings, TopologyController
 from topology.gpunode import gpunode_object, inventory_from_gpunode
 from topology.kube import GPUNODES, HYPERNODES, NODES, Kube, KubeError, configmaps
-from topology.model import FabricHealthSummary
+from topology.model import FabricHealthSummary, NodeInventory
 from topology.names import node_domain_name
 
 pytestmark = pytest.mark.e2e
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 RACKS, TRAYS = 3, 4
-NODE_NAMES = [f"rack{r}-tray{t}" for r in range(RACKS) for t in range(TRAYS)]
+SPECS = {f"topo-r{r}-t{t}": f"gb200-nvl72:rack={r},tray={t}" for r in range(RACKS) for t in range(TRAYS)}
 
 
-def rack_uuid(r: int) -> str:
-    return f"7b968a6d-c8aa-45e1-9e07-{r:012x}"
+@cache
+def inventory(name: str) -> NodeInventory:
+    return discover.run(discover.parse_options(["--simulate", SPECS[name], "--node-name", name]))
 
 
-def wait_for(check: Callable[[], bool], what: str, limit_s: float = 60.0) -> None:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+def rack_of(name: str) -> int:
+    return int(name.split("-")[1][1:])
 
 
-class Plane:
-    def __init__(self, cp: cluster.ControlPlane, api: Any) -> None:
-        self.cp = cp
-        self.api_client = api
-        self.kube = Kube(api)
+class Topo:
+    """One test's view: the API, its namespace (Lease, fabric ConfigMap, Events) and node label."""
 
+    def __init__(self, api_client: Any, namespace: str, label: str) -> None:
+        self.kube = Kube(api_client)
+        self.namespace = namespace
+        self.label = label
 
-@pytest.fixture(scope="module")
-def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
-    """kube-apiserver + etcd with our CRD and the simulated Nodes."""
-    counterparts = cluster.locate_counterparts()
-    try:
-        counterparts.check(("etcd", "kube-apiserver"))
-    except cluster.MissingCounterpartError as exc:
-        pytest.skip(f"real counterparts not built: {exc}")
-    workdir = tmp_path_factory.mktemp("topology-e2e")
-    cp = cluster.start_control_plane(counterparts, workdir)
-    api = cp.apiserver.api_client()
-    try:
-        cluster.apply_crds(api, cluster.load_yaml_documents([ROOT / "daemonset/crds/gpunode.yaml"]))
-        cluster.register_nodes(api, [cluster.fake_gpu_node(n, gpus=4) for n in NODE_NAMES])
-        yield Plane(cp, api)
-    finally:
-        api.close()
-        cp.stop()
+    def publish_all(self, *, sick: str | None = None) -> None:
+        """What every node's agent does: its GPUNode (with status) and its labels."""
+        api = KubeNodeApi(self.kube)
+        for name in SPECS:
+            inv = inventory(name)
+            if name == sick:
+                inv = _unhealthy(inv)
+            store = InventoryStore(inv)
+            Publisher(source=store, api=api, settings=PublisherSettings(node_name=name)).publish_once()
 
-
-@pytest.fixture(scope="module")
-def volcano_crds(plane: Plane) -> Plane:
-    """Volcano's own CRDs (HyperNode, PodGroup, Queue), as its release ships them."""
-    try:
-        files = cluster.locate_counterparts().volcano_crds()
-    except cluster.MissingCounterpartError as exc:
-        pytest.skip(f"Volcano CRDs not built: {exc}")
-    cluster.apply_crds(plane.api_client, cluster.load_yaml_documents(files))
-    return plane
-
-
-@pytest.fixture(scope="module")
-def volcano(volcano_crds: Plane) -> Iterator[Plane]:
-    counterparts = cluster.locate_counterparts()
-    try:
-        counterparts.check(("vc-scheduler",))
-    except cluster.MissingCounterpartError as exc:
-        pytest.skip(f"Volcano scheduler not built: {exc}")
-    sched = cluster.start_volcano_scheduler(
-        counterparts, volcano_crds.cp.workdir, apiserver=volcano_crds.cp.apiserver
-    )
-    try:
-        # vc-controller-manager is not running here: open the default queue as it would
-        volcano_crds.kube.apply(
-            "/apis/scheduling.volcano.sh/v1beta1/queues/default/status",
+    def fabric_configmap(self) -> None:
+        self.kube.apply(
+            f"{configmaps(self.namespace)}/fabric",
             {
-                "apiVersion": "scheduling.volcano.sh/v1beta1",
-                "kind": "Queue",
-                "metadata": {"name": "default"},
-                "status": {"state": "Open"},
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {
+                    "name": "fabric",
+                    "namespace": self.namespace,
+                    "labels": {"gpuagent.dev/fabric": "ib"},
+                },
+                "data": {
+                    "cluster.ibnetdiscover": ibnetdiscover_sample([parse_spec(s) for s in SPECS.values()])
+                },
             },
         )
-        yield volcano_crds
+
+    def settings(self, identity: str, **kw: Any) -> ControllerSettings:
+        return ControllerSettings(namespace=self.namespace, identity=identity, debounce_s=0.1, **kw)
+
+    def reconcile_once(self, identity: str) -> TopologyController:
+        c = TopologyController(kube=self.kube, settings=self.settings(identity))
+        for r in c.reflectors:
+            items, _ = self.kube.list(r.path, label_selector=r.label_selector)
+            r.store = {str(o["metadata"]["name"]): o for o in items}
+        c.reconcile()
+        return c
+
+    def hypernodes(self) -> dict[str, dict[str, Any]]:
+        items, _ = self.kube.list(HYPERNODES, label_selector=f"{SOURCE_LABEL}={SOURCE_VALUE}")
+        return {o["metadata"]["name"]: o for o in items}
+
+
+def _unhealthy(inv: NodeInventory) -> NodeInventory:
+    import dataclasses
+
+    fabric = tuple(dataclasses.replace(f, health_summary=FabricHealthSummary.UNHEALTHY) for f in inv.fabric)
+    return dataclasses.replace(inv, fabric=fabric)
+
+
+@pytest.fixture(scope="module")
+def gpunode_crd(api_client: Any) -> list[str]:
+    return cluster.apply_crds(
+        api_client, cluster.load_yaml_documents([REPO_ROOT / "daemonset/crds/gpunode.yaml"])
+    )
+
+
+@pytest.fixture
+def topo(
+    api_client: Any,
+    gpunode_crd: list[str],
+    namespace: str,
+    gpu_nodes: Callable[..., list[str]],
+    e2e_test_label: str,
+) -> Iterator[Topo]:
+    gpu_nodes(list(SPECS), gpus=4)
+    t = Topo(api_client, namespace, e2e_test_label)
+    try:
+        yield t
     finally:
-        sched.stop()
+        # no controller manager here: remove what our components created ourselves
+        for name in t.hypernodes() if _has_hypernodes(t) else ():
+            t.kube.delete(f"{HYPERNODES}/{name}")
+        for name in SPECS:
+            t.kube.delete(f"{GPUNODES}/{name}")
 
 
-def publish_all(plane: Plane) -> None:
-    """What every node's agent does: its GPUNode (with status) and its labels."""
-    api = KubeNodeApi(plane.kube)
-    for name in NODE_NAMES:
-        r = int(name[4])
-        store = InventoryStore(nvl72_tray(name, cluster_uuid=rack_uuid(r)))
-        Publisher(source=store, api=api, settings=PublisherSettings(node_name=name)).publish_once()
+def _has_hypernodes(t: Topo) -> bool:
+    try:
+        t.kube.list(HYPERNODES)
+    except KubeError:
+        return False
+    return True
 
 
-def fabric_configmap(plane: Plane) -> None:
-    specs = [parse_spec(f"gb200-nvl72:rack={r},tray={t}") for r in range(RACKS) for t in range(TRAYS)]
-    plane.kube.apply(
-        f"{configmaps('default')}/fabric",
+def open_default_queue(t: Topo) -> None:
+    """vc-controller-manager is not running here: open the default queue as it would."""
+    t.kube.apply(
+        "/apis/scheduling.volcano.sh/v1beta1/queues/default/status",
         {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": "fabric", "namespace": "default", "labels": {"gpuagent.dev/fabric": "ib"}},
-            "data": {"cluster.ibnetdiscover": ibnetdiscover_sample(specs)},
+            "apiVersion": "scheduling.volcano.sh/v1beta1",
+            "kind": "Queue",
+            "metadata": {"name": "default"},
+            "status": {"state": "Open"},
         },
     )
 
 
-def reconcile_once(plane: Plane, identity: str) -> TopologyController:
-    c = TopologyController(
-        kube=plane.kube, settings=ControllerSettings(namespace="default", identity=identity, debounce_s=0.1)
-    )
-    for r in c.reflectors:
-        items, _ = plane.kube.list(r.path, label_selector=r.label_selector)
-        r.store = {str(o["metadata"]["name"]): o for o in items}
-    c.reconcile()
-    return c
-
-
-def test_gpunode_crd_rejects_malformed_objects(plane: Plane) -> None:
-    inv = nvl72_tray("rack0-tray0", cluster_uuid=rack_uuid(0))
-    good = gpunode_object(inv, node_name="probe")
-    plane.kube.apply(f"{GPUNODES}/probe", {k: v for k, v in good.items() if k != "status"})
-    plane.kube.apply(f"{GPUNODES}/probe/status", good)
-    bad = gpunode_object(inv, node_name="probe")
+def test_gpunode_crd_rejects_malformed_objects(topo: Topo) -> None:
+    inv = inventory("topo-r0-t0")
+    good = gpunode_object(inv, node_name="topo-r0-t0")
+    topo.kube.apply(f"{GPUNODES}/topo-r0-t0", {k: v for k, v in good.items() if k != "status"})
+    topo.kube.apply(f"{GPUNODES}/topo-r0-t0/status", good)
+    bad = gpunode_object(inv, node_name="topo-r0-t0")
     bad["status"]["summary"]["gpus"] = "four"
     with pytest.raises(KubeError) as info:
-        plane.kube.apply(f"{GPUNODES}/probe/status", bad)
+        topo.kube.apply(f"{GPUNODES}/topo-r0-t0/status", bad)
     assert info.value.status >= 400
     assert "gpus" in str(info.value)
-    bad = gpunode_object(inv, node_name="probe")
+    bad = gpunode_object(inv, node_name="topo-r0-t0")
     bad["status"]["inventory"]["fabric"][0]["state"] = "BROKEN"
     with pytest.raises(KubeError, match="BROKEN"):
-        plane.kube.apply(f"{GPUNODES}/probe/status", bad)
-    mismatch = {k: v for k, v in gpunode_object(inv, node_name="other").items() if k != "status"}
-    mismatch["metadata"]["name"] = "mismatch"
+        topo.kube.apply(f"{GPUNODES}/topo-r0-t0/status", bad)
+    mismatch = {k: v for k, v in gpunode_object(inv, node_name="topo-r0-t1").items() if k != "status"}
+    mismatch["metadata"]["name"] = "topo-mismatch"
     with pytest.raises(KubeError, match=r"spec\.nodeName"):
-        plane.kube.apply(f"{GPUNODES}/mismatch", mismatch)
-    plane.kube.delete(f"{GPUNODES}/probe")
+        topo.kube.apply(f"{GPUNODES}/topo-mismatch", mismatch)
 
 
-def test_agent_publishes_gpunode_and_labels(plane: Plane) -> None:
-    publish_all(plane)
-    obj = plane.kube.get(f"{GPUNODES}/rack1-tray2")
+def test_agent_publishes_gpunode_and_labels(topo: Topo) -> None:
+    topo.publish_all()
+    obj = topo.kube.get(f"{GPUNODES}/topo-r1-t2")
     name, inv, health = inventory_from_gpunode(obj)
-    assert name == "rack1-tray2"
-    assert inv == nvl72_tray("rack1-tray2", cluster_uuid=rack_uuid(1))
+    assert name == "topo-r1-t2"
+    assert inv == inventory("topo-r1-t2")
     assert health is not None
-    node = plane.kube.get(f"{NODES}/rack1-tray2")
+    node = topo.kube.get(f"{NODES}/topo-r1-t2")
     assert obj["metadata"]["ownerReferences"][0]["uid"] == node["metadata"]["uid"]
     labels = node["metadata"]["labels"]
-    assert labels["nvidia.com/gpu.clique"] == f"{rack_uuid(1)}.32766"
-    assert labels["gpuagent.dev/nvlink-domain"] == f"nvl-{rack_uuid(1)}-32766"
-    assert labels["kubernetes.io/hostname"] == "rack1-tray2"  # others' labels untouched
+    clique = f"{inv.fabric[0].cluster_uuid}.{inv.fabric[0].clique_id}"
+    assert labels["nvidia.com/gpu.clique"] == clique
+    assert labels["gpuagent.dev/nvlink-domain"] == f"nvl-{clique.replace('.', '-')}"
+    assert labels["gpuagent.dev/e2e-test"] == topo.label  # others' labels untouched
 
 
 def test_controller_hypernodes_pass_volcano_validation_and_restart_writes_nothing(
-    volcano_crds: Plane,
+    topo: Topo, volcano_crds: list[str]
 ) -> None:
-    plane = volcano_crds
-    publish_all(plane)
-    fabric_configmap(plane)
-    first = reconcile_once(plane, "first")
-    assert first.stats.last_diff is not None
+    topo.publish_all()
+    topo.fabric_configmap()
+    first = topo.reconcile_once("first")
     assert first.stats.failed_writes == 0
-    items, _ = plane.kube.list(HYPERNODES)
-    tiers = {o["metadata"]["name"]: o["spec"]["tierName"] for o in items}
+    objs = topo.hypernodes()
+    tiers = {name: o["spec"]["tierName"] for name, o in objs.items()}
     assert sorted(set(tiers.values())) == ["leaf", "nvlink", "spine"]
-    assert sum(1 for t in tiers.values() if t == "nvlink") == RACKS
-    versions = {o["metadata"]["name"]: o["metadata"]["resourceVersion"] for o in items}
+    nvlink = [o for o in objs.values() if o["spec"]["tierName"] == "nvlink"]
+    assert sorted(len(o["spec"]["members"]) for o in nvlink) == [TRAYS] * RACKS
+    versions = {name: o["metadata"]["resourceVersion"] for name, o in objs.items()}
 
-    again = reconcile_once(plane, "restarted")
+    again = topo.reconcile_once("restarted")
     assert again.stats.last_diff is not None
     assert again.stats.last_diff.writes == 0
-    items, _ = plane.kube.list(HYPERNODES)
-    assert {o["metadata"]["name"]: o["metadata"]["resourceVersion"] for o in items} == versions
+    assert {name: o["metadata"]["resourceVersion"] for name, o in topo.hypernodes().items()} == versions
 
 
-def test_running_controller_follows_a_fabric_change(volcano_crds: Plane) -> None:
-    plane = volcano_crds
-    publish_all(plane)
-    fabric_configmap(plane)
+def test_running_controller_follows_a_fabric_change(topo: Topo, volcano_crds: list[str]) -> None:
+    topo.publish_all()
+    topo.fabric_configmap()
     c = TopologyController(
-        kube=plane.kube,
-        settings=ControllerSettings(
-            namespace="default", identity="live", leader_elect=True, debounce_s=0.2, watch_timeout_s=5
-        ),
+        kube=topo.kube, settings=topo.settings("live", leader_elect=True, watch_timeout_s=5)
     )
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
     thread = threading.Thread(target=lambda: loop.run_until_complete(c.run(stop)), daemon=True)
     thread.start()
     try:
-        wait_for(lambda: c.stats.reconciles >= 1, "first reconcile")
-        sick = gpunode_object(
-            nvl72_tray("rack2-tray3", cluster_uuid=rack_uuid(2), summary=FabricHealthSummary.UNHEALTHY),
-            node_name="rack2-tray3",
-        )
-        plane.kube.apply(f"{GPUNODES}/rack2-tray3/status", sick)
-        isolated = node_domain_name("rack2-tray3")
-        wait_for(
-            lambda: isolated in {o["metadata"]["name"] for o in plane.kube.list(HYPERNODES)[0]}, "isolation"
+        cluster.wait_until(lambda: c.stats.reconciles >= 1, what="first reconcile")
+        topo.publish_all(sick="topo-r2-t3")
+        isolated = node_domain_name("topo-r2-t3")
+        cluster.wait_until(lambda: isolated in topo.hypernodes(), what="isolated NVLink domain")
+        events, _ = topo.kube.list("/api/v1/namespaces/default/events")
+        assert any(
+            e["reason"] == "NvlinkDomainExcluded" and e["involvedObject"]["name"] == "topo-r2-t3"
+            for e in events
         )
     finally:
         loop.call_soon_threadsafe(stop.set)
         thread.join(timeout=30)
         loop.close()
     assert not thread.is_alive()
-    # heal it again for the scheduling test
-    publish_all(plane)
-    reconcile_once(plane, "heal")
 
 
-def test_volcano_keeps_each_subgroup_in_one_nvlink_domain(volcano: Plane) -> None:
-    plane = volcano
-    publish_all(plane)
-    fabric_configmap(plane)
-    reconcile_once(plane, "before-scheduling")
+def test_volcano_keeps_each_subgroup_in_one_nvlink_domain(
+    topo: Topo, volcano: cluster.Scheduler, namespace: str
+) -> None:
+    topo.publish_all()
+    topo.fabric_configmap()
+    topo.reconcile_once("before-scheduling")
+    open_default_queue(topo)
     domains = {
-        o["metadata"]["name"]: {m["selector"]["exactMatch"]["name"] for m in o["spec"]["members"]}
-        for o in plane.kube.list(HYPERNODES)[0]
+        name: {m["selector"]["exactMatch"]["name"] for m in o["spec"]["members"]}
+        for name, o in topo.hypernodes().items()
         if o["spec"]["tierName"] == "nvlink"
     }
-    # rack0-tray0 is taken by a pod bound by hand: rack 0 has room for 3 pods only, so a scheduler
+    gpus = {"limits": {"nvidia.com/gpu": "4"}, "requests": {"nvidia.com/gpu": "4"}}
+    # topo-r0-t0 is taken by a pod bound by hand: rack 0 has room for 3 pods only, so a scheduler
     # that fills nodes in name order would split the first subgroup across racks 0 and 1
-    plane.kube.create(
-        "/api/v1/namespaces/default/pods",
+    topo.kube.create(
+        f"/api/v1/namespaces/{namespace}/pods",
         {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": "occupant", "namespace": "default"},
+            "metadata": {"name": "occupant", "namespace": namespace},
             "spec": {
-                "nodeName": "rack0-tray0",
-                "containers": [
-                    {
-                        "name": "c",
-                        "image": "busybox",
-                        "resources": {"limits": {"nvidia.com/gpu": "4"}, "requests": {"nvidia.com/gpu": "4"}},
-                    }
-                ],
+                "nodeName": "topo-r0-t0",
+                "containers": [{"name": "c", "image": "none", "resources": gpus}],
             },
         },
     )
-    plane.kube.create(
-        "/apis/scheduling.volcano.sh/v1beta1/namespaces/default/podgroups",
+    topo.kube.create(
+        f"/apis/scheduling.volcano.sh/v1beta1/namespaces/{namespace}/podgroups",
         {
             "apiVersion": "scheduling.volcano.sh/v1beta1",
             "kind": "PodGroup",
-            "metadata": {"name": "train", "namespace": "default"},
+            "metadata": {"name": "train", "namespace": namespace},
             "spec": {
                 "minMember": 8,
                 "queue": "default",
@@ -295,40 +291,32 @@ def test_volcano_keeps_each_subgroup_in_one_nvlink_domain(volcano: Plane) -> Non
         },
     )
     for i in range(8):
-        plane.kube.create(
-            "/api/v1/namespaces/default/pods",
+        topo.kube.create(
+            f"/api/v1/namespaces/{namespace}/pods",
             {
                 "apiVersion": "v1",
                 "kind": "Pod",
                 "metadata": {
                     "name": f"train-{i}",
-                    "namespace": "default",
+                    "namespace": namespace,
                     "labels": {"app": "train", "volcano.sh/partition-id": str(i // 4)},
                     "annotations": {"scheduling.k8s.io/group-name": "train"},
                 },
                 "spec": {
                     "schedulerName": "volcano",
-                    "containers": [
-                        {
-                            "name": "c",
-                            "image": "busybox",
-                            "resources": {
-                                "limits": {"nvidia.com/gpu": "4"},
-                                "requests": {"nvidia.com/gpu": "4"},
-                            },
-                        }
-                    ],
+                    "nodeSelector": {"gpuagent.dev/e2e-test": topo.label},
+                    "containers": [{"name": "c", "image": "none", "resources": gpus}],
                 },
             },
         )
 
     def placement() -> dict[str, str]:
-        pods, _ = plane.kube.list("/api/v1/namespaces/default/pods", label_selector="app=train")
+        pods, _ = topo.kube.list(f"/api/v1/namespaces/{namespace}/pods", label_selector="app=train")
         return {p["metadata"]["name"]: p["spec"].get("nodeName", "") for p in pods}
 
-    wait_for(lambda: all(placement().values()) and len(placement()) == 8, "all 8 pods bound", limit_s=120)
+    cluster.wait_until(lambda: len(placement()) == 8 and all(placement().values()), what="all 8 pods bound")
     where = placement()
-    assert not any(n.startswith("rack0-") for n in where.values())  # rack 0 cannot hold a whole subgroup
+    assert not any(rack_of(n) == 0 for n in where.values())  # rack 0 cannot hold a whole subgroup
     for part in range(2):
         nodes = {where[f"train-{i}"] for i in range(part * 4, part * 4 + 4)}
         assert len(nodes) == 4  # one pod per 4-GPU tray

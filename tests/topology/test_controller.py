@@ -136,12 +136,14 @@ def test_reconciles_tree_then_writes_only_changes(fake: tuple[FakeKube, str]) ->
         f.put(GPUNODES, sick)
         wait_for(lambda: node_domain_name("rack0-tray1") in hypernode_names(f), "isolated domain")
         wait_for(
-            lambda: any(e.get("reason") == "NvlinkDomainExcluded" for e in f.items(events(NS)).values()),
+            lambda: any(
+                e.get("reason") == "NvlinkDomainExcluded" for e in f.items(events("default")).values()
+            ),
             "event",
         )
         changed = {p.rsplit("/", 1)[1] for _, p in f.writes(HYPERNODES)[first_writes:]}
         assert changed == {rack0, node_domain_name("rack0-tray1"), "leaf-2c5eab0300b87b40"}
-        event = next(e for e in f.items(events(NS)).values() if e["reason"] == "NvlinkDomainExcluded")
+        event = next(e for e in f.items(events("default")).values() if e["reason"] == "NvlinkDomainExcluded")
         assert event["involvedObject"] == {
             "apiVersion": "v1",
             "kind": "Node",
@@ -152,7 +154,7 @@ def test_reconciles_tree_then_writes_only_changes(fake: tuple[FakeKube, str]) ->
 
     # a restarted controller finds everything in place and writes nothing (nor repeats its Events)
     before = len(f.writes(HYPERNODES))
-    events_before = len(f.writes(events(NS)))
+    events_before = len(f.writes(events("default")))
     c2 = TopologyController(
         kube=Kube(api_client(url)), settings=settings(leader_elect=True, identity="ctl-b")
     )
@@ -161,7 +163,7 @@ def test_reconciles_tree_then_writes_only_changes(fake: tuple[FakeKube, str]) ->
         assert c2.stats.last_diff is not None
         assert c2.stats.last_diff.writes == 0
     assert len(f.writes(HYPERNODES)) == before
-    assert len(f.writes(events(NS))) == events_before
+    assert len(f.writes(events("default"))) == events_before
 
 
 def test_foreign_hypernodes_untouched_stale_ours_deleted(fake: tuple[FakeKube, str]) -> None:
