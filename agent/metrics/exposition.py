@@ -53,7 +53,10 @@ def render_text(families: Iterable[Metric]) -> bytes:
         name = family.name + "_total" if family.type == "counter" else family.name
         kind = _TYPES.get(family.type, "untyped")
         append(f"# HELP {name} {_help(family.documentation)}\n# TYPE {name} {kind}\n")
-        for sname, labels, value, *_ in family.samples:
+        for sample in family.samples:
+            sname = sample[0]
+            labels = sample[1]
+            value = sample[2]
             text = repr(value) if value - value == 0 else _value(value)
             if not labels:
                 append(f"{sname} {text}\n")

@@ -21,38 +21,38 @@ def _sample(name: str, labels: dict[str, str], value: float) -> Sample:
 
 class Families:
     def __init__(self) -> None:
-        self._families: dict[str, Metric] = {}
+        self._families: dict[str, tuple[Metric, str]] = {}  # name -> (family, its samples' name)
 
-    def _family(self, name: str, help_: str, typ: str) -> Metric:
-        family = self._families.get(name)
-        if family is None:
-            family = Metric(name, help_, typ)
-            self._families[name] = family
-        return family
+    def _family(self, name: str, help_: str, typ: str) -> tuple[Metric, str]:
+        entry = self._families.get(name)
+        if entry is None:
+            if typ == "counter" and name.endswith("_total"):
+                raise ValueError(f"counter family {name!r}: give the name without _total")
+            entry = (Metric(name, help_, typ), name + "_total" if typ == "counter" else name)
+            self._families[name] = entry
+        return entry
 
     def gauge(self, name: str, help_: str, labels: dict[str, str], value: float | None) -> None:
         """Adds one sample; ``None`` (not supported) adds nothing but still declares the family."""
-        family = self._family(name, help_, "gauge")
+        family, sample_name = self._family(name, help_, "gauge")
         if value is not None:
-            family.samples.append(_sample(name, labels, float(value)))
+            family.samples.append(_sample(sample_name, labels, float(value)))
 
     def counter(self, name: str, help_: str, labels: dict[str, str], value: float | None) -> None:
-        if name.endswith("_total"):
-            raise ValueError(f"counter family {name!r}: give the name without _total")
-        family = self._family(name, help_, "counter")
+        family, sample_name = self._family(name, help_, "counter")
         if value is not None:
-            family.samples.append(_sample(name + "_total", labels, float(value)))
+            family.samples.append(_sample(sample_name, labels, float(value)))
 
     def untyped(self, name: str, help_: str, labels: dict[str, str], value: float | None) -> None:
-        family = self._family(name, help_, "unknown")
+        family, sample_name = self._family(name, help_, "unknown")
         if value is not None:
-            family.samples.append(_sample(name, labels, float(value)))
+            family.samples.append(_sample(sample_name, labels, float(value)))
 
     def summary(self, name: str, help_: str, labels: dict[str, str], count: int, total: float) -> None:
-        family = self._family(name, help_, "summary")
+        family, _ = self._family(name, help_, "summary")
         family.samples.append(_sample(name + "_count", labels, float(count)))
         family.samples.append(_sample(name + "_sum", labels, float(total)))
 
     def __iter__(self) -> Iterator[Metric]:
         """Families that have at least one sample (an empty family says nothing to Prometheus)."""
-        return (f for f in self._families.values() if f.samples)
+        return (f for f, _ in self._families.values() if f.samples)
