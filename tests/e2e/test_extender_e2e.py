@@ -290,3 +290,47 @@ def test_competing_gangs_never_half_bound(
         lambda: len(bound(api_client, namespace, second)) == 10, what=f"{second} bound after {first} left"
     )
     assert set(bound(api_client, namespace, second).values()) <= set(racks[0])
+
+
+def test_plan_from_the_live_cluster(
+    control_plane: cluster.ControlPlane,
+    namespace: str,
+    racks: list[list[str]],
+    tmp_path: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+
+    import yaml
+
+    from scheduler_plugin.plan_command import main
+
+    api = control_plane.apiserver.api_client()
+    try:
+        occupy(api, namespace, racks[1][0], "busy")  # rack 1 loses a tray; rack 0 stays whole
+    finally:
+        api.close()
+    gang = tmp_path / "g.yaml"
+    gang.write_text(
+        yaml.safe_dump(
+            {
+                "name": "live",
+                "roles": [
+                    {
+                        "name": "w",
+                        "pods": 18,
+                        "gpus_per_pod": 4,
+                        "subgroup_size": 18,
+                        "subgroup_tier": "nvlink",
+                    }
+                ],
+            }
+        )
+    )
+    code = main(
+        ["--from-cluster", "--kubeconfig", str(control_plane.apiserver.kubeconfig), "--gang", str(gang)]
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert out["feasible"] is True
+    assert set(out["placement"].values()) == set(racks[0])
