@@ -90,6 +90,29 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+
+
+class EventFormatter(logging.Formatter):
+    """One line per event: the event name (the message) and its context keys (``extra=``), as JSON in a
+    cluster, ``time level logger event key=value ...`` on a terminal."""
+
+    def __init__(self, *, json_lines: bool) -> None:
+        super().__init__()
+        self.json_lines = json_lines
+
+    def format(self, record: logging.LogRecord) -> str:
+        context = {k: v for k, v in vars(record).items() if k not in _STANDARD}
+        stamp = self.formatTime(record, "%Y-%m-%dT%H:%M:%S")
+        if self.json_lines:
+            body = {"time": stamp, "level": record.levelname.lower(), "logger": record.name}
+            body["event"] = record.getMessage()
+            body.update(context)
+            return json.dumps(body, default=str)
+        pairs = " ".join(f"{k}={v}" for k, v in context.items())
+        return f"{stamp} {record.levelname:<7} {record.name} {record.getMessage()} {pairs}".rstrip()
+
+
 def read_dir(directory: pathlib.Path) -> Inputs:
     """GPUNodes, Nodes (for labels), ibnetdiscover files and mapping.yaml from one folder."""
     if not directory.is_dir():
@@ -313,7 +336,9 @@ def _main(args: argparse.Namespace) -> int:
         static_mapping=static_mapping,
         export=export,
     )
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(EventFormatter(json_lines=not sys.stderr.isatty()))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     controller = TopologyController(kube=Kube(api_client_from(args.kubeconfig)), settings=settings)
     if args.once:
         return _once(controller)

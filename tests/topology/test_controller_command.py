@@ -165,3 +165,20 @@ def test_bad_settings_are_one_line(
     assert code == 2
     assert message in err
     assert err.count("\n") == 1
+
+
+def test_log_lines_carry_their_context() -> None:
+    import logging
+
+    record = logging.LogRecord(
+        "topology.controller", logging.WARNING, "x", 1, "hypernode_apply_failed", (), None
+    )
+    record.hypernode = "nvl-a"
+    record.error = "409: conflict"
+    line = controller_command.EventFormatter(json_lines=True).format(record)
+    body = json.loads(line)
+    assert body["event"] == "hypernode_apply_failed"
+    assert body["hypernode"] == "nvl-a"
+    assert body["level"] == "warning"
+    text = controller_command.EventFormatter(json_lines=False).format(record)
+    assert text.endswith("hypernode_apply_failed hypernode=nvl-a error=409: conflict")
