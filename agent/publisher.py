@@ -15,18 +15,18 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote
 
+from agent import logs
 from topology.gpunode import API_VERSION, KIND, gpunode_object
 from topology.kube import GPUNODES, NODES, Kube, KubeError
 from topology.labels import node_labels
 from topology.model import Health, NodeInventory
 
-log = logging.getLogger("agent.publisher")
+log = logs.get_logger("agent.publisher")
 
 
 class HealthLike(Protocol):
@@ -185,7 +185,7 @@ class Publisher:
     def verify(self) -> None:
         """Forget what was written if the GPUNode is gone (deleted by hand, or the CRD reinstalled)."""
         if self._created and not self.api.gpunode_exists(self.settings.node_name):
-            log.warning("gpunode_missing", extra={"node": self.settings.node_name})
+            log.warning("gpunode_missing", node=self.settings.node_name)
             self._created = False
             self._status = None
             self._uid = None  # the Node may have been re-created (a new uid for the owner reference)
@@ -205,14 +205,13 @@ class Publisher:
                 try:
                     n = await self._call(self.publish_once)
                     if n:
-                        log.info("published", extra={"node": self.settings.node_name, "writes": n})
+                        log.info("published", node=self.settings.node_name, writes=n)
                     pending = False
                     backoff = self.settings.min_backoff_s
                 except KubeError as exc:
                     self.failures += 1
                     log.warning(
-                        "publish_failed",
-                        extra={"node": self.settings.node_name, "error": str(exc), "retry_s": backoff},
+                        "publish_failed", node=self.settings.node_name, error=str(exc), retry_s=backoff
                     )
                     await _sleep(stop, backoff)
                     backoff = min(backoff * 2, self.settings.max_backoff_s)
@@ -222,7 +221,7 @@ class Publisher:
                 try:
                     await self._call(self.verify)
                 except KubeError as exc:
-                    log.warning("verify_failed", extra={"node": self.settings.node_name, "error": str(exc)})
+                    log.warning("verify_failed", node=self.settings.node_name, error=str(exc))
                 pending = pending or not self._created
                 continue
             wait = max(0.0, next_verify - loop.time())
@@ -248,7 +247,7 @@ def publisher_for_run(ctx: Any) -> Publisher | None:
     try:
         client = api_client_from(None)
     except Exception as exc:  # no kubeconfig and not in a cluster
-        log.warning("publisher_disabled", extra={"reason": f"no Kubernetes API configuration: {exc}"})
+        log.warning("publisher_disabled", reason=f"no Kubernetes API configuration: {exc}")
         return None
     plugin = settings.plugin
     sharing = plugin.sharing
