@@ -367,8 +367,10 @@ def start_apiserver(counterparts: Counterparts, workdir: Path, *, etcd: Etcd) ->
         f"--service-account-signing-key-file={pki.sa_key}",
         "--service-cluster-ip-range=10.0.0.0/24",
         "--authorization-mode=Node,RBAC",
-        # No controller manager creates service accounts here, so pods would be rejected for lacking one.
-        "--disable-admission-plugins=ServiceAccount",
+        # No controller manager here: nothing creates service accounts (pods would be rejected for lacking
+        # one) and no node lifecycle controller lifts the not-ready taint that TaintNodesByCondition puts
+        # on every new Node (fake Nodes are created Ready).
+        "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
         # 127.0.0.1 is not a valid Endpoints address; nothing reaches the API server through a Service.
         "--endpoint-reconciler-type=none",
         f"--cert-dir={workdir / 'apiserver-certs'}",
@@ -468,8 +470,6 @@ def start_kube_scheduler(
         "--bind-address=127.0.0.1",
         f"--secure-port={port}",
         f"--cert-dir={d / 'certs'}",
-        f"--authentication-kubeconfig={apiserver.kubeconfig}",
-        f"--authorization-kubeconfig={apiserver.kubeconfig}",
     ]
     proc = ManagedProcess(
         f"kube-scheduler[{scheduler_name}]", argv, workdir / "logs" / f"{d.name}.log"
@@ -551,10 +551,22 @@ def start_volcano_scheduler(
             what="vc-scheduler default queue",
             process=proc,
         )
+        open_queue(apiserver, "default")
     except BaseException:
         sched.stop()
         raise
     return sched
+
+
+def open_queue(apiserver: ApiServer, name: str) -> None:
+    """Set a Volcano Queue's status to Open, the queue controller's job (vc-controller-manager is not run
+    here); vc-scheduler allocates nothing from a queue whose state is not Open."""
+    from kubernetes import client
+
+    with apiserver.api_client() as api:
+        client.CustomObjectsApi(api).patch_cluster_custom_object_status(
+            "scheduling.volcano.sh", "v1beta1", "queues", name, {"status": {"state": "Open"}}
+        )
 
 
 # -------------------------------------------------------------------------------------- device manager

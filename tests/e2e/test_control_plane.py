@@ -130,11 +130,13 @@ def test_server_side_apply_twice_changes_nothing(
     body = hypernode(name, tier=2, tier_name="leaf", nodes=["x", "y"])
 
     def apply() -> dict[str, Any]:
-        result: dict[str, Any] = api.patch_cluster_custom_object(
+        # The client maps only HTTP 200 to a body; the first apply creates (201) and returns None.
+        api.patch_cluster_custom_object(
             *HYPERNODES, name, body, field_manager=cluster.FIELD_MANAGER, force=True,
             _content_type="application/apply-patch+yaml",
         )  # fmt: skip
-        return result
+        current: dict[str, Any] = api.get_cluster_custom_object(*HYPERNODES, name)
+        return current
 
     try:
         first = apply()
@@ -145,6 +147,7 @@ def test_server_side_apply_twice_changes_nothing(
         body["spec"]["members"].append({"type": "Node", "selector": {"exactMatch": {"name": "z"}}})
         third = apply()
         assert third["metadata"]["resourceVersion"] != second["metadata"]["resourceVersion"]
+        assert len(third["spec"]["members"]) == 3
     finally:
         api.delete_cluster_custom_object(*HYPERNODES, name)
 

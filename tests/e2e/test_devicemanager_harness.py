@@ -42,10 +42,14 @@ def test_bad_allocate_requests_are_refused_with_a_reason(
 
 
 def test_restart_recreates_kubelet_sock(device_manager: cluster.DeviceManagerHarness) -> None:
-    before = device_manager.kubelet_socket.stat().st_ino
+    def identity() -> tuple[int, int]:
+        st = device_manager.kubelet_socket.stat()
+        return st.st_ino, st.st_ctime_ns  # the inode number alone may be reused at once
+
+    before = identity()
     assert device_manager.restart() == {"restarts": 1}
     cluster.wait_until(device_manager.kubelet_socket.exists, what="kubelet.sock after restart", timeout_s=30)
-    assert device_manager.kubelet_socket.stat().st_ino != before
+    assert identity() != before
     assert device_manager.healthz()["restarts"] == 1
 
 
@@ -178,7 +182,8 @@ def test_restart_drops_plugin_sockets_and_plugin_registers_again(
     device_manager.restart()
     # As a restarting kubelet does, the new manager removed every socket but its own.
     assert not (device_manager.socket_dir / plugin.endpoint).exists()
-    assert widget(device_manager) == {}
+    # The new manager knows the resource from its checkpoint but has no healthy device until re-registration.
+    assert widget(device_manager) == {"capacity": 0, "allocatable": 0, "healthy_devices": []}
     plugin.stop()
     again = ThrowawayPlugin(device_manager.socket_dir)
     try:
