@@ -1,6 +1,7 @@
 """Our extender with the REAL kube-scheduler and kube-apiserver: an 18-pod x 4-GPU gang lands in one
-NVL72 domain, an impossible gang binds nothing, and two gangs competing for one domain never end
-half-bound (the second gets the domain once the first leaves)."""
+NVL72 domain (by annotations, and by a Volcano PodGroup), an impossible gang binds nothing, two gangs
+competing for one domain never end half-bound (the second gets the domain once the first leaves),
+and ``plan --from-cluster`` reads the live cluster."""
 
 from __future__ import annotations
 
@@ -72,7 +73,8 @@ def racks(
 
     try:
         crds = cluster.load_yaml_documents(counterparts.volcano_crds())
-        cluster.apply_crds(api_client, [d for d in crds if d["metadata"]["name"].startswith("hypernodes.")])
+        wanted = ("hypernodes.", "podgroups.")
+        cluster.apply_crds(api_client, [d for d in crds if d["metadata"]["name"].startswith(wanted)])
         use_hypernodes = True
     except cluster.MissingCounterpartError:
         use_hypernodes = False
@@ -334,3 +336,48 @@ def test_plan_from_the_live_cluster(
     assert code == 0
     assert out["feasible"] is True
     assert set(out["placement"].values()) == set(racks[0])
+
+
+def test_podgroup_gang_lands_in_one_domain(
+    api_client: Any, namespace: str, racks: list[list[str]], extender: RunningExtender, e2e_test_label: str
+) -> None:
+    from kubernetes import client
+
+    if not _has_podgroups(api_client):
+        pytest.skip("Volcano's PodGroup CRD is not built on this machine")
+    occupy(api_client, namespace, racks[1][3], "busy")
+    client.CustomObjectsApi(api_client).create_namespaced_custom_object(
+        "scheduling.volcano.sh",
+        "v1beta1",
+        namespace,
+        "podgroups",
+        {
+            "apiVersion": "scheduling.volcano.sh/v1beta1",
+            "kind": "PodGroup",
+            "metadata": {"name": "pg", "namespace": namespace},
+            "spec": {"minMember": 18, "networkTopology": {"mode": "hard", "highestTierName": "nvlink"}},
+        },
+    )
+    cluster.wait_until(
+        lambda: extender.state(lambda s: f"{namespace}/pg" in s.podgroups), what="extender sees the PodGroup"
+    )
+    pods = gang_pods(namespace, "pgw", 18, e2e_test_label)
+    for i, p in enumerate(pods):
+        p["metadata"]["annotations"] = {"scheduling.k8s.io/group-name": "pg"}
+        p["metadata"]["labels"] = {"batch.kubernetes.io/job-completion-index": str(i)}
+    create(api_client, pods)
+    cluster.wait_until(
+        lambda: len(bound(api_client, namespace, "pgw")) == 18, what="all 18 PodGroup pods bound"
+    )
+    assert set(bound(api_client, namespace, "pgw").values()) == set(racks[0])
+
+
+def _has_podgroups(api: Any) -> bool:
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        client.ApiextensionsV1Api(api).read_custom_resource_definition("podgroups.scheduling.volcano.sh")
+    except ApiException:
+        return False
+    return True
