@@ -745,3 +745,74 @@ def delete_nodes(api_client: Any, names: Iterable[str]) -> None:
         except ApiException as e:
             if e.status != 404:
                 raise
+
+
+# ---------------------------------------------------------------------------------------- start-up figures
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tests.e2e.cluster [--rounds N]``: start etcd, kube-apiserver, kube-scheduler and
+    vc-scheduler from the built binaries N times (each round in a fresh folder, everything stopped after),
+    and print how long each took to become ready, with the machine."""
+    import argparse
+    import tempfile
+
+    from agent.benchinfo import describe_ms, machine_summary
+
+    parser = argparse.ArgumentParser(prog="python -m tests.e2e.cluster", description=main.__doc__)
+    parser.add_argument("--rounds", type=int, default=3, help="start-up rounds (default 3)")
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    counterparts = locate_counterparts()
+    try:
+        counterparts.check()
+        crds = load_yaml_documents(counterparts.volcano_crds())
+    except MissingCounterpartError as e:
+        print(f"error: {e}")
+        return 1
+    figures: dict[str, list[float]] = {}
+    for _ in range(args.rounds):
+        with tempfile.TemporaryDirectory(prefix="gpu-node-agent-e2e-") as tmp:
+            _timed_round(counterparts, Path(tmp), crds, figures)
+    print(f"start-up until ready, {args.rounds} round(s), binaries from {counterparts.root}")
+    for label, values in figures.items():
+        print(f"  {label:<18} {describe_ms(values)}")
+    print(machine_summary())
+    return 0
+
+
+def _timed_round(
+    counterparts: Counterparts, workdir: Path, crds: list[dict[str, Any]], figures: dict[str, list[float]]
+) -> None:
+    """Start everything once in ``workdir``, adding each component's time to ready to ``figures``."""
+    running: list[Any] = []
+
+    def timed(label: str, start: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        result = start(*args, **kwargs)
+        figures.setdefault(label, []).append(time.perf_counter() - t0)
+        return result
+
+    try:
+        t0 = time.perf_counter()
+        etcd = timed("etcd", start_etcd, counterparts, workdir)
+        running.append(etcd)
+        apiserver = timed("kube-apiserver", start_apiserver, counterparts, workdir, etcd=etcd)
+        running.append(apiserver)
+        with apiserver.api_client() as api:
+            timed("volcano CRDs", apply_crds, api, crds)
+        running.append(
+            timed("kube-scheduler", start_kube_scheduler, counterparts, workdir, apiserver=apiserver)
+        )
+        running.append(
+            timed("vc-scheduler", start_volcano_scheduler, counterparts, workdir, apiserver=apiserver)
+        )
+        figures.setdefault("all, in sequence", []).append(time.perf_counter() - t0)
+    finally:
+        for component in reversed(running):
+            component.stop()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
