@@ -14,9 +14,6 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$here"
 
-if command -v go >/dev/null 2>&1; then GO=$(command -v go); else GO=/usr/local/go/bin/go; fi
-[ -x "$GO" ] || { echo "build.sh: no Go toolchain (looked for 'go' on PATH and /usr/local/go/bin/go)" >&2; exit 1; }
-
 # shellcheck source=versions.env
 source "$here/versions.env"
 : "${K8S_VERSION:?versions.env must set K8S_VERSION}" "${ETCD_VERSION:?}" "${VOLCANO_VERSION:?}" "${VOLCANO_APIS_VERSION:?}"
@@ -26,6 +23,9 @@ out="${XDG_CACHE_HOME:-$HOME/.cache}/gpu-node-agent/$versions_hash"
 bin="$out/bin"
 
 if [ "${1:-}" = "--print-dir" ]; then echo "$out"; exit 0; fi
+
+if command -v go >/dev/null 2>&1; then GO=$(command -v go); else GO=/usr/local/go/bin/go; fi
+[ -x "$GO" ] || { echo "build.sh: no Go toolchain (looked for 'go' on PATH and /usr/local/go/bin/go)" >&2; exit 1; }
 
 k8s_minor_patch=${K8S_VERSION#v1.}            # 37.2
 staging_version="v0.$k8s_minor_patch"          # v0.37.2
