@@ -88,26 +88,40 @@ def two_nvlink_domains(
     return a, b
 
 
-def run_gang(api_client: Any, namespace: str, *, pods: int, highest_tier: int, label: str) -> list[str]:
+def run_gang(
+    api_client: Any,
+    namespace: str,
+    *,
+    pods: int,
+    highest_tier: int,
+    label: str,
+    subgroup: dict[str, Any] | None = None,
+    pod_labels: Callable[[int], dict[str, str]] = lambda _: {},
+) -> list[str]:
     from kubernetes import client
 
+    spec: dict[str, Any] = {
+        "minMember": pods,
+        "queue": "default",
+        "networkTopology": {"mode": "hard", "highestTierAllowed": highest_tier},
+    }
+    if subgroup is not None:
+        spec["subGroupPolicy"] = [subgroup]
+    podgroup = {
+        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "kind": "PodGroup",
+        "metadata": {"name": "gang"},
+    }
+    podgroup["spec"] = spec
     client.CustomObjectsApi(api_client).create_namespaced_custom_object(
-        *PODGROUPS[:2], namespace, PODGROUPS[2],
-        {
-            "apiVersion": "scheduling.volcano.sh/v1beta1",
-            "kind": "PodGroup",
-            "metadata": {"name": "gang"},
-            "spec": {
-                "minMember": pods,
-                "queue": "default",
-                "networkTopology": {"mode": "hard", "highestTierAllowed": highest_tier},
-            },
-        },
-    )  # fmt: skip
+        *PODGROUPS[:2], namespace, PODGROUPS[2], podgroup
+    )
     core = client.CoreV1Api(api_client)
     names = [f"worker-{i}" for i in range(pods)]
-    for name in names:
-        core.create_namespaced_pod(namespace, gang_pod(name, group="gang", gpus=4, test_label=label))
+    for i, name in enumerate(names):
+        pod = gang_pod(name, group="gang", gpus=4, test_label=label)
+        pod["metadata"]["labels"] = pod_labels(i)
+        core.create_namespaced_pod(namespace, pod)
     return names
 
 
@@ -198,3 +212,42 @@ def test_gang_may_span_domains_when_the_leaf_tier_is_allowed(
     assert used <= set(domain_a) | set(domain_b)
     assert used & set(domain_a)
     assert used & set(domain_b)
+
+
+@pytest.mark.usefixtures("volcano", "cleanup_podgroups")
+def test_each_subgroup_lands_inside_one_nvlink_domain(
+    api_client: Any,
+    gpu_nodes: Callable[..., list[str]],
+    hypernodes: Callable[[dict[str, Any]], None],
+    namespace: str,
+    e2e_test_label: str,
+) -> None:
+    # What Volcano's job controller makes of a partitionPolicy (scheduling.md §2.2): two partitions of
+    # two 4-GPU pods, each partition inside one NVLink domain, the whole job inside one leaf.
+    domain_a, domain_b = two_nvlink_domains(gpu_nodes, hypernodes, e2e_test_label)
+    subgroup = {
+        "name": "worker",
+        "subGroupSize": 2,
+        "labelSelector": {"matchLabels": {"role": "worker"}},
+        "matchLabelKeys": ["volcano.sh/partition-id"],
+        "networkTopology": {"mode": "hard", "highestTierAllowed": 1},
+    }
+    pods = run_gang(
+        api_client,
+        namespace,
+        pods=4,
+        highest_tier=2,
+        label=e2e_test_label,
+        subgroup=subgroup,
+        pod_labels=lambda i: {"role": "worker", "volcano.sh/partition-id": str(i // 2)},
+    )
+
+    cluster.wait_until(
+        lambda: all(bound_nodes(api_client, namespace, pods).values()), what="all 4 pods bound"
+    )
+    placement = bound_nodes(api_client, namespace, pods)
+    domain_of = dict.fromkeys(domain_a, "a") | dict.fromkeys(domain_b, "b")
+    partitions = [{domain_of[str(placement[p])] for p in pods[k : k + 2]} for k in (0, 2)]
+    assert all(len(domains) == 1 for domains in partitions), placement
+    # Domain B has room for one partition only (3 nodes), so the partitions sit in different domains.
+    assert partitions[0] != partitions[1], placement
