@@ -133,7 +133,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--hgx", type=int, default=10, help="8-GPU HGX nodes besides the racks")
     p.add_argument("--repeat", type=int, default=5, help="repetitions per figure")
     p.add_argument(
-        "--gpunodes", type=int, default=1000, help="GPUNode objects for the reconcile-input figure"
+        "--gpunodes",
+        type=int,
+        default=None,
+        help="GPUNode objects for the reconcile-input figure (default: all trays)",
     )
     args = p.parse_args(argv)
     if args.gpunodes is None:

@@ -23,12 +23,19 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from topology.builder import Diff, FabricPolicy, Tree, build_tree, desired_objects, diff
+from topology.builder import Diff, FabricPolicy, NodeFacts, Tree, build_tree, desired_objects, diff
 from topology.gpunode import GpuNodeError, inventory_from_gpunode
 from topology.ibnet import IbnetError, SwitchTree, parse_many, switch_tree
 from topology.kube import GPUNODES, HYPERNODES, NODES, Kube, KubeError, LeaseElector, configmaps, events
 from topology.model import NodeInventory
-from topology.sources import SourceError, StaticMapping, assemble, node_labels_of, parse_mapping
+from topology.sources import (
+    SourceError,
+    StaticMapping,
+    assemble,
+    facts_from_inventory,
+    node_labels_of,
+    parse_mapping,
+)
 
 log = logging.getLogger("topology.controller")
 
@@ -82,7 +89,7 @@ class BuildResult:
     problems: list[str] = field(default_factory=list)  # unreadable objects and sources, one line each
 
 
-ParseCache = dict[tuple[str, str], tuple[str, NodeInventory] | str]
+ParseCache = dict[tuple[str, str], tuple[str, NodeInventory, NodeFacts] | str]
 """(object name, resourceVersion) -> (node, inventory) or the parse error: a reconcile re-parses only
 GPUNodes that changed."""
 
@@ -90,6 +97,7 @@ GPUNodes that changed."""
 def build_from(inputs: Inputs, *, policy: FabricPolicy, cache: ParseCache | None = None) -> BuildResult:
     problems: list[str] = []
     inventories: dict[str, NodeInventory] = {}
+    known_facts: dict[str, NodeFacts] = {}
     fresh: ParseCache = {}
     for key in sorted(inputs.gpunodes):
         obj = inputs.gpunodes[key]
@@ -98,7 +106,7 @@ def build_from(inputs: Inputs, *, policy: FabricPolicy, cache: ParseCache | None
         if hit is None:
             try:
                 name, inv, _health = inventory_from_gpunode(obj)
-                hit = (name, inv)
+                hit = (name, inv, facts_from_inventory(name, inv))
             except GpuNodeError as exc:
                 hit = str(exc)
         fresh[(key, rv)] = hit
@@ -106,6 +114,7 @@ def build_from(inputs: Inputs, *, policy: FabricPolicy, cache: ParseCache | None
             problems.append(hit)
             continue
         inventories[hit[0]] = hit[1]
+        known_facts[hit[0]] = hit[2]
     if cache is not None:
         cache.clear()
         cache.update(fresh)

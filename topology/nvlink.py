@@ -44,7 +44,6 @@ class NvlinkFacts:
     status: FabricStatus
     clique: CliqueKey | None  # the agreed clique (also set when UNHEALTHY), None otherwise
     reason: str | None  # why the node is not in its clique, for the operator
-    nvlink_gpus: bool  # the node's own GPUs are joined by NVLink (NVSwitch or mesh)
 
     @property
     def gfd_clique(self) -> str | None:
@@ -55,61 +54,30 @@ class NvlinkFacts:
 
 
 def nvlink_facts(inventory: NodeInventory) -> NvlinkFacts:
-    nvlink_gpus = _gpus_joined_by_nvlink(inventory)
     entries = [f for f in inventory.fabric if f.state is not FabricState.NOT_SUPPORTED]
     if not entries:
-        return NvlinkFacts(FabricStatus.NONE, None, None, nvlink_gpus)
+        return NvlinkFacts(FabricStatus.NONE, None, None)
     multi = [f for f in entries if f.multi_node]
     if not multi and all(f.state is FabricState.COMPLETED for f in entries):
-        return NvlinkFacts(FabricStatus.NONE, None, None, nvlink_gpus)
+        return NvlinkFacts(FabricStatus.NONE, None, None)
     for f in sorted(entries, key=lambda e: e.gpu_index):
         if f.state is not FabricState.COMPLETED:
             return NvlinkFacts(
                 FabricStatus.INCOMPLETE,
                 None,
                 f"fabric state {f.state.value} on GPU {f.gpu_index}",
-                nvlink_gpus,
             )
         if f.status != "SUCCESS":
             return NvlinkFacts(
-                FabricStatus.INCOMPLETE, None, f"fabric status {f.status} on GPU {f.gpu_index}", nvlink_gpus
+                FabricStatus.INCOMPLETE, None, f"fabric status {f.status} on GPU {f.gpu_index}"
             )
     keys = {CliqueKey(f.cluster_uuid.lower(), f.clique_id) for f in entries}
     if len(keys) != 1 or len(multi) != len(entries):
         seen = ", ".join(sorted(str(k) for k in keys))
-        return NvlinkFacts(
-            FabricStatus.INCONSISTENT, None, f"GPUs disagree on the clique ({seen})", nvlink_gpus
-        )
+        return NvlinkFacts(FabricStatus.INCONSISTENT, None, f"GPUs disagree on the clique ({seen})")
     (key,) = keys
     bad = sorted(f.gpu_index for f in entries if f.health_summary is FabricHealthSummary.UNHEALTHY)
     if bad:
         gpus = ", ".join(str(i) for i in bad)
-        return NvlinkFacts(FabricStatus.UNHEALTHY, key, f"fabric health UNHEALTHY on GPU {gpus}", nvlink_gpus)
-    return NvlinkFacts(FabricStatus.OK, key, None, nvlink_gpus)
-
-
-def _gpus_joined_by_nvlink(inventory: NodeInventory) -> bool:
-    """True when the node has at least two GPUs and its NVLink graph connects all of them."""
-    indices = sorted(g.index for g in inventory.gpus)
-    if len(indices) < 2:
-        return False
-    edges: dict[int, set[int]] = {i: set() for i in indices}
-    if inventory.matrix is not None:
-        m = inventory.matrix
-        for a_pos, a in enumerate(m.gpu_indices):
-            for b_pos, b in enumerate(m.gpu_indices):
-                if a != b and m.cells[a_pos][b_pos].startswith("NV") and a in edges and b in edges:
-                    edges[a].add(b)
-    for link in inventory.nvlinks:
-        remote = link.remote_gpu_index
-        if link.active and remote is not None and link.gpu_index in edges and remote in edges:
-            edges[link.gpu_index].add(remote)
-            edges[remote].add(link.gpu_index)
-    seen = {indices[0]}
-    todo = [indices[0]]
-    while todo:
-        for nxt in edges[todo.pop()]:
-            if nxt not in seen:
-                seen.add(nxt)
-                todo.append(nxt)
-    return len(seen) == len(indices)
+        return NvlinkFacts(FabricStatus.UNHEALTHY, key, f"fabric health UNHEALTHY on GPU {gpus}")
+    return NvlinkFacts(FabricStatus.OK, key, None)

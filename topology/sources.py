@@ -162,20 +162,23 @@ def assemble(
     switch_tree: SwitchTree | None = None,
     mapping: StaticMapping | None = None,
     known_nodes: Iterable[str] | None = None,
+    facts: Mapping[str, NodeFacts] | None = None,
 ) -> TopologyInput:
     """Builder input. ``known_nodes`` (the cluster's Node names) limits the nodes when given: a GPUNode
-    whose Node is gone is not a member of anything."""
+    whose Node is gone is not a member of anything. ``facts`` are :func:`facts_from_inventory` results
+    computed earlier (the controller keeps them per GPUNode resourceVersion)."""
     labels_by_node = node_labels or {}
     allowed = set(known_nodes) if known_nodes is not None else None
-    facts: dict[str, NodeFacts] = {}
+    precomputed = facts or {}
+    found: dict[str, NodeFacts] = {}
     for name, inv in inventories.items():
         if allowed is None or name in allowed:
-            facts[name] = facts_from_inventory(name, inv)
+            found[name] = precomputed.get(name) or facts_from_inventory(name, inv)
     for name, labels in labels_by_node.items():
-        if name not in facts and (allowed is None or name in allowed):
+        if name not in found and (allowed is None or name in allowed):
             f = facts_from_labels(name, labels)
             if f is not None:
-                facts[name] = f
+                found[name] = f
 
     uplinks: dict[str, set[str]] = {}
 
@@ -190,10 +193,10 @@ def assemble(
         for name, inv in inventories.items():
             for guid in host_guids(inv):
                 by_guid[guid] = name
-        short = {n.split(".")[0]: n for n in sorted(facts, reverse=True)}
+        short = {n.split(".")[0]: n for n in sorted(found, reverse=True)}
         for ca, leaves in switch_tree.host_leaves.items():
             host = switch_tree.hosts.get(ca)
-            node = by_guid.get(ca) or (host if host in facts else None) or (short.get(host) if host else None)
+            node = by_guid.get(ca) or (host if host in found else None) or (short.get(host) if host else None)
             if node is not None:
                 ib_leaves[node] = ib_leaves.get(node, frozenset()) | leaves
     if mapping is not None:
@@ -201,16 +204,16 @@ def assemble(
 
     label_paths: dict[str, tuple[str, ...]] = {}
     for name, labels in labels_by_node.items():
-        found = label_path(labels)
-        if found is not None:
-            path = found[1]
+        scheme_path = label_path(labels)
+        if scheme_path is not None:
+            path = scheme_path[1]
             label_paths[name] = path
             for lower, upper in itertools.pairwise(path):
                 uplinks.setdefault(lower, set()).add(upper)
 
     out: list[NodeFacts] = []
-    for name in sorted(facts):
-        f = facts[name]
+    for name in sorted(found):
+        f = found[name]
         if name in ib_leaves:
             f = replace(f, leaves=ib_leaves[name], fabric_source="ibnetdiscover")
         elif f.leaves:
