@@ -72,6 +72,41 @@ def test_gpunode_crd_installs(api_client: Any, gpunode_crd_path: Path) -> None:
     assert "v1alpha1" in [v.name for v in crd.spec.versions if v.served]
 
 
+GPUNODES = ("topology.gpuagent.dev", "v1alpha1", "gpunodes")
+SIMULATED_PROFILES = ("dgx-h100", "hgx-h200", "gb200-nvl72", "dgx-a100-mig", "dgx1-v100", "pcie-l40s")
+
+
+@pytest.mark.parametrize("profile", SIMULATED_PROFILES)
+def test_gpunode_of_a_simulated_node_is_stored_whole(
+    api_client: Any, gpunode_crd_path: Path, profile: str
+) -> None:
+    """What the agent publishes passes the real schema, and pruning drops nothing of it."""
+    if not gpunode_crd_path.exists():
+        pytest.skip("daemonset/crds/gpunode.yaml does not exist yet")
+    from kubernetes import client
+
+    from tests.deviceplugin.helpers import inventory
+    from topology.gpunode import gpunode_object
+
+    cluster.apply_crds(api_client, cluster.load_yaml_documents([gpunode_crd_path]))
+    api = client.CustomObjectsApi(api_client)
+    name = f"e2e-{profile}"
+    obj = gpunode_object(inventory(profile), node_name=name)
+    api.create_cluster_custom_object(*GPUNODES, {k: v for k, v in obj.items() if k != "status"})
+    try:
+        status_patch = {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "metadata": {"name": name}}
+        status_patch["status"] = obj["status"]
+        api.patch_cluster_custom_object_status(
+            *GPUNODES, name, status_patch, field_manager=cluster.FIELD_MANAGER, force=True,
+            _content_type="application/apply-patch+yaml",
+        )  # fmt: skip
+        stored = api.get_cluster_custom_object(*GPUNODES, name)
+        assert stored["spec"] == obj["spec"]
+        assert stored["status"] == obj["status"]
+    finally:
+        api.delete_cluster_custom_object(*GPUNODES, name)
+
+
 def test_hypernode_dict_passes_real_validation(
     api_client: Any, volcano_crds: list[str], e2e_test_label: str
 ) -> None:

@@ -251,3 +251,38 @@ def test_each_subgroup_lands_inside_one_nvlink_domain(
     assert all(len(domains) == 1 for domains in partitions), placement
     # Domain B has room for one partition only (3 nodes), so the partitions sit in different domains.
     assert partitions[0] != partitions[1], placement
+
+
+@pytest.mark.usefixtures("volcano", "cleanup_podgroups")
+def test_gang_fits_a_domain_of_the_tree_our_builder_makes(
+    api_client: Any,
+    gpu_nodes: Callable[..., list[str]],
+    hypernodes: Callable[[dict[str, Any]], None],
+    namespace: str,
+    e2e_test_label: str,
+) -> None:
+    """topology.builder's HyperNode tree, as the controller writes it, is what vc-scheduler places by."""
+    from topology.builder import NodeFacts, TopologyInput, build_tree, desired_objects
+
+    racks = {"r0": 2, "r1": 3}  # NVLink domains of 2 and 3 nodes under one leaf
+    facts = [
+        NodeFacts(
+            name=f"tb-{rack}-{i}", domain_label=f"{e2e_test_label[:20]}-{rack}", leaves=frozenset({"leaf0"})
+        )
+        for rack, size in racks.items()
+        for i in range(size)
+    ]
+    gpu_nodes([f.name for f in facts], gpus=4)
+    tree = build_tree(TopologyInput(nodes=tuple(facts)))
+    objects = desired_objects(tree)
+    assert {o["spec"]["tierName"] for o in objects.values()} == {"nvlink", "leaf"}
+    for name in sorted(objects, key=lambda n: objects[n]["spec"]["tier"]):
+        hypernodes(objects[name])
+
+    pods = run_gang(api_client, namespace, pods=3, highest_tier=1, label=e2e_test_label)
+    cluster.wait_until(
+        lambda: all(bound_nodes(api_client, namespace, pods).values()), what="all 3 gang pods bound"
+    )
+    placement = bound_nodes(api_client, namespace, pods)
+    assert {tree.node_domain[str(n)] for n in placement.values()} == {tree.node_domain["tb-r1-0"]}
+    assert sorted(str(n) for n in placement.values()) == ["tb-r1-0", "tb-r1-1", "tb-r1-2"]
