@@ -126,11 +126,33 @@ def test_chart_crd_is_the_same_file_as_the_base_crd() -> None:
             lambda objs: not any("extender" in k[2] or "scheduler" in k[2] for k in objs),
         ),
         (
+            ["agent.sharedGpuSplit=true"],
+            lambda objs: (
+                objs[("DaemonSet", "gpu-system", "gpu-node-agent")]["spec"]["template"]["spec"]["hostPID"]
+                is True
+                and any(
+                    m["mountPath"] == "/var/log/pods" and m["readOnly"]
+                    for m in objs[("DaemonSet", "gpu-system", "gpu-node-agent")]["spec"]["template"]["spec"][
+                        "containers"
+                    ][0]["volumeMounts"]
+                )
+            ),
+        ),
+        (
             ["podMonitor.enabled=true"],
             lambda objs: ("PodMonitor", "gpu-system", "gpu-node-agent") in objs,
         ),
     ],
-    ids=["mig-strategy", "metrics-format", "image", "node-selector", "sharing", "no-extender", "pod-monitor"],
+    ids=[
+        "mig-strategy",
+        "metrics-format",
+        "image",
+        "node-selector",
+        "sharing",
+        "no-extender",
+        "shared-gpu-split",
+        "pod-monitor",
+    ],
 )
 def test_helm_values_reach_the_objects(deploy_tools: Path, values: list[str], check: Any) -> None:
     assert check(by_key(render_helm(deploy_tools, *values)))
