@@ -6,7 +6,8 @@ Tiers (ARCHITECTURE.md): 1 ``nvlink``, 2 ``leaf``, 3 ``spine``, 4 ``core``.
   (an 8-GPU NVSwitch board, a PCIe box) is its own domain. Members are Nodes by exact name.
 - **leaf**: the nodes that share the same *set* of leaf switches (rail-optimised fabrics cable NIC *k*
   of every node in a group to the group's rail-*k* leaf, so the set, not one switch, is the domain).
-  Leaves with identical node sets therefore merge into one domain.
+  Leaves with identical node sets therefore merge into one domain. A node that lost links (its set is a
+  strict subset of exactly one other, larger set) stays in that larger domain.
 - **spine** / **core**: a leaf domain's spine set is the union of its leaves' uplinks; leaf domains with
   the same spine set merge into one spine domain, and spines merge into core domains the same way.
 
@@ -120,6 +121,9 @@ def build_tree(data: TopologyInput, *, policy: FabricPolicy = FabricPolicy.ISOLA
         dup = sorted({n for n in names if names.count(n) > 1})
         raise ValueError(f"node(s) listed twice: {', '.join(dup[:5])}")
 
+    notes: list[str] = []
+    leaf_key = _leaf_keys(nodes, notes)
+
     # tier 1
     t1_members: dict[str, list[NodeFacts]] = {}
     t1_identity: dict[str, str] = {}
@@ -148,7 +152,6 @@ def build_tree(data: TopologyInput, *, policy: FabricPolicy = FabricPolicy.ISOLA
 
     hypernodes: dict[str, HyperNode] = {}
     parent: dict[str, str] = {}
-    notes: list[str] = []
     children: dict[tuple[str, frozenset[str]], set[str]] = {}  # (tier, switch set) -> child names
 
     def up(switches: Iterable[str]) -> frozenset[str]:
@@ -157,7 +160,7 @@ def build_tree(data: TopologyInput, *, policy: FabricPolicy = FabricPolicy.ISOLA
     for domain in sorted(t1_members):
         members = t1_members[domain]
         hypernodes[domain] = HyperNode(domain, NVLINK, tuple(m.name for m in members), t1_identity[domain])
-        leaf_sets = {m.leaves for m in members}
+        leaf_sets = {leaf_key[m.name] for m in members}
         if frozenset() in leaf_sets:
             if len(leaf_sets) > 1:
                 notes.append(f"{domain}: some members have no fabric information; left as a root")
@@ -198,6 +201,29 @@ def build_tree(data: TopologyInput, *, policy: FabricPolicy = FabricPolicy.ISOLA
     return Tree(
         ordered, dict(sorted(parent.items())), node_domain, dict(sorted(excluded.items())), tuple(notes)
     )
+
+
+def _leaf_keys(nodes: list[NodeFacts], notes: list[str]) -> dict[str, frozenset[str]]:
+    """Each node's leaf-domain key: its set of leaf switches, except that a node which lost links (its
+    set is a strict subset of exactly one larger set other nodes have) stays in that larger domain, so
+    one dead cable does not pull a node, and its NVLink domain, out of its leaf."""
+    keys = {n.leaves for n in nodes if n.leaves}
+    maximal = [k for k in keys if not any(k < other for other in keys)]
+    by_switch: dict[str, list[frozenset[str]]] = {}
+    for k in maximal:
+        for sw in k:
+            by_switch.setdefault(sw, []).append(k)
+    out: dict[str, frozenset[str]] = {}
+    for n in nodes:
+        key = n.leaves
+        if key and key not in maximal:
+            candidates = {k for sw in key for k in by_switch.get(sw, ()) if key < k}
+            if len(candidates) == 1:
+                (key,) = candidates
+                missing = ", ".join(sorted(key - n.leaves))
+                notes.append(f"{n.name}: no link to leaf switch(es) {missing}; kept in their leaf domain")
+        out[n.name] = key
+    return out
 
 
 # --------------------------------------------------------------------------- objects and diff

@@ -128,6 +128,14 @@ CASES = {
         roots=1,
         excluded=("r0-t01",),
     ),
+    "node-with-a-dead-link-stays-in-its-leaf-domain": Case(
+        nodes=[
+            *rack(0, leaves=rails(0))[:-1],
+            tray("r0-t17", cluster="9c6f5af3-0000-4000-8000-000000000000", leaves=rails(0)[:3]),
+        ],
+        counts={"nvlink": 1, "leaf": 1},
+        roots=1,
+    ),
     "irregular-leaf-without-uplinks-is-a-root": Case(
         nodes=rack(0, leaves=rails(0)) + rack(1, leaves=rails(1)),
         uplinks=spine_uplinks({0: ("spine-a",)}),
@@ -207,6 +215,12 @@ def test_unhealthy_node_reason_and_isolation() -> None:
     assert tree.node_domain["r0-t17"] == node_domain_name("r0-t17")
     assert "isolated" in tree.excluded["r0-t17"]
     assert "unhealthy" in tree.excluded["r0-t17"]
+
+
+def test_dead_link_is_noted() -> None:
+    case = CASES["node-with-a-dead-link-stays-in-its-leaf-domain"]
+    tree = build_tree(TopologyInput(tuple(case.nodes)))
+    assert tree.notes == ("r0-t17: no link to leaf switch(es) leaf-g0-rail3; kept in their leaf domain",)
 
 
 def test_domain_spanning_leaves_is_documented_in_notes() -> None:
