@@ -317,6 +317,10 @@ class TopologyController:
         for p in result.problems:
             self._problem(p)
         tree = result.tree
+        for note in tree.notes:
+            if note not in self._reported_problems:
+                self._reported_problems.add(note)
+                log.info("topology_note", extra={"note": note})
         d = diff(desired_objects(tree), self.hypernodes.snapshot())
         self.stats.reconciles += 1
         self.stats.last_diff = d
