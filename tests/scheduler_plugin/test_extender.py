@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 import pytest
+from hypothesis import event, given
+from hypothesis import strategies as st
 
 from scheduler_plugin.cluster import snapshot_from_objects
 from scheduler_plugin.extender import Extender
@@ -354,3 +357,99 @@ def test_a_planned_node_the_scheduler_rules_out_is_replanned_around() -> None:
     again = s.filter(pods[0], without, 2.0)
     assert len(again.passed) == 1
     assert again.passed[0] != first
+
+
+@st.composite
+def scheduler_runs(draw: st.DrawFn) -> tuple[list[list[dict[str, Any]]], list[tuple[str, int, int]]]:
+    gangs = []
+    for g in range(draw(st.integers(2, 3))):
+        size = draw(st.integers(2, 6))
+        gpus = draw(st.sampled_from([2, 4]))
+        sub = draw(st.sampled_from([size, max(1, size // 2)]))
+        pods = []
+        for i in range(size):
+            p = gang_pod(f"g{g}-{i}", i, gang=f"g{g}", size=size, gpus=gpus)
+            p["metadata"]["annotations"]["gpuagent.dev/subgroup-size"] = str(sub)
+            pods.append(p)
+        gangs.append(pods)
+    noise = draw(
+        st.lists(
+            st.tuples(st.sampled_from(["filter", "bind", "tick"]), st.integers(0, 2), st.integers(0, 5)),
+            max_size=40,
+        )
+    )
+    # then every pod tries once more, in an order drawn at random: filter all, bind all, let time pass
+    every = [(g, i) for g, pods in enumerate(gangs) for i in range(len(pods))]
+    filters = [("filter", g, i) for g, i in draw(st.permutations(every))]
+    binds = [("bind", g, i) for g, i in draw(st.permutations(every))]
+    ops = noise + filters + binds + [("tick", 0, 0)] * 6
+    return gangs, ops
+
+
+@given(scheduler_runs())
+def test_interleaved_gangs_are_never_half_bound_or_over_capacity(
+    run: tuple[list[list[dict[str, Any]]], list[tuple[str, int, int]]],
+) -> None:
+    gangs, ops = run
+    s = make_state(pods=[p for g in gangs for p in g], ttl=10.0, barrier=5.0)
+    chosen: dict[str, str] = {}  # pod -> node the scheduler assumed after filter
+    waiting: dict[str, set[str]] = {}  # gang -> pods held at the barrier
+    bound: dict[str, str] = {}
+    size = {f"default/g{g}": len(pods) for g, pods in enumerate(gangs)}
+    gpus = {
+        f"default/{p['metadata']['name']}": int(
+            p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+        )
+        for g in gangs
+        for p in g
+    }
+
+    def apply(decision: Any) -> None:
+        for key, _, where in decision.pods:
+            bound[key] = where
+            name = key.split("/", 1)[1]
+            pod = next(p for g in gangs for p in g if p["metadata"]["name"] == name)
+            s.apply(
+                "pods",
+                "MODIFIED",
+                {**pod, "spec": {**pod["spec"], "nodeName": where}, "status": {"phase": "Running"}},
+            )
+        waiting.pop(decision.gang, None)
+
+    for now, (op, g, i) in enumerate(ops):  # the scheduler's calls, one per second
+        if g >= len(gangs):
+            continue
+        pods = gangs[g]
+        pod = pods[i % len(pods)]
+        key = f"default/{pod['metadata']['name']}"
+        gang = f"default/g{g}"
+        if op == "filter" and key not in bound and key not in waiting.get(gang, set()):
+            out = s.filter(pod, NODES, float(now))
+            if len(out.passed) == 1:
+                chosen[key] = out.passed[0]
+        elif op == "bind" and key in chosen and key not in bound and key not in waiting.get(gang, set()):
+            d = s.bind("default", pod["metadata"]["name"], "u", chosen.pop(key), float(now))
+            if d.action == "wait":  # held at the barrier
+                waiting.setdefault(gang, set()).add(key)
+            elif d.action == "bind":
+                apply(d)
+        elif op == "tick":
+            for w in list(waiting):
+                d = s.barrier_timeout(w, float(now))
+                if d.action == "bind":
+                    apply(d)
+                elif d.action == "error":
+                    waiting.pop(w, None)
+        # never half-bound: a gang is bound whole or not at all
+        for gk, n in size.items():
+            count = sum(1 for k in bound if k.startswith(f"{gk}-"))
+            assert count in (0, n), (gk, count, n)
+        # never over capacity: bound pods plus holds fit every node
+        use: Counter[str] = Counter()
+        for k, node_name in bound.items():
+            use[node_name] += gpus[k]
+        held = s.held_gpus()
+        for node_name in NODES:
+            assert use[node_name] + held.get(node_name, 0) <= 4, node_name
+    whole = sum(1 for gk, n in size.items() if sum(k.startswith(f"{gk}-") for k in bound) == n)
+    event(f"gangs bound whole: {whole}")
