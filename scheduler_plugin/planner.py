@@ -35,7 +35,10 @@ stranded/leftover pair of each domain, which is additive). This is exact for one
 are placed one after the other, the most constrained first (subgroup roles, then by total GPUs). The
 gang-tier constraint is handled by planning inside each candidate scope (a domain of that tier, or
 the whole cluster), pre-filtered by pod capacity; lower-tier scopes are then tried from tier 1 up so
-that an equally good but tighter plan wins.
+that an equally good but tighter plan wins. A one-role gang whose pods form one block is searched as
+a block of the gang tier, in one pass. Roles without a subgroup tier go to nodes the gang already
+uses first, then best fit (fewest pods of room first). Domains are assumed to nest: the nodes of one
+tier-1 domain share their domain at every higher tier (as HyperNode trees do).
 
 ``prepare(snapshot)`` indexes nodes and domains once; ``plan`` keeps the last few prepared snapshots
 by identity, so repeated plans against one snapshot skip the indexing.
@@ -704,7 +707,7 @@ def plan(snapshot: ClusterSnapshot | PreparedSnapshot, gang: Gang) -> PlanResult
     for relax in range(levels):
         res = _plan_once(p, gang, relax)
         if isinstance(res, _Candidate):
-            return _to_plan(p, res, relax)
+            return _to_plan(res, relax)
         reason = res if isinstance(res, str) else res.message
         if first_reason is None:
             first_reason = reason
@@ -714,8 +717,7 @@ def plan(snapshot: ClusterSnapshot | PreparedSnapshot, gang: Gang) -> PlanResult
     return Infeasible(first_reason)
 
 
-def _to_plan(p: PreparedSnapshot, c: _Candidate, relax: int) -> Plan:
-    tiers = p.snapshot.tiers
+def _to_plan(c: _Candidate, relax: int) -> Plan:
     subgroups = tuple(sorted(c.state.subgroups, key=lambda s: (s.role, s.index)))
     placement = dict(sorted(c.state.placement.items(), key=lambda kv: _pod_sort_key(kv[0])))
     score: dict[str, float] = {
@@ -726,7 +728,6 @@ def _to_plan(p: PreparedSnapshot, c: _Candidate, relax: int) -> Plan:
         "relaxed_tiers": float(relax),
         "nodes_used": float(len(c.state.used_gpus)),
     }
-    del tiers
     return Plan(placement=placement, subgroups=subgroups, score=score)
 
 
