@@ -16,7 +16,8 @@ class NodeState:
     gpus: int  # allocatable whole GPUs
     free: int  # free whole GPUs now
     domains: Mapping[str, str] = field(default_factory=dict)  # tier name -> domain name
-    # other requested resources (cpu millicores, memory bytes, …): allocatable and free
+    # other requested resources (cpu millicores, memory bytes, …): allocatable and free; a resource
+    # absent from free_resources does not limit the node
     resources: Mapping[str, int] = field(default_factory=dict)
     free_resources: Mapping[str, int] = field(default_factory=dict)
     schedulable: bool = True
@@ -56,7 +57,12 @@ class SubgroupPlacement:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """A feasible plan: every placed pod (``<role>-<index>``) mapped to a node."""
+    """A feasible plan: every placed pod (``<role>-<index>``) mapped to a node.
+
+    ``score`` (see ``scheduler_plugin.planner``): ``placed_pods``, ``stranded_gpus``, ``span_tier``
+    (1 = the first tier; one past the last = the whole cluster), ``leftover_gpus``,
+    ``relaxed_tiers`` (soft gangs), ``nodes_used``.
+    """
 
     placement: Mapping[str, str]
     subgroups: tuple[SubgroupPlacement, ...]
