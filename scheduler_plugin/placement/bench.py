@@ -25,6 +25,7 @@ from scheduler_plugin.placement.policies import POLICIES
 from scheduler_plugin.placement.sim import SimulationError, simulate
 
 DEFAULT_JOBS = {"nvl72": 2000, "philly": 0, "mixed": 8000}  # 0: the whole Philly trace
+DEFAULT_SEEDS = {"nvl72": 3, "philly": 1, "mixed": 1}  # keeps each default run near 10 minutes on 2 cores
 QUICK_JOBS = {"nvl72": 150, "philly": 600, "mixed": 400}
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_DATA = REPO.parent / "shared" / "data"
@@ -47,7 +48,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--load", type=float, default=0.95, help="offered load the arrivals are scaled to")
     p.add_argument("--seed", type=int, default=1, help="first seed")
-    p.add_argument("--seeds", type=int, default=None, help="seeds to average over (default 3; quick 1)")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=None,
+        help="seeds to average over (default: nvl72 3, philly and mixed 1; quick 1)",
+    )
     p.add_argument("--workers", type=int, default=None, help="simulation processes (default: up to 2 CPUs)")
     p.add_argument(
         "--policies", default=",".join(POLICIES), help="comma-separated subset of: " + ", ".join(POLICIES)
@@ -81,7 +87,7 @@ def main(argv: list[str]) -> int:
         args.jobs if args.jobs is not None else (QUICK_JOBS if args.quick else DEFAULT_JOBS)[args.workload]
     )
     instances = args.optimum_instances if args.optimum_instances is not None else (3 if args.quick else 12)
-    n_seeds = args.seeds if args.seeds is not None else (1 if args.quick else 3)
+    n_seeds = args.seeds if args.seeds is not None else (1 if args.quick else DEFAULT_SEEDS[args.workload])
     workers = args.workers if args.workers is not None else min(2, _usable_cpus())
     if n_seeds < 1 or workers < 1:
         print("bench placement: --seeds and --workers must be >= 1", file=sys.stderr)
