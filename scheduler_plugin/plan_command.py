@@ -49,7 +49,10 @@ def _live_snapshot(kubeconfig: str | None) -> ClusterSnapshot:
 
 
 def main(argv: list[str]) -> int:
-    parser = _Parser(prog="gpu-node-agent plan", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = _Parser(
+        prog="gpu-node-agent plan",
+        description="Plan one gang on a cluster snapshot and print the plan as JSON (formats: ARCHITECTURE.md).",
+    )
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--cluster", metavar="C.yaml", help="cluster snapshot file (tiers, nodes)")
     src.add_argument("--from-cluster", action="store_true", help="read the snapshot from the live API")
