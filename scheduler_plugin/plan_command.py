@@ -51,7 +51,7 @@ def _live_snapshot(kubeconfig: str | None) -> ClusterSnapshot:
 def main(argv: list[str]) -> int:
     parser = _Parser(
         prog="gpu-node-agent plan",
-        description="Plan one gang on a cluster snapshot and print the plan as JSON (formats: ARCHITECTURE.md).",
+        description="Plan one gang on a cluster snapshot; print the plan as JSON (see ARCHITECTURE.md).",
     )
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--cluster", metavar="C.yaml", help="cluster snapshot file (tiers, nodes)")
