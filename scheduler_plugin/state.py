@@ -152,6 +152,10 @@ class ClusterState:
             self._unaccount(key)
             if event_type != "DELETED":
                 self._account(key, store[key])
+            else:  # a gang whose pods are all gone needs its reservation no more
+                for gang in [g for g, r in self.reservations.items() if key in r.spec.members]:
+                    if not any(k in self.pods for k in self.reservations[gang].spec.members):
+                        self.reservations.pop(gang)
         if kind in ("nodes", "hypernodes"):
             self._domains_cache = None
             self._alloc.pop(key, None)
@@ -404,6 +408,7 @@ class ClusterState:
     def prioritize(
         self, pod: Mapping[str, Any], node_names: Sequence[str], now: float
     ) -> list[tuple[str, int]]:
+        self.expire(now)
         found = gang_key_of(pod)
         if found is not None:
             res = self.reservations.get(found[1])

@@ -453,3 +453,15 @@ def test_interleaved_gangs_are_never_half_bound_or_over_capacity(
             assert use[node_name] + held.get(node_name, 0) <= 4, node_name
     whole = sum(1 for gk, n in size.items() if sum(k.startswith(f"{gk}-") for k in bound) == n)
     event(f"gangs bound whole: {whole}")
+
+
+def test_a_reservation_goes_when_all_its_pods_are_deleted() -> None:
+    pods = [gang_pod(f"w{i}", i) for i in range(4)]
+    s = make_state(pods=pods)
+    planned_node(s, pods[0], 0.0)
+    for p in pods[:3]:
+        s.apply("pods", "DELETED", p)
+    assert "default/g" in s.reservations
+    s.apply("pods", "DELETED", pods[3])
+    assert s.reservations == {}
+    assert all(s.free_gpus(n) == 4 for n in NODES)
