@@ -46,6 +46,10 @@ class GangError(ValueError):
     """A gang that cannot be understood; the message names the object and the field."""
 
 
+class GangIncompleteError(GangError):
+    """The gang's pods that exist so far describe fewer pods than it needs: wait for the rest."""
+
+
 @dataclass(frozen=True)
 class GangSpec:
     """A gang with the pods that exist now mapped to their planner pod names (``<role>-<index>``)."""
@@ -398,8 +402,9 @@ def gang_from_podgroup(
     gang = Gang(name=key, roles=tuple(roles), tier=gang_tier, soft=soft)
     total = sum(r.pods for r in roles)
     if min_member > total:
-        raise GangError(
-            f"{where}: spec.minMember {min_member} is more than the {total} pods its policies describe"
+        # the policies count the pods that exist (and the subgroup instances they open): more may come
+        raise GangIncompleteError(
+            f"{where}: spec.minMember {min_member} is more than the {total} pods its policies describe so far"
         )
     return GangSpec(
         key=key,

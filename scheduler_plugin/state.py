@@ -34,7 +34,7 @@ from scheduler_plugin.cluster import (
     pod_requests,
     snapshot_from_objects,
 )
-from scheduler_plugin.gangs import GangError, GangSpec, gang_for_pod, gang_key_of
+from scheduler_plugin.gangs import GangError, GangIncompleteError, GangSpec, gang_for_pod, gang_key_of
 from scheduler_plugin.planner import plan
 from scheduler_plugin.snapshot import Gang, Infeasible, Role
 
@@ -350,6 +350,11 @@ class ClusterState:
         if res is None or key not in res.spec.members:
             try:
                 spec = gang_for_pod(pod, self.pods.values(), self.podgroups, self.tiers())
+            except GangIncompleteError as exc:  # more pods to come: not a placement failure yet
+                msg = f"waiting for the rest of the gang: {exc}"
+                out.failed = dict.fromkeys(node_names, msg)
+                out.events += self._event_once(pod, "GangIncomplete", msg, warning=False)
+                return out
             except GangError as exc:
                 msg = f"invalid gang: {exc}"
                 out.unresolvable = dict.fromkeys(node_names, msg)

@@ -465,3 +465,25 @@ def test_a_reservation_goes_when_all_its_pods_are_deleted() -> None:
     s.apply("pods", "DELETED", pods[3])
     assert s.reservations == {}
     assert all(s.free_gpus(n) == 4 for n in NODES)
+
+
+def test_a_podgroup_waiting_for_its_pods_is_not_an_invalid_gang() -> None:
+    pg = {
+        "metadata": {"name": "pg", "namespace": "default"},
+        "spec": {
+            "minMember": 8,
+            "subGroupPolicy": [
+                {"name": "w", "subGroupSize": 4, "labelSelector": {"matchLabels": {"r": "w"}}}
+            ],
+        },
+    }
+    pods = [
+        pod(f"p{i}", 4, annotations={"scheduling.k8s.io/group-name": "pg"}, labels={"r": "w"})
+        for i in range(4)
+    ]
+    s = make_state(pods=pods)
+    s.replace("podgroups", [pg])
+    out = s.filter(pods[0], NODES, 0.0)
+    assert out.unresolvable == {}
+    assert "waiting for the rest of the gang" in out.failed[NODES[0]]
+    assert [(e.reason, e.warning) for e in out.events] == [("GangIncomplete", False)]
