@@ -105,6 +105,7 @@ def main(argv: list[str]) -> int:
                 capacity=cluster.total_gpus,
                 nvlink_domain_gpus=cluster.tier1_domain_gpus(),
                 tier_gpus=cluster.largest_domain_gpus(),
+                fits=cluster.fits_empty,
                 philly=philly,
             )
             for seed in seeds

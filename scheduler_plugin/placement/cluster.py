@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from scheduler_plugin.snapshot import ClusterSnapshot, NodeState
+from scheduler_plugin.snapshot import ClusterSnapshot, Gang, NodeState
 
 TIERS: tuple[str, ...] = ("nvlink", "leaf", "spine")
 SHAPES: tuple[str, ...] = ("nvl72", "dgx-h100", "mixed")
@@ -66,6 +66,28 @@ class Cluster:
             t: max(sum(self.nodes[i].gpus for i in idx) for idx in self.domains(t).values())
             for t in self.tiers
         }
+
+    def fits_empty(self, gang: Gang) -> bool:
+        """Whether ``gang`` fits this cluster when it is empty: whole pods per node, each subgroup inside
+        one domain of its tier, the gang inside one domain of its tier. Roles are checked one by one."""
+        everything = list(range(len(self.nodes)))
+        scopes = list(self.domains(gang.tier).values()) if gang.tier else [everything]
+        for scope in scopes:
+            ok = True
+            for role in gang.roles:
+                g = role.gpus_per_pod
+                if role.subgroup_tier and role.subgroup_size:
+                    pods_in: dict[str, int] = {}
+                    for i in scope:
+                        d = self.nodes[i].domains[role.subgroup_tier]
+                        pods_in[d] = pods_in.get(d, 0) + self.nodes[i].gpus // g
+                    blocks = sum(p // role.subgroup_size for p in pods_in.values())
+                    ok = ok and blocks >= -(-role.pods // role.subgroup_size)
+                else:
+                    ok = ok and sum(self.nodes[i].gpus // g for i in scope) >= role.pods
+            if ok:
+                return True
+        return False
 
     def gpus_per_node(self) -> int:
         return min(n.gpus for n in self.nodes)

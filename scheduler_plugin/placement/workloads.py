@@ -36,7 +36,7 @@ from __future__ import annotations
 import bisect
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -213,9 +213,12 @@ def nvl72_jobs(
     capacity: int,
     nvlink_domain_gpus: int,
     tier_gpus: Mapping[str, int] | None = None,
+    fits: Callable[[Gang], bool] | None = None,
     prefix: str = "n",
 ) -> list[Job]:
-    """``tier_gpus``: GPUs of the largest domain per tier (gang tiers are set only where one fits)."""
+    """``tier_gpus``: GPUs of the largest domain per tier (gang tiers are set only where one fits);
+    ``fits``: whether a gang fits the empty cluster (classes that do not are left out, the others'
+    shares renormalised)."""
     sizes = tier_gpus or {}
     if count < 1:
         raise WorkloadError(f"--jobs must be >= 1, got {count}")
@@ -226,34 +229,39 @@ def nvl72_jobs(
     for k, share in NVL72_LARGE:
         for nodes in (16, 18):
             classes.append((share / 2, k * nodes, 4, nodes))
-    classes = [c for c in classes if c[1] * c[2] <= capacity]
-    cumulative: list[float] = []
-    acc = 0.0
-    for c in classes:
-        acc += c[0]
-        cumulative.append(acc)
-    jobs: list[Job] = []
-    offsets: list[float] = []
-    t = 0.0
-    for i in range(count):
-        share, pods, per_pod, seg = classes[
-            min(len(classes) - 1, bisect.bisect_right(cumulative, rng.random() * acc))
-        ]
+    shaped: list[tuple[float, Gang]] = []
+    for share, pods, per_pod, seg in classes:
         gpus = pods * per_pod
-        median = 3600.0 * (gpus / 64) ** 0.25
-        lo, hi = NVL72_RUNTIME_CLAMP
-        runtime = round(min(hi, max(lo, rng.lognormvariate(math.log(median), 1.0))), 1)
         k = pods // seg if seg >= 16 else 0
         want = "leaf" if k in (2, 4) else "spine" if k in (8, 16) else None
         gang_tier = want if want is not None and sizes.get(want, 0) >= gpus else None
-        gang = make_gang(
-            f"{prefix}{i:05d}",
+        template = make_gang(
+            "",
             pods=pods,
             gpus_per_pod=per_pod,
             subgroup_nodes=seg,
             nvlink_domain_gpus=nvlink_domain_gpus,
             gang_tier=gang_tier,
         )
+        if gpus <= capacity and (fits is None or fits(template)):
+            shaped.append((share, template))
+    if not shaped:
+        raise WorkloadError("no class of the nvl72 mix fits this cluster")
+    cumulative: list[float] = []
+    acc = 0.0
+    for share, _ in shaped:
+        acc += share
+        cumulative.append(acc)
+    jobs: list[Job] = []
+    offsets: list[float] = []
+    t = 0.0
+    for i in range(count):
+        _, template = shaped[min(len(shaped) - 1, bisect.bisect_right(cumulative, rng.random() * acc))]
+        gpus = sum(r.pods * r.gpus_per_pod for r in template.roles)
+        median = 3600.0 * (gpus / 64) ** 0.25
+        lo, hi = NVL72_RUNTIME_CLAMP
+        runtime = round(min(hi, max(lo, rng.lognormvariate(math.log(median), 1.0))), 1)
+        gang = replace(template, name=f"{prefix}{i:05d}")
         jobs.append(Job(name=gang.name, arrival_s=0.0, runtime_s=runtime, gang=gang, source="nvl72"))
         offsets.append(t)
         t += rng.expovariate(1.0)
@@ -269,6 +277,7 @@ def build(
     capacity: int,
     nvlink_domain_gpus: int,
     tier_gpus: Mapping[str, int] | None = None,
+    fits: Callable[[Gang], bool] | None = None,
     philly: PhillyData | None = None,
 ) -> list[Job]:
     """The job stream, sorted by (arrival, name)."""
@@ -280,6 +289,7 @@ def build(
             capacity=capacity,
             nvlink_domain_gpus=nvlink_domain_gpus,
             tier_gpus=tier_gpus,
+            fits=fits,
         )
     elif workload in ("philly", "mixed"):
         if philly is None:
@@ -309,6 +319,7 @@ def build(
                 capacity=capacity,
                 nvlink_domain_gpus=nvlink_domain_gpus,
                 tier_gpus=tier_gpus,
+                fits=fits,
             )
             end = min(a[-1].arrival_s, b[-1].arrival_s)
             jobs = [j for j in a + b if j.arrival_s <= end]

@@ -136,3 +136,23 @@ def test_gpus_are_conserved_for_every_policy(jobs: list[Job], policy: str) -> No
     if POLICIES[policy]().gang:
         assert figs["partial_gangs"] == 0
         assert figs["nvlink_local_ratio"] in (None, 1.0)
+
+
+@pytest.mark.parametrize("shape", ["dgx-h100", "mixed"])
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_other_cluster_shapes_run_and_conserve_gpus(shape: str, policy: str) -> None:
+    cl = clusters.build(shape, 8)
+    stream = workloads.nvl72_jobs(
+        count=40,
+        seed=2,
+        load=1.0,
+        capacity=cl.total_gpus,
+        nvlink_domain_gpus=cl.tier1_domain_gpus(),
+        tier_gpus=cl.largest_domain_gpus(),
+        fits=cl.fits_empty,
+    )
+    result = simulate(cl, stream, POLICIES[policy](), clock=fake_clock())  # type: ignore[arg-type]
+    assert result.released_all
+    assert result.max_allocated <= result.total_gpus
+    assert all(r.end_s is not None for r in result.records if r.start_s is not None)
+    assert not result.deadlocked  # the stream keeps only jobs that fit the empty cluster

@@ -130,3 +130,15 @@ def test_mixed_cluster_has_both_kinds_of_nvlink_domain() -> None:
     cl = clusters.build("mixed", 64)
     sizes = {sum(cl.nodes[i].gpus for i in idx) for idx in cl.domains("nvlink").values()}
     assert sizes == {8, 72}
+
+
+def test_fits_empty_keeps_only_gangs_the_cluster_can_ever_hold() -> None:
+    mixed = clusters.build("mixed", 8)  # 4 NVL72 racks and one DGX H100 unit
+    four = workloads.make_gang("a", pods=64, gpus_per_pod=4, subgroup_nodes=16, nvlink_domain_gpus=72)
+    eight = workloads.make_gang("b", pods=128, gpus_per_pod=4, subgroup_nodes=16, nvlink_domain_gpus=72)
+    assert mixed.fits_empty(four)
+    assert not mixed.fits_empty(eight)
+    stream = workloads.nvl72_jobs(
+        count=300, seed=1, load=1, capacity=mixed.total_gpus, nvlink_domain_gpus=72, fits=mixed.fits_empty
+    )
+    assert all(mixed.fits_empty(j.gang) for j in stream)
