@@ -194,7 +194,7 @@ def small_instance(seed: int, *, racks: int = 4) -> Instance:
     rng = random.Random(f"optimum-{seed}")
     cluster: Cluster = nvl72(racks, racks_per_leaf=2, leaves_per_spine=2)
     busy = {d for d in cluster.domains("nvlink") if rng.random() < 0.5}
-    share = {d: rng.choice((0.2, 0.4, 0.6)) for d in busy}
+    share = {d: rng.choice((0.2, 0.4, 0.6)) for d in sorted(busy)}  # sorted: set order varies by process
     free = []
     for n in cluster.nodes:
         d = n.domains["nvlink"]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -142,3 +145,24 @@ def test_fits_empty_keeps_only_gangs_the_cluster_can_ever_hold() -> None:
         count=300, seed=1, load=1, capacity=mixed.total_gpus, nvlink_domain_gpus=72, fits=mixed.fits_empty
     )
     assert all(mixed.fits_empty(j.gang) for j in stream)
+
+
+def test_streams_and_small_instances_are_the_same_in_every_process() -> None:
+    code = (
+        "import hashlib;"
+        "from scheduler_plugin.placement import optimum, workloads;"
+        "jobs = workloads.nvl72_jobs(count=200, seed=4, load=1, capacity=4608, nvlink_domain_gpus=72);"
+        "print(hashlib.sha256(repr((jobs, optimum.small_instance(4))).encode()).hexdigest())"
+    )
+    digests = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": hash_seed},
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
+        ).stdout
+        for hash_seed in ("1", "2")
+    }
+    assert len(digests) == 1
