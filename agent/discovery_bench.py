@@ -15,16 +15,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from agent.benchinfo import describe_ms, machine_summary
-from agent.discovery import discover
-from agent.host import simulated_host
-from agent.nvml.sim_sysfs import write_sysfs
-from agent.nvml.simulate import PROFILES, build_simulator, parse_spec
+from agent.nvml.simulate import PROFILES
+from agent.simnode import open_simulated_node
 
 TARGET_MS = 50.0
 TARGET_PROFILE = "dgx-a100-mig"
@@ -43,33 +39,21 @@ def _time(fn: Callable[[], object], runs: int, warmup: int) -> list[float]:
 
 def bench_profile(profile: str, *, runs: int, warmup: int = 3) -> dict[str, list[float]]:
     """Durations in seconds, by phase (``discover``, ``cold``), for one profile."""
-    spec = parse_spec(profile)
-    with tempfile.TemporaryDirectory(prefix="gpu-node-agent-bench-") as tmp:
-        root = Path(tmp)
-        sysfs = root / "sys"
-        sysfs.mkdir()
-        write_sysfs(sysfs, spec)
-        sim = build_simulator(spec)
-        sim.init()
-        host = simulated_host(sim.machine)
-
-        def warm() -> object:
-            return discover(nvml=sim, sysfs_root=sysfs, host=host, mps_root=root)
+    with open_simulated_node(profile) as node:
+        node.nvml.init()
 
         def cold() -> object:
-            fresh = build_simulator(spec)
-            fresh.init()
-            try:
-                return discover(
-                    nvml=fresh, sysfs_root=sysfs, host=simulated_host(fresh.machine), mps_root=root
-                )
-            finally:
-                fresh.shutdown()
+            with open_simulated_node(node.spec, sysfs_root=node.sysfs_root) as fresh:
+                fresh.nvml.init()
+                try:
+                    return fresh.discover()
+                finally:
+                    fresh.nvml.shutdown()
 
         try:
-            return {"discover": _time(warm, runs, warmup), "cold": _time(cold, runs, warmup)}
+            return {"discover": _time(node.discover, runs, warmup), "cold": _time(cold, runs, warmup)}
         finally:
-            sim.shutdown()
+            node.nvml.shutdown()
 
 
 def main(argv: list[str]) -> int:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -330,30 +329,20 @@ class Environment:
 @contextmanager
 def simulated_environment(opts: Options) -> Iterator[Environment]:
     """The simulator of ``--simulate`` with its generated sysfs tree (a temp dir unless given)."""
-    from agent.host import simulated_host  # noqa: PLC0415 - simulator path only
-    from agent.nvml.sim_sysfs import write_sysfs  # noqa: PLC0415
-    from agent.nvml.simulate import SimSpecError, build_simulator, parse_spec  # noqa: PLC0415
+    from agent.simnode import open_simulated_node  # noqa: PLC0415 - simulator path only
 
     assert opts.simulate is not None
     try:
-        spec = parse_spec(opts.simulate)
-    except SimSpecError as exc:
-        raise UsageError(str(exc)) from None
-    if opts.simulate_faults is not None and not opts.simulate_faults.is_file():
-        raise UsageError(f"--simulate-faults {opts.simulate_faults}: no such file")
-    try:
-        sim = build_simulator(spec, faults_path=opts.simulate_faults)
+        node = open_simulated_node(
+            opts.simulate,
+            faults_path=opts.simulate_faults,
+            sysfs_root=opts.sysfs_root,
+            hostname=opts.node_name,
+        )
     except ValueError as exc:
-        raise UsageError(f"--simulate {opts.simulate}: {exc}") from None
-    with ExitStack() as stack:
-        root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpu-node-agent-sim-")))
-        sysfs = opts.sysfs_root
-        if sysfs is None:
-            sysfs = root / "sys"
-            sysfs.mkdir()
-            write_sysfs(sysfs, spec)
-        host = simulated_host(sim.machine, hostname=opts.node_name)
-        yield Environment(nvml=sim, sysfs_root=sysfs, mps_root=root, host=host)
+        raise UsageError(str(exc)) from None
+    with node:
+        yield Environment(nvml=node.nvml, sysfs_root=node.sysfs_root, mps_root=node.mps_root, host=node.host)
 
 
 def real_environment(opts: Options) -> Environment:

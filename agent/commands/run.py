@@ -19,7 +19,6 @@ import contextlib
 import os
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -37,10 +36,10 @@ from agent.runtime import Component, InventoryStore, Rediscovery, run_components
 from deviceplugin.config import ConfigError
 from deviceplugin.manager import AllocatableCheck, PluginManager
 from deviceplugin.resources import ResourceError, build_plan
-from topology.model import Host, LinkLevel, NodeInventory
+from topology.model import LinkLevel, NodeInventory
 
 if TYPE_CHECKING:
-    from agent.nvml.simulate import SimSpec
+    pass
 
 
 class StartupError(RuntimeError):
@@ -100,37 +99,25 @@ class Node:
 def build_node(settings: RunSettings) -> Node:
     """NVML and discovery for the settings; raises :class:`StartupError` with one line."""
     if settings.simulate is not None:
-        from agent.nvml.simulate import SimSpecError, build_simulator, parse_spec  # noqa: PLC0415
-
-        try:
-            spec = parse_spec(settings.simulate)
-        except SimSpecError as exc:
-            raise StartupError(str(exc)) from None
-        sim = build_simulator(spec, faults_path=settings.simulate_faults)
-        sim.init()
-        machine = spec.machine()
-        host = Host(
-            name=settings.node_name,
-            cpu_count=machine.cpu_count,
-            memory_bytes=machine.memory_bytes,
-            numa_nodes=machine.numa_nodes,
-        )
-        tmp: tempfile.TemporaryDirectory[str] | None = None
-        sysfs = settings.sysfs_root
-        if sysfs is None:
-            tmp = tempfile.TemporaryDirectory(prefix="gna-sysfs-")
-            sysfs = Path(tmp.name)
-            _write_sim_sysfs(sysfs, spec)
-        root = sysfs
-        faults = getattr(sim, "faults", None)
+        from agent.simnode import open_simulated_node  # noqa: PLC0415 - simulator path only
         from agent.udev import simulated_source  # noqa: PLC0415
 
+        try:
+            sim = open_simulated_node(
+                settings.simulate,
+                faults_path=settings.simulate_faults,
+                sysfs_root=settings.sysfs_root,
+                hostname=settings.node_name,
+            )
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
+        sim.nvml.init()
         return Node(
-            nvml=sim,
-            discover=lambda: discover(nvml=sim, sysfs_root=root, host=host),
-            faults=faults,
-            hotplug=simulated_source(sim),
-            cleanup=tmp.cleanup if tmp is not None else (lambda: None),
+            nvml=sim.nvml,
+            discover=sim.discover,
+            faults=sim.nvml.faults,
+            hotplug=simulated_source(sim.nvml),
+            cleanup=sim.close,
         )
     from agent.nvml.real import RealNvml  # noqa: PLC0415
 
@@ -147,12 +134,6 @@ def build_node(settings: RunSettings) -> Node:
     sysfs_root = settings.sysfs_root or Path("/sys")
     real_host = read_host(sysfs_root=sysfs_root, hostname=settings.node_name)
     return Node(nvml=real, discover=lambda: discover(nvml=real, sysfs_root=sysfs_root, host=real_host))
-
-
-def _write_sim_sysfs(root: Path, spec: SimSpec) -> None:
-    from agent.nvml.sim_sysfs import write_sysfs  # noqa: PLC0415
-
-    write_sysfs(root, spec)
 
 
 class HotplugTrigger:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import subprocess
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,10 +15,7 @@ from kubernetes import client as k8s
 from kubernetes import dynamic
 from kubernetes.client.rest import ApiException
 
-from agent.discovery import discover
-from agent.host import simulated_host
-from agent.nvml.sim_sysfs import write_sysfs
-from agent.nvml.simulate import build_simulator, parse_spec
+from agent.simnode import open_simulated_node
 from tests.e2e import cluster
 from topology.gpunode import gpunode_object
 
@@ -112,12 +108,9 @@ def test_every_manifest_passes_server_side_dry_run(
 
 
 def simulated_gpunode(node_name: str) -> dict[str, Any]:
-    spec = parse_spec(f"gb200-nvl72:rack=0,tray=1,hostname={node_name}")
-    sim = build_simulator(spec)
-    sim.init()
-    with tempfile.TemporaryDirectory() as root:
-        write_sysfs(Path(root), spec)
-        inventory = discover(nvml=sim, sysfs_root=Path(root), host=simulated_host(spec.machine()))
+    with open_simulated_node(f"gb200-nvl72:rack=0,tray=1,hostname={node_name}") as node:
+        node.nvml.init()
+        inventory = node.discover()
     return gpunode_object(inventory, node_name=node_name)
 
 

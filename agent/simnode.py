@@ -1,0 +1,84 @@
+"""A simulated node ready to discover: the simulator of a ``--simulate`` spec, the sysfs tree it
+implies (InfiniBand HCAs in kernel formats) and its host facts.
+
+One place for what ``discover``, ``run``, ``demo`` and the discovery benchmark each need when they
+simulate, so they all see the same machine the same way.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.discovery import discover
+from agent.host import simulated_host
+from agent.mps import DEFAULT_PIPE_DIRECTORY
+from agent.nvml.fake import SimulatedNvml
+from agent.nvml.sim_sysfs import write_sysfs
+from agent.nvml.simulate import SimSpec, build_simulator, parse_spec
+from topology.model import Host, NodeInventory
+
+
+@dataclass
+class SimulatedNode:
+    spec: SimSpec
+    nvml: SimulatedNvml  # not initialised: the caller owns init()/shutdown()
+    sysfs_root: Path
+    mps_root: Path  # an empty root: no MPS daemon unless a test writes one
+    host: Host
+    _stack: ExitStack = field(default_factory=ExitStack, repr=False)
+
+    def discover(self, *, mps_pipe_directory: str = DEFAULT_PIPE_DIRECTORY) -> NodeInventory:
+        return discover(
+            nvml=self.nvml,
+            sysfs_root=self.sysfs_root,
+            host=self.host,
+            mps_root=self.mps_root,
+            mps_pipe_directory=mps_pipe_directory,
+        )
+
+    def close(self) -> None:
+        """Removes the generated files."""
+        self._stack.close()
+
+    def __enter__(self) -> SimulatedNode:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_simulated_node(
+    simulate: str | SimSpec,
+    *,
+    faults_path: Path | None = None,
+    sysfs_root: Path | None = None,
+    hostname: str | None = None,
+) -> SimulatedNode:
+    """The node of a spec, its sysfs tree written into a temporary folder unless ``sysfs_root`` is given.
+
+    Raises ``SimSpecError`` (a ``ValueError``, one line naming the valid choices) for a bad spec and
+    ``ValueError`` for a fault file it cannot follow.
+    """
+    spec = parse_spec(simulate) if isinstance(simulate, str) else simulate
+    if faults_path is not None and not faults_path.is_file():
+        raise ValueError(f"--simulate-faults {faults_path}: no such file")
+    sim = build_simulator(spec, faults_path=faults_path)
+    stack = ExitStack()
+    root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpu-node-agent-sim-")))
+    if sysfs_root is None:
+        sysfs_root = root / "sys"
+        sysfs_root.mkdir()
+        write_sysfs(sysfs_root, spec)
+    mps_root = root / "mps-root"
+    mps_root.mkdir()
+    return SimulatedNode(
+        spec=spec,
+        nvml=sim,
+        sysfs_root=sysfs_root,
+        mps_root=mps_root,
+        host=simulated_host(sim.machine, hostname=hostname),
+        _stack=stack,
+    )
