@@ -138,6 +138,9 @@ def plot(
     ax.set_ylim(0, 1.05)
     ax.set_title("GPU allocation ratio")
     ax.legend(fontsize=8, loc="lower left")
-    fig.suptitle(f"placement: {doc['workload']} on {doc['cluster']['shape']}, {doc['jobs']} jobs")
+    fig.suptitle(
+        f"placement: {doc['workload']} on {doc['cluster']['shape']}, {doc['jobs']} jobs "
+        f"(time series: seed {doc['seeds'][0]}; bars: mean over {len(doc['seeds'])} seed(s))"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -239,9 +239,8 @@ def simulate(
         seq += 1
         heapq.heappush(running, (end, seq, live))
 
-    def apply(live: _Live, placement: dict[str, str] | object) -> int:
+    def apply(live: _Live, placement: Mapping[str, str]) -> int:
         """Take the GPUs of a plan's pods; returns pods placed."""
-        assert isinstance(placement, dict)
         per = {r.name: r.gpus_per_pod for r in live.job.gang.roles}
         placed = 0
         for pod, node_name in sorted(placement.items(), key=lambda kv: _pod_key(kv[0])):
@@ -309,7 +308,7 @@ def simulate(
                 if isinstance(result, Infeasible):
                     failed.add(live.shape)
                 else:
-                    placed = apply(live, dict(result.placement))
+                    placed = apply(live, result.placement)
                     if placed == 0:
                         failed.add(live.shape)
                     if sum(live.left.values()) == 0:
