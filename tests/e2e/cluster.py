@@ -678,7 +678,8 @@ def apply_crds(api_client: Any, crds: Iterable[Mapping[str, Any]], *, timeout_s:
 
     def established() -> bool:
         for name in names:
-            conds = ext.read_custom_resource_definition(name).status.conditions or []
+            status = ext.read_custom_resource_definition(name).status
+            conds = (status.conditions if status is not None else None) or []
             if not any(c.type == "Established" and c.status == "True" for c in conds):
                 return False
         return True
@@ -720,7 +721,7 @@ def register_nodes(api_client: Any, nodes: Iterable[Mapping[str, Any]]) -> list[
     names = []
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     for node in nodes:
-        body = {k: v for k, v in node.items() if k != "status"}
+        body: Any = {k: v for k, v in node.items() if k != "status"}
         core.create_node(body)
         name = node["metadata"]["name"]
         status = dict(node.get("status", {}))
