@@ -227,12 +227,16 @@ def _simulate_one(
 
 
 def _mean(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Numbers averaged over seeds (None where no seed has a value); flags true only if true for all."""
+    """Numbers averaged over the seeds that have them (None if none has); flags true only if true for
+    all; nested tables averaged key by key."""
     out: dict[str, Any] = {}
-    for key in runs[0]:
+    for key in dict.fromkeys(k for r in runs for k in r):  # every key, first-seen order
         values = [r.get(key) for r in runs]
-        if all(isinstance(v, bool) for v in values):
-            out[key] = all(values)
+        present = [v for v in values if v is not None]
+        if present and all(isinstance(v, bool) for v in present):
+            out[key] = all(present)
+        elif present and all(isinstance(v, dict) for v in present):
+            out[key] = _mean(present)
         else:
             nums = [float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
             out[key] = sum(nums) / len(nums) if nums else None

@@ -14,6 +14,7 @@
   the same for the higher tiers).
 - ``plan_p50_ms``, ``plan_p99_ms``: wall time of the policy's placement calls (nearest rank).
 - ``partial_gangs``: jobs that held some pods while waiting for the rest.
+- ``wait_mean_by_gpus_s``: mean wait per gang size (GPUs), to see which jobs a policy makes wait.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def percentile(values: Sequence[float], pct: float) -> float:
     return ordered[rank - 1]
 
 
-def figures(result: SimResult) -> dict[str, float | int | None]:
+def figures(result: SimResult) -> dict[str, object]:
     window = result.window_s
     capacity = result.total_gpus
     waits = [(r.start_s if r.start_s is not None else result.end_s) - r.arrival_s for r in result.records]
@@ -53,6 +54,9 @@ def figures(result: SimResult) -> dict[str, float | int | None]:
     sub_total = sum(r.tier1_subgroups for r in result.records)
     sub_local = sum(r.tier1_local for r in result.records)
     plan_ms = [t * 1000 for t in result.plan_times_s]
+    by_gpus: dict[int, list[float]] = {}
+    for r, w in zip(result.records, waits, strict=True):
+        by_gpus.setdefault(r.gpus, []).append(w)
     return {
         "allocation_ratio": result.allocated_gpu_s / (capacity * window) if window > 0 else None,
         "allocation_ratio_saturated": (
@@ -77,4 +81,5 @@ def figures(result: SimResult) -> dict[str, float | int | None]:
         "jobs": len(result.records),
         "unstarted_jobs": sum(1 for r in result.records if r.start_s is None),
         "deadlocked": result.deadlocked,
+        "wait_mean_by_gpus_s": {str(g): sum(v) / len(v) for g, v in sorted(by_gpus.items())},
     }

@@ -84,3 +84,11 @@ def test_bad_options_exit_2_with_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert message in err[0]
+
+
+def test_figures_are_averaged_over_seeds_key_by_key() -> None:
+    runs: list[dict[str, object]] = [
+        {"alloc": 0.5, "ok": True, "wait_by": {"8": 10.0}, "p99": None},
+        {"alloc": 0.7, "ok": False, "wait_by": {"8": 30.0, "64": 5.0}, "p99": 2.0},
+    ]
+    assert bench._mean(runs) == {"alloc": 0.6, "ok": False, "wait_by": {"8": 20.0, "64": 5.0}, "p99": 2.0}
