@@ -38,6 +38,7 @@ class RunSettings:
     simulate_faults: Path | None = None
     sysfs_root: Path | None = None
     no_kube: bool = False
+    kubeconfig: Path | None = None  # None: $KUBECONFIG, else the in-cluster service account
     config_file: Path | None = None
     log_format: str = "auto"
     log_level: str = "info"
@@ -126,6 +127,14 @@ SETTINGS: tuple[Setting, ...] = (
         "kubeletDir",
         _path,
         "device-plugin directory with kubelet.sock",
+    ),
+    Setting(
+        "kubeconfig",
+        "--kubeconfig",
+        ENV_PREFIX + "KUBECONFIG",  # $KUBECONFIG itself (a path list) is read by the client as usual
+        "kubeconfig",
+        _path,
+        "kubeconfig for publishing (default: $KUBECONFIG, else the in-cluster service account)",
     ),
     Setting(
         "pod_resources_socket",

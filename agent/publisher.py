@@ -245,7 +245,7 @@ def publisher_for_run(ctx: Any) -> Publisher | None:
     from topology.kube import api_client_from  # noqa: PLC0415 - loads the Kubernetes client only here
 
     try:
-        client = api_client_from(None)
+        client = api_client_from(str(settings.kubeconfig) if settings.kubeconfig else None)
     except Exception as exc:  # no kubeconfig and not in a cluster
         log.warning("publisher_disabled", reason=f"no Kubernetes API configuration: {exc}")
         return None

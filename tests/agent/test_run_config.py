@@ -107,3 +107,18 @@ def test_faults_need_a_simulator() -> None:
     with pytest.raises(ConfigError, match="--simulate-faults: needs --simulate"):
         parse(["--simulate-faults", "/tmp/f.jsonl"])
     assert parse(["--simulate", "pcie-l40s", "--simulate-faults", "/tmp/f.jsonl"]).simulate == "pcie-l40s"
+
+
+def test_kubeconfig_setting_comes_from_the_flag_or_our_env_not_kubeconfig_path_lists() -> None:
+    import argparse
+
+    from agent.config import add_arguments, load_settings
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    flag = load_settings(parser.parse_args(["--node-name", "n", "--kubeconfig", "/k/config"]), {})
+    assert str(flag.kubeconfig) == "/k/config"
+    env = load_settings(parser.parse_args(["--node-name", "n"]), {"KUBECONFIG": "/a:/b"})
+    assert env.kubeconfig is None
+    ours = load_settings(parser.parse_args(["--node-name", "n"]), {"GPU_NODE_AGENT_KUBECONFIG": "/c"})
+    assert str(ours.kubeconfig) == "/c"
