@@ -3,7 +3,7 @@
 What runs: etcd, kube-apiserver and kube-scheduler built from k8s.io/kubernetes, Volcano's scheduler
 (vc-scheduler) and the kubelet's device manager inside ``counterparts/dmharness`` -- all built once per
 machine by ``tests/e2e/counterparts/build.sh`` (versions in ``counterparts/versions.env``), started on
-127.0.0.1 with free ports and per-run temporary folders by ``tests/e2e/cluster.py``. Component logs are
+127.0.0.1 with free ports and per-run temporary folders by ``agent/localcluster.py``. Component logs are
 in ``<pytest tmp>/e2e*/logs/``; a failing start shows the log tail.
 
 If a binary is missing, the tests that need it FAIL, or SKIP with the reason when
@@ -50,7 +50,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e import cluster
+from agent import localcluster as cluster
 
 OPTIONAL_ENV = "GPU_NODE_AGENT_E2E_OPTIONAL"
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e import cluster
+from agent import localcluster as cluster
 
 pytestmark = pytest.mark.e2e
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e import cluster, conftest
+from agent import localcluster as cluster
+from tests.e2e import conftest
 
 pytestmark = pytest.mark.e2e
 

@@ -15,8 +15,8 @@ from kubernetes import client as k8s
 from kubernetes import dynamic
 from kubernetes.client.rest import ApiException
 
+from agent import localcluster as cluster
 from agent.simnode import open_simulated_node
-from tests.e2e import cluster
 from topology.gpunode import gpunode_object
 
 pytestmark = pytest.mark.e2e

@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 import pytest
 
-from tests.e2e import cluster
+from agent import localcluster as cluster
 
 pytestmark = pytest.mark.e2e
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from agent import localcluster as cluster
 from tests.deviceplugin.helpers import inventory
-from tests.e2e import cluster
 
 pytestmark = pytest.mark.e2e
 

@@ -22,12 +22,12 @@ from typing import Any
 
 import pytest
 
+from agent import localcluster as cluster
 from agent.commands import discover
 from agent.nvml.sim_sysfs import ibnetdiscover_sample
 from agent.nvml.simulate import parse_spec
 from agent.publisher import KubeNodeApi, Publisher, PublisherSettings
 from agent.runtime import InventoryStore
-from tests.e2e import cluster
 from tests.e2e.conftest import REPO_ROOT
 from topology.builder import SOURCE_LABEL, SOURCE_VALUE
 from topology.controller import ControllerSettings, TopologyController

@@ -1,8 +1,9 @@
 """Start and stop the real counterparts on loopback: etcd, kube-apiserver, kube-scheduler, Volcano's
-scheduler and the kubelet device-manager harness (``counterparts/dmharness``).
+scheduler and the kubelet device-manager harness (``tests/e2e/counterparts/dmharness``).
 
-The binaries come from ``counterparts/build.sh`` (see the README); :func:`locate_counterparts` finds
-them. Every component runs as its own process group with its log in the run folder, listens on a free
+Used by the e2e tests and by ``gpu-node-agent demo`` (which publishes to this control plane when it is
+built). The binaries come from ``tests/e2e/counterparts/build.sh``, run by the test command (see the
+README); :func:`locate_counterparts` finds them in the per-machine cache. Every component runs as its own process group with its log in the run folder, listens on a free
 127.0.0.1 port, keeps its data in that folder, and is stopped (group killed) by its ``stop()``.
 Nothing here depends on pytest, so the ``demo`` command can reuse it.
 """
@@ -28,7 +29,7 @@ from typing import Any
 
 import yaml
 
-COUNTERPARTS_SRC = Path(__file__).resolve().parent / "counterparts"
+COUNTERPARTS_SRC = Path(__file__).resolve().parents[1] / "tests" / "e2e" / "counterparts"
 VERSIONS_FILE = COUNTERPARTS_SRC / "versions.env"
 BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "vc-scheduler", "dmharness")
 DIR_ENV = "GPU_NODE_AGENT_COUNTERPARTS_DIR"
@@ -313,7 +314,7 @@ class ApiServer:
         """A fresh ``kubernetes.client.ApiClient`` for the admin user (the caller closes it)."""
         from kubernetes import config
 
-        return config.new_client_from_config(config_file=str(self.kubeconfig))
+        return config.new_client_from_config(config_file=str(self.kubeconfig))  # type: ignore[no-untyped-call]
 
     def get(self, path: str) -> tuple[int, bytes]:
         """GET ``path`` as admin; returns (status, body)."""
@@ -752,7 +753,7 @@ def delete_nodes(api_client: Any, names: Iterable[str]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m tests.e2e.cluster [--rounds N]``: start etcd, kube-apiserver, kube-scheduler and
+    """``python -m agent.localcluster [--rounds N]``: start etcd, kube-apiserver, kube-scheduler and
     vc-scheduler from the built binaries N times (each round in a fresh folder, everything stopped after),
     and print how long each took to become ready, with the machine."""
     import argparse
@@ -760,7 +761,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from agent.benchinfo import describe_ms, machine_summary
 
-    parser = argparse.ArgumentParser(prog="python -m tests.e2e.cluster", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m agent.localcluster", description=main.__doc__)
     parser.add_argument("--rounds", type=int, default=3, help="start-up rounds (default 3)")
     args = parser.parse_args(argv)
     if args.rounds < 1:
