@@ -312,6 +312,20 @@ class TopologyController:
             mapping=mapping or self.settings.static_mapping,
         )
 
+    def reconcile_once(self) -> Diff:
+        """List every source once (no watches), then reconcile: ``controller --once`` and the demo.
+
+        Raises :class:`KubeError` (naming the path) when a required source cannot be listed."""
+        for r in self.reflectors:
+            try:
+                items, _ = self.kube.list(r.path, label_selector=r.label_selector)
+            except KubeError as exc:
+                if exc.status != 404 or not r.optional:
+                    raise KubeError(exc.status, f"cannot list {r.path}: {exc}") from None
+                items = []
+            r.store = {str(o["metadata"]["name"]): o for o in items}
+        return self.reconcile()
+
     def reconcile(self) -> Diff:
         result = build_from(self.inputs(), policy=self.settings.policy, cache=self._parsed)
         for p in result.problems:

@@ -347,18 +347,12 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def _once(controller: TopologyController) -> int:
-    k = controller.kube
     from topology.kube import KubeError  # noqa: PLC0415
 
-    for r in controller.reflectors:
-        try:
-            items, _ = k.list(r.path, label_selector=r.label_selector)
-        except KubeError as exc:
-            if exc.status != 404 or not r.optional:
-                raise UsageError(f"cannot list {r.path}: {exc}") from None
-            items = []
-        r.store = {str(o["metadata"]["name"]): o for o in items}
-    d = controller.reconcile()
+    try:
+        d = controller.reconcile_once()
+    except KubeError as exc:
+        raise UsageError(str(exc)) from None
     print(
         f"controller: {len(d.apply)} applied, {len(d.delete)} deleted, {d.unchanged} unchanged"
         f"{', ' + str(len(d.conflicts)) + ' conflicts' if d.conflicts else ''}"
