@@ -255,6 +255,7 @@ class TopologyController:
         self.settings = settings
         self.monotonic = monotonic
         self.stats = Stats()
+        self.last_tree: Tree | None = None  # the tree of the latest reconcile
         self._dirty_since: float | None = None
         self._last_change = 0.0
         self._wake = threading.Event()
@@ -331,6 +332,7 @@ class TopologyController:
         for p in result.problems:
             self._problem(p)
         tree = result.tree
+        self.last_tree = tree
         for note in tree.notes:
             if note not in self._reported_problems:
                 self._reported_problems.add(note)

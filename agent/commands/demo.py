@@ -31,9 +31,9 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 import yaml
 
@@ -44,6 +44,7 @@ from agent.nvml.sim_sysfs import ibnetdiscover_sample
 from agent.nvml.simulate import parse_spec
 from agent.runtime import InventoryStore
 from deviceplugin.fakekubelet import FakeKubelet
+from scheduler_plugin.cluster import snapshot_from_objects
 from scheduler_plugin.planner import plan
 from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, NodeState, Plan, Role
 from topology.builder import FabricPolicy, Tree, desired_objects
@@ -115,6 +116,21 @@ def cluster_snapshot(
     return ClusterSnapshot(tiers=tiers, nodes=tuple(states))
 
 
+def cluster_snapshot_from_api(
+    nodes: Sequence[Mapping[str, Any]],
+    pods: Sequence[Mapping[str, Any]],
+    hypernodes: Sequence[Mapping[str, Any]],
+    *,
+    busy: Mapping[str, int],
+) -> ClusterSnapshot:
+    """The planner's view read back from the API (as the extender sees it), minus ``busy`` GPUs."""
+    snap = snapshot_from_objects(nodes, pods, hypernodes)
+    return replace(
+        snap,
+        nodes=tuple(replace(n, free=max(0, n.free - busy.get(n.name, 0))) for n in snap.nodes),
+    )
+
+
 def sample_gang(*, pods: int = 18, gpus_per_pod: int = 4, subgroup: int = 18) -> Gang:
     """An NVL72 training job: ``pods`` workers, each block of ``subgroup`` inside one NVLink domain."""
     return Gang(
@@ -180,6 +196,103 @@ def render_plan(result: Plan | Infeasible, gang: Gang, busy: Mapping[str, int]) 
             f"  subgroup {sg.index} -> {sg.domain}: {pods[0]}..{pods[-1]} on {_span(sorted(set(nodes)))}"
         )
     return lines
+
+
+# --------------------------------------------------------------------------- the local control plane
+
+
+@dataclass
+class LocalApi:
+    """The locally built etcd + kube-apiserver the agents publish to, with our and Volcano's CRDs."""
+
+    plane: Any  # agent.localcluster.ControlPlane
+    client: Any  # kubernetes ApiClient (admin)
+    kubeconfig: Path
+    url: str
+
+    def stop(self) -> None:
+        self.client.close()
+        self.plane.stop()
+
+
+def start_local_api(workdir: Path, *, required: bool) -> tuple[LocalApi | None, str]:
+    """Starts the control plane the test command builds; ``(None, why)`` when it is not built and not
+    ``required`` (raises :class:`DemoError` when it is)."""
+    from agent import localcluster  # noqa: PLC0415 - only when publishing to a local API
+    from topology.gpunode import gpunode_crd  # noqa: PLC0415
+
+    counterparts = localcluster.locate_counterparts()
+    try:
+        counterparts.check(("etcd", "kube-apiserver"))
+        volcano = counterparts.volcano_crds()
+    except localcluster.MissingCounterpartError as exc:
+        why = f"no local control plane built ({exc})"
+        if required:
+            raise DemoError(why) from None
+        return None, why
+    plane = localcluster.start_control_plane(counterparts, workdir)
+    try:
+        client = plane.apiserver.api_client()
+        crds = [gpunode_crd()] + [
+            d
+            for d in localcluster.load_yaml_documents(volcano)
+            if d.get("kind") == "CustomResourceDefinition"
+        ]
+        localcluster.apply_crds(client, crds)
+    except BaseException:
+        plane.stop()
+        raise
+    return LocalApi(plane, client, plane.apiserver.kubeconfig, plane.apiserver.url), ""
+
+
+def _count_gpunodes(api: LocalApi) -> int:
+    from kubernetes import client as k8s  # noqa: PLC0415
+
+    listed = cast(
+        dict[str, Any],
+        k8s.CustomObjectsApi(api.client).list_cluster_custom_object(
+            "topology.gpuagent.dev", "v1alpha1", "gpunodes"
+        ),
+    )
+    return len(listed.get("items", []))
+
+
+def _cluster_objects(
+    api: LocalApi,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Nodes, pods and HyperNodes as plain dicts, for the planner's snapshot."""
+    from kubernetes import client as k8s  # noqa: PLC0415
+
+    core = k8s.CoreV1Api(api.client)
+    nodes = api.client.sanitize_for_serialization(core.list_node().items)
+    pods = api.client.sanitize_for_serialization(core.list_pod_for_all_namespaces().items)
+    listed = cast(
+        dict[str, Any],
+        k8s.CustomObjectsApi(api.client).list_cluster_custom_object(
+            "topology.volcano.sh", "v1alpha1", "hypernodes"
+        ),
+    )
+    return nodes, pods, list(listed["items"])
+
+
+def _apply_tree(api: LocalApi, fabric: str) -> tuple[Tree, int]:
+    """The topology controller, once, against the local API: returns the tree and the writes it made."""
+    from topology.controller import ControllerSettings, TopologyController  # noqa: PLC0415
+    from topology.kube import Kube, api_client_from  # noqa: PLC0415
+
+    controller = TopologyController(
+        kube=Kube(api_client_from(str(api.kubeconfig))),
+        settings=ControllerSettings(
+            policy=FabricPolicy.ISOLATE,
+            namespace="default",
+            leader_elect=False,
+            identity="demo",
+            static_ibnet=(("simulated fabric", fabric),),
+        ),
+    )
+    d = controller.reconcile_once()
+    assert controller.last_tree is not None
+    return controller.last_tree, len(d.apply)
 
 
 # --------------------------------------------------------------------------- running it
@@ -269,8 +382,6 @@ def write_objects(
 
 async def run_demo(options: DemoOptions, *, stop: asyncio.Event, out: TextIO) -> int:
     layout = cluster_layout(racks=options.racks, dgx=options.dgx)
-    if options.control_plane == "on":
-        raise DemoError("--control-plane on: not available in this build; use auto or off")
     base = Path(tempfile.mkdtemp(prefix="gna-demo-"))
     out_dir = options.out if options.out is not None else base / "out"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -281,7 +392,16 @@ async def run_demo(options: DemoOptions, *, stop: asyncio.Event, out: TextIO) ->
     stores: dict[str, InventoryStore] = {}
     running: list[RunningNode] = []
     agent_stop = asyncio.Event()
+    api: LocalApi | None = None
     try:
+        no_api_reason = "--control-plane off"
+        if options.control_plane != "off":
+            print("Starting the local control plane (etcd + kube-apiserver) ...", file=out, flush=True)
+            api, no_api_reason = await asyncio.to_thread(
+                start_local_api, base / "cp", required=options.control_plane == "on"
+            )
+        if api is not None:
+            await asyncio.to_thread(_register_nodes, api, layout)
         print(f"Starting {len(layout)} simulated nodes (no GPU needed) ...", file=out, flush=True)
         for i, node in enumerate(layout):
             workdir = base / f"n{i:03d}"
@@ -294,7 +414,8 @@ async def run_demo(options: DemoOptions, *, stop: asyncio.Event, out: TextIO) ->
                 kubelet_dir=kubelet_dir,
                 pod_resources_socket=workdir / "pod-resources.sock",
                 simulate=node.simulate,
-                no_kube=True,
+                no_kube=api is None,
+                kubeconfig=api.kubeconfig if api is not None else None,
                 log_level="error",
                 shutdown_grace_s=1.0,
                 metrics_addr=f"127.0.0.1:{ports[i]}",
@@ -338,17 +459,37 @@ async def run_demo(options: DemoOptions, *, stop: asyncio.Event, out: TextIO) ->
         labels = {name: node_labels(inv, node_name=name) for name, inv in inventories.items()}
         fabric = ibnetdiscover_sample([parse_spec(n.simulate) for n in layout])
         (out_dir / "fabric.ibnetdiscover").write_text(fabric)
-        built = build_from(
-            Inputs(gpunodes=gpunodes, nodes=None, ibnet=(("simulated fabric", fabric),)),
-            policy=FabricPolicy.ISOLATE,
-        )
-        tree = built.tree
-        write_objects(out_dir, gpunodes, labels, tree)
-
         busy = {n.name: 4 for n in layout if n.rack == 0 and n.name.endswith(("-t03", "-t11"))}
         busy = dict(list(busy.items())[: options.busy_trays])
-        snapshot = cluster_snapshot(inventories, health, tree, busy=busy)
         gang = sample_gang()
+        problems: list[str] = []
+        if api is not None:
+            published = api
+            await _wait_until(
+                lambda: _count_gpunodes(published) >= len(layout),
+                timeout=START_TIMEOUT_S,
+                what="every agent to publish its GPUNode",
+            )
+            tree, writes = await asyncio.to_thread(_apply_tree, api, fabric)
+            nodes, pods, hypernodes = await asyncio.to_thread(_cluster_objects, api)
+            snapshot = cluster_snapshot_from_api(nodes, pods, hypernodes, busy=busy)
+            where = (
+                f"Published to the local kube-apiserver {api.url}: {len(layout)} GPUNodes and node labels "
+                f"by the agents, {writes} HyperNodes by the controller\n"
+                f"  kubectl --kubeconfig {api.kubeconfig} get gpunodes,hypernodes"
+            )
+        else:
+            built = build_from(
+                Inputs(gpunodes=gpunodes, nodes=None, ibnet=(("simulated fabric", fabric),)),
+                policy=FabricPolicy.ISOLATE,
+            )
+            tree, problems = built.tree, built.problems
+            snapshot = cluster_snapshot(inventories, health, tree, busy=busy)
+            where = (
+                f"No cluster API in this run ({no_api_reason}); the objects that would be applied are in "
+                f"{out_dir}:\n  gpunodes/*.yaml (GPUNode per node), node-labels.yaml, hypernodes.yaml"
+            )
+        write_objects(out_dir, gpunodes, labels, tree)
         result = plan(snapshot, gang)
 
         scrape = await asyncio.to_thread(_scrape, ports[0])
@@ -358,8 +499,8 @@ async def run_demo(options: DemoOptions, *, stop: asyncio.Event, out: TextIO) ->
             running=running,
             inventories=inventories,
             tree=tree,
-            problems=built.problems,
-            out_dir=out_dir,
+            problems=problems,
+            where=where,
             result=result,
             gang=gang,
             busy=busy,
@@ -377,8 +518,21 @@ async def run_demo(options: DemoOptions, *, stop: asyncio.Event, out: TextIO) ->
                 with contextlib.suppress(Exception):
                     await rn.task
             await rn.kubelet.stop()
+        if api is not None:
+            await asyncio.to_thread(api.stop)
         if options.out is None and options.once:
             shutil.rmtree(base, ignore_errors=True)
+
+
+def _register_nodes(api: LocalApi, layout: Sequence[DemoNode]) -> None:
+    """Node objects for the simulated nodes (their kubelets are in-process stand-ins, not real)."""
+    from agent import localcluster  # noqa: PLC0415
+
+    gpus = {"gb200-nvl72": 4, "dgx-h100": 8}
+    localcluster.register_nodes(
+        api.client,
+        [localcluster.fake_gpu_node(n.name, gpus=gpus[parse_spec(n.simulate).profile]) for n in layout],
+    )
 
 
 def _print_picture(
@@ -388,7 +542,7 @@ def _print_picture(
     inventories: Mapping[str, NodeInventory],
     tree: Tree,
     problems: Sequence[str],
-    out_dir: Path,
+    where: str,
     result: Plan | Infeasible,
     gang: Gang,
     busy: Mapping[str, int],
@@ -415,11 +569,7 @@ def _print_picture(
         f"{GPU_RESOURCE}: {advertised} healthy devices advertised",
         file=out,
     )
-    p(f"Published objects (no cluster API in this run): {out_dir}", file=out)
-    p(
-        "  gpunodes/*.yaml (GPUNode per node), node-labels.yaml, hypernodes.yaml, fabric.ibnetdiscover",
-        file=out,
-    )
+    p(where, file=out)
     p("", file=out)
     p(f"HyperNode tree ({len(tree.hypernodes)} HyperNodes):", file=out)
     for line in render_tree(tree, gpus):
