@@ -48,6 +48,7 @@ from agent.nvml.errors import (
     NVMLError_Timeout,
     NVMLError_Uninitialized,
 )
+from agent.nvml.fabric import decode_health_mask
 from agent.nvml.profiles import (
     MIG_COMPUTE_SLICES,
     MIG_MEMORY_SLICES,
@@ -70,7 +71,6 @@ from agent.nvml.protocol import (
 from topology.model import (
     ComputeInstance,
     Driver,
-    FabricHealth,
     FabricHealthSummary,
     FabricInfo,
     FabricState,
@@ -145,16 +145,6 @@ _HEALTH_SUMMARIES = {
     3: FabricHealthSummary.LIMITED_CAPACITY,
 }
 _SUMMARY_VALUE = {v: k for k, v in _HEALTH_SUMMARIES.items()}
-INCORRECT_CONFIGURATION = {
-    1: "NONE",
-    2: "INCORRECT_SYSGUID",
-    3: "INCORRECT_CHASSIS_SN",
-    4: "NO_PARTITION",
-    5: "INSUFFICIENT_NVLINKS",
-    6: "INCOMPATIBLE_GPU_FW",
-    7: "INVALID_LOCATION",
-    8: "GPU_STATE_INVALID",
-}
 # healthMask for each summary the simulator can be set to (2-bit fields: 1 TRUE, 2 FALSE)
 HEALTH_MASKS: dict[FabricHealthSummary, int] = {
     FabricHealthSummary.HEALTHY: 0x1AA,
@@ -166,26 +156,6 @@ HEALTH_MASKS: dict[FabricHealthSummary, int] = {
 _CODE_NAMES = {code: name for name, code in CODES.items()}
 FABRIC_INFO_V2 = 0x02000024
 FABRIC_INFO_V3 = 0x03000028
-
-
-def decode_health_mask(mask: int) -> FabricHealth:
-    """``healthMask`` (nvidia-ml-py 13.x layout) to ``FabricHealth``; 0 fields become ``None``."""
-
-    def flag(shift: int) -> bool | None:
-        value = (mask >> shift) & 0x3
-        return {1: True, 2: False}.get(value)
-
-    config = (mask >> 8) & 0xF
-    gfm = (mask >> 14) & 0x3
-    return FabricHealth(
-        degraded_bandwidth=flag(0),
-        route_recovery_in_progress=flag(2),
-        route_unhealthy=flag(4),
-        access_timeout_recovery=flag(6),
-        incorrect_configuration=INCORRECT_CONFIGURATION.get(config),
-        partition_assigned=flag(12),
-        gfm_connected={1: True, 2: False}.get(gfm),
-    )
 
 
 class SimulationError(ValueError):
@@ -1421,7 +1391,6 @@ __all__ = [
     "PlacedInstance",
     "SimulatedNvml",
     "SimulationError",
-    "decode_health_mask",
     "place_instances",
     "plan_layout",
 ]

@@ -32,6 +32,7 @@ from typing import Any
 
 from agent.host import cpulist_from_masks
 from agent.nvml.errors import CODES, LOST_CODES, NVMLError
+from agent.nvml.fabric import decode_health_mask
 from agent.nvml.protocol import (
     EventKind,
     GpuSample,
@@ -45,7 +46,6 @@ from agent.nvml.protocol import (
 from topology.model import (
     ComputeInstance,
     Driver,
-    FabricHealth,
     FabricHealthSummary,
     FabricInfo,
     FabricState,
@@ -135,17 +135,6 @@ HEALTH_SUMMARIES: dict[int, FabricHealthSummary] = {
     3: FabricHealthSummary.LIMITED_CAPACITY,
 }
 
-INCORRECT_CONFIGURATIONS: dict[int, str] = {
-    1: "NONE",
-    2: "INCORRECT_SYSGUID",
-    3: "INCORRECT_CHASSIS_SN",
-    4: "NO_PARTITION",
-    5: "INSUFFICIENT_NVLINKS",
-    6: "INCOMPATIBLE_GPU_FW",
-    7: "INVALID_LOCATION",
-    8: "GPU_STATE_INVALID",
-}
-
 # event type masks
 EVENT_SBE = 0x1
 EVENT_DBE = 0x2
@@ -202,28 +191,6 @@ _CI_ENGINE_PROFILE_SHARED = 0
 
 
 # --------------------------------------------------------------------------- pure helpers
-
-
-def decode_health_mask(mask: int | None) -> FabricHealth:
-    """``healthMask`` → flags: 2-bit fields (0 not supported, 1 true, 2 false), a 4-bit configuration
-    field at bit 8 (1 = NONE) and the GFM state at bits 14-15 (1 connected, 2 disconnected)."""
-    if mask is None:
-        return FabricHealth()
-
-    def flag(shift: int) -> bool | None:
-        value = (mask >> shift) & 0x3
-        return {1: True, 2: False}.get(value)
-
-    config = (mask >> 8) & 0xF
-    return FabricHealth(
-        degraded_bandwidth=flag(0),
-        route_recovery_in_progress=flag(2),
-        route_unhealthy=flag(4),
-        access_timeout_recovery=flag(6),
-        incorrect_configuration=INCORRECT_CONFIGURATIONS.get(config) if config else None,
-        partition_assigned=flag(12),
-        gfm_connected=flag(14),
-    )
 
 
 def format_cluster_uuid(raw: bytes) -> str:

@@ -13,11 +13,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.nvml import errors
+from agent.nvml.fabric import decode_health_mask
 from agent.nvml.fake import (
     HotplugEvent,
     SimulatedNvml,
     SimulationError,
-    decode_health_mask,
     place_instances,
     plan_layout,
 )
@@ -651,13 +651,6 @@ def test_aggregate_ecc_counts_survive_a_recovery_volatile_do_not() -> None:
     assert (sample.ecc_uncorrected_aggregate, sample.ecc_corrected_aggregate) == (1, 1)
     assert sample.remapped_rows_uncorrectable == 1
     assert sample.remapped_rows_pending is False  # the reset applied the remap
-
-
-def test_health_mask_decoding_agrees_with_the_real_backend() -> None:
-    from agent.nvml import real
-
-    for mask in range(0x10000):
-        assert decode_health_mask(mask) == real.decode_health_mask(mask), hex(mask)
 
 
 @pytest.mark.parametrize(

@@ -23,8 +23,9 @@ from agent.nvml.errors import (
     NVMLError_GpuIsLost,
     NVMLError_Uninitialized,
 )
+from agent.nvml.fabric import decode_health_mask
 from agent.nvml.protocol import EventKind
-from agent.nvml.real import RealNvml, decode_health_mask, format_cluster_uuid, format_ib_guid, status_name
+from agent.nvml.real import RealNvml, format_cluster_uuid, format_ib_guid, status_name
 from topology.model import (
     FabricHealthSummary,
     FabricState,
