@@ -147,7 +147,7 @@ class Service:
 
 
 async def _run(settings: Settings) -> int:
-    from scheduler_plugin.kube import api_client_from  # noqa: PLC0415
+    from topology.kube import api_client_from  # noqa: PLC0415
 
     try:
         api_client = api_client_from(settings.kubeconfig)

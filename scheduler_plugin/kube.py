@@ -22,20 +22,6 @@ KINDS = ("nodes", "pods", "hypernodes", "podgroups")
 COMPONENT = "gpu-topology-extender"
 
 
-def api_client_from(kubeconfig: str | None) -> Any:
-    """An ``ApiClient`` from a kubeconfig file, else the in-cluster service account, else ~/.kube/config."""
-    from kubernetes import config  # noqa: PLC0415 - only the composition root needs it
-
-    if kubeconfig:
-        return config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
-    try:
-        cfg = client.Configuration()
-        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        return client.ApiClient(cfg)
-    except config.ConfigException:
-        return config.new_client_from_config()  # type: ignore[no-untyped-call]
-
-
 @dataclass(frozen=True)
 class Listing:
     items: list[dict[str, Any]]

@@ -40,7 +40,8 @@ def _load(path: str, what: str) -> Any:
 
 def _live_snapshot(kubeconfig: str | None) -> ClusterSnapshot:
     from scheduler_plugin.cluster import snapshot_from_objects  # noqa: PLC0415 - only for --from-cluster
-    from scheduler_plugin.kube import KubeApi, api_client_from  # noqa: PLC0415
+    from scheduler_plugin.kube import KubeApi  # noqa: PLC0415
+    from topology.kube import api_client_from  # noqa: PLC0415
 
     api = KubeApi(api_client_from(kubeconfig))
     return snapshot_from_objects(
