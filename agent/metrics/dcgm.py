@@ -99,10 +99,16 @@ def _pod(owner: Owner) -> dict[str, str]:
 def render_dcgm(
     snap: MetricsSnapshot, agent: AgentStats, scrapes: ScrapeStats, version: str
 ) -> Iterable[Metric]:
+    f = render_dcgm_devices(snap)
+    render_agent(f, snap, agent, scrapes, version)
+    return f
+
+
+def render_dcgm_devices(snap: MetricsSnapshot) -> Families:
+    """Every family that depends on the snapshot alone (all but the agent's self-metrics)."""
     f = Families()
     for view in snap.gpus:
         _gpu(f, view, snap)
-    render_agent(f, snap, agent, scrapes, version)
     return f
 
 

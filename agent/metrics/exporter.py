@@ -22,12 +22,19 @@ from importlib import metadata
 from prometheus_client.registry import CollectorRegistry
 
 from agent.metrics.cache import MetricsCache, XidSource
-from agent.metrics.dcgm import render_dcgm
+from agent.metrics.dcgm import render_dcgm, render_dcgm_devices
 from agent.metrics.exposition import render_text
-from agent.metrics.native import SnapshotCollector, render_native
+from agent.metrics.families import Families
+from agent.metrics.native import (
+    ScrapeStats,
+    SnapshotCollector,
+    render_agent,
+    render_native,
+    render_native_devices,
+)
 from agent.metrics.procmap import ProcessPodMapper
 from agent.metrics.server import MetricsServer, ReadinessCheck
-from agent.metrics.snapshot import AgentStats
+from agent.metrics.snapshot import AgentStats, MetricsSnapshot
 from agent.nvml.protocol import NvmlBackend
 from agent.podresources.cache import PodResourcesCache
 from agent.podresources.client import PodResourcesClient
@@ -78,6 +85,40 @@ def agent_version() -> str:
         return "unknown"
 
 
+class CachedRender:
+    """The ``/metrics`` body: the device families are rendered once per cache refresh (the snapshot
+    changes only then), the agent's self-metrics (scrape count and time, registrations) on every scrape.
+
+    Same text as rendering the registry's collector, which stays registered for in-process readers;
+    a scrape then costs a bytes concatenation plus a few self-metric lines instead of thousands of
+    samples, so its latency does not follow the node's series count.
+    """
+
+    def __init__(
+        self,
+        *,
+        devices: Callable[[MetricsSnapshot], Families],
+        snapshot: Callable[[], MetricsSnapshot],
+        agent_stats: Callable[[], AgentStats],
+        scrape_stats: Callable[[], ScrapeStats],
+        version: str,
+    ) -> None:
+        self._devices = devices
+        self._snapshot = snapshot
+        self._agent_stats = agent_stats
+        self._scrape_stats = scrape_stats
+        self._version = version
+        self._rendered: tuple[MetricsSnapshot, bytes] | None = None
+
+    def __call__(self) -> bytes:
+        snap = self._snapshot()
+        if self._rendered is None or self._rendered[0] is not snap:
+            self._rendered = (snap, render_text(self._devices(snap)))
+        tail = Families()
+        render_agent(tail, snap, self._agent_stats(), self._scrape_stats(), self._version)
+        return self._rendered[1] + render_text(tail)
+
+
 class MetricsExporter:
     """The component: ``await exporter.run(stop)`` serves until ``stop`` is set.
 
@@ -119,20 +160,29 @@ class MetricsExporter:
             pid_mapper=ProcessPodMapper(proc_root=settings.proc_root, pod_logs_root=settings.pod_logs_root),
         )
         self.xids = self.cache.xids
+        dcgm = settings.format == "dcgm"
         self.registry = CollectorRegistry(auto_describe=False)
         self.server = MetricsServer(
             host=settings.host,
             port=settings.port,
-            render=lambda: render_text(self.registry.collect()),
+            render=lambda: self.render(),  # noqa: PLW0108 - self.render is built below, from the server
             readiness=(("nvml", self.cache.nvml_problem), *readiness),
+        )
+        version = version or agent_version()
+        self.render = CachedRender(
+            devices=render_dcgm_devices if dcgm else render_native_devices,
+            snapshot=self.cache.snapshot,
+            agent_stats=agent_stats,
+            scrape_stats=self.server.scrape_stats,
+            version=version,
         )
         self.registry.register(
             SnapshotCollector(
-                render=render_dcgm if settings.format == "dcgm" else render_native,
+                render=render_dcgm if dcgm else render_native,
                 snapshot=self.cache.snapshot,
                 agent_stats=agent_stats,
                 scrape_stats=self.server.scrape_stats,
-                version=version or agent_version(),
+                version=version,
             )
         )
         self.serving = asyncio.Event()  # set once the first refresh is in the cache and the port is bound

@@ -66,6 +66,13 @@ def owner_labels(owners: tuple[Owner, ...]) -> dict[str, str]:
 def render_native(
     snap: MetricsSnapshot, agent: AgentStats, scrapes: ScrapeStats, version: str
 ) -> Iterable[Metric]:
+    f = render_native_devices(snap)
+    render_agent(f, snap, agent, scrapes, version)
+    return f
+
+
+def render_native_devices(snap: MetricsSnapshot) -> Families:
+    """Every family that depends on the snapshot alone (all but the agent's self-metrics)."""
     f = Families()
     for view in snap.gpus:
         _gpu(f, view, snap.driver_version)
@@ -84,7 +91,6 @@ def render_native(
             },
             1,
         )
-    render_agent(f, snap, agent, scrapes, version)
     return f
 
 

@@ -46,3 +46,40 @@ def test_label_values_are_escaped_and_special_values_written() -> None:
 def test_counter_names_must_not_end_in_total() -> None:
     with pytest.raises(ValueError, match="without _total"):
         Families().counter("x_total", "", {}, 1)
+
+
+def test_cached_render_matches_the_collector_and_renders_devices_once_per_snapshot() -> None:
+    from agent.metrics.exporter import CachedRender
+    from agent.metrics.exposition import render_text
+    from agent.metrics.native import SnapshotCollector, render_native_devices
+    from agent.metrics.snapshot import MetricsSnapshot
+
+    snaps = [scenario(), scenario()]
+    state: dict[str, MetricsSnapshot] = {"snap": snaps[0]}
+    scrapes = [ScrapeStats(3, 0.02)]
+    rendered_for: list[MetricsSnapshot] = []
+
+    def devices(snap: MetricsSnapshot) -> Families:
+        rendered_for.append(snap)
+        return render_native_devices(snap)
+
+    def snapshot() -> MetricsSnapshot:
+        return state["snap"]
+
+    def scrape_stats() -> ScrapeStats:
+        return scrapes[-1]
+
+    common = {"snapshot": snapshot, "agent_stats": AgentStats, "scrape_stats": scrape_stats, "version": "v"}
+    cached = CachedRender(devices=devices, **common)  # type: ignore[arg-type]
+    collector = SnapshotCollector(render=render_native, **common)  # type: ignore[arg-type]
+
+    first = cached()
+    assert first == render_text(collector.collect())
+    scrapes.append(ScrapeStats(4, 0.03))
+    second = cached()
+    assert second == render_text(collector.collect())
+    assert second != first  # the self-metrics follow every scrape
+    assert rendered_for == [snaps[0]]  # the device families were rendered once for this snapshot
+    state["snap"] = snaps[1]
+    assert cached() == render_text(collector.collect())
+    assert rendered_for == [snaps[0], snaps[1]]
