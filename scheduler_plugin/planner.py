@@ -18,27 +18,37 @@ Resources a node does not report (absent from ``free_resources``) are not limiti
 
 Objective (lexicographic, documented in the plan's ``score``)
 ------------------------------------------------------------
+Measured over the touched domains of the measuring tier (the lowest subgroup tier, else the gang
+tier, else tier 1; for NVLink subgroups, the NVLink domains):
+
 1. feasibility, then most pods placed (elastic roles);
-2. least stranded capacity added: ``stranded_gpus`` = free GPUs left in the touched domains of the
-   measuring tier (the lowest subgroup tier, else the gang tier, else tier 1) that can no longer host
-   one block of the gang's main role, minus what was already stranded there before;
-3. tightest tier: ``span_tier`` = the lowest tier where one domain holds every placed pod;
-4. best fit: ``leftover_gpus`` = free GPUs left in the touched domains of the measuring tier (fewer
-   means the gang went into the fullest domains and kept wholly free ones intact);
-5. names (domain paths, then node names).
+2. keep large free blocks intact: ``opened_domains`` = wholly free domains touched (every
+   schedulable node with all its GPUs free). Consuming any part of one costs more than anything
+   below, so a gang tops up partly used domains whenever they can hold it, and opens an empty
+   domain only when they cannot;
+3. least stranded capacity added: ``stranded_gpus`` = free GPUs left in touched domains whose room
+   is smaller than a *useful block*, minus what was already stranded there. Useful is judged against
+   what the cluster typically needs, not only this gang: the smaller of the gang's block and the
+   standard subgroup (``STANDARD_SUBGROUP_GPUS``, a 4-tray NVL72 segment) in pods of the gang's
+   shape (``useful_block``). Room for a standard segment stays useful to later gangs;
+4. best fit: ``leftover_gpus`` = free GPUs left in the touched domains (fewer means the gang went
+   into the fullest domains);
+5. tightest tier: ``span_tier`` = the lowest tier where one domain holds every placed pod;
+6. names (domain paths, then node names).
 
 Search
 ------
 Blocks of one role are assigned to domains jointly by a dynamic programme over the domains of its
 subgroup tier (state: how many full blocks and whether the short last block are placed; cost: the
-stranded/leftover pair of each domain, which is additive). This is exact for one role; several roles
-are placed one after the other, the most constrained first (subgroup roles, then by total GPUs). The
-gang-tier constraint is handled by planning inside each candidate scope (a domain of that tier, or
-the whole cluster), pre-filtered by pod capacity; lower-tier scopes are then tried from tier 1 up so
-that an equally good but tighter plan wins. A one-role gang whose pods form one block is searched as
-a block of the gang tier, in one pass. Roles without a subgroup tier go to nodes the gang already
-uses first, then best fit (fewest pods of room first). Domains are assumed to nest: the nodes of one
-tier-1 domain share their domain at every higher tier (as HyperNode trees do).
+opened/stranded/leftover triple of each domain, which is additive). This is exact for one role;
+several roles are placed one after the other, the most constrained first (subgroup roles, then by
+total GPUs). The gang-tier constraint is handled by planning inside each candidate scope (a domain
+of that tier, or the whole cluster), pre-filtered by pod capacity; lower-tier scopes are then tried
+from tier 1 up so that an equally good but tighter plan wins. A one-role gang whose pods form one
+block is searched as a block of the gang tier, in one pass. Roles without a subgroup tier go to
+nodes the gang already uses first, then to nodes outside wholly free tier-1 domains, best fit
+(fewest pods of room) first. Domains are assumed to nest: the nodes of one tier-1 domain share
+their domain at every higher tier (as HyperNode trees do).
 
 ``prepare(snapshot)`` indexes nodes and domains once; ``plan`` keeps the last few prepared snapshots
 by identity, so repeated plans against one snapshot skip the indexing.
@@ -59,10 +69,15 @@ from scheduler_plugin.snapshot import (
     SubgroupPlacement,
 )
 
-__all__ = ["PreparedSnapshot", "plan", "prepare", "role_subgroups"]
+__all__ = ["STANDARD_SUBGROUP_GPUS", "PreparedSnapshot", "plan", "prepare", "role_subgroups", "useful_block"]
 
 _UNLIMITED = 1 << 40  # pods a node can host when nothing about it limits the role
 _STRANDED_WEIGHT = 1 << 42  # stranded GPUs dominate leftover GPUs in the combined DP cost
+_OPENED_WEIGHT = 1 << 84  # opening a wholly free domain dominates stranded GPUs in the DP cost
+# The smallest subgroup a cluster typically needs, in GPUs: a 4-node segment of 4-GPU NVL72 trays
+# (16 GPUs; NVL72 gangs are cut into segments of 4, 16 or 18 trays). Free room smaller than this and
+# than the gang's own block counts as stranded, whatever the gang being placed.
+STANDARD_SUBGROUP_GPUS = 16
 
 RoleKey = tuple[int, tuple[tuple[str, int], ...]]
 ScopeKey = tuple[int, str] | None  # (tier index, domain) or None for the whole cluster
@@ -70,6 +85,18 @@ ScopeKey = tuple[int, str] | None  # (tier index, domain) or None for the whole 
 
 def _role_key(role: Role) -> RoleKey:
     return (role.gpus_per_pod, tuple(sorted((k, v) for k, v in role.resources_per_pod.items() if v > 0)))
+
+
+def useful_block(role: Role) -> int:
+    """Pods of ``role``'s shape below which a domain's free room counts as stranded.
+
+    The smaller of the role's own block and the standard subgroup (``STANDARD_SUBGROUP_GPUS``) in
+    pods of this shape: room that holds either is still useful to the cluster.
+    """
+    size, _, _ = role_subgroups(role)
+    if role.gpus_per_pod <= 0:
+        return size
+    return max(1, min(size, -(-STANDARD_SUBGROUP_GPUS // role.gpus_per_pod)))
 
 
 def role_subgroups(role: Role) -> tuple[int, int, int]:
@@ -101,6 +128,7 @@ class PreparedSnapshot:
     _group_caps: dict[tuple[RoleKey, ScopeKey, int], list[tuple[int, int]]] = field(default_factory=dict)
     _scope_order: dict[tuple[RoleKey, ScopeKey], list[int]] = field(default_factory=dict)
     _scope_cap: dict[tuple[RoleKey, ScopeKey], int] = field(default_factory=dict)
+    _whole: dict[int, dict[str, bool]] = field(default_factory=dict)
 
     # -- capacity -------------------------------------------------------------------------------
     def base_fit(self, key: RoleKey) -> list[int]:
@@ -129,6 +157,19 @@ class PreparedSnapshot:
                 avail -= used_res.get(res, 0)
             n = min(n, avail // qty)
         return max(0, n)
+
+    def whole(self, tier: int) -> dict[str, bool]:
+        """Per domain of ``tier``: wholly free (every schedulable node has all its GPUs free, and some)."""
+        cached = self._whole.get(tier)
+        if cached is None:
+            cached = {}
+            for d, nodes in self.members[tier].items():
+                live = [i for i in nodes if self.schedulable[i]]
+                cached[d] = any(self.free[i] > 0 for i in live) and all(
+                    self.free[i] == self.gpus[i] for i in live
+                )
+            self._whole[tier] = cached
+        return cached
 
     def scope_nodes(self, scope: ScopeKey) -> list[int]:
         if scope is None:
@@ -179,12 +220,20 @@ class PreparedSnapshot:
         return cached
 
     def scope_order(self, key: RoleKey, scope: ScopeKey) -> list[int]:
-        """Nodes of the scope that can host this shape, best fit first (fewest pods), then name."""
+        """Nodes of the scope that can host this shape: nodes of wholly free tier-1 domains last, then
+        best fit (fewest pods), then name."""
         ck = (key, scope)
         cached = self._scope_order.get(ck)
         if cached is None:
             fit = self.base_fit(key)
-            cached = sorted((i for i in self.scope_nodes(scope) if fit[i] > 0), key=lambda i: (fit[i], i))
+            if self.dom:
+                whole, dom0 = self.whole(0), self.dom[0]
+                opens = [whole.get(d, False) if d is not None else False for d in dom0]
+            else:
+                opens = [False] * len(self.names)
+            cached = sorted(
+                (i for i in self.scope_nodes(scope) if fit[i] > 0), key=lambda i: (opens[i], fit[i], i)
+            )
             self._scope_order[ck] = cached
         return cached
 
@@ -341,6 +390,8 @@ def _place_tiered(
             k2 = gidx.get(d) if d is not None else None
             if k2 is not None:
                 touched[k2] = 0
+    whole = p.whole(tier)
+    useful = useful_block(role)
     caps: list[tuple[int, int, int]] = []  # (group index, pods, free gpus)
     most: tuple[int, int] | None = None  # (pods, -group index) of the roomiest group, for the reason
     smallest = rem if rem else size
@@ -361,8 +412,9 @@ def _place_tiered(
     cost[0] = 0
     choices: list[list[tuple[int, int] | None]] = []
     has_rem = 1 if rem else 0
-    for _, cap, freeg in caps:
-        before = freeg if cap < size else 0
+    for k, cap, freeg in caps:
+        before = freeg if cap < useful else 0
+        opens = _OPENED_WEIGHT if k not in touched and whole[groups[k][0]] else 0
         new = list(cost)
         choice: list[tuple[int, int] | None] = [None] * n_states
         max_x = min(full, cap // size)
@@ -379,8 +431,8 @@ def _place_tiered(
                     if used > cap:
                         break
                     free_after = freeg - used * g
-                    stranded = free_after if cap - used < size else 0
-                    c = c0 + (stranded - before) * _STRANDED_WEIGHT + free_after
+                    stranded = free_after if cap - used < useful else 0
+                    c = c0 + opens + (stranded - before) * _STRANDED_WEIGHT + free_after
                     t_idx = (a + x) * 2 + b + y
                     cur = new[t_idx]
                     if cur is None or c < cur:
@@ -492,14 +544,15 @@ def _chain(first: Sequence[int], rest: Sequence[int]) -> Iterable[int]:
 @dataclass(frozen=True)
 class _Candidate:
     placed_pods: int
+    opened: int
     stranded: int
     span: int
     leftover: int
     scope_name: str
     state: _State
 
-    def rank(self) -> tuple[int, int, int, int, str]:
-        return (-self.placed_pods, self.stranded, self.span, self.leftover, self.scope_name)
+    def rank(self) -> tuple[int, int, int, int, int, str]:
+        return (-self.placed_pods, self.opened, self.stranded, self.leftover, self.span, self.scope_name)
 
 
 def _role_order(gang: Gang, sub_tiers: Mapping[str, int | None]) -> list[Role]:
@@ -529,31 +582,34 @@ def _attempt(
         )
         if fail is not None:
             return fail
-    stranded, leftover = _measure(p, st, measure, main)
+    opened, stranded, leftover = _measure(p, st, measure, main)
     span = _span(p, st)
     scope_name = "" if scope is None else scope[1]
-    return _Candidate(st.placed_pods, stranded, span, leftover, scope_name, st)
+    return _Candidate(st.placed_pods, opened, stranded, span, leftover, scope_name, st)
 
 
-def _measure(p: PreparedSnapshot, st: _State, tier: int | None, main: Role) -> tuple[int, int]:
-    """(stranded GPUs added, free GPUs left) over the touched domains of the measuring tier."""
+def _measure(p: PreparedSnapshot, st: _State, tier: int | None, main: Role) -> tuple[int, int, int]:
+    """(wholly free domains opened, stranded GPUs added, free GPUs left) over the touched domains
+    of the measuring tier."""
     if tier is None or not st.used_gpus:
-        return 0, 0
+        return 0, 0, 0
     key = _role_key(main)
-    size, _, _ = role_subgroups(main)
+    useful = useful_block(main)
     base = p.base_fit(key)
     dom_t = p.dom[tier]
+    whole = p.whole(tier)
     touched = sorted({d for i in st.used_gpus if (d := dom_t[i]) is not None})
-    stranded = leftover = 0
+    opened = stranded = leftover = 0
     for d in touched:
         nodes = p.members[tier][d]
         cap_before = sum(base[i] for i in nodes)
         free_before = sum(p.free[i] for i in nodes)
         cap_after = sum(_fit_now(p, st, i, key, base) for i in nodes)
         free_after = sum(p.free[i] - st.used_gpus.get(i, 0) for i in nodes)
+        opened += whole[d]
         leftover += free_after
-        stranded += (free_after if cap_after < size else 0) - (free_before if cap_before < size else 0)
-    return stranded, leftover
+        stranded += (free_after if cap_after < useful else 0) - (free_before if cap_before < useful else 0)
+    return opened, stranded, leftover
 
 
 def _span(p: PreparedSnapshot, st: _State) -> int:
@@ -684,7 +740,7 @@ def _plan_once(p: PreparedSnapshot, gang: Gang, relax: int) -> _Candidate | _Fai
             res = _attempt(p, roles, sub_tiers=sub_tiers, scope=scope, measure=measure, main=main)
             if isinstance(res, _Failure):
                 continue
-            if res.placed_pods < best.placed_pods or res.stranded > best.stranded:
+            if res.rank()[:3] > best.rank()[:3]:  # fewer pods, more opened or more stranded
                 continue
             if found is None or res.rank() < found.rank():
                 found = res
@@ -722,6 +778,7 @@ def _to_plan(c: _Candidate, relax: int) -> Plan:
     placement = dict(sorted(c.state.placement.items(), key=lambda kv: _pod_sort_key(kv[0])))
     score: dict[str, float] = {
         "placed_pods": float(c.placed_pods),
+        "opened_domains": float(c.opened),
         "stranded_gpus": float(c.stranded),
         "span_tier": float(c.span + 1),
         "leftover_gpus": float(c.leftover),

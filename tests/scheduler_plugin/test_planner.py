@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler_plugin.planner import plan, prepare, role_subgroups
+from scheduler_plugin.planner import plan, prepare, role_subgroups, useful_block
 from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, NodeState, Plan, Role
 
 TIERS = ("nvlink", "leaf", "spine")
@@ -119,6 +119,79 @@ def test_best_fit_keeps_whole_racks_intact() -> None:
     assert isinstance(result, Plan)
     assert result.subgroups[0].domain == "nvl-01"
     assert result.score["stranded_gpus"] == 0
+
+
+def after(snapshot: ClusterSnapshot, gang: Gang, result: Plan) -> ClusterSnapshot:
+    """The snapshot once ``result`` is bound: its GPUs are no longer free."""
+    use: Counter[str] = Counter()
+    roles = {r.name: r for r in gang.roles}
+    for pod, node in result.placement.items():
+        use[node] += roles[pod.rsplit("-", 1)[0]].gpus_per_pod
+    nodes = tuple(
+        NodeState(name=n.name, gpus=n.gpus, free=n.free - use[n.name], domains=n.domains)
+        for n in snapshot.nodes
+    )
+    return ClusterSnapshot(tiers=snapshot.tiers, nodes=nodes)
+
+
+@pytest.mark.parametrize("r0_free", [10, 12, 15], ids=lambda f: f"r0-{f}-free-trays")
+def test_tops_up_a_partly_used_rack_and_keeps_the_empty_one_whole(r0_free: int) -> None:
+    snap = rack_cluster([18 - r0_free, 0])  # rack 0 partly used, rack 1 empty
+    small = nvl72_gang(pods=8, size=8)
+    first = plan(snap, small)
+    assert isinstance(first, Plan)
+    assert {domain_of(snap, n, "nvlink") for n in first.placement.values()} == {"nvl-00"}
+    assert first.score["opened_domains"] == 0
+    check_capacity(snap, small, first)
+    # the whole rack is left for the next 18-tray gang
+    later = after(snap, small, first)
+    second = plan(later, nvl72_gang())
+    assert isinstance(second, Plan)
+    assert {domain_of(later, n, "nvlink") for n in second.placement.values()} == {"nvl-01"}
+
+
+@pytest.mark.parametrize("r0_free", [0, 5, 7], ids=lambda f: f"r0-{f}-free-trays")
+def test_opens_an_empty_rack_when_no_partly_used_one_fits(r0_free: int) -> None:
+    snap = rack_cluster([18 - r0_free, 0])
+    result = plan(snap, nvl72_gang(pods=8, size=8))
+    assert isinstance(result, Plan)
+    assert {domain_of(snap, n, "nvlink") for n in result.placement.values()} == {"nvl-01"}
+    assert result.score["opened_domains"] == 1
+
+
+def test_top_up_that_leaves_useful_room_beats_the_tightest_fit() -> None:
+    # rack 0: 9 free trays (8 would leave 1, too small for a standard 4-tray segment);
+    # rack 1: 12 free (leaves 4, a segment's worth); rack 2 empty
+    snap = rack_cluster([9, 6, 0])
+    result = plan(snap, nvl72_gang(pods=8, size=8))
+    assert isinstance(result, Plan)
+    assert result.subgroups[0].domain == "nvl-01"
+    assert result.score["stranded_gpus"] == 0
+    assert result.score["leftover_gpus"] == 16
+
+
+def test_among_partly_used_racks_best_fit_wins() -> None:
+    snap = rack_cluster([0, 4, 2, 6])  # free: 18 (whole), 14, 16, 12
+    result = plan(snap, nvl72_gang(pods=12, size=12))
+    assert isinstance(result, Plan)
+    assert result.subgroups[0].domain == "nvl-03"  # leaves nothing
+    assert result.score["leftover_gpus"] == 0
+
+
+def test_single_node_jobs_stay_out_of_whole_racks() -> None:
+    snap = rack_cluster([0, 16])  # rack 0 whole (first by name), rack 1 has 2 free trays
+    gang = Gang(name="small", roles=(Role(name="w", pods=2, gpus_per_pod=4),))
+    result = plan(snap, gang)
+    assert isinstance(result, Plan)
+    assert set(result.placement.values()) == {"rack01-tray16", "rack01-tray17"}
+    assert result.score["opened_domains"] == 0
+
+
+def test_useful_block_is_the_smaller_of_the_block_and_the_standard_segment() -> None:
+    assert useful_block(Role(name="w", pods=18, gpus_per_pod=4, subgroup_size=18)) == 4
+    assert useful_block(Role(name="w", pods=2, gpus_per_pod=4)) == 2
+    assert useful_block(Role(name="w", pods=4, gpus_per_pod=8, subgroup_size=4)) == 2
+    assert useful_block(Role(name="w", pods=1, gpus_per_pod=0)) == 1
 
 
 def test_heterogeneous_roles_head_without_gpus() -> None:
@@ -370,6 +443,26 @@ def test_deterministic_whatever_the_node_order(case: tuple[ClusterSnapshot, Gang
     again = ClusterSnapshot(tiers=snap.tiers, nodes=tuple(shuffled))
     assert plan(snap, gang) == plan(again, gang)
     assert plan(snap, gang) == plan(snap, gang)
+
+
+@settings(max_examples=60)
+@given(st.lists(st.integers(0, 6), min_size=1, max_size=5), st.integers(1, 6))
+def test_never_opens_a_whole_rack_when_a_partly_used_one_fits(busy: list[int], pods: int) -> None:
+    snap = rack_cluster(busy, trays=6)
+    result = plan(snap, nvl72_gang(pods=pods, size=pods))
+    fits = [6 - b >= pods for b in busy]
+    if not any(fits):
+        assert isinstance(result, Infeasible)
+        return
+    assert isinstance(result, Plan)
+    chosen = int(result.subgroups[0].domain.removeprefix("nvl-"))  # type: ignore[union-attr]
+    assert fits[chosen]
+    partly_used_fits = [r for r, b in enumerate(busy) if fits[r] and b > 0]
+    if partly_used_fits:
+        assert chosen in partly_used_fits
+        assert result.score["opened_domains"] == 0
+    else:
+        assert result.score["opened_domains"] == 1
 
 
 def test_a_cluster_without_tiers() -> None:
