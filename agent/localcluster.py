@@ -3,9 +3,9 @@ scheduler and the kubelet device-manager harness (``tests/e2e/counterparts/dmhar
 
 Used by the e2e tests and by ``gpu-node-agent demo`` (which publishes to this control plane when it is
 built). The binaries come from ``tests/e2e/counterparts/build.sh``, run by the test command (see the
-README); :func:`locate_counterparts` finds them in the per-machine cache. Every component runs as its own process group with its log in the run folder, listens on a free
-127.0.0.1 port, keeps its data in that folder, and is stopped (group killed) by its ``stop()``.
-Nothing here depends on pytest, so the ``demo`` command can reuse it.
+README); :func:`locate_counterparts` finds them in the per-machine cache. Every component runs as its
+own process group with its log in the run folder, listens on a free 127.0.0.1 port, keeps its data in
+that folder, and is stopped (group killed) by its ``stop()``. Nothing here depends on pytest.
 """
 
 from __future__ import annotations
