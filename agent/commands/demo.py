@@ -215,7 +215,9 @@ class LocalApi:
         self.plane.stop()
 
 
-def start_local_api(workdir: Path, *, required: bool) -> tuple[LocalApi | None, str]:
+def start_local_api(
+    workdir: Path, *, required: bool, announce: Callable[[], None] = lambda: None
+) -> tuple[LocalApi | None, str]:
     """Starts the control plane the test command builds; ``(None, why)`` when it is not built and not
     ``required`` (raises :class:`DemoError` when it is)."""
     from agent import localcluster  # noqa: PLC0415 - only when publishing to a local API
@@ -230,6 +232,7 @@ def start_local_api(workdir: Path, *, required: bool) -> tuple[LocalApi | None, 
         if required:
             raise DemoError(why) from None
         return None, why
+    announce()
     plane = localcluster.start_control_plane(counterparts, workdir)
     try:
         client = plane.apiserver.api_client()
@@ -383,7 +386,7 @@ def write_objects(
 async def run_demo(options: DemoOptions, *, stop: asyncio.Event, out: TextIO) -> int:
     layout = cluster_layout(racks=options.racks, dgx=options.dgx)
     base = Path(tempfile.mkdtemp(prefix="gna-demo-"))
-    out_dir = options.out if options.out is not None else base / "out"
+    out_dir = options.out if options.out is not None else Path(tempfile.mkdtemp(prefix="gna-demo-out-"))
     out_dir.mkdir(parents=True, exist_ok=True)
     loop = asyncio.get_running_loop()
     # every agent waits on NVML events in a worker thread; give each its own
@@ -396,9 +399,13 @@ async def run_demo(options: DemoOptions, *, stop: asyncio.Event, out: TextIO) ->
     try:
         no_api_reason = "--control-plane off"
         if options.control_plane != "off":
-            print("Starting the local control plane (etcd + kube-apiserver) ...", file=out, flush=True)
             api, no_api_reason = await asyncio.to_thread(
-                start_local_api, base / "cp", required=options.control_plane == "on"
+                start_local_api,
+                base / "cp",
+                required=options.control_plane == "on",
+                announce=lambda: print(
+                    "Starting the local control plane (etcd + kube-apiserver) ...", file=out, flush=True
+                ),
             )
         if api is not None:
             await asyncio.to_thread(_register_nodes, api, layout)
@@ -520,8 +527,7 @@ async def run_demo(options: DemoOptions, *, stop: asyncio.Event, out: TextIO) ->
             await rn.kubelet.stop()
         if api is not None:
             await asyncio.to_thread(api.stop)
-        if options.out is None and options.once:
-            shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)  # sockets, simulated sysfs, control-plane data; not out_dir
 
 
 def _register_nodes(api: LocalApi, layout: Sequence[DemoNode]) -> None:
@@ -560,7 +566,8 @@ def _print_picture(
     p = print
     p("", file=out)
     p(
-        f"Cluster: {len(running)} nodes ({len(trays)} gb200-nvl72 trays in {racks} NVL72 racks, "
+        f"Cluster: {len(running)} nodes ({len(trays)} gb200-nvl72 trays in {racks} NVL72 "
+        f"rack{'s' * (racks != 1)}, "
         f"{others} dgx-h100), {sum(gpus.values())} GPUs",
         file=out,
     )
