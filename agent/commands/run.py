@@ -259,12 +259,10 @@ def _pcie_levels(nvml: NvmlBackend) -> Callable[[NodeInventory], Mapping[tuple[i
     return levels
 
 
-def _allocatable_check(socket_path: Path) -> AllocatableCheck | None:
-    """The pod-resources check for the plugin manager (None when the client package is absent)."""
-    try:
-        from agent.podresources.client import PodResourcesClient  # noqa: PLC0415
-    except ImportError:
-        return None
+def _allocatable_check(socket_path: Path) -> AllocatableCheck:
+    """The pod-resources check for the plugin manager: what kubelet lists as allocatable, by resource
+    (``None`` while the pod-resources socket is absent or kubelet cannot answer)."""
+    from agent.podresources.client import PodResourcesClient  # noqa: PLC0415 - loads gRPC stubs only here
 
     async def check() -> Mapping[str, frozenset[str]] | None:
         if not socket_path.exists():
