@@ -34,11 +34,9 @@ import grpc
 
 from agent import logs
 from agent.benchinfo import describe_ms, machine_summary, percentile
-from agent.discovery import discover
 from agent.health import HealthMonitor
-from agent.nvml.fake import SimulatedNvml
-from agent.nvml.simulate import build_simulator, parse_spec
 from agent.runtime import Component, InventoryStore, Rediscovery, run_components
+from agent.simnode import open_simulated_node
 from deviceplugin.allocator import (
     Candidate,
     DeviceKind,
@@ -52,23 +50,9 @@ from deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
 from deviceplugin.config import parse_plugin_config
 from deviceplugin.fakekubelet import FakeKubelet
 from deviceplugin.manager import PluginManager
-from topology.model import Host, LinkLevel, NodeInventory
+from topology.model import LinkLevel
 
 GPU = "nvidia.com/gpu"
-
-
-def _node(profile: str, faults: Path, sysfs: Path) -> tuple[SimulatedNvml, Callable[[], NodeInventory]]:
-    spec = parse_spec(profile)
-    sim = build_simulator(spec, faults_path=faults)
-    sim.init()
-    machine = spec.machine()
-    host = Host(
-        name=machine.hostname,
-        cpu_count=machine.cpu_count,
-        memory_bytes=machine.memory_bytes,
-        numa_nodes=machine.numa_nodes,
-    )
-    return sim, lambda: discover(nvml=sim, sysfs_root=sysfs, host=host)
 
 
 def _timed_calls(socket: Path, requests: list[object], method: str) -> list[float]:
@@ -90,9 +74,9 @@ async def _runtime_figures(args: argparse.Namespace) -> dict[str, list[float]]:
         directory = Path(tmp)
         faults = directory / "faults.jsonl"
         faults.write_text("")
-        sysfs = directory / "sys"
-        sysfs.mkdir()
-        sim, discover_fn = _node(args.profile, faults, sysfs)
+        node = open_simulated_node(args.profile, faults_path=faults)
+        sim, discover_fn = node.nvml, node.discover
+        sim.init()
         config = parse_plugin_config({"health": {"recoveryQuietSeconds": 0.05, "probeIntervalSeconds": 0.02}})
         store = InventoryStore(discover_fn())
         rediscovery = Rediscovery(store=store, discover=discover_fn, interval_s=None)
@@ -172,6 +156,7 @@ async def _runtime_figures(args: argparse.Namespace) -> dict[str, list[float]]:
             await task
             await kubelet.stop()
             sim.shutdown()
+            node.close()
     return {
         "allocate": allocate,
         "preferred_grpc": preferred,
@@ -205,13 +190,10 @@ def _pure_figures(count: int) -> tuple[list[float], list[float], int, int, dict[
     rng = random.Random(11)
     topologies: list[Topology] = []
     for profile in ("dgx-h100", "dgx1-v100", "pcie-l40s", "dgx-a100-mig"):
-        sim = build_simulator(parse_spec(profile))
-        sim.init()
-        machine = parse_spec(profile).machine()
-        host = Host(name="bench", cpu_count=machine.cpu_count, memory_bytes=machine.memory_bytes)
-        with tempfile.TemporaryDirectory() as sysfs:
-            topologies.append(topology_from_inventory(discover(nvml=sim, sysfs_root=Path(sysfs), host=host)))
-        sim.shutdown()
+        with open_simulated_node(profile) as node:
+            node.nvml.init()
+            topologies.append(topology_from_inventory(node.discover()))
+            node.nvml.shutdown()
     topologies += [_random_topology(rng, 8) for _ in range(20)]
     latencies: list[float] = []
     cpu: list[float] = []
