@@ -26,36 +26,50 @@ tier, else tier 1; for NVLink subgroups, the NVLink domains):
    schedulable node with all its GPUs free). Consuming any part of one costs more than anything
    below, so a gang tops up partly used domains whenever they can hold it, and opens an empty
    domain only when they cannot;
-3. least stranded capacity added: ``stranded_gpus`` = free GPUs left in touched domains whose room
+3. keep free blocks of the higher tiers intact: ``opened_upper`` counts the wholly free domains of
+   each higher tier that the opened domains break into, a higher tier weighing more than all lower
+   ones (``_UPPER_BITS`` per tier). A gang that must open an NVLink domain takes one under a leaf
+   (spine) that is already in use, keeping whole leaves and spines for the gangs that need them;
+4. least stranded capacity added: ``stranded_gpus`` = free GPUs left in touched domains whose room
    is smaller than a *useful block*, minus what was already stranded there. Useful is judged against
    what the cluster typically needs, not only this gang: the smaller of the gang's block and the
    standard subgroup (``STANDARD_SUBGROUP_GPUS``, a 4-tray NVL72 segment) in pods of the gang's
    shape (``useful_block``). Room for a standard segment stays useful to later gangs;
-4. best fit: ``leftover_gpus`` = free GPUs left in the touched domains (fewer means the gang went
+5. best fit: ``leftover_gpus`` = free GPUs left in the touched domains (fewer means the gang went
    into the fullest domains);
-5. tightest tier: ``span_tier`` = the lowest tier where one domain holds every placed pod;
-6. names (domain paths, then node names).
+6. tightest tier: ``span_tier`` = the lowest tier where one domain holds every placed pod;
+7. names (domain paths, then node names).
 
 Search
 ------
 Blocks of one role are assigned to domains jointly by a dynamic programme over the domains of its
 subgroup tier (state: how many full blocks and whether the short last block are placed; cost: the
-opened/stranded/leftover triple of each domain, which is additive). This is exact for one role;
+opened/upper/stranded/leftover figures of each domain, summed; the upper figure is counted per opened
+domain, so two domains opened under one free leaf count that leaf twice in the programme, while the
+ranking of whole plans counts it once). This is exact for one role;
 several roles are placed one after the other, the most constrained first (subgroup roles, then by
 total GPUs). The gang-tier constraint is handled by planning inside each candidate scope (a domain
 of that tier, or the whole cluster), pre-filtered by pod capacity; lower-tier scopes are then tried
-from tier 1 up so that an equally good but tighter plan wins. A one-role gang whose pods form one
+from tier 1 up so that an equally good but tighter plan wins. Scopes that cannot beat the best plan
+found are skipped without planning: a lower bound on the domains any plan there must open (the main
+role's blocks beyond what partly used domains hold), and, for one GPU-only role placed whole at the
+measuring tier, the figures of each one-domain scope follow from its room and free GPUs, so only the
+best such scope is planned. A one-role gang whose pods form one
 block is searched as a block of the gang tier, in one pass. Roles without a subgroup tier go to
 nodes the gang already uses first, then to nodes outside wholly free tier-1 domains, best fit
 (fewest pods of room) first. Domains are assumed to nest: the nodes of one tier-1 domain share
 their domain at every higher tier (as HyperNode trees do).
 
 ``prepare(snapshot)`` indexes nodes and domains once; ``plan`` keeps the last few prepared snapshots
-by identity, so repeated plans against one snapshot skip the indexing.
+by identity, so repeated plans against one snapshot skip the indexing. A new snapshot with the same
+topology as the last one (same nodes, GPUs and domains in the same order: the usual case between
+two scheduling cycles) is prepared from it: the topology indexes are shared, and the per-shape
+capacity caches are copied with only the entries of changed nodes and their domains recomputed.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -73,7 +87,11 @@ __all__ = ["STANDARD_SUBGROUP_GPUS", "PreparedSnapshot", "plan", "prepare", "rol
 
 _UNLIMITED = 1 << 40  # pods a node can host when nothing about it limits the role
 _STRANDED_WEIGHT = 1 << 42  # stranded GPUs dominate leftover GPUs in the combined DP cost
-_OPENED_WEIGHT = 1 << 84  # opening a wholly free domain dominates stranded GPUs in the DP cost
+_UPPER_WEIGHT = 1 << 84  # breaking into wholly free higher-tier domains dominates stranded GPUs
+_OPENED_WEIGHT = 1 << 126  # opening a wholly free domain dominates everything below in the DP cost
+_UPPER_BITS = 16  # per tier in the upper figure: a higher tier's wholly free domains weigh more
+# Skip work whose outcome is known (see Search); tests turn it off to check plans do not change.
+_SHORTCUTS = True
 # The smallest subgroup a cluster typically needs, in GPUs: a 4-node segment of 4-GPU NVL72 trays
 # (16 GPUs; NVL72 gangs are cut into segments of 4, 16 or 18 trays). Free room smaller than this and
 # than the gang's own block counts as stranded, whatever the gang being placed.
@@ -123,17 +141,38 @@ class PreparedSnapshot:
     dom: list[list[str | None]]  # per tier index: each node's domain
     members: list[dict[str, list[int]]]  # per tier index: domain -> node indices (name order)
     paths: list[dict[str, tuple[str, ...]]]  # per tier index: domain -> its ancestors' names, top first
+    order: list[int] = field(default_factory=list)  # snapshot.nodes index of each node in name order
+    position: list[int] = field(default_factory=list)  # name-order index of each snapshot.nodes entry
     _fit: dict[RoleKey, list[int]] = field(default_factory=dict)
+    # topology only, so shared by every snapshot prepared from this one's topology
     _groups: dict[tuple[ScopeKey, int], list[tuple[str, list[int]]]] = field(default_factory=dict)
     _group_caps: dict[tuple[RoleKey, ScopeKey, int], list[tuple[int, int]]] = field(default_factory=dict)
     _scope_order: dict[tuple[RoleKey, ScopeKey], list[int]] = field(default_factory=dict)
+    _order_keys: dict[tuple[RoleKey, ScopeKey], list[tuple[bool, int, int]]] = field(default_factory=dict)
     _scope_cap: dict[tuple[RoleKey, ScopeKey], int] = field(default_factory=dict)
     _whole: dict[int, dict[str, bool]] = field(default_factory=dict)
+    # the snapshot this one was prepared from, and the nodes (name order) whose state differs from it:
+    # caches are derived from the previous snapshot's by recomputing only what those nodes touch
+    _prev: PreparedSnapshot | None = None
+    _dirty: list[int] = field(default_factory=list)
+    _dirty_dom: list[set[str]] = field(default_factory=list)  # per tier: domains holding dirty nodes
+
+    def _derive(self, i: int, key: RoleKey) -> int:
+        gpus, reqs = key
+        if reqs or gpus <= 0:
+            return self._fit_one(i, key, 0, None)
+        return self.free[i] // gpus if self.schedulable[i] else 0
 
     # -- capacity -------------------------------------------------------------------------------
     def base_fit(self, key: RoleKey) -> list[int]:
         """Pods of this shape each node can host with nothing of the gang placed yet."""
         cached = self._fit.get(key)
+        prev = self._prev._fit.get(key) if self._prev is not None else None
+        if cached is None and prev is not None:
+            cached = list(prev)
+            for i in self._dirty:
+                cached[i] = self._derive(i, key)
+            self._fit[key] = cached
         if cached is None:
             gpus, reqs = key
             if reqs or gpus <= 0:
@@ -158,13 +197,33 @@ class PreparedSnapshot:
             n = min(n, avail // qty)
         return max(0, n)
 
+    def upper_opened(self, tier: int, d: str) -> int:
+        """For a wholly free domain ``d`` of ``tier``: its wholly free ancestors, as one figure where a
+        higher tier weighs more than every lower one (``_UPPER_BITS`` per tier); 0 if ``d`` is not
+        wholly free."""
+        if not self.whole(tier).get(d, False):
+            return 0
+        path = self.paths[tier][d]  # top tier first
+        top = len(self.members) - 1
+        out = 0
+        for t in range(tier + 1, top + 1):
+            if self.whole(t).get(path[top - t], False):
+                out += 1 << (_UPPER_BITS * (t - tier - 1))
+        return out
+
     def whole(self, tier: int) -> dict[str, bool]:
         """Per domain of ``tier``: wholly free (every schedulable node has all its GPUs free, and some)."""
         cached = self._whole.get(tier)
         if cached is None:
-            cached = {}
-            for d, nodes in self.members[tier].items():
-                live = [i for i in nodes if self.schedulable[i]]
+            prev = self._prev._whole.get(tier) if self._prev is not None else None
+            if prev is not None:
+                cached = dict(prev)
+                todo: Iterable[str] = self._dirty_dom[tier]
+            else:
+                cached = {}
+                todo = self.members[tier]
+            for d in todo:
+                live = [i for i in self.members[tier][d] if self.schedulable[i]]
                 cached[d] = any(self.free[i] > 0 for i in live) and all(
                     self.free[i] == self.gpus[i] for i in live
                 )
@@ -203,10 +262,18 @@ class PreparedSnapshot:
         if cached is None:
             fit = self.base_fit(key)
             free = self.free
-            cached = [
-                (min(_UNLIMITED, sum(fit[i] for i in nodes)), sum(free[i] for i in nodes))
-                for _, nodes in self.groups(scope, tier)
-            ]
+            prev = self._prev._group_caps.get(ck) if self._prev is not None else None
+            if prev is not None:
+                dirty = self._dirty_dom[tier]
+                cached = list(prev)
+                for k, (d, nodes) in enumerate(self.groups(scope, tier)):
+                    if d in dirty:
+                        cached[k] = (min(_UNLIMITED, sum(fit[i] for i in nodes)), sum(free[i] for i in nodes))
+            else:
+                cached = [
+                    (min(_UNLIMITED, sum(fit[i] for i in nodes)), sum(free[i] for i in nodes))
+                    for _, nodes in self.groups(scope, tier)
+                ]
             self._group_caps[ck] = cached
         return cached
 
@@ -214,8 +281,15 @@ class PreparedSnapshot:
         ck = (key, scope)
         cached = self._scope_cap.get(ck)
         if cached is None:
-            fit = self.base_fit(key)
-            cached = min(_UNLIMITED, sum(fit[i] for i in self.scope_nodes(scope)))
+            prev = self._prev._scope_cap.get(ck) if self._prev is not None else None
+            if prev is not None and scope is not None and scope[1] not in self._dirty_dom[scope[0]]:
+                cached = prev
+            elif prev is not None and scope is None and prev < _UNLIMITED and self._prev is not None:
+                fit, before = self.base_fit(key), self._prev.base_fit(key)
+                cached = min(_UNLIMITED, prev + sum(fit[i] - before[i] for i in self._dirty))
+            else:
+                fit = self.base_fit(key)
+                cached = min(_UNLIMITED, sum(fit[i] for i in self.scope_nodes(scope)))
             self._scope_cap[ck] = cached
         return cached
 
@@ -225,22 +299,101 @@ class PreparedSnapshot:
         ck = (key, scope)
         cached = self._scope_order.get(ck)
         if cached is None:
-            fit = self.base_fit(key)
-            if self.dom:
-                whole, dom0 = self.whole(0), self.dom[0]
-                opens = [whole.get(d, False) if d is not None else False for d in dom0]
-            else:
-                opens = [False] * len(self.names)
-            cached = sorted(
-                (i for i in self.scope_nodes(scope) if fit[i] > 0), key=lambda i: (opens[i], fit[i], i)
-            )
+            keys = self._scope_order_keys(key, scope)
+            cached = [k[2] for k in keys]
             self._scope_order[ck] = cached
         return cached
 
+    def _scope_order_keys(self, key: RoleKey, scope: ScopeKey) -> list[tuple[bool, int, int]]:
+        """``scope_order`` as sorted (opens, fit, node) keys, derived from the previous snapshot's when
+        it has them: only nodes of tier-1 domains holding changed nodes can move."""
+        ck = (key, scope)
+        cached = self._order_keys.get(ck)
+        if cached is not None:
+            return cached
+        fit = self.base_fit(key)
+        whole = self.whole(0) if self.dom else {}
+        dom0 = self.dom[0] if self.dom else None
 
-def prepare(snapshot: ClusterSnapshot) -> PreparedSnapshot:
-    """Index a snapshot: nodes in name order, domain members and ancestor paths per tier."""
-    nodes = sorted(snapshot.nodes, key=lambda n: n.name)
+        def sort_key(i: int) -> tuple[bool, int, int]:
+            d = dom0[i] if dom0 is not None else None
+            return (whole.get(d, False) if d is not None else False, fit[i], i)
+
+        prev = self._prev._order_keys.get(ck) if self._prev is not None else None
+        if prev is not None:
+            if dom0 is None:
+                moved = set(self._dirty)
+            else:
+                dirty0 = self._dirty_dom[0]
+                moved = {i for d in dirty0 for i in self.members[0][d]}
+            in_scope = set(self.scope_nodes(scope)) if scope is not None else None
+            cached = [k for k in prev if k[2] not in moved]
+            for i in sorted(moved):
+                if fit[i] > 0 and (in_scope is None or i in in_scope):
+                    bisect.insort(cached, sort_key(i))
+        else:
+            cached = sorted(sort_key(i) for i in self.scope_nodes(scope) if fit[i] > 0)
+        self._order_keys[ck] = cached
+        return cached
+
+
+def _changed_nodes(a: ClusterSnapshot, b: ClusterSnapshot) -> list[int] | None:
+    """Positions in ``b.nodes`` whose state differs from ``a``'s, or None when the topology differs
+    (tiers, or node by node in the same order: names, GPU counts, domains)."""
+    if a.tiers != b.tiers or len(a.nodes) != len(b.nodes):
+        return None
+    old, new = a.nodes, b.nodes
+    changed = [k for k, (x, y) in enumerate(zip(old, new, strict=True)) if x is not y]
+    for k in changed:
+        x, y = old[k], new[k]
+        if x.name != y.name or x.gpus != y.gpus or not (x.domains is y.domains or x.domains == y.domains):
+            return None
+    return changed
+
+
+def prepare(snapshot: ClusterSnapshot, like: PreparedSnapshot | None = None) -> PreparedSnapshot:
+    """Index a snapshot: nodes in name order, domain members and ancestor paths per tier.
+
+    ``like``: a snapshot prepared before; when the topology is unchanged (same nodes in the same
+    order, same GPUs and domains: the usual case between two scheduling cycles) its indexes are
+    reused and only the free capacity is read again.
+    """
+    changed = _changed_nodes(like.snapshot, snapshot) if like is not None else None
+    if like is not None and changed is not None:
+        free, schedulable, free_resources = list(like.free), list(like.schedulable), list(like.free_resources)
+        dirty = sorted(like.position[k] for k in changed)
+        for k in changed:
+            n, i = snapshot.nodes[k], like.position[k]
+            free[i] = max(0, min(n.free, n.gpus))
+            schedulable[i] = n.schedulable
+            free_resources[i] = n.free_resources
+        prepared = PreparedSnapshot(
+            snapshot=snapshot,
+            names=like.names,
+            free=free,
+            gpus=like.gpus,
+            schedulable=schedulable,
+            free_resources=free_resources,
+            tier_index=like.tier_index,
+            dom=like.dom,
+            members=like.members,
+            paths=like.paths,
+            order=like.order,
+            position=like.position,
+            _groups=like._groups,
+            _prev=like,
+            _dirty=dirty,
+            _dirty_dom=[
+                {d for i in dirty if (d := like.dom[t][i]) is not None} for t in range(len(like.dom))
+            ],
+        )
+        like._prev = None  # one step back is enough; older snapshots can go
+        return prepared
+    order = sorted(range(len(snapshot.nodes)), key=lambda k: snapshot.nodes[k].name)
+    position = [0] * len(order)
+    for i, k in enumerate(order):
+        position[k] = i
+    nodes = [snapshot.nodes[k] for k in order]
     tiers = snapshot.tiers
     dom: list[list[str | None]] = [[n.domains.get(t) for n in nodes] for t in tiers]
     members: list[dict[str, list[int]]] = []
@@ -269,6 +422,8 @@ def prepare(snapshot: ClusterSnapshot) -> PreparedSnapshot:
         dom=dom,
         members=members,
         paths=paths,
+        order=order,
+        position=position,
     )
 
 
@@ -282,7 +437,7 @@ def _prepared(snapshot: ClusterSnapshot | PreparedSnapshot) -> PreparedSnapshot:
     for p in _CACHE:
         if p.snapshot is snapshot:
             return p
-    p = prepare(snapshot)
+    p = prepare(snapshot, like=_CACHE[0] if _CACHE else None)
     _CACHE.insert(0, p)
     del _CACHE[_CACHE_SIZE:]
     return p
@@ -405,6 +560,26 @@ def _place_tiered(
             most = (cap, -k)
         if cap >= smallest:
             caps.append((k, cap, freeg))
+
+    def failure(count: int) -> _Failure:
+        where = (
+            f"; most room: {min(most[0], role.pods)} pods in {tier_name} domain {groups[-most[1]][0]}"
+            if most is not None
+            else f"; no node of the scope has a {tier_name} domain"
+        )
+        return _Failure(
+            role.name,
+            need,
+            count,
+            f"role {role.name!r} needs {need} subgroup(s) of {size} pod(s) x {g} GPU(s), each inside one "
+            f"{tier_name} domain; only {count} fit{where}",
+        )
+
+    # full blocks are alike, so at most this many fit; when that is short of both all the blocks and
+    # the minimum, the programme below would find exactly this count and fail
+    most_full = min(full, sum(cap // size for _, cap, _ in caps))
+    if _SHORTCUTS and most_full < full and most_full < need:
+        return failure(most_full)
     # DP over groups; state = a * 2 + b (a full blocks, b short block placed)
     n_states = (full + 1) * 2
     inf = None
@@ -414,7 +589,11 @@ def _place_tiered(
     has_rem = 1 if rem else 0
     for k, cap, freeg in caps:
         before = freeg if cap < useful else 0
-        opens = _OPENED_WEIGHT if k not in touched and whole[groups[k][0]] else 0
+        opens = (
+            _OPENED_WEIGHT + _UPPER_WEIGHT * p.upper_opened(tier, groups[k][0])
+            if k not in touched and whole[groups[k][0]]
+            else 0
+        )
         new = list(cost)
         choice: list[tuple[int, int] | None] = [None] * n_states
         max_x = min(full, cap // size)
@@ -451,18 +630,7 @@ def _place_tiered(
                 final, count = a * 2, a
                 break
     if final is None or count < need or (count == 0 and need > 0):
-        where = (
-            f"; most room: {min(most[0], role.pods)} pods in {tier_name} domain {groups[-most[1]][0]}"
-            if most is not None
-            else f"; no node of the scope has a {tier_name} domain"
-        )
-        return _Failure(
-            role.name,
-            need,
-            count if final is not None else 0,
-            f"role {role.name!r} needs {need} subgroup(s) of {size} pod(s) x {g} GPU(s), each inside one "
-            f"{tier_name} domain; only {count if final is not None else 0} fit{where}",
-        )
+        return failure(count if final is not None else 0)
     # walk back the choices
     per_group: list[tuple[int, int]] = [(0, 0)] * len(caps)
     s_idx = final
@@ -545,14 +713,23 @@ def _chain(first: Sequence[int], rest: Sequence[int]) -> Iterable[int]:
 class _Candidate:
     placed_pods: int
     opened: int
+    upper: int
     stranded: int
     span: int
     leftover: int
     scope_name: str
     state: _State
 
-    def rank(self) -> tuple[int, int, int, int, int, str]:
-        return (-self.placed_pods, self.opened, self.stranded, self.leftover, self.span, self.scope_name)
+    def rank(self) -> tuple[int, int, int, int, int, int, str]:
+        return (
+            -self.placed_pods,
+            self.opened,
+            self.upper,
+            self.stranded,
+            self.leftover,
+            self.span,
+            self.scope_name,
+        )
 
 
 def _role_order(gang: Gang, sub_tiers: Mapping[str, int | None]) -> list[Role]:
@@ -582,17 +759,18 @@ def _attempt(
         )
         if fail is not None:
             return fail
-    opened, stranded, leftover = _measure(p, st, measure, main)
+    opened, upper, stranded, leftover = _measure(p, st, measure, main)
     span = _span(p, st)
     scope_name = "" if scope is None else scope[1]
-    return _Candidate(st.placed_pods, opened, stranded, span, leftover, scope_name, st)
+    return _Candidate(st.placed_pods, opened, upper, stranded, span, leftover, scope_name, st)
 
 
-def _measure(p: PreparedSnapshot, st: _State, tier: int | None, main: Role) -> tuple[int, int, int]:
-    """(wholly free domains opened, stranded GPUs added, free GPUs left) over the touched domains
-    of the measuring tier."""
+def _measure(p: PreparedSnapshot, st: _State, tier: int | None, main: Role) -> tuple[int, int, int, int]:
+    """(wholly free domains opened, wholly free higher-tier domains they break into, stranded GPUs
+    added, free GPUs left) over the touched domains of the measuring tier. The second is one figure
+    per tier, a higher tier weighing more (see ``PreparedSnapshot.upper_opened``)."""
     if tier is None or not st.used_gpus:
-        return 0, 0, 0
+        return 0, 0, 0, 0
     key = _role_key(main)
     useful = useful_block(main)
     base = p.base_fit(key)
@@ -609,7 +787,13 @@ def _measure(p: PreparedSnapshot, st: _State, tier: int | None, main: Role) -> t
         opened += whole[d]
         leftover += free_after
         stranded += (free_after if cap_after < useful else 0) - (free_before if cap_before < useful else 0)
-    return opened, stranded, leftover
+    upper = 0
+    top = len(p.members) - 1
+    for t in range(tier + 1, top + 1):
+        whole_t = p.whole(t)
+        broken = {p.paths[tier][d][top - t] for d in touched if whole[d]}
+        upper += sum(1 for a in broken if whole_t.get(a, False)) << (_UPPER_BITS * (t - tier - 1))
+    return opened, upper, stranded, leftover
 
 
 def _span(p: PreparedSnapshot, st: _State) -> int:
@@ -720,6 +904,12 @@ def _plan_once(p: PreparedSnapshot, gang: Gang, relax: int) -> _Candidate | _Fai
     best: _Candidate | None = None
     fail: _Failure | None = None
     for scope in top:
+        if (
+            _SHORTCUTS
+            and best is not None
+            and _opened_at_least(p, main, sub_tiers[main.name], scope, measure) > best.opened
+        ):
+            continue  # its plan would rank below best: more wholly free domains opened
         res = _attempt(p, roles, sub_tiers=sub_tiers, scope=scope, measure=measure, main=main)
         if isinstance(res, _Failure):
             if fail is None or res.got > fail.got:
@@ -736,17 +926,108 @@ def _plan_once(p: PreparedSnapshot, gang: Gang, relax: int) -> _Candidate | _Fai
     upper = len(p.snapshot.tiers) if gang_tier is None else gang_tier
     for ti in range(min(upper, best.span)):
         found: _Candidate | None = None
+        quick = _one_domain_choice(p, roles, best, ti, measure) if _SHORTCUTS else None
+        if quick is not None:
+            res = _attempt(p, roles, sub_tiers=sub_tiers, scope=quick, measure=measure, main=main)
+            if isinstance(res, _Candidate):
+                return res if res.rank() < best.rank() else best
+        room = (
+            _partial_room(p, main_key, measure, ti)
+            if _SHORTCUTS and best.opened == 0 and measure is not None
+            else None
+        )
         for scope in scopes_at(ti):
+            if room is not None and room.get(scope[1], 0) < main_need:  # type: ignore[index]
+                continue  # every plan there opens a wholly free domain, which best does not
             res = _attempt(p, roles, sub_tiers=sub_tiers, scope=scope, measure=measure, main=main)
             if isinstance(res, _Failure):
                 continue
-            if res.rank()[:3] > best.rank()[:3]:  # fewer pods, more opened or more stranded
+            if res.rank()[:4] > best.rank()[:4]:  # fewer pods, more opened or more stranded
                 continue
             if found is None or res.rank() < found.rank():
                 found = res
         if found is not None:
             return found if found.rank() < best.rank() else best
     return best
+
+
+def _one_domain_choice(
+    p: PreparedSnapshot, roles: Sequence[Role], best: _Candidate, ti: int, measure: int | None
+) -> ScopeKey:
+    """The tier-``ti`` domain the scope search below would pick, found from domain totals alone.
+
+    Exact in the common case: one role asking GPUs only, all of its pods placed by ``best``, and
+    ``ti`` the measuring tier. A domain that holds every pod is then one touched domain whose
+    opened / stranded / leftover figures follow from its room and free GPUs before the plan (each
+    pod takes one pod's worth of room). None when the case does not apply or no domain qualifies.
+    """
+    if len(roles) != 1 or ti != measure:
+        return None
+    role = roles[0]
+    key = _role_key(role)
+    g = key[0]
+    if key[1] or g <= 0 or best.placed_pods != role.pods:
+        return None
+    useful = useful_block(role)
+    whole = p.whole(ti)
+    bound = best.rank()[1:4]
+    pick: tuple[int, int, int, int, str] | None = None
+    for (d, _), (cap, free) in zip(p.groups(None, ti), p.group_caps(key, None, ti), strict=True):
+        if cap < role.pods:
+            continue
+        after = free - role.pods * g
+        stranded = (after if cap - role.pods < useful else 0) - (free if cap < useful else 0)
+        item = (int(whole[d]), p.upper_opened(ti, d), stranded, after, d)
+        if item[:3] <= bound and (pick is None or item < pick):
+            pick = item
+    return None if pick is None else (ti, pick[4])
+
+
+def _opened_at_least(
+    p: PreparedSnapshot, main: Role, sub_tier: int | None, scope: ScopeKey, measure: int | None
+) -> int:
+    """A lower bound on the wholly free measuring-tier domains any plan inside ``scope`` opens: the
+    main role's minimum blocks (pods, for a role without a subgroup tier) that do not fit in the
+    partly used domains go to wholly free ones, the roomiest first."""
+    if measure is None or (sub_tier is not None and sub_tier != measure):
+        return 0
+    key = _role_key(main)
+    size = role_subgroups(main)[0] if sub_tier is not None else 1
+    need = (
+        _min_blocks(main)
+        if sub_tier is not None
+        else sum(len(r) for r in _block_ranges(main, _min_blocks(main)))
+    )
+    whole = p.whole(measure)
+    fresh: list[int] = []
+    for (d, _), (cap, _) in zip(p.groups(scope, measure), p.group_caps(key, scope, measure), strict=True):
+        if whole[d]:
+            fresh.append(cap // size)
+        else:
+            need -= cap // size
+    opened = 0
+    for room in sorted(fresh, reverse=True):
+        if need <= 0:
+            break
+        need -= room
+        opened += 1
+    return opened
+
+
+def _partial_room(p: PreparedSnapshot, key: RoleKey, measure: int, ti: int) -> dict[str, int] | None:
+    """Per domain of tier ``ti`` above ``measure``: pods of this shape its measuring-tier domains that
+    are not wholly free can host. None when ``ti`` is not above ``measure``."""
+    if ti <= measure:
+        return None
+    whole = p.whole(measure)
+    up = len(p.snapshot.tiers) - 1 - ti  # position of tier ti in a path (top tier first)
+    paths = p.paths[measure]
+    out: dict[str, int] = {}
+    for (d, _), (cap, _) in zip(p.groups(None, measure), p.group_caps(key, None, measure), strict=True):
+        if not whole[d]:
+            anc = paths[d][up]
+            out[anc] = out.get(anc, 0) + cap
+    return out
 
 
 def plan(snapshot: ClusterSnapshot | PreparedSnapshot, gang: Gang) -> PlanResult:
@@ -779,6 +1060,7 @@ def _to_plan(c: _Candidate, relax: int) -> Plan:
     score: dict[str, float] = {
         "placed_pods": float(c.placed_pods),
         "opened_domains": float(c.opened),
+        "opened_upper": float(c.upper),
         "stranded_gpus": float(c.stranded),
         "span_tier": float(c.span + 1),
         "leftover_gpus": float(c.leftover),

@@ -60,7 +60,8 @@ class Plan:
     """A feasible plan: every placed pod (``<role>-<index>``) mapped to a node.
 
     ``score`` (see ``scheduler_plugin.planner``): ``placed_pods``, ``opened_domains`` (wholly free
-    tier-1 domains the plan breaks into), ``stranded_gpus``, ``span_tier``
+    tier-1 domains the plan breaks into), ``opened_upper`` (wholly free higher-tier domains those
+    break into, higher tiers weighing more), ``stranded_gpus``, ``span_tier``
     (1 = the first tier; one past the last = the whole cluster), ``leftover_gpus``,
     ``relaxed_tiers`` (soft gangs), ``nodes_used``.
     """

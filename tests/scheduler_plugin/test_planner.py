@@ -536,3 +536,110 @@ def test_heterogeneous_roles_respect_every_resource(case: tuple[ClusterSnapshot,
         assert cpu[node] <= by_name[node].free_resources["cpu"]
     if gang.tier and not gang.soft:
         assert len({by_name[n].domains["leaf"] for n in result.placement.values()}) == 1
+
+
+# -- opened higher-tier domains, prepared snapshots derived from the last one, shortcuts ----------
+
+
+def test_opens_a_rack_under_a_leaf_in_use_before_breaking_a_free_leaf() -> None:
+    # leaf-0: two empty racks; leaf-1: rack 2 partly used, rack 3 empty. A whole-rack gang takes
+    # rack 3 and leaves leaf-0 whole for a two-rack gang that needs one leaf.
+    snap = rack_cluster([0, 0, 5, 0])
+    result = plan(snap, nvl72_gang())
+    assert isinstance(result, Plan)
+    assert {domain_of(snap, n, "nvlink") for n in result.placement.values()} == {"nvl-03"}
+    assert result.score["opened_domains"] == 1
+    assert result.score["opened_upper"] == 0
+    taken = set(result.placement.values())
+    after = ClusterSnapshot(
+        tiers=snap.tiers,
+        nodes=tuple(
+            NodeState(n.name, n.gpus, 0 if n.name in taken else n.free, n.domains) for n in snap.nodes
+        ),
+    )
+    assert isinstance(plan(after, nvl72_gang(pods=36, tier="leaf")), Plan)
+
+
+def test_upper_figure_weighs_a_spine_above_every_leaf() -> None:
+    # spine-0 = racks 0-3 all empty; spine-1: rack 4 partly used, racks 5-7 empty (leaf-3 empty).
+    # Opening rack 5 (leaf-2, in use) beats rack 6 (breaks leaf-3) beats rack 0 (breaks a leaf and
+    # a spine).
+    snap = rack_cluster([0, 0, 0, 0, 3, 0, 0, 0])
+    result = plan(snap, nvl72_gang())
+    assert isinstance(result, Plan)
+    assert {domain_of(snap, n, "nvlink") for n in result.placement.values()} == {"nvl-05"}
+
+
+def _changed(snap: ClusterSnapshot, frees: dict[int, int]) -> ClusterSnapshot:
+    """``snap`` with new free GPUs on some nodes; the other NodeState objects are the same objects."""
+    nodes = list(snap.nodes)
+    for i, f in frees.items():
+        n = nodes[i]
+        nodes[i] = NodeState(n.name, n.gpus, f, n.domains)
+    return ClusterSnapshot(tiers=snap.tiers, nodes=tuple(nodes))
+
+
+GANG_SHAPES = (
+    nvl72_gang(),
+    nvl72_gang(pods=36, tier="leaf"),
+    nvl72_gang(pods=8, size=4),
+    nvl72_gang(pods=16, size=4),
+    nvl72_gang(pods=32, size=16, tier="spine"),
+    Gang(name="small", roles=(Role(name="w", pods=3, gpus_per_pod=4),)),
+    Gang(name="two", roles=(Role(name="w", pods=5, gpus_per_pod=2),)),
+    nvl72_gang(pods=54, min_subgroups=1),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.sampled_from([0, 0, 1, 3, 4, 4, 4, 4]), min_size=72, max_size=72),
+    st.lists(st.tuples(st.integers(0, 71), st.integers(0, 4)), max_size=12),
+)
+def test_a_snapshot_prepared_from_the_last_one_plans_like_a_fresh_one(
+    frees: list[int], changes: list[tuple[int, int]]
+) -> None:
+    base = rack_cluster([0] * 4)
+    first = _changed(base, dict(enumerate(frees)))
+    before = prepare(first)
+    for gang in GANG_SHAPES:  # fill the caches the next snapshot derives from
+        plan(before, gang)
+    second = _changed(first, dict(changes))
+    derived = prepare(second, like=before)
+    for gang in GANG_SHAPES:
+        assert plan(derived, gang) == plan(prepare(second), gang), gang
+
+
+def test_a_changed_topology_is_prepared_from_scratch() -> None:
+    first = rack_cluster([0, 0], trays=4)
+    before = prepare(first)
+    plan(before, nvl72_gang(pods=4, size=4))
+    moved = ClusterSnapshot(
+        tiers=first.tiers,
+        nodes=tuple(
+            NodeState(n.name, n.gpus, n.free, {**n.domains, "nvlink": "nvl-x"} if i < 2 else n.domains)
+            for i, n in enumerate(first.nodes)
+        ),
+    )
+    assert prepare(moved, like=before).members[0] != before.members[0]
+    assert plan(prepare(moved, like=before), nvl72_gang(pods=4, size=4)) == plan(
+        prepare(moved), nvl72_gang(pods=4, size=4)
+    )
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.sampled_from([0, 0, 1, 3, 4, 4, 4, 4]), min_size=72, max_size=72),
+    st.sampled_from(GANG_SHAPES),
+)
+def test_shortcuts_do_not_change_plans(frees: list[int], gang: Gang) -> None:
+    import scheduler_plugin.planner as planner_module
+
+    snap = _changed(rack_cluster([0] * 4), dict(enumerate(frees)))
+    fast = plan(prepare(snap), gang)
+    planner_module._SHORTCUTS = False
+    try:
+        slow = plan(prepare(snap), gang)
+    finally:
+        planner_module._SHORTCUTS = True
+    assert fast == slow
