@@ -59,7 +59,7 @@ def units(gang: Gang) -> list[Unit]:
     return out
 
 
-_INDEX_CACHE: list[tuple[ClusterSnapshot, Index]] = []
+_INDEX_CACHE: list[tuple[ClusterSnapshot, Index]] = []  # newest first
 
 
 def gang_gpus(gang: Gang) -> int:
@@ -71,12 +71,13 @@ def gang_pods(gang: Gang) -> int:
 
 
 def index_for(snapshot: ClusterSnapshot) -> Index:
-    """The snapshot's ``Index``, reused while the same snapshot object is planned against again
-    (our planner keeps its prepared snapshots the same way, so plan times compare like for like)."""
+    """The snapshot's ``Index``, reused while the same snapshot object is planned against again, and
+    built from the previous one when only free capacity changed. Our planner keeps its prepared
+    snapshots the same way, so plan times compare like for like."""
     for snap, idx in _INDEX_CACHE:
         if snap is snapshot:
             return idx
-    idx = Index(snapshot)
+    idx = Index(snapshot, like=_INDEX_CACHE[0] if _INDEX_CACHE else None)
     _INDEX_CACHE.insert(0, (snapshot, idx))
     del _INDEX_CACHE[4:]
     return idx
@@ -88,8 +89,14 @@ class Index:
     Read-only once built: policies copy ``free`` into a ``Ledger`` before changing anything.
     """
 
-    def __init__(self, snapshot: ClusterSnapshot) -> None:
-        nodes = sorted(snapshot.nodes, key=lambda n: n.name)
+    def __init__(self, snapshot: ClusterSnapshot, like: tuple[ClusterSnapshot, Index] | None = None) -> None:
+        if like is not None and self._reuse(snapshot, *like):
+            return
+        order = sorted(range(len(snapshot.nodes)), key=lambda k: snapshot.nodes[k].name)
+        self.position = [0] * len(order)
+        for i, k in enumerate(order):
+            self.position[k] = i
+        nodes = [snapshot.nodes[k] for k in order]
         self.tiers = snapshot.tiers
         self.names = [n.name for n in nodes]
         self.gpus = [n.gpus for n in nodes]
@@ -105,6 +112,26 @@ class Index:
         for t in self.tiers:
             self.domains[t] = dict(sorted(self.domains[t].items()))
         self.all_nodes = list(range(len(nodes)))
+
+    def _reuse(self, snapshot: ClusterSnapshot, old_snap: ClusterSnapshot, old: Index) -> bool:
+        """Take ``old``'s topology when only free capacity changed (same nodes in the same order)."""
+        if old_snap.tiers != snapshot.tiers or len(old_snap.nodes) != len(snapshot.nodes):
+            return False
+        changed: list[int] = []
+        for k, (x, y) in enumerate(zip(old_snap.nodes, snapshot.nodes, strict=True)):
+            if x is y:
+                continue
+            if x.name != y.name or x.gpus != y.gpus or not (x.domains is y.domains or x.domains == y.domains):
+                return False
+            changed.append(k)
+        self.tiers, self.names, self.gpus = old.tiers, old.names, old.gpus
+        self.domains, self.node_domain, self.all_nodes = old.domains, old.node_domain, old.all_nodes
+        self.position = old.position
+        self.free = list(old.free)
+        for k in changed:
+            n = snapshot.nodes[k]
+            self.free[self.position[k]] = n.free if n.schedulable else 0
+        return True
 
     def level(self, tier: str) -> int:
         """1-based tier number; raises ValueError for a tier the snapshot lacks."""

@@ -168,3 +168,31 @@ def test_gang_policies_respect_capacity_all_or_nothing_and_domains(
         doms = domains_of(snap, dict(result.placement), "nvlink")
         for first in range(0, role.pods, role.subgroup_size):
             assert len(set(doms[first : first + role.subgroup_size])) == 1
+
+
+def test_index_of_a_changed_snapshot_reuses_the_topology_and_reads_free_again() -> None:
+    from scheduler_plugin.placement.cluster import nvl72
+    from scheduler_plugin.placement.policies.base import Index, index_for
+    from scheduler_plugin.snapshot import ClusterSnapshot, NodeState
+
+    cluster = nvl72(2, racks_per_leaf=1, leaves_per_spine=2)
+    first = cluster.snapshot()
+    before = index_for(first)
+    nodes = list(first.nodes)
+    nodes[5] = NodeState(nodes[5].name, 4, 1, nodes[5].domains)
+    nodes[30] = NodeState(nodes[30].name, 4, 0, nodes[30].domains, schedulable=False)
+    second = ClusterSnapshot(tiers=first.tiers, nodes=tuple(nodes))
+    after = index_for(second)
+    fresh = Index(second)
+    assert after.domains is before.domains  # topology shared
+    assert after.free == fresh.free
+    assert after.names == fresh.names
+    assert after.domains == fresh.domains
+    assert before.free == [4] * len(nodes)  # the earlier index is untouched
+    moved = ClusterSnapshot(
+        tiers=first.tiers,
+        nodes=(NodeState(nodes[0].name, 4, 4, {**nodes[0].domains, "nvlink": "elsewhere"}), *nodes[1:]),
+    )
+    rebuilt = index_for(moved)
+    assert "elsewhere" in rebuilt.domains["nvlink"]
+    assert rebuilt.domains == Index(moved).domains
