@@ -237,10 +237,26 @@ def small_instance(seed: int, *, racks: int = 4) -> Instance:
     return Instance(snapshot=snap, gangs=tuple(gangs), free_gpus=total_free)
 
 
+def keeps_constraints(snapshot: ClusterSnapshot, gang: Gang, placement: dict[str, str]) -> bool:
+    """Every pod placed, each subgroup inside one domain of its tier, the gang inside one of its tier."""
+    if len(placement) != gang_pods(gang):
+        return False
+    domains = {n.name: n.domains for n in snapshot.nodes}
+    for unit in units(gang):
+        nodes = [placement.get(pod) for pod in unit.pod_names()]
+        if any(n is None for n in nodes):
+            return False
+        if unit.tier is not None and len({domains[n].get(unit.tier) for n in nodes if n}) != 1:
+            return False
+    return gang.tier is None or len({domains[n].get(gang.tier) for n in placement.values()}) == 1
+
+
 def greedy_in_order(policy: Policy, instance: Instance) -> int:
     """GPUs of the gangs ``policy`` places taking the batch in order (skipping what it cannot place).
 
-    Pods a non-gang policy places for a gang it cannot finish still hold their GPUs but count for nothing.
+    A gang counts only when all its pods are placed within its tier constraints; pods a non-gang
+    policy places for a gang it cannot finish, or outside those constraints, hold their GPUs but
+    count for nothing.
     """
     state = {n.name: n for n in instance.snapshot.nodes}
     placed = 0
@@ -256,6 +272,6 @@ def greedy_in_order(policy: Policy, instance: Instance) -> int:
             if old.free < g:
                 raise ValueError(f"{policy.name}: over-allocates {node} placing {gang.name}")
             state[node] = NodeState(name=old.name, gpus=old.gpus, free=old.free - g, domains=old.domains)
-        if len(result.placement) == gang_pods(gang):
+        if keeps_constraints(snap, gang, dict(result.placement)):
             placed += gang_gpus(gang)
     return placed

@@ -28,6 +28,8 @@ _SMALL: tuple[tuple[str, str, str], ...] = (
     ("small_allocation_ratio", "alloc of free GPUs", "{:.3f}"),
     ("optimum_ratio_mean", "of optimum (mean)", "{:.3f}"),
     ("optimum_ratio_min", "of optimum (worst)", "{:.3f}"),
+    ("optimum_set_ratio_mean", "optimum's set placed (mean)", "{:.3f}"),
+    ("optimum_set_ratio_min", "optimum's set placed (worst)", "{:.3f}"),
 )
 
 

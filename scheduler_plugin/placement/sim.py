@@ -5,12 +5,24 @@ planning call. Events are arrivals and completions; everything at one instant is
 then one scheduling pass runs.
 
 Queue discipline (the same for every policy, so the comparison is about placement): **FIFO with EASY
-backfill** on GPU counts. Jobs are tried in arrival order. The first job that cannot start is the head
-and gets a reservation: its shadow time is the earliest completion after which the cluster has enough
-free GPUs for it, and the spare GPUs are what is free then beyond its need. A later job may start now
+backfill**, by default (``backfill="count"``) on GPU counts. Jobs are tried in arrival order. The
+first job that cannot start is the head and gets a reservation: its shadow time is the earliest
+completion after which the cluster has enough free GPUs for it, and the spare GPUs are what is free
+then beyond its need. A later job may start now
 if the policy places it and it either ends (runtime known exactly, a common simplification) by the
 shadow time or fits in the spare GPUs. The reservation is by GPU count, not by nodes: whether the
 head then fits its topology is up to the placement, which is what is compared.
+
+``backfill="reserve"`` makes the reservation topological, the way node-based backfill (Slurm's) does
+it, for every gang policy alike: the head's reservation is **its policy's own plan** on the cluster as
+it will be when running jobs end, at the first completion time when that plan exists (completion times
+are searched by bisection, feasibility being taken as monotone in time), and holds the planned GPUs
+on the planned nodes. A later job may start now if it ends by the reservation time (anywhere), or
+if the policy places it on the cluster with the reserved GPUs held back: on a reserved node it may
+use only what will still be free at the reservation time beyond the head's claim. The head keeps
+its reservation until it starts or the reservation time passes. The policy's calls that plan
+reservations are not counted in the plan-time figures (those time placement decisions). Non-gang
+policies (kube default) keep the count rule: a partly placed job has no whole plan to reserve.
 
 Bounded work per pass: a job is not offered to the policy when fewer GPUs are free than it needs, or
 when a job of the same shape already failed in this pass (placements only remove capacity). After an
@@ -35,6 +47,10 @@ from scheduler_plugin.placement.cluster import Cluster
 from scheduler_plugin.placement.policies.base import Policy, units
 from scheduler_plugin.placement.workloads import Job
 from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, NodeState, Role
+
+BACKFILL: tuple[str, ...] = ("count", "reserve")
+
+Reservation = tuple[float, dict[int, int]]  # (time the head can start, GPUs claimed per node index)
 
 
 class SimulationError(RuntimeError):
@@ -188,6 +204,7 @@ def simulate(
     progress: Callable[[int, int], None] | None = None,
     timeline_points: int = 1500,
     warmup: float = 0.25,
+    backfill: str = "count",
 ) -> SimResult:
     """Run ``jobs`` (sorted by arrival) through ``policy`` on ``cluster``.
 
@@ -196,6 +213,9 @@ def simulate(
     """
     if not 0 <= warmup < 1:
         raise ValueError(f"warmup must be in [0, 1), got {warmup}")
+    if backfill not in BACKFILL:
+        raise ValueError(f"backfill must be one of {', '.join(BACKFILL)}, got {backfill!r}")
+    topological = backfill == "reserve" and policy.gang
     state = _Cluster(cluster)
     tier1 = cluster.tiers[0]
     window_end = jobs[-1].arrival_s if jobs else 0.0
@@ -288,34 +308,106 @@ def simulate(
                     heapq.heappush(frontier, (running[child][0], running[child][1], child))
         return math.inf, 0
 
+    reservations: dict[str, Reservation | None] = {}
+
+    def with_free(free: list[int]) -> ClusterSnapshot:
+        nodes = tuple(
+            NodeState(name=o.name, gpus=o.gpus, free=f, domains=o.domains)
+            for o, f in zip(state.states, free, strict=True)
+        )
+        return ClusterSnapshot(tiers=cluster.tiers, nodes=nodes)
+
+    def reserve(head: _Live, now: float) -> Reservation | None:
+        """The head's reservation: its policy's plan at the first completion time it exists."""
+        cached = reservations.get(head.job.name)
+        if cached is not None and cached[0] > now:
+            return cached
+        points: list[tuple[float, list[int]]] = []  # (completion time, free GPUs per node after it)
+        free = list(state.free)
+        total = state.free_total
+        ends = sorted(running)
+        k = 0
+        while k < len(ends):
+            at = ends[k][0]
+            while k < len(ends) and ends[k][0] == at:
+                for node, g in ends[k][2].held:
+                    free[node] += g
+                    total += g
+                k += 1
+            if total >= head.gpus_left:
+                points.append((at, list(free)))
+        gang = remaining_gang(head)
+        per = {r.name: r.gpus_per_pod for r in gang.roles}
+        lo, hi = 0, len(points)
+        found: Reservation | None = None
+        while lo < hi:
+            mid = (lo + hi) // 2
+            at, after = points[mid]
+            result = policy.place(with_free(after), gang)
+            if isinstance(result, Infeasible):
+                lo = mid + 1
+                continue
+            claims: dict[int, int] = {}
+            for pod, node_name in result.placement.items():
+                node = state.index[node_name]
+                claims[node] = claims.get(node, 0) + per[pod.rsplit("-", 1)[0]]
+            found, hi = (at, claims), mid
+        reservations[head.job.name] = found
+        return found
+
+    def held_back(resv: Reservation) -> ClusterSnapshot:
+        """The cluster as a job running past the reservation time may use it."""
+        at, claims = resv
+        busy_then = dict.fromkeys(claims, 0)
+        for end, _, live in running:
+            if end > at:
+                for node, g in live.held:
+                    if node in busy_then:
+                        busy_then[node] += g
+        free = list(state.free)
+        for node, claim in claims.items():
+            free[node] = max(0, min(free[node], state.capacity[node] - busy_then[node] - claim))
+        return with_free(free)
+
     def schedule(now: float, fresh: set[str] | None) -> None:
         """One pass; ``fresh`` None tries every queued job, else only those names."""
         failed: set[tuple[object, ...]] = set()
         shadow_t, spare = math.inf, 0
         head_seen = False
+        resv: Reservation | None = None
         kept: list[_Live] = []
         for live in queue:
             tried = fresh is None or live.job.name in fresh
             started = False
             need = live.gpus_left
             min_pod = min(r.gpus_per_pod for r in live.job.gang.roles if live.left[r.name] > 0)
-            allowed = not head_seen or now + live.job.runtime_s <= shadow_t or need <= spare
+            held: Reservation | None = None  # the reservation this job must leave alone
+            shape_key: tuple[object, ...] = live.shape
+            if resv is not None:
+                allowed = True
+                if now + live.job.runtime_s > resv[0]:
+                    held = resv
+                    shape_key = (live.shape, "held back")
+            else:
+                allowed = not head_seen or now + live.job.runtime_s <= shadow_t or need <= spare
             enough = state.free_total >= (need if policy.gang else min_pod)
-            if tried and allowed and enough and live.shape not in failed:
+            if tried and allowed and enough and shape_key not in failed:
+                snapshot = held_back(held) if held is not None else state.snapshot()
                 t0 = clock()
-                result = policy.place(state.snapshot(), remaining_gang(live))
+                result = policy.place(snapshot, remaining_gang(live))
                 plan_times.append(max(0.0, clock() - t0))
                 if isinstance(result, Infeasible):
-                    failed.add(live.shape)
+                    failed.add(shape_key)
                 else:
                     placed = apply(live, result.placement)
                     if placed == 0:
-                        failed.add(live.shape)
+                        failed.add(shape_key)
                     if sum(live.left.values()) == 0:
                         start(live, now)
                         started = True
                         if head_seen and now + live.job.runtime_s > shadow_t:
                             spare -= need
+                        reservations.pop(live.job.name, None)
                     elif not policy.gang:
                         live.record.partial = live.record.partial or placed > 0
                     else:
@@ -327,6 +419,8 @@ def simulate(
                 if not head_seen:
                     head_seen = True
                     shadow_t, spare = shadow(live, now)
+                    if topological and running:
+                        resv = reserve(live, now)
         queue[:] = kept
 
     def account(until: float) -> None:
