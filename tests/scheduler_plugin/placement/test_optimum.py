@@ -129,6 +129,21 @@ def test_small_instance_is_seeded_and_bounds_every_policy() -> None:
     assert a == b
     assert optimum.small_instance(8) != a
     best = optimum.solve(a.snapshot, a.gangs)
-    for name, make in POLICIES.items():
-        if make().gang:  # kube-default ignores subgroup constraints, so it is not bounded
-            assert optimum.greedy_in_order(make(), a) <= best.bound, name
+    for name, make in POLICIES.items():  # kube-default too: gangs outside their tiers count for nothing
+        assert optimum.greedy_in_order(make(), a) <= best.bound, name
+
+
+def test_only_gangs_kept_inside_their_tiers_count() -> None:
+    snap = racks([4, 4], [4, 4])
+    sub = Gang(
+        name="s", roles=(Role(name="w", pods=2, gpus_per_pod=4, subgroup_size=2, subgroup_tier="nvlink"),)
+    )
+    names = sorted(n.name for n in snap.nodes)
+    same_rack = {"w-0": names[0], "w-1": names[1]}
+    split = {"w-0": names[0], "w-1": names[2]}
+    assert optimum.keeps_constraints(snap, sub, same_rack)
+    assert not optimum.keeps_constraints(snap, sub, split)
+    assert not optimum.keeps_constraints(snap, sub, {"w-0": names[0]})  # a pod missing
+    leaf_gang = Gang(name="l", roles=(Role(name="w", pods=2, gpus_per_pod=4),), tier="nvlink")
+    assert not optimum.keeps_constraints(snap, leaf_gang, split)
+    assert optimum.keeps_constraints(snap, leaf_gang, same_rack)

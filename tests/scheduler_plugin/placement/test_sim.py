@@ -156,3 +156,72 @@ def test_other_cluster_shapes_run_and_conserve_gpus(shape: str, policy: str) -> 
     assert result.max_allocated <= result.total_gpus
     assert all(r.end_s is not None for r in result.records if r.start_s is not None)
     assert not result.deadlocked  # the stream keeps only jobs that fit the empty cluster
+
+
+def topology_blocked_stream() -> list[Job]:
+    """Two racks, each half freed at t=100; the whole-rack head fits only when rack 1 empties at
+    t=300. By GPU count it could start at t=100, so count-based EASY holds everything back from then."""
+    return [
+        job("a1", 0.0, 100, 9, subgroup=9),
+        job("a2", 0.0, 2000, 9, subgroup=9),
+        job("b1", 0.0, 100, 9, subgroup=9),
+        job("b2", 0.0, 300, 9, subgroup=9),
+        job("head", 100.5, 10, 18, subgroup=18),
+        job("long", 101, 500, 2),
+        job("short", 102, 50, 2),
+    ]
+
+
+def run_with(jobs: list[Job], policy: str, backfill: str) -> SimResult:
+    cl = clusters.nvl72(2, racks_per_leaf=2)
+    return simulate(
+        cl,
+        jobs,
+        POLICIES[policy](),  # type: ignore[arg-type]
+        clock=fake_clock(),  # type: ignore[arg-type]
+        warmup=0.0,
+        backfill=backfill,
+    )
+
+
+@pytest.mark.parametrize("policy", ["ours", "kueue", "kai", "volcano", "slurm"])
+def test_reserve_backfill_runs_a_long_job_outside_the_heads_planned_nodes(policy: str) -> None:
+    placed = {r.name: r for r in run_with(topology_blocked_stream(), policy, "reserve").records}
+    assert placed["head"].start_s == 300  # not delayed by the backfill
+    assert placed["long"].start_s == 101  # on rack 0, outside the reservation on rack 1
+    assert placed["short"].start_s == 102  # ends by t=300: may use any free GPU
+    by_count = {r.name: r.start_s for r in run_with(topology_blocked_stream(), policy, "count").records}
+    assert by_count["head"] == 300
+    assert by_count["long"] == 300  # count-based EASY: shadow at t=100, no spare GPUs
+
+
+def test_reserved_gpus_are_never_used_by_a_job_that_outlives_the_reservation() -> None:
+    # the only free GPUs at t=101 are rack 1's, reserved for the head at t=300: a long job waits,
+    # a job ending by t=300 runs there
+    jobs = [
+        job("a", 0.0, 2000, 18, subgroup=18),
+        job("b1", 0.0, 100, 9, subgroup=9),
+        job("b2", 0.0, 300, 9, subgroup=9),
+        job("head", 100.5, 10, 18, subgroup=18),
+        job("long", 101, 500, 2),
+        job("short", 102, 150, 2),
+    ]
+    got = {r.name: r.start_s for r in run_with(jobs, "ours", "reserve").records}
+    assert got["head"] == 300
+    assert got["short"] == 102
+    assert got["long"] == 310  # after the head (which ends at 310 and gives rack 1 back)
+
+
+def test_reserve_keeps_the_count_rule_for_non_gang_policies_and_conserves_gpus() -> None:
+    a = run_with(topology_blocked_stream(), "kube-default", "reserve")
+    b = run_with(topology_blocked_stream(), "kube-default", "count")
+    assert [(r.name, r.start_s) for r in a.records] == [(r.name, r.start_s) for r in b.records]
+    for policy in ("ours", "kueue"):
+        result = run_with(topology_blocked_stream(), policy, "reserve")
+        assert result.released_all
+        assert result.max_allocated <= result.total_gpus
+
+
+def test_unknown_backfill_is_refused() -> None:
+    with pytest.raises(ValueError, match="backfill must be one of count, reserve"):
+        run_with(topology_blocked_stream(), "ours", "nodes")
