@@ -35,16 +35,20 @@ tier, else tier 1; for NVLink subgroups, the NVLink domains):
    what the cluster typically needs, not only this gang: the smaller of the gang's block and the
    standard subgroup (``STANDARD_SUBGROUP_GPUS``, a 4-tray NVL72 segment) in pods of the gang's
    shape (``useful_block``). Room for a standard segment stays useful to later gangs;
-5. best fit: ``leftover_gpus`` = free GPUs left in the touched domains (fewer means the gang went
+5. fewest useful blocks of room lost: ``lost_blocks`` = over the touched domains, how many fewer
+   useful blocks their room holds (room ``c`` holds ``c // useful`` of them). Pods that fit in the
+   room left over beyond a domain's whole blocks cost nothing, so a small gang fills those gaps
+   before it cuts into room a later segment could use;
+6. best fit: ``leftover_gpus`` = free GPUs left in the touched domains (fewer means the gang went
    into the fullest domains);
-6. tightest tier: ``span_tier`` = the lowest tier where one domain holds every placed pod;
-7. names (domain paths, then node names).
+7. tightest tier: ``span_tier`` = the lowest tier where one domain holds every placed pod;
+8. names (domain paths, then node names).
 
 Search
 ------
 Blocks of one role are assigned to domains jointly by a dynamic programme over the domains of its
 subgroup tier (state: how many full blocks and whether the short last block are placed; cost: the
-opened/upper/stranded/leftover figures of each domain, summed; the upper figure is counted per opened
+opened/upper/stranded/lost/leftover figures of each domain, summed; the upper figure is counted per opened
 domain, so two domains opened under one free leaf count that leaf twice in the programme, while the
 ranking of whole plans counts it once). This is exact for one role;
 several roles are placed one after the other, the most constrained first (subgroup roles, then by
@@ -56,8 +60,9 @@ role's blocks beyond what partly used domains hold), and, for one GPU-only role 
 measuring tier, the figures of each one-domain scope follow from its room and free GPUs, so only the
 best such scope is planned. A one-role gang whose pods form one
 block is searched as a block of the gang tier, in one pass. Roles without a subgroup tier go to
-nodes the gang already uses first, then to nodes outside wholly free tier-1 domains, best fit
-(fewest pods of room) first. Domains are assumed to nest: the nodes of one tier-1 domain share
+nodes the gang already uses first, then to the room partly used tier-1 domains hold beyond their
+whole useful blocks (fullest domains first), then to nodes outside wholly free tier-1 domains, best
+fit (fewest pods of room) first. Domains are assumed to nest: the nodes of one tier-1 domain share
 their domain at every higher tier (as HyperNode trees do).
 
 ``prepare(snapshot)`` indexes nodes and domains once; ``plan`` keeps the last few prepared snapshots
@@ -86,7 +91,8 @@ from scheduler_plugin.snapshot import (
 __all__ = ["STANDARD_SUBGROUP_GPUS", "PreparedSnapshot", "plan", "prepare", "role_subgroups", "useful_block"]
 
 _UNLIMITED = 1 << 40  # pods a node can host when nothing about it limits the role
-_STRANDED_WEIGHT = 1 << 42  # stranded GPUs dominate leftover GPUs in the combined DP cost
+_STRANDED_WEIGHT = 1 << 42  # stranded GPUs dominate lost blocks in the combined DP cost
+_LOST_WEIGHT = 1 << 21  # useful blocks of room lost dominate leftover GPUs
 _UPPER_WEIGHT = 1 << 84  # breaking into wholly free higher-tier domains dominates stranded GPUs
 _OPENED_WEIGHT = 1 << 126  # opening a wholly free domain dominates everything below in the DP cost
 _UPPER_BITS = 16  # per tier in the upper figure: a higher tier's wholly free domains weigh more
@@ -149,6 +155,10 @@ class PreparedSnapshot:
     _group_caps: dict[tuple[RoleKey, ScopeKey, int], list[tuple[int, int]]] = field(default_factory=dict)
     _scope_order: dict[tuple[RoleKey, ScopeKey], list[int]] = field(default_factory=dict)
     _order_keys: dict[tuple[RoleKey, ScopeKey], list[tuple[bool, int, int]]] = field(default_factory=dict)
+    _remainder: dict[tuple[RoleKey, ScopeKey, int], list[int]] = field(default_factory=dict)
+    _upper: dict[tuple[int, str], int] = field(default_factory=dict)
+    _free_order: dict[tuple[RoleKey, ScopeKey, int], list[int]] = field(default_factory=dict)
+    _free_rank: dict[tuple[RoleKey, int], dict[int, int]] = field(default_factory=dict)
     _scope_cap: dict[tuple[RoleKey, ScopeKey], int] = field(default_factory=dict)
     _whole: dict[int, dict[str, bool]] = field(default_factory=dict)
     # the snapshot this one was prepared from, and the nodes (name order) whose state differs from it:
@@ -201,15 +211,18 @@ class PreparedSnapshot:
         """For a wholly free domain ``d`` of ``tier``: its wholly free ancestors, as one figure where a
         higher tier weighs more than every lower one (``_UPPER_BITS`` per tier); 0 if ``d`` is not
         wholly free."""
-        if not self.whole(tier).get(d, False):
-            return 0
-        path = self.paths[tier][d]  # top tier first
-        top = len(self.members) - 1
-        out = 0
-        for t in range(tier + 1, top + 1):
-            if self.whole(t).get(path[top - t], False):
-                out += 1 << (_UPPER_BITS * (t - tier - 1))
-        return out
+        ck = (tier, d)
+        cached = self._upper.get(ck)
+        if cached is None:
+            cached = 0
+            if self.whole(tier).get(d, False):
+                path = self.paths[tier][d]  # top tier first
+                top = len(self.members) - 1
+                for t in range(tier + 1, top + 1):
+                    if self.whole(t).get(path[top - t], False):
+                        cached += 1 << (_UPPER_BITS * (t - tier - 1))
+            self._upper[ck] = cached
+        return cached
 
     def whole(self, tier: int) -> dict[str, bool]:
         """Per domain of ``tier``: wholly free (every schedulable node has all its GPUs free, and some)."""
@@ -302,6 +315,53 @@ class PreparedSnapshot:
             keys = self._scope_order_keys(key, scope)
             cached = [k[2] for k in keys]
             self._scope_order[ck] = cached
+        return cached
+
+    def free_order(self, key: RoleKey, scope: ScopeKey, useful: int) -> list[int]:
+        """Where a role without a subgroup tier looks for room: ``remainder_order``, then
+        ``scope_order``. A domain scope takes the cluster's order restricted to its nodes (both
+        orders are per node and per tier-1 domain, and tier-1 domains nest in every scope)."""
+        ck = (key, scope, useful)
+        cached = self._free_order.get(ck)
+        if cached is None:
+            if scope is None:
+                first = self.remainder_order(key, None, useful)
+                taken = set(first)
+                rest = self.scope_order(key, None)
+                cached = [*first, *(i for i in rest if i not in taken)] if first else rest
+            else:
+                at = self._free_rank.get((key, useful))
+                if at is None:
+                    at = {i: k for k, i in enumerate(self.free_order(key, None, useful))}
+                    self._free_rank[(key, useful)] = at
+                cached = sorted((i for i in self.scope_nodes(scope) if i in at), key=at.__getitem__)
+            self._free_order[ck] = cached
+        return cached
+
+    def remainder_order(self, key: RoleKey, scope: ScopeKey, useful: int) -> list[int]:
+        """Nodes holding the room of partly used tier-1 domains beyond their whole useful blocks
+        (room ``c`` holds ``c // useful`` blocks; the ``c % useful`` pods left over): pods put there
+        cost no block. Fullest domains first, then best fit, then name."""
+        ck = (key, scope, useful)
+        cached = self._remainder.get(ck)
+        if cached is None:
+            cached = []
+            if self.dom and key[0] > 0 and not key[1] and useful > 1:
+                fit, whole = self.base_fit(key), self.whole(0)
+                found: list[tuple[int, int, int]] = []
+                for (d, nodes), (cap, free) in zip(
+                    self.groups(scope, 0), self.group_caps(key, scope, 0), strict=True
+                ):
+                    left = cap % useful
+                    if whole[d] or left == 0:
+                        continue
+                    for i in sorted((i for i in nodes if fit[i] > 0), key=lambda i: (fit[i], i)):
+                        if left <= 0:
+                            break
+                        found.append((free, fit[i], i))
+                        left -= fit[i]
+                cached = [i for _, _, i in sorted(found)]
+            self._remainder[ck] = cached
         return cached
 
     def _scope_order_keys(self, key: RoleKey, scope: ScopeKey) -> list[tuple[bool, int, int]]:
@@ -611,7 +671,8 @@ def _place_tiered(
                         break
                     free_after = freeg - used * g
                     stranded = free_after if cap - used < useful else 0
-                    c = c0 + opens + (stranded - before) * _STRANDED_WEIGHT + free_after
+                    lost = cap // useful - (cap - used) // useful
+                    c = c0 + opens + (stranded - before) * _STRANDED_WEIGHT + lost * _LOST_WEIGHT + free_after
                     t_idx = (a + x) * 2 + b + y
                     cur = new[t_idx]
                     if cur is None or c < cur:
@@ -673,7 +734,7 @@ def _place_free(
     base = p.base_fit(key)
     scope_dom = p.dom[scope[0]] if scope is not None else None
     used_first = [i for i in st.order if scope_dom is None or scope_dom[i] == scope[1]]  # type: ignore[index]
-    order = p.scope_order(key, scope)
+    order = p.free_order(key, scope, useful_block(role))
     ranges = _block_ranges(role, total)
     room = 0
     for i in _chain(used_first, order):
@@ -715,17 +776,19 @@ class _Candidate:
     opened: int
     upper: int
     stranded: int
+    lost: int
     span: int
     leftover: int
     scope_name: str
     state: _State
 
-    def rank(self) -> tuple[int, int, int, int, int, int, str]:
+    def rank(self) -> tuple[int, int, int, int, int, int, int, str]:
         return (
             -self.placed_pods,
             self.opened,
             self.upper,
             self.stranded,
+            self.lost,
             self.leftover,
             self.span,
             self.scope_name,
@@ -759,25 +822,26 @@ def _attempt(
         )
         if fail is not None:
             return fail
-    opened, upper, stranded, leftover = _measure(p, st, measure, main)
+    opened, upper, stranded, lost, leftover = _measure(p, st, measure, main)
     span = _span(p, st)
     scope_name = "" if scope is None else scope[1]
-    return _Candidate(st.placed_pods, opened, upper, stranded, span, leftover, scope_name, st)
+    return _Candidate(st.placed_pods, opened, upper, stranded, lost, span, leftover, scope_name, st)
 
 
-def _measure(p: PreparedSnapshot, st: _State, tier: int | None, main: Role) -> tuple[int, int, int, int]:
+def _measure(p: PreparedSnapshot, st: _State, tier: int | None, main: Role) -> tuple[int, int, int, int, int]:
     """(wholly free domains opened, wholly free higher-tier domains they break into, stranded GPUs
-    added, free GPUs left) over the touched domains of the measuring tier. The second is one figure
-    per tier, a higher tier weighing more (see ``PreparedSnapshot.upper_opened``)."""
+    added, useful blocks of room lost, free GPUs left) over the touched domains of the measuring
+    tier. The second is one figure per tier, a higher tier weighing more (see
+    ``PreparedSnapshot.upper_opened``)."""
     if tier is None or not st.used_gpus:
-        return 0, 0, 0, 0
+        return 0, 0, 0, 0, 0
     key = _role_key(main)
     useful = useful_block(main)
     base = p.base_fit(key)
     dom_t = p.dom[tier]
     whole = p.whole(tier)
     touched = sorted({d for i in st.used_gpus if (d := dom_t[i]) is not None})
-    opened = stranded = leftover = 0
+    opened = stranded = leftover = lost = 0
     for d in touched:
         nodes = p.members[tier][d]
         cap_before = sum(base[i] for i in nodes)
@@ -786,6 +850,7 @@ def _measure(p: PreparedSnapshot, st: _State, tier: int | None, main: Role) -> t
         free_after = sum(p.free[i] - st.used_gpus.get(i, 0) for i in nodes)
         opened += whole[d]
         leftover += free_after
+        lost += cap_before // useful - cap_after // useful
         stranded += (free_after if cap_after < useful else 0) - (free_before if cap_before < useful else 0)
     upper = 0
     top = len(p.members) - 1
@@ -793,7 +858,7 @@ def _measure(p: PreparedSnapshot, st: _State, tier: int | None, main: Role) -> t
         whole_t = p.whole(t)
         broken = {p.paths[tier][d][top - t] for d in touched if whole[d]}
         upper += sum(1 for a in broken if whole_t.get(a, False)) << (_UPPER_BITS * (t - tier - 1))
-    return opened, upper, stranded, leftover
+    return opened, upper, stranded, lost, leftover
 
 
 def _span(p: PreparedSnapshot, st: _State) -> int:
@@ -971,16 +1036,17 @@ def _one_domain_choice(
     useful = useful_block(role)
     whole = p.whole(ti)
     bound = best.rank()[1:4]
-    pick: tuple[int, int, int, int, str] | None = None
+    pick: tuple[int, int, int, int, int, str] | None = None
     for (d, _), (cap, free) in zip(p.groups(None, ti), p.group_caps(key, None, ti), strict=True):
         if cap < role.pods:
             continue
         after = free - role.pods * g
         stranded = (after if cap - role.pods < useful else 0) - (free if cap < useful else 0)
-        item = (int(whole[d]), p.upper_opened(ti, d), stranded, after, d)
+        lost = cap // useful - (cap - role.pods) // useful
+        item = (int(whole[d]), p.upper_opened(ti, d), stranded, lost, after, d)
         if item[:3] <= bound and (pick is None or item < pick):
             pick = item
-    return None if pick is None else (ti, pick[4])
+    return None if pick is None else (ti, pick[5])
 
 
 def _opened_at_least(
@@ -1062,6 +1128,7 @@ def _to_plan(c: _Candidate, relax: int) -> Plan:
         "opened_domains": float(c.opened),
         "opened_upper": float(c.upper),
         "stranded_gpus": float(c.stranded),
+        "lost_blocks": float(c.lost),
         "span_tier": float(c.span + 1),
         "leftover_gpus": float(c.leftover),
         "relaxed_tiers": float(relax),

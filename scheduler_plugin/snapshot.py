@@ -61,7 +61,8 @@ class Plan:
 
     ``score`` (see ``scheduler_plugin.planner``): ``placed_pods``, ``opened_domains`` (wholly free
     tier-1 domains the plan breaks into), ``opened_upper`` (wholly free higher-tier domains those
-    break into, higher tiers weighing more), ``stranded_gpus``, ``span_tier``
+    break into, higher tiers weighing more), ``stranded_gpus``, ``lost_blocks`` (useful blocks of room
+    the touched domains lose), ``span_tier``
     (1 = the first tier; one past the last = the whole cluster), ``leftover_gpus``,
     ``relaxed_tiers`` (soft gangs), ``nodes_used``.
     """

@@ -643,3 +643,49 @@ def test_shortcuts_do_not_change_plans(frees: list[int], gang: Gang) -> None:
     finally:
         planner_module._SHORTCUTS = True
     assert fast == slow
+
+
+def rack_frees(*racks: str) -> ClusterSnapshot:
+    """One 4-GPU tray per character (its free GPUs) per rack; two racks per leaf."""
+    nodes = []
+    for r, frees in enumerate(racks):
+        for t, f in enumerate(frees):
+            nodes.append(
+                NodeState(
+                    name=f"rack{r:02d}-tray{t:02d}",
+                    gpus=4,
+                    free=int(f),
+                    domains={"nvlink": f"nvl-{r:02d}", "leaf": f"leaf-{r // 2}", "spine": "spine-0"},
+                )
+            )
+    return ClusterSnapshot(tiers=TIERS, nodes=tuple(nodes))
+
+
+def test_small_gang_fills_room_left_over_beyond_whole_segments() -> None:
+    # rack 0: 9 free trays (two 4-tray segments + 1), rack 1: 11 free (two + 3). A 4-tray job without
+    # a subgroup goes to the left-over trays and both racks keep room for two segments each.
+    snap = rack_frees("444444444000000000", "444444444440000000")
+    result = plan(snap, Gang(name="small", roles=(Role(name="w", pods=4, gpus_per_pod=4),)))
+    assert isinstance(result, Plan)
+    assert result.score["lost_blocks"] == 0
+    per_rack = Counter(domain_of(snap, n, "nvlink") for n in result.placement.values())
+    assert per_rack == {"nvl-00": 1, "nvl-01": 3}
+    segments = nvl72_gang(pods=16, size=4)  # four 4-tray segments still fit without opening a rack
+    taken = set(result.placement.values())
+    after = ClusterSnapshot(
+        tiers=snap.tiers,
+        nodes=tuple(
+            NodeState(n.name, n.gpus, 0 if n.name in taken else n.free, n.domains) for n in snap.nodes
+        ),
+    )
+    assert isinstance(plan(after, segments), Plan)
+
+
+def test_a_gang_that_costs_a_segment_everywhere_takes_the_fullest_rack() -> None:
+    # no left-over room anywhere (8 and 12 free trays): the 4-tray job costs one segment either way
+    # and best fit puts it in the fuller rack
+    snap = rack_frees("444444440000000000", "444444444444000000")
+    result = plan(snap, Gang(name="small", roles=(Role(name="w", pods=4, gpus_per_pod=4),)))
+    assert isinstance(result, Plan)
+    assert result.score["lost_blocks"] == 1
+    assert {domain_of(snap, n, "nvlink") for n in result.placement.values()} == {"nvl-00"}
