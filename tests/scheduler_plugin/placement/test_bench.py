@@ -69,6 +69,22 @@ def test_philly_workload_says_runtimes_are_sampled(
     assert "means over seeds 1..2" in out
 
 
+def test_reserve_backfill_is_recorded_and_explained(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "reserve.json"
+    argv = ["--quick", "--backfill", "reserve", "--policies", "ours,kueue", "--workers", "1"]
+    code = bench.main([*argv, "--optimum-instances", "1", "--json", str(path)])
+    assert code == 0
+    doc = json.loads(path.read_text())
+    assert doc["backfill"] == "reserve"
+    assert any("node-based reservation" in n for n in doc["notes"])
+    for name in ("ours", "kueue"):
+        assert doc["policies"][name]["gpus_conserved"] is True
+        assert 0 < doc["policies"][name]["optimum_set_ratio_mean"] <= 1
+    assert "optimum's set placed" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
