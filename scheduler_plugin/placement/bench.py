@@ -25,7 +25,7 @@ from scheduler_plugin.placement.policies import POLICIES
 from scheduler_plugin.placement.sim import BACKFILL, SimulationError, simulate
 
 DEFAULT_JOBS = {"nvl72": 2000, "philly": 0, "mixed": 8000}  # 0: the whole Philly trace
-DEFAULT_SEEDS = {"nvl72": 10, "philly": 1, "mixed": 1}  # each default run well inside 10 minutes on 2 cores
+DEFAULT_SEEDS = {"nvl72": 10, "philly": 1, "mixed": 3}  # each default run well inside 10 minutes on 2 cores
 QUICK_JOBS = {"nvl72": 150, "philly": 600, "mixed": 400}
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_DATA = REPO.parent / "shared" / "data"
@@ -59,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
         "--seeds",
         type=int,
         default=None,
-        help="seeds to average over (default: nvl72 10, philly and mixed 1; quick 1)",
+        help="seeds to average over (default: nvl72 10, mixed 3, philly 1; quick 1)",
     )
     p.add_argument("--workers", type=int, default=None, help="simulation processes (default: up to 2 CPUs)")
     p.add_argument(
