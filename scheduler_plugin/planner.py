@@ -521,7 +521,7 @@ class _State:
     used_gpus: dict[int, int] = field(default_factory=dict)
     used_res: dict[int, dict[str, int]] = field(default_factory=dict)
     order: list[int] = field(default_factory=list)  # nodes in first-use order
-    placement: dict[str, str] = field(default_factory=dict)
+    pods: list[tuple[str, int, int]] = field(default_factory=list)  # (role, pod index, node) placed
     subgroups: list[SubgroupPlacement] = field(default_factory=list)
     placed_pods: int = 0
 
@@ -562,8 +562,9 @@ def _fill(
         if room <= 0:
             continue
         n = 0
+        pods = st.pods
         while pod is not None and n < room:
-            st.placement[f"{role.name}-{pod}"] = p.names[i]
+            pods.append((role.name, pod, i))
             n += 1
             pod = next(it, None)
         st.take(i, key, n)
@@ -842,12 +843,18 @@ def _measure(p: PreparedSnapshot, st: _State, tier: int | None, main: Role) -> t
     whole = p.whole(tier)
     touched = sorted({d for i in st.used_gpus if (d := dom_t[i]) is not None})
     opened = stranded = leftover = lost = 0
+    g, free, sched = key[0], p.free, p.schedulable
+    gpu_only = g > 0 and not key[1]
     for d in touched:
         nodes = p.members[tier][d]
         cap_before = sum(base[i] for i in nodes)
         free_before = sum(p.free[i] for i in nodes)
-        cap_after = sum(_fit_now(p, st, i, key, base) for i in nodes)
-        free_after = sum(p.free[i] - st.used_gpus.get(i, 0) for i in nodes)
+        if gpu_only:
+            used = st.used_gpus
+            cap_after = sum((free[i] - used.get(i, 0)) // g if sched[i] else 0 for i in nodes)
+        else:
+            cap_after = sum(_fit_now(p, st, i, key, base) for i in nodes)
+        free_after = sum(free[i] - st.used_gpus.get(i, 0) for i in nodes)
         opened += whole[d]
         leftover += free_after
         lost += cap_before // useful - cap_after // useful
@@ -991,11 +998,13 @@ def _plan_once(p: PreparedSnapshot, gang: Gang, relax: int) -> _Candidate | _Fai
     upper = len(p.snapshot.tiers) if gang_tier is None else gang_tier
     for ti in range(min(upper, best.span)):
         found: _Candidate | None = None
-        quick = _one_domain_choice(p, roles, best, ti, measure) if _SHORTCUTS else None
+        applies, quick = _one_domain_choice(p, roles, best, ti, measure) if _SHORTCUTS else (False, None)
         if quick is not None:
             res = _attempt(p, roles, sub_tiers=sub_tiers, scope=quick, measure=measure, main=main)
             if isinstance(res, _Candidate):
                 return res if res.rank() < best.rank() else best
+        elif applies:
+            continue  # no domain of this tier can do as well as best
         room = (
             _partial_room(p, main_key, measure, ti)
             if _SHORTCUTS and best.opened == 0 and measure is not None
@@ -1018,21 +1027,22 @@ def _plan_once(p: PreparedSnapshot, gang: Gang, relax: int) -> _Candidate | _Fai
 
 def _one_domain_choice(
     p: PreparedSnapshot, roles: Sequence[Role], best: _Candidate, ti: int, measure: int | None
-) -> ScopeKey:
+) -> tuple[bool, ScopeKey]:
     """The tier-``ti`` domain the scope search below would pick, found from domain totals alone.
 
     Exact in the common case: one role asking GPUs only, all of its pods placed by ``best``, and
     ``ti`` the measuring tier. A domain that holds every pod is then one touched domain whose
     opened / stranded / leftover figures follow from its room and free GPUs before the plan (each
-    pod takes one pod's worth of room). None when the case does not apply or no domain qualifies.
+    pod takes one pod's worth of room). Returns (whether the case applies, the domain or None when
+    no domain of the tier qualifies).
     """
     if len(roles) != 1 or ti != measure:
-        return None
+        return False, None
     role = roles[0]
     key = _role_key(role)
     g = key[0]
     if key[1] or g <= 0 or best.placed_pods != role.pods:
-        return None
+        return False, None
     useful = useful_block(role)
     whole = p.whole(ti)
     bound = best.rank()[1:4]
@@ -1046,7 +1056,7 @@ def _one_domain_choice(
         item = (int(whole[d]), p.upper_opened(ti, d), stranded, lost, after, d)
         if item[:3] <= bound and (pick is None or item < pick):
             pick = item
-    return None if pick is None else (ti, pick[5])
+    return True, (None if pick is None else (ti, pick[5]))
 
 
 def _opened_at_least(
@@ -1110,7 +1120,7 @@ def plan(snapshot: ClusterSnapshot | PreparedSnapshot, gang: Gang) -> PlanResult
     for relax in range(levels):
         res = _plan_once(p, gang, relax)
         if isinstance(res, _Candidate):
-            return _to_plan(res, relax)
+            return _to_plan(p, res, relax)
         reason = res if isinstance(res, str) else res.message
         if first_reason is None:
             first_reason = reason
@@ -1120,9 +1130,10 @@ def plan(snapshot: ClusterSnapshot | PreparedSnapshot, gang: Gang) -> PlanResult
     return Infeasible(first_reason)
 
 
-def _to_plan(c: _Candidate, relax: int) -> Plan:
+def _to_plan(p: PreparedSnapshot, c: _Candidate, relax: int) -> Plan:
     subgroups = tuple(sorted(c.state.subgroups, key=lambda s: (s.role, s.index)))
-    placement = dict(sorted(c.state.placement.items(), key=lambda kv: _pod_sort_key(kv[0])))
+    names = p.names
+    placement = {f"{role}-{pod}": names[i] for role, pod, i in sorted(c.state.pods)}
     score: dict[str, float] = {
         "placed_pods": float(c.placed_pods),
         "opened_domains": float(c.opened),
@@ -1135,8 +1146,3 @@ def _to_plan(c: _Candidate, relax: int) -> Plan:
         "nodes_used": float(len(c.state.used_gpus)),
     }
     return Plan(placement=placement, subgroups=subgroups, score=score)
-
-
-def _pod_sort_key(pod: str) -> tuple[str, int]:
-    role, _, idx = pod.rpartition("-")
-    return (role, int(idx)) if idx.isdigit() else (pod, -1)
