@@ -1005,14 +1005,22 @@ def _plan_once(p: PreparedSnapshot, gang: Gang, relax: int) -> _Candidate | _Fai
                 return res if res.rank() < best.rank() else best
         elif applies:
             continue  # no domain of this tier can do as well as best
+        useful = useful_block(main)
         room = (
-            _partial_room(p, main_key, measure, ti)
+            _partial_room(p, main_key, measure, ti, useful)
             if _SHORTCUTS and best.opened == 0 and measure is not None
             else None
         )
+        # one GPU-only role placed whole: a plan that opens nothing loses at least the blocks its pods
+        # need beyond the room left over after whole blocks
+        whole_role = len(roles) == 1 and main_key[0] > 0 and not main_key[1] and best.placed_pods == main.pods
         for scope in scopes_at(ti):
-            if room is not None and room.get(scope[1], 0) < main_need:  # type: ignore[index]
-                continue  # every plan there opens a wholly free domain, which best does not
+            if room is not None:
+                partly, left_over = room.get(scope[1], (0, 0))  # type: ignore[index]
+                if partly < main_need:
+                    continue  # every plan there opens a wholly free domain, which best does not
+                if whole_role and -(-(main.pods - left_over) // useful) > best.lost:
+                    continue  # every plan there loses more useful blocks than best
             res = _attempt(p, roles, sub_tiers=sub_tiers, scope=scope, measure=measure, main=main)
             if isinstance(res, _Failure):
                 continue
@@ -1090,19 +1098,23 @@ def _opened_at_least(
     return opened
 
 
-def _partial_room(p: PreparedSnapshot, key: RoleKey, measure: int, ti: int) -> dict[str, int] | None:
-    """Per domain of tier ``ti`` above ``measure``: pods of this shape its measuring-tier domains that
-    are not wholly free can host. None when ``ti`` is not above ``measure``."""
+def _partial_room(
+    p: PreparedSnapshot, key: RoleKey, measure: int, ti: int, useful: int
+) -> dict[str, tuple[int, int]] | None:
+    """Per domain of tier ``ti`` above ``measure``: (pods of this shape its measuring-tier domains that
+    are not wholly free can host, the part of that room left over beyond whole useful blocks). None
+    when ``ti`` is not above ``measure``."""
     if ti <= measure:
         return None
     whole = p.whole(measure)
     up = len(p.snapshot.tiers) - 1 - ti  # position of tier ti in a path (top tier first)
     paths = p.paths[measure]
-    out: dict[str, int] = {}
+    out: dict[str, tuple[int, int]] = {}
     for (d, _), (cap, _) in zip(p.groups(None, measure), p.group_caps(key, None, measure), strict=True):
         if not whole[d]:
             anc = paths[d][up]
-            out[anc] = out.get(anc, 0) + cap
+            total, left = out.get(anc, (0, 0))
+            out[anc] = (total + cap, left + cap % useful)
     return out
 
 
