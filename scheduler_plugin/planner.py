@@ -641,13 +641,41 @@ def _place_tiered(
     most_full = min(full, sum(cap // size for _, cap, _ in caps))
     if _SHORTCUTS and most_full < full and most_full < need:
         return failure(most_full)
+    has_rem = 1 if rem else 0
+    if _SHORTCUTS and not has_rem and most_full == full and all(cap < 2 * size for _, cap, _ in caps):
+        # every domain holds at most one block and the blocks are alike: a domain's cost does not
+        # depend on the others, so the programme below picks the cheapest ``full`` domains, the
+        # earlier on ties
+        priced = []
+        for gi, (k, cap, freeg) in enumerate(caps):
+            if cap < size:
+                continue
+            d = groups[k][0]
+            opens = (
+                _OPENED_WEIGHT + _UPPER_WEIGHT * p.upper_opened(tier, d)
+                if k not in touched and whole[d]
+                else 0
+            )
+            free_after = freeg - size * g
+            stranded = free_after if cap - size < useful else 0
+            before = freeg if cap < useful else 0
+            lost = cap // useful - (cap - size) // useful
+            priced.append(
+                (opens + (stranded - before) * _STRANDED_WEIGHT + lost * _LOST_WEIGHT + free_after, gi)
+            )
+        priced.sort()
+        per_group: list[tuple[int, int]] = [(0, 0)] * len(caps)
+        for _, gi in priced[:full]:
+            per_group[gi] = (1, 0)
+        return _fill_blocks(
+            p, st, role, key, groups=groups, caps=caps, per_group=per_group, count=full, base=base, need=need
+        )
     # DP over groups; state = a * 2 + b (a full blocks, b short block placed)
     n_states = (full + 1) * 2
     inf = None
     cost: list[int | None] = [inf] * n_states
     cost[0] = 0
     choices: list[list[tuple[int, int] | None]] = []
-    has_rem = 1 if rem else 0
     for k, cap, freeg in caps:
         before = freeg if cap < useful else 0
         opens = (
@@ -694,13 +722,33 @@ def _place_tiered(
     if final is None or count < need or (count == 0 and need > 0):
         return failure(count if final is not None else 0)
     # walk back the choices
-    per_group: list[tuple[int, int]] = [(0, 0)] * len(caps)
+    per_group = [(0, 0)] * len(caps)
     s_idx = final
     for gi in range(len(caps) - 1, -1, -1):
         ch = choices[gi][s_idx]
         if ch is not None:
             per_group[gi] = ch
             s_idx -= ch[0] * 2 + ch[1]
+    return _fill_blocks(
+        p, st, role, key, groups=groups, caps=caps, per_group=per_group, count=count, base=base, need=need
+    )
+
+
+def _fill_blocks(
+    p: PreparedSnapshot,
+    st: _State,
+    role: Role,
+    key: RoleKey,
+    *,
+    groups: list[tuple[str, list[int]]],
+    caps: list[tuple[int, int, int]],
+    per_group: list[tuple[int, int]],
+    count: int,
+    base: list[int],
+    need: int,
+) -> _Failure | None:
+    """Fill the blocks the search gave each domain ((full blocks, short block) per group of caps)."""
+    _, full, _ = role_subgroups(role)
     ranges = _block_ranges(role, count)
     next_full = 0
     for gi, (x, y) in enumerate(per_group):
