@@ -157,6 +157,7 @@ class PreparedSnapshot:
     _order_keys: dict[tuple[RoleKey, ScopeKey], list[tuple[bool, int, int]]] = field(default_factory=dict)
     _remainder: dict[tuple[RoleKey, ScopeKey, int], list[int]] = field(default_factory=dict)
     _upper: dict[tuple[int, str], int] = field(default_factory=dict)
+    _totals: dict[tuple[RoleKey, int], dict[str, tuple[int, int]]] = field(default_factory=dict)
     _free_order: dict[tuple[RoleKey, ScopeKey, int], list[int]] = field(default_factory=dict)
     _free_rank: dict[tuple[RoleKey, int], dict[int, int]] = field(default_factory=dict)
     _scope_cap: dict[tuple[RoleKey, ScopeKey], int] = field(default_factory=dict)
@@ -206,6 +207,20 @@ class PreparedSnapshot:
                 avail -= used_res.get(res, 0)
             n = min(n, avail // qty)
         return max(0, n)
+
+    def domain_totals(self, key: RoleKey, tier: int) -> dict[str, tuple[int, int]]:
+        """Per domain of ``tier``: (pods of this shape it can host, free GPUs), as ``group_caps``."""
+        ck = (key, tier)
+        cached = self._totals.get(ck)
+        if cached is None:
+            cached = {
+                d: caps
+                for (d, _), caps in zip(
+                    self.groups(None, tier), self.group_caps(key, None, tier), strict=True
+                )
+            }
+            self._totals[ck] = cached
+        return cached
 
     def upper_opened(self, tier: int, d: str) -> int:
         """For a wholly free domain ``d`` of ``tier``: its wholly free ancestors, as one figure where a
@@ -552,24 +567,21 @@ def _fill(
     nodes: Iterable[int],
     base: list[int],
 ) -> bool:
-    """Put the pods of ``pod_range`` on ``nodes`` in order, as many per node as fit."""
-    it = iter(pod_range)
-    pod = next(it, None)
+    """Put the pods of ``pod_range`` (consecutive indices) on ``nodes`` in order, as many per node as fit."""
+    pod, stop = pod_range.start, pod_range.stop
+    pods, name = st.pods, role.name
     for i in nodes:
-        if pod is None:
+        if pod >= stop:
             break
         room = _fit_now(p, st, i, key, base)
         if room <= 0:
             continue
-        n = 0
-        pods = st.pods
-        while pod is not None and n < room:
-            pods.append((role.name, pod, i))
-            n += 1
-            pod = next(it, None)
+        n = min(room, stop - pod)
+        pods.extend((name, k, i) for k in range(pod, pod + n))
+        pod += n
         st.take(i, key, n)
         st.placed_pods += n
-    return pod is None
+    return pod >= stop
 
 
 def _block_ranges(role: Role, count: int) -> list[range]:
@@ -891,18 +903,26 @@ def _measure(p: PreparedSnapshot, st: _State, tier: int | None, main: Role) -> t
     whole = p.whole(tier)
     touched = sorted({d for i in st.used_gpus if (d := dom_t[i]) is not None})
     opened = stranded = leftover = lost = 0
-    g, free, sched = key[0], p.free, p.schedulable
+    g, free = key[0], p.free
     gpu_only = g > 0 and not key[1]
+    used = st.used_gpus
+    totals = p.domain_totals(key, tier) if gpu_only else {}
+    if gpu_only:  # the change per domain, from the nodes the gang uses
+        delta: dict[str, list[int]] = {}
+        for i, u in used.items():
+            dd = delta.setdefault(dom_t[i], [0, 0])  # type: ignore[arg-type]
+            dd[0] += base[i] - (free[i] - u) // g
+            dd[1] += u
     for d in touched:
-        nodes = p.members[tier][d]
-        cap_before = sum(base[i] for i in nodes)
-        free_before = sum(p.free[i] for i in nodes)
         if gpu_only:
-            used = st.used_gpus
-            cap_after = sum((free[i] - used.get(i, 0)) // g if sched[i] else 0 for i in nodes)
+            cap_before, free_before = totals[d]
+            cap_after, free_after = cap_before - delta[d][0], free_before - delta[d][1]
         else:
+            nodes = p.members[tier][d]
+            cap_before = sum(base[i] for i in nodes)
+            free_before = sum(free[i] for i in nodes)
             cap_after = sum(_fit_now(p, st, i, key, base) for i in nodes)
-        free_after = sum(free[i] - st.used_gpus.get(i, 0) for i in nodes)
+            free_after = sum(free[i] - used.get(i, 0) for i in nodes)
         opened += whole[d]
         leftover += free_after
         lost += cap_before // useful - cap_after // useful
