@@ -77,6 +77,8 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import is_not
 
 from scheduler_plugin.snapshot import (
     ClusterSnapshot,
@@ -312,9 +314,18 @@ class PreparedSnapshot:
             prev = self._prev._scope_cap.get(ck) if self._prev is not None else None
             if prev is not None and scope is not None and scope[1] not in self._dirty_dom[scope[0]]:
                 cached = prev
-            elif prev is not None and scope is None and prev < _UNLIMITED and self._prev is not None:
+            elif prev is not None and prev < _UNLIMITED and self._prev is not None:
                 fit, before = self.base_fit(key), self._prev.base_fit(key)
-                cached = min(_UNLIMITED, prev + sum(fit[i] - before[i] for i in self._dirty))
+                total = prev
+                if scope is None:
+                    for i in self._dirty:
+                        total += fit[i] - before[i]
+                else:
+                    dom, name = self.dom[scope[0]], scope[1]
+                    for i in self._dirty:
+                        if dom[i] == name:
+                            total += fit[i] - before[i]
+                cached = min(_UNLIMITED, total)
             else:
                 fit = self.base_fit(key)
                 cached = min(_UNLIMITED, sum(fit[i] for i in self.scope_nodes(scope)))
@@ -418,7 +429,7 @@ def _changed_nodes(a: ClusterSnapshot, b: ClusterSnapshot) -> list[int] | None:
     if a.tiers != b.tiers or len(a.nodes) != len(b.nodes):
         return None
     old, new = a.nodes, b.nodes
-    changed = [k for k, (x, y) in enumerate(zip(old, new, strict=True)) if x is not y]
+    changed = list(compress(range(len(new)), map(is_not, old, new)))
     for k in changed:
         x, y = old[k], new[k]
         if x.name != y.name or x.gpus != y.gpus or not (x.domains is y.domains or x.domains == y.domains):

@@ -1,8 +1,10 @@
 """Async client of the kubelet pod-resources API v1 over its unix socket.
 
 One channel for the client's life (gRPC reconnects by itself when the kubelet restarts and re-creates
-the socket). Each call has a deadline; errors surface as :class:`PodResourcesError` with one line that
-names the socket and the gRPC status.
+the socket). The channel keeps its own connection state (a local subchannel pool): a failed connect
+of another channel to the same socket, with its reconnect back-off, does not fail this one. Each call
+has a deadline; errors surface as :class:`PodResourcesError` with one line that names the socket and
+the gRPC status.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ class PodResourcesClient:
 
     def _ensure(self) -> api_pb2_grpc.PodResourcesListerAsyncStub:
         if self._stub is None:
-            self._channel = grpc.aio.insecure_channel(f"unix://{self.socket_path}")
+            self._channel = grpc.aio.insecure_channel(
+                f"unix://{self.socket_path}", options=[("grpc.use_local_subchannel_pool", 1)]
+            )
             self._stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
         return self._stub
 
