@@ -48,18 +48,20 @@ Search
 ------
 Blocks of one role are assigned to domains jointly by a dynamic programme over the domains of its
 subgroup tier (state: how many full blocks and whether the short last block are placed; cost: the
-opened/upper/stranded/lost/leftover figures of each domain, summed; the upper figure is counted per opened
-domain, so two domains opened under one free leaf count that leaf twice in the programme, while the
-ranking of whole plans counts it once). This is exact for one role;
-several roles are placed one after the other, the most constrained first (subgroup roles, then by
-total GPUs). The gang-tier constraint is handled by planning inside each candidate scope (a domain
-of that tier, or the whole cluster), pre-filtered by pod capacity; lower-tier scopes are then tried
-from tier 1 up so that an equally good but tighter plan wins. Scopes that cannot beat the best plan
-found are skipped without planning: a lower bound on the domains any plan there must open (the main
-role's blocks beyond what partly used domains hold), and, for one GPU-only role placed whole at the
-measuring tier, the figures of each one-domain scope follow from its room and free GPUs, so only the
-best such scope is planned. A one-role gang whose pods form one
-block is searched as a block of the gang tier, in one pass. Roles without a subgroup tier go to
+opened/upper/stranded/lost/leftover figures of each domain, summed; the upper figure is counted per
+opened domain, so two domains opened under one free leaf count that leaf twice in the programme, while the
+ranking of whole plans counts it once). This is exact for one role; when every domain holds at most
+one block and there is no short block, domain costs are independent and the cheapest domains are
+taken directly (the programme's choice, the earlier domain on ties). Several roles are placed one
+after the other, the most constrained first (subgroup roles, then by total GPUs). The gang-tier
+constraint is handled by planning inside each candidate scope (a domain of that tier, or the whole
+cluster), pre-filtered by pod capacity; lower-tier scopes are then tried from tier 1 up so that an
+equally good but tighter plan wins. Scopes that cannot beat the best plan found are skipped without
+planning: lower bounds on the domains any plan there must open (the main role's blocks beyond what
+partly used domains hold) and on the blocks it must lose (pods beyond the room left over after whole
+blocks), and, for one GPU-only role placed whole at the measuring tier, the figures of each
+one-domain scope follow from its room and free GPUs, so only the best such scope is planned. A
+one-role gang whose pods form one block is searched as a block of the gang tier, in one pass. Roles without a subgroup tier go to
 nodes the gang already uses first, then to the room partly used tier-1 domains hold beyond their
 whole useful blocks (fullest domains first), then to nodes outside wholly free tier-1 domains, best
 fit (fewest pods of room) first. Domains are assumed to nest: the nodes of one tier-1 domain share
