@@ -61,11 +61,11 @@ planning: lower bounds on the domains any plan there must open (the main role's 
 partly used domains hold) and on the blocks it must lose (pods beyond the room left over after whole
 blocks), and, for one GPU-only role placed whole at the measuring tier, the figures of each
 one-domain scope follow from its room and free GPUs, so only the best such scope is planned. A
-one-role gang whose pods form one block is searched as a block of the gang tier, in one pass. Roles without a subgroup tier go to
-nodes the gang already uses first, then to the room partly used tier-1 domains hold beyond their
-whole useful blocks (fullest domains first), then to nodes outside wholly free tier-1 domains, best
-fit (fewest pods of room) first. Domains are assumed to nest: the nodes of one tier-1 domain share
-their domain at every higher tier (as HyperNode trees do).
+one-role gang whose pods form one block is searched as a block of the gang tier, in one pass.
+Roles without a subgroup tier go to nodes the gang already uses first, then to the room partly used
+tier-1 domains hold beyond their whole useful blocks (fullest domains first), then to nodes outside
+wholly free tier-1 domains, best fit (fewest pods of room) first. Domains are assumed to nest: the
+nodes of one tier-1 domain share their domain at every higher tier (as HyperNode trees do).
 
 ``prepare(snapshot)`` indexes nodes and domains once; ``plan`` keeps the last few prepared snapshots
 by identity, so repeated plans against one snapshot skip the indexing. A new snapshot with the same
