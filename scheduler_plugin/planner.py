@@ -156,6 +156,7 @@ class PreparedSnapshot:
     _fit: dict[RoleKey, list[int]] = field(default_factory=dict)
     # topology only, so shared by every snapshot prepared from this one's topology
     _groups: dict[tuple[ScopeKey, int], list[tuple[str, list[int]]]] = field(default_factory=dict)
+    _children: dict[tuple[int, str], list[str] | None] = field(default_factory=dict)
     _group_caps: dict[tuple[RoleKey, ScopeKey, int], list[tuple[int, int]]] = field(default_factory=dict)
     _scope_order: dict[tuple[RoleKey, ScopeKey], list[int]] = field(default_factory=dict)
     _order_keys: dict[tuple[RoleKey, ScopeKey], list[tuple[bool, int, int]]] = field(default_factory=dict)
@@ -211,6 +212,17 @@ class PreparedSnapshot:
                 avail -= used_res.get(res, 0)
             n = min(n, avail // qty)
         return max(0, n)
+
+    def children(self, scope: tuple[int, str]) -> list[str] | None:
+        """The tier-1 domains that make up a domain, or None when some of its nodes have no tier-1
+        domain (topology only, shared by snapshots prepared from one another)."""
+        if scope not in self._children:
+            members = self.members[scope[0]].get(scope[1], [])
+            dom0 = self.dom[0]
+            names = sorted({d for i in members if (d := dom0[i]) is not None})
+            whole = sum(len(self.members[0][d]) for d in names) == len(members)
+            self._children[scope] = names if whole else None
+        return self._children[scope]
 
     def domain_totals(self, key: RoleKey, tier: int) -> dict[str, tuple[int, int]]:
         """Per domain of ``tier``: (pods of this shape it can host, free GPUs), as ``group_caps``."""
@@ -328,6 +340,14 @@ class PreparedSnapshot:
                         if dom[i] == name:
                             total += fit[i] - before[i]
                 cached = min(_UNLIMITED, total)
+            elif (
+                scope is not None
+                and key[0] > 0
+                and not key[1]
+                and (racks := self.children(scope)) is not None
+            ):
+                totals = self.domain_totals(key, 0)  # GPU-only: the sum of its tier-1 domains' room
+                cached = sum(totals[r][0] for r in racks)
             else:
                 fit = self.base_fit(key)
                 cached = min(_UNLIMITED, sum(fit[i] for i in self.scope_nodes(scope)))
@@ -469,6 +489,7 @@ def prepare(snapshot: ClusterSnapshot, like: PreparedSnapshot | None = None) -> 
             order=like.order,
             position=like.position,
             _groups=like._groups,
+            _children=like._children,
             _prev=like,
             _dirty=dirty,
             _dirty_dom=[
@@ -1056,10 +1077,12 @@ def _plan_once(p: PreparedSnapshot, gang: Gang, relax: int) -> _Candidate | _Fai
             )
     best: _Candidate | None = None
     fail: _Failure | None = None
+    all_pods = sum(r.pods for r in gang.roles)
     for scope in top:
         if (
             _SHORTCUTS
             and best is not None
+            and best.placed_pods == all_pods  # a plan placing more pods would rank first whatever it opens
             and _opened_at_least(p, main, sub_tiers[main.name], scope, measure) > best.opened
         ):
             continue  # its plan would rank below best: more wholly free domains opened
@@ -1089,7 +1112,7 @@ def _plan_once(p: PreparedSnapshot, gang: Gang, relax: int) -> _Candidate | _Fai
         useful = useful_block(main)
         room = (
             _partial_room(p, main_key, measure, ti, useful)
-            if _SHORTCUTS and best.opened == 0 and measure is not None
+            if _SHORTCUTS and best.opened == 0 and measure is not None and best.placed_pods == all_pods
             else None
         )
         # one GPU-only role placed whole: a plan that opens nothing loses at least the blocks its pods

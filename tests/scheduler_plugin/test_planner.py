@@ -588,6 +588,8 @@ GANG_SHAPES = (
     Gang(name="small", roles=(Role(name="w", pods=3, gpus_per_pod=4),)),
     Gang(name="two", roles=(Role(name="w", pods=5, gpus_per_pod=2),)),
     nvl72_gang(pods=54, min_subgroups=1),
+    nvl72_gang(pods=36, tier="leaf", min_subgroups=1),
+    nvl72_gang(pods=12, size=4, tier="nvlink", min_subgroups=1),
 )
 
 
@@ -689,3 +691,22 @@ def test_a_gang_that_costs_a_segment_everywhere_takes_the_fullest_rack() -> None
     assert isinstance(result, Plan)
     assert result.score["lost_blocks"] == 1
     assert {domain_of(snap, n, "nvlink") for n in result.placement.values()} == {"nvl-00"}
+
+
+def test_an_elastic_gang_takes_the_domain_where_more_pods_fit_even_if_it_opens_it() -> None:
+    # d0 is wholly free and holds both pods; d1 is partly used and holds one: more pods rank first,
+    # so skipping d0 for opening a domain would be wrong
+    domains = ({"nvlink": "d1", "leaf": "l0"}, {"nvlink": "d0", "leaf": "l0"})
+    snap = ClusterSnapshot(
+        tiers=("nvlink", "leaf"),
+        nodes=(
+            NodeState("n0", 0, 0, domains[0]),
+            NodeState("n1", 0, 0, domains[1]),
+            NodeState("n2", 2, 2, domains[1]),
+            NodeState("n3", 2, 1, domains[0]),
+        ),
+    )
+    gang = Gang("g", (Role("w", 2, 1, subgroup_size=1, min_subgroups=0),), tier="nvlink")
+    result = plan(snap, gang)
+    assert isinstance(result, Plan)
+    assert result.placement == {"w-0": "n2", "w-1": "n2"}
