@@ -1120,11 +1120,15 @@ def _plan_once(p: PreparedSnapshot, gang: Gang, relax: int) -> _Candidate | _Fai
         whole_role = len(roles) == 1 and main_key[0] > 0 and not main_key[1] and best.placed_pods == main.pods
         for scope in scopes_at(ti):
             if room is not None:
-                partly, left_over = room.get(scope[1], (0, 0))  # type: ignore[index]
+                partly, left_over, stranded_now = room.get(scope[1], (0, 0, 0))  # type: ignore[index]
                 if partly < main_need:
                     continue  # every plan there opens a wholly free domain, which best does not
-                if whole_role and -(-(main.pods - left_over) // useful) > best.lost:
-                    continue  # every plan there loses more useful blocks than best
+                if (
+                    whole_role
+                    and best.stranded + stranded_now <= 0  # it cannot strand less than best ...
+                    and -(-(main.pods - left_over) // useful) > best.lost  # ... and loses more blocks
+                ):
+                    continue
             res = _attempt(p, roles, sub_tiers=sub_tiers, scope=scope, measure=measure, main=main)
             if isinstance(res, _Failure):
                 continue
@@ -1204,21 +1208,21 @@ def _opened_at_least(
 
 def _partial_room(
     p: PreparedSnapshot, key: RoleKey, measure: int, ti: int, useful: int
-) -> dict[str, tuple[int, int]] | None:
-    """Per domain of tier ``ti`` above ``measure``: (pods of this shape its measuring-tier domains that
-    are not wholly free can host, the part of that room left over beyond whole useful blocks). None
-    when ``ti`` is not above ``measure``."""
+) -> dict[str, tuple[int, int, int]] | None:
+    """Per domain of tier ``ti`` above ``measure``, over its measuring-tier domains that are not
+    wholly free: (pods of this shape they can host, the part of that room left over beyond whole
+    useful blocks, the free GPUs stranded in them now). None when ``ti`` is not above ``measure``."""
     if ti <= measure:
         return None
     whole = p.whole(measure)
     up = len(p.snapshot.tiers) - 1 - ti  # position of tier ti in a path (top tier first)
     paths = p.paths[measure]
-    out: dict[str, tuple[int, int]] = {}
-    for (d, _), (cap, _) in zip(p.groups(None, measure), p.group_caps(key, None, measure), strict=True):
+    out: dict[str, tuple[int, int, int]] = {}
+    for (d, _), (cap, free) in zip(p.groups(None, measure), p.group_caps(key, None, measure), strict=True):
         if not whole[d]:
             anc = paths[d][up]
-            total, left = out.get(anc, (0, 0))
-            out[anc] = (total + cap, left + cap % useful)
+            total, left, stranded = out.get(anc, (0, 0, 0))
+            out[anc] = (total + cap, left + cap % useful, stranded + (free if cap < useful else 0))
     return out
 
 

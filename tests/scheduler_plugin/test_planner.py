@@ -710,3 +710,59 @@ def test_an_elastic_gang_takes_the_domain_where_more_pods_fit_even_if_it_opens_i
     result = plan(snap, gang)
     assert isinstance(result, Plan)
     assert result.placement == {"w-0": "n2", "w-1": "n2"}
+
+
+@st.composite
+def varied_cases(draw: st.DrawFn) -> tuple[ClusterSnapshot, Gang]:
+    """Racks of mixed nodes (some busy, some unschedulable) and gangs of one or two roles, elastic or
+    not, with or without subgroup and gang tiers: the ground the search shortcuts must not change."""
+    racks, trays = draw(st.integers(1, 5)), draw(st.integers(1, 6))
+    nodes = []
+    for r in range(racks):
+        for t in range(trays):
+            gpus = draw(st.sampled_from([0, 2, 4, 4, 8]))
+            nodes.append(
+                NodeState(
+                    name=f"r{r}t{t}",
+                    gpus=gpus,
+                    free=draw(st.integers(0, gpus)),
+                    domains={"nvlink": f"nv{r}", "leaf": f"lf{r // 2}", "spine": "s0"},
+                    schedulable=draw(st.booleans()) or draw(st.booleans()),
+                )
+            )
+    roles = []
+    for k in range(draw(st.integers(1, 2))):
+        pods = draw(st.integers(1, 8))
+        size = draw(st.one_of(st.none(), st.integers(1, min(4, pods))))
+        roles.append(
+            Role(
+                name=f"r{k}",
+                pods=pods,
+                gpus_per_pod=draw(st.sampled_from([1, 2, 4])),
+                subgroup_size=size,
+                subgroup_tier=draw(st.sampled_from([None, "nvlink", "leaf"])) if size else None,
+                min_subgroups=draw(st.one_of(st.none(), st.integers(0, 2))) if size else None,
+            )
+        )
+    gang = Gang(
+        name="g",
+        roles=tuple(roles),
+        tier=draw(st.sampled_from([None, "nvlink", "leaf", "spine"])),
+        soft=draw(st.booleans()),
+    )
+    return ClusterSnapshot(tiers=TIERS, nodes=tuple(draw(st.permutations(nodes)))), gang
+
+
+@settings(max_examples=300, deadline=None)
+@given(varied_cases())
+def test_shortcuts_do_not_change_plans_of_varied_gangs(case: tuple[ClusterSnapshot, Gang]) -> None:
+    import scheduler_plugin.planner as planner_module
+
+    snap, gang = case
+    fast = plan(prepare(snap), gang)
+    planner_module._SHORTCUTS = False
+    try:
+        slow = plan(prepare(snap), gang)
+    finally:
+        planner_module._SHORTCUTS = True
+    assert fast == slow
