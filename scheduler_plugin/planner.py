@@ -79,8 +79,6 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import compress
-from operator import is_not
 
 from scheduler_plugin.snapshot import (
     ClusterSnapshot,
@@ -90,6 +88,7 @@ from scheduler_plugin.snapshot import (
     PlanResult,
     Role,
     SubgroupPlacement,
+    changed_nodes,
 )
 
 __all__ = ["STANDARD_SUBGROUP_GPUS", "PreparedSnapshot", "plan", "prepare", "role_subgroups", "useful_block"]
@@ -445,20 +444,6 @@ class PreparedSnapshot:
         return cached
 
 
-def _changed_nodes(a: ClusterSnapshot, b: ClusterSnapshot) -> list[int] | None:
-    """Positions in ``b.nodes`` whose state differs from ``a``'s, or None when the topology differs
-    (tiers, or node by node in the same order: names, GPU counts, domains)."""
-    if a.tiers != b.tiers or len(a.nodes) != len(b.nodes):
-        return None
-    old, new = a.nodes, b.nodes
-    changed = list(compress(range(len(new)), map(is_not, old, new)))
-    for k in changed:
-        x, y = old[k], new[k]
-        if x.name != y.name or x.gpus != y.gpus or not (x.domains is y.domains or x.domains == y.domains):
-            return None
-    return changed
-
-
 def prepare(snapshot: ClusterSnapshot, like: PreparedSnapshot | None = None) -> PreparedSnapshot:
     """Index a snapshot: nodes in name order, domain members and ancestor paths per tier.
 
@@ -466,7 +451,7 @@ def prepare(snapshot: ClusterSnapshot, like: PreparedSnapshot | None = None) -> 
     order, same GPUs and domains: the usual case between two scheduling cycles) its indexes are
     reused and only the free capacity is read again.
     """
-    changed = _changed_nodes(like.snapshot, snapshot) if like is not None else None
+    changed = changed_nodes(like.snapshot, snapshot) if like is not None else None
     if like is not None and changed is not None:
         free, schedulable, free_resources = list(like.free), list(like.schedulable), list(like.free_resources)
         dirty = sorted(like.position[k] for k in changed)

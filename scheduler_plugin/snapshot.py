@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import is_not
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,3 +82,21 @@ class Infeasible:
 
 
 PlanResult = Plan | Infeasible
+
+
+def changed_nodes(before: ClusterSnapshot, after: ClusterSnapshot) -> list[int] | None:
+    """Positions in ``after.nodes`` whose state is not the very object ``before`` had there, or None
+    when the topology differs (tiers, or node by node in the same order: names, GPU counts, domains).
+
+    Snapshots of one cluster taken one after the other keep the unchanged ``NodeState`` objects, so
+    the diff costs one identity comparison per node.
+    """
+    if before.tiers != after.tiers or len(before.nodes) != len(after.nodes):
+        return None
+    old, new = before.nodes, after.nodes
+    changed = list(compress(range(len(new)), map(is_not, old, new)))
+    for k in changed:
+        x, y = old[k], new[k]
+        if x.name != y.name or x.gpus != y.gpus or not (x.domains is y.domains or x.domains == y.domains):
+            return None
+    return changed

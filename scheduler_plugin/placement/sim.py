@@ -311,8 +311,10 @@ def simulate(
     reservations: dict[str, Reservation | None] = {}
 
     def with_free(free: list[int]) -> ClusterSnapshot:
+        """The current snapshot with other free GPUs; nodes whose count is unchanged keep their
+        ``NodeState`` object, so planners that diff snapshots see only the nodes that differ."""
         nodes = tuple(
-            NodeState(name=o.name, gpus=o.gpus, free=f, domains=o.domains)
+            o if o.free == f else NodeState(name=o.name, gpus=o.gpus, free=f, domains=o.domains)
             for o, f in zip(state.states, free, strict=True)
         )
         return ClusterSnapshot(tiers=cluster.tiers, nodes=nodes)
@@ -355,8 +357,13 @@ def simulate(
         reservations[head.job.name] = found
         return found
 
+    held_view: list[tuple[Reservation, ClusterSnapshot, ClusterSnapshot]] = []  # (reservation, from, view)
+
     def held_back(resv: Reservation) -> ClusterSnapshot:
-        """The cluster as a job running past the reservation time may use it."""
+        """The cluster as a job running past the reservation time may use it (one view per state)."""
+        current = state.snapshot()
+        if held_view and held_view[0][0] is resv and held_view[0][1] is current:
+            return held_view[0][2]
         at, claims = resv
         busy_then = dict.fromkeys(claims, 0)
         for end, _, live in running:
@@ -367,7 +374,9 @@ def simulate(
         free = list(state.free)
         for node, claim in claims.items():
             free[node] = max(0, min(free[node], state.capacity[node] - busy_then[node] - claim))
-        return with_free(free)
+        view = with_free(free)
+        held_view[:] = [(resv, current, view)]
+        return view
 
     def schedule(now: float, fresh: set[str] | None) -> None:
         """One pass; ``fresh`` None tries every queued job, else only those names."""

@@ -11,7 +11,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Plan, PlanResult, SubgroupPlacement
+from scheduler_plugin.snapshot import (
+    ClusterSnapshot,
+    Gang,
+    Plan,
+    PlanResult,
+    SubgroupPlacement,
+    changed_nodes,
+)
 
 ROOT = "<cluster>"  # the virtual domain over every node (Volcano's cluster-top HyperNode)
 
@@ -115,15 +122,9 @@ class Index:
 
     def _reuse(self, snapshot: ClusterSnapshot, old_snap: ClusterSnapshot, old: Index) -> bool:
         """Take ``old``'s topology when only free capacity changed (same nodes in the same order)."""
-        if old_snap.tiers != snapshot.tiers or len(old_snap.nodes) != len(snapshot.nodes):
+        changed = changed_nodes(old_snap, snapshot)
+        if changed is None:
             return False
-        changed: list[int] = []
-        for k, (x, y) in enumerate(zip(old_snap.nodes, snapshot.nodes, strict=True)):
-            if x is y:
-                continue
-            if x.name != y.name or x.gpus != y.gpus or not (x.domains is y.domains or x.domains == y.domains):
-                return False
-            changed.append(k)
         self.tiers, self.names, self.gpus = old.tiers, old.names, old.gpus
         self.domains, self.node_domain, self.all_nodes = old.domains, old.node_domain, old.all_nodes
         self.position = old.position
