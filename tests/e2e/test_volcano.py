@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from agent import localcluster as cluster
+from tests.integration.fakekube import hypernode
 
 pytestmark = pytest.mark.e2e
 
@@ -32,21 +33,6 @@ def hypernodes(api_client: Any, volcano_crds: list[str]) -> Iterator[Callable[[d
     finally:
         for name in reversed(created):
             api.delete_cluster_custom_object(*HYPERNODES, name)
-
-
-def hypernode(
-    name: str, *, tier: int, tier_name: str, members: list[str], member_type: str = "Node"
-) -> dict[str, Any]:
-    return {
-        "apiVersion": "topology.volcano.sh/v1alpha1",
-        "kind": "HyperNode",
-        "metadata": {"name": name},
-        "spec": {
-            "tier": tier,
-            "tierName": tier_name,
-            "members": [{"type": member_type, "selector": {"exactMatch": {"name": m}}} for m in members],
-        },
-    }
 
 
 def gang_pod(name: str, *, group: str, gpus: int, test_label: str) -> dict[str, Any]:
