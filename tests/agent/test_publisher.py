@@ -12,6 +12,7 @@ import pytest
 from agent.healthbook import DeviceHealth
 from agent.publisher import KubeNodeApi, Publisher, PublisherSettings, device_health
 from agent.runtime import InventoryStore
+from tests.kubeconfig import write_token_kubeconfig
 from tests.topology.factories import nvl72_tray
 from tests.topology.kubefake import FakeKube, api_client
 from topology.gpunode import inventory_from_gpunode
@@ -155,27 +156,12 @@ def test_run_publishes_through_the_kubeconfig(
     """``run`` builds the publisher when a Kubernetes API is configured (here: $KUBECONFIG)."""
     import tempfile
 
-    import yaml
-
     from agent.commands.run import serve
     from agent.config import RunSettings
     from tests.deviceplugin.helpers import running_kubelet
 
     f, url = fake
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "fake", "cluster": {"server": url}}],
-                "users": [{"name": "u", "user": {"token": "t"}}],
-                "contexts": [{"name": "c", "context": {"cluster": "fake", "user": "u"}}],
-                "current-context": "c",
-            }
-        ),
-        encoding="utf-8",
-    )
+    kubeconfig = write_token_kubeconfig(tmp_path / "kubeconfig", url)
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     with tempfile.TemporaryDirectory(prefix="pub", dir="/tmp") as d:
         settings = RunSettings(

@@ -20,6 +20,7 @@ from kubernetes import client
 
 from scheduler_plugin.extender_command import Service, Settings
 from tests.integration.fakekube import FakeKube, hypernode, node, pod
+from tests.kubeconfig import write_token_kubeconfig
 
 GANG = "gpuagent.dev/gang"
 
@@ -362,21 +363,7 @@ def test_extender_command_serves_and_stops_on_sigterm(fake: FakeKube, tmp_path: 
     import subprocess
     import sys
 
-    import yaml
-
-    kubeconfig = tmp_path / "k.yaml"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "fake", "cluster": {"server": fake.url}}],
-                "users": [{"name": "u", "user": {"token": "t"}}],
-                "contexts": [{"name": "c", "context": {"cluster": "fake", "user": "u"}}],
-                "current-context": "c",
-            }
-        )
-    )
+    kubeconfig = write_token_kubeconfig(tmp_path / "k.yaml", fake.url)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -11,6 +11,7 @@ import yaml
 
 from agent.cli import main as cli_main
 from scheduler_plugin.plan_command import main
+from tests.kubeconfig import token_kubeconfig
 
 CLUSTER = {
     "tiers": ["nvlink", "leaf", "spine"],
@@ -249,14 +250,7 @@ def test_from_cluster_reads_the_live_api(tmp_path: Path, capsys: pytest.CaptureF
     fake.put("pods", pod("busy", 1, node_name="r0-t2"))
     fake.start()
     try:
-        kubeconfig = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "fake", "cluster": {"server": fake.url}}],
-            "users": [{"name": "u", "user": {"token": "t"}}],
-            "contexts": [{"name": "c", "context": {"cluster": "fake", "user": "u"}}],
-            "current-context": "c",
-        }
+        kubeconfig = token_kubeconfig(fake.url)
         gang = {
             "roles": [
                 {"name": "w", "pods": 4, "gpus_per_pod": 4, "subgroup_size": 4, "subgroup_tier": "nvlink"}

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.kubeconfig import write_token_kubeconfig
 from tests.topology.factories import UUID_B, hgx_node, nvl72_tray
 from tests.topology.kubefake import FakeKube, api_client
 from topology.builder import SOURCE_LABEL, SOURCE_VALUE
@@ -247,25 +248,11 @@ def test_lease_elector_takes_over_an_expired_lease() -> None:
 def test_command_once_against_the_cluster(
     fake: tuple[FakeKube, str], tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import yaml
 
     from topology import controller_command
 
     f, url = fake
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "fake", "cluster": {"server": url}}],
-                "users": [{"name": "u", "user": {"token": "t"}}],
-                "contexts": [{"name": "c", "context": {"cluster": "fake", "user": "u"}}],
-                "current-context": "c",
-            }
-        ),
-        encoding="utf-8",
-    )
+    kubeconfig = write_token_kubeconfig(tmp_path / "kubeconfig", url)
     base = ["--once", "--kubeconfig", str(kubeconfig), "--lease-namespace", NS]
     assert controller_command.main([*base, "--dry-run"]) == 0
     assert "(dry run)" in capsys.readouterr().err
