@@ -55,8 +55,9 @@ one block and there is no short block, domain costs are independent and the chea
 taken directly (the programme's choice, the earlier domain on ties). Several roles are placed one
 after the other, the most constrained first (subgroup roles, then by total GPUs). The gang-tier
 constraint is handled by planning inside each candidate scope (a domain of that tier, or the whole
-cluster), pre-filtered by pod capacity; lower-tier scopes are then tried from tier 1 up so that an
-equally good but tighter plan wins. Scopes that cannot beat the best plan found are skipped without
+cluster), pre-filtered by pod capacity; lower-tier scopes are then tried from tier 1 up, and the
+first tier whose scopes give a better plan (one as good on the figures above but tighter, or better
+on them) gives the best of its plans. Scopes that cannot beat the best plan found are skipped without
 planning: lower bounds on the domains any plan there must open (the main role's blocks beyond what
 partly used domains hold) and on the blocks it must lose (pods beyond the room left over after whole
 blocks), and, for one GPU-only role placed whole at the measuring tier, the figures of each
@@ -163,9 +164,10 @@ class PreparedSnapshot:
     _upper: dict[tuple[int, str], int] = field(default_factory=dict)
     _totals: dict[tuple[RoleKey, int], dict[str, tuple[int, int]]] = field(default_factory=dict)
     _free_order: dict[tuple[RoleKey, ScopeKey, int], list[int]] = field(default_factory=dict)
-    _free_rank: dict[tuple[RoleKey, int], dict[int, int]] = field(default_factory=dict)
+    _free_split: dict[tuple[RoleKey, int, int], dict[str | None, list[int]]] = field(default_factory=dict)
     _scope_cap: dict[tuple[RoleKey, ScopeKey], int] = field(default_factory=dict)
     _whole: dict[int, dict[str, bool]] = field(default_factory=dict)
+    _bits: dict[str, tuple[bool, bool]] | None = None
     # the snapshot this one was prepared from, and the nodes (name order) whose state differs from it:
     # caches are derived from the previous snapshot's by recomputing only what those nodes touch
     _prev: PreparedSnapshot | None = None
@@ -265,12 +267,32 @@ class PreparedSnapshot:
             else:
                 cached = {}
                 todo = self.members[tier]
+            bits = self._whole_bits() if tier > 0 else None
             for d in todo:
-                live = [i for i in self.members[tier][d] if self.schedulable[i]]
-                cached[d] = any(self.free[i] > 0 for i in live) and all(
-                    self.free[i] == self.gpus[i] for i in live
-                )
+                kids = self.children((tier, d)) if bits is not None else None
+                if bits is not None and kids is not None:  # from its tier-1 domains
+                    cached[d] = all(bits[k][0] for k in kids) and any(bits[k][1] for k in kids)
+                else:
+                    cached[d] = self._whole_bit(self.members[tier][d]) == (True, True)
             self._whole[tier] = cached
+        return cached
+
+    def _whole_bit(self, nodes: list[int]) -> tuple[bool, bool]:
+        """(every schedulable node has all its GPUs free, some schedulable node has a free GPU)."""
+        live = [i for i in nodes if self.schedulable[i]]
+        return all(self.free[i] == self.gpus[i] for i in live), any(self.free[i] > 0 for i in live)
+
+    def _whole_bits(self) -> dict[str, tuple[bool, bool]]:
+        """``_whole_bit`` per tier-1 domain: a higher domain made of tier-1 domains is wholly free
+        when all of them are free and one has a free GPU."""
+        cached = self._bits
+        if cached is None:
+            prev = self._prev._bits if self._prev is not None else None
+            todo: Iterable[str] = self._dirty_dom[0] if prev is not None else self.members[0]
+            cached = dict(prev) if prev is not None else {}
+            for d in todo:
+                cached[d] = self._whole_bit(self.members[0][d])
+            self._bits = cached
         return cached
 
     def scope_nodes(self, scope: ScopeKey) -> list[int]:
@@ -377,11 +399,14 @@ class PreparedSnapshot:
                 rest = self.scope_order(key, None)
                 cached = [*first, *(i for i in rest if i not in taken)] if first else rest
             else:
-                at = self._free_rank.get((key, useful))
-                if at is None:
-                    at = {i: k for k, i in enumerate(self.free_order(key, None, useful))}
-                    self._free_rank[(key, useful)] = at
-                cached = sorted((i for i in self.scope_nodes(scope) if i in at), key=at.__getitem__)
+                split = self._free_split.get((key, useful, scope[0]))
+                if split is None:  # the cluster's order cut by domain of the scope's tier, in one pass
+                    split = {}
+                    dom_t = self.dom[scope[0]]
+                    for i in self.free_order(key, None, useful):
+                        split.setdefault(dom_t[i], []).append(i)
+                    self._free_split[(key, useful, scope[0])] = split
+                cached = split.get(scope[1], [])
             self._free_order[ck] = cached
         return cached
 
@@ -548,6 +573,18 @@ class _Failure:
     message: str
 
 
+@dataclass(frozen=True)
+class _Deferred:
+    role: Role
+    key: RoleKey
+    groups: list[tuple[str, list[int]]]
+    caps: list[tuple[int, int, int]]
+    per_group: list[tuple[int, int]]
+    count: int
+    base: list[int]
+    need: int
+
+
 @dataclass
 class _State:
     """What the gang has taken so far in one attempt (deltas against the snapshot)."""
@@ -558,16 +595,13 @@ class _State:
     pods: list[tuple[str, int, int]] = field(default_factory=list)  # (role, pod index, node) placed
     subgroups: list[SubgroupPlacement] = field(default_factory=list)
     placed_pods: int = 0
-
-    def take(self, i: int, key: RoleKey, n: int) -> None:
-        if i not in self.used_gpus:
-            self.used_gpus[i] = 0
-            self.order.append(i)
-        self.used_gpus[i] += key[0] * n
-        if key[1]:
-            res = self.used_res.setdefault(i, {})
-            for r, q in key[1]:
-                res[r] = res.get(r, 0) + q * n
+    # One GPU-only role whose blocks go to tier-0 domains: the attempt records pods per domain
+    # (``by_domain``) and the arguments of the fill (``deferred``); only the chosen plan is put on
+    # nodes (``_materialised``). Each pod then takes one pod of room and ``gpus_per_pod`` GPUs from
+    # its domain, so the figures of ``_measure`` and ``_span`` follow from the counts.
+    defer: bool = False
+    deferred: _Deferred | None = None
+    by_domain: dict[str, int] = field(default_factory=dict)
 
 
 def _fit_now(p: PreparedSnapshot, st: _State, i: int, key: RoleKey, base: list[int]) -> int:
@@ -588,18 +622,31 @@ def _fill(
 ) -> bool:
     """Put the pods of ``pod_range`` (consecutive indices) on ``nodes`` in order, as many per node as fit."""
     pod, stop = pod_range.start, pod_range.stop
-    pods, name = st.pods, role.name
+    pods, name, used, order = st.pods, role.name, st.used_gpus, st.order
+    g, reqs = key
     for i in nodes:
         if pod >= stop:
             break
-        room = _fit_now(p, st, i, key, base)
+        u = used.get(i)
+        room = base[i] if u is None else p._fit_one(i, key, u, st.used_res.get(i))
         if room <= 0:
             continue
-        n = min(room, stop - pod)
-        pods.extend((name, k, i) for k in range(pod, pod + n))
+        n = room if room < stop - pod else stop - pod
+        if n == 1:
+            pods.append((name, pod, i))
+        else:
+            pods.extend([(name, k, i) for k in range(pod, pod + n)])
         pod += n
-        st.take(i, key, n)
-        st.placed_pods += n
+        if u is None:
+            used[i] = g * n
+            order.append(i)
+        else:
+            used[i] = u + g * n
+        if reqs:
+            res = st.used_res.setdefault(i, {})
+            for r, q in reqs:
+                res[r] = res.get(r, 0) + q * n
+    st.placed_pods += pod - pod_range.start
     return pod >= stop
 
 
@@ -779,7 +826,23 @@ def _fill_blocks(
     need: int,
 ) -> _Failure | None:
     """Fill the blocks the search gave each domain ((full blocks, short block) per group of caps)."""
-    _, full, _ = role_subgroups(role)
+    size, full, rem = role_subgroups(role)
+    if (
+        st.defer
+        and st.deferred is None
+        and all(
+            len(groups[caps[gi][0]][1]) == len(p.members[0].get(groups[caps[gi][0]][0], ()))
+            for gi, (x, y) in enumerate(per_group)
+            if x or y
+        )
+    ):  # every chosen group is a whole tier-0 domain: count now, fill if chosen
+        st.deferred = _Deferred(role, key, groups, caps, per_group, count, base, need)
+        for gi, (x, y) in enumerate(per_group):
+            if x or y:
+                n = x * size + y * rem
+                st.by_domain[groups[caps[gi][0]][0]] = n
+                st.placed_pods += n
+        return None
     ranges = _block_ranges(role, count)
     next_full = 0
     for gi, (x, y) in enumerate(per_group):
@@ -892,6 +955,15 @@ def _attempt(
     main: Role,
 ) -> _Candidate | _Failure:
     st = _State()
+    only_key = _role_key(roles[0])
+    st.defer = (
+        _SHORTCUTS
+        and len(roles) == 1
+        and sub_tiers[roles[0].name] == 0
+        and measure == 0
+        and only_key[0] > 0
+        and not only_key[1]
+    )
     for role in roles:
         key = _role_key(role)
         t = sub_tiers[role.name]
@@ -913,21 +985,25 @@ def _measure(p: PreparedSnapshot, st: _State, tier: int | None, main: Role) -> t
     added, useful blocks of room lost, free GPUs left) over the touched domains of the measuring
     tier. The second is one figure per tier, a higher tier weighing more (see
     ``PreparedSnapshot.upper_opened``)."""
-    if tier is None or not st.used_gpus:
+    if tier is None or not (st.used_gpus or st.by_domain):
         return 0, 0, 0, 0, 0
     key = _role_key(main)
     useful = useful_block(main)
     base = p.base_fit(key)
     dom_t = p.dom[tier]
     whole = p.whole(tier)
-    touched = sorted({d for i in st.used_gpus if (d := dom_t[i]) is not None})
-    opened = stranded = leftover = lost = 0
     g, free = key[0], p.free
     gpu_only = g > 0 and not key[1]
     used = st.used_gpus
     totals = p.domain_totals(key, tier) if gpu_only else {}
-    if gpu_only:  # the change per domain, from the nodes the gang uses
-        delta: dict[str, list[int]] = {}
+    delta: dict[str, list[int]] = {}
+    if st.by_domain:  # deferred (one GPU-only role at tier 0): each pod takes one pod of room
+        touched = sorted(st.by_domain)
+        delta = {d: [n, n * g] for d, n in st.by_domain.items()}
+    else:
+        touched = sorted({d for i in st.used_gpus if (d := dom_t[i]) is not None})
+    opened = stranded = leftover = lost = 0
+    if gpu_only and not st.by_domain:  # the change per domain, from the nodes the gang uses
         for i, u in used.items():
             dd = delta.setdefault(dom_t[i], [0, 0])  # type: ignore[arg-type]
             dd[0] += base[i] - (free[i] - u) // g
@@ -956,6 +1032,17 @@ def _measure(p: PreparedSnapshot, st: _State, tier: int | None, main: Role) -> t
 
 
 def _span(p: PreparedSnapshot, st: _State) -> int:
+    if st.by_domain:  # deferred: tier-0 domains, whose ancestors are their paths
+        doms = list(st.by_domain)
+        if len(doms) == 1:
+            return 0
+        top = len(p.dom) - 1
+        paths = p.paths[0]
+        for ti in range(1, top + 1):
+            anc = paths[doms[0]][top - ti]
+            if anc and all(paths[d][top - ti] == anc for d in doms):
+                return ti
+        return len(p.dom)
     used = list(st.used_gpus)
     for ti, dom_t in enumerate(p.dom):
         first = dom_t[used[0]]
@@ -1083,17 +1170,22 @@ def _plan_once(p: PreparedSnapshot, gang: Gang, relax: int) -> _Candidate | _Fai
         if gang_tier is not None:
             return f"gang {gang.name!r} must fit inside {top_name}: best try: {fail.message}"
         return fail
-    # a tighter scope may do as well: try lower tiers, first match wins
+    # a tighter scope may do better: try lower tiers, the first tier with a better plan wins
     upper = len(p.snapshot.tiers) if gang_tier is None else gang_tier
+    gang_gpus = sum(r.pods * r.gpus_per_pod for r in gang.roles)
+    # the tier whose plans all span it: set when no single domain of the tier below (the measuring
+    # tier) can do as well as best, so a plan that fits in one of them is rejected anyway
+    span_floor: int | None = None
     for ti in range(min(upper, best.span)):
         found: _Candidate | None = None
         applies, quick = _one_domain_choice(p, roles, best, ti, measure) if _SHORTCUTS else (False, None)
         if quick is not None:
             res = _attempt(p, roles, sub_tiers=sub_tiers, scope=quick, measure=measure, main=main)
-            if isinstance(res, _Candidate):
-                return res if res.rank() < best.rank() else best
-        elif applies:
-            continue  # no domain of this tier can do as well as best
+            if isinstance(res, _Candidate) and res.rank() < best.rank():
+                return res
+        if applies:
+            span_floor = ti + 1
+            continue  # no domain of this tier does better than best
         useful = useful_block(main)
         room = (
             _partial_room(p, main_key, measure, ti, useful)
@@ -1108,21 +1200,32 @@ def _plan_once(p: PreparedSnapshot, gang: Gang, relax: int) -> _Candidate | _Fai
                 partly, left_over, stranded_now = room.get(scope[1], (0, 0, 0))  # type: ignore[index]
                 if partly < main_need:
                     continue  # every plan there opens a wholly free domain, which best does not
+                # a plan fills at most the stranded GPUs there, and at most as many as the gang holds
+                can_fill = min(stranded_now, gang_gpus)
+                if best.stranded + can_fill < 0:
+                    continue  # it still strands more than best
                 if (
                     whole_role
-                    and best.stranded + stranded_now <= 0  # it cannot strand less than best ...
+                    and best.stranded + can_fill <= 0  # it cannot strand less than best ...
                     and -(-(main.pods - left_over) // useful) > best.lost  # ... and loses more blocks
                 ):
                     continue
+                if (
+                    found is not None
+                    and span_floor == ti
+                    and scope[1] > found.scope_name  # type: ignore[index]
+                    and found.rank()[:7] <= (-all_pods, 0, 0, -can_fill, 0, 0, ti)
+                ):
+                    continue  # its best conceivable plan ties with found, whose scope name is first
             res = _attempt(p, roles, sub_tiers=sub_tiers, scope=scope, measure=measure, main=main)
             if isinstance(res, _Failure):
                 continue
-            if res.rank()[:4] > best.rank()[:4]:  # fewer pods, more opened or more stranded
+            if res.rank() >= best.rank():
                 continue
             if found is None or res.rank() < found.rank():
                 found = res
         if found is not None:
-            return found if found.rank() < best.rank() else best
+            return found
     return best
 
 
@@ -1164,17 +1267,17 @@ def _opened_at_least(
     p: PreparedSnapshot, main: Role, sub_tier: int | None, scope: ScopeKey, measure: int | None
 ) -> int:
     """A lower bound on the wholly free measuring-tier domains any plan inside ``scope`` opens: the
-    main role's minimum blocks (pods, for a role without a subgroup tier) that do not fit in the
-    partly used domains go to wholly free ones, the roomiest first."""
+    main role's minimum full-size blocks (pods, for a role without a subgroup tier) that do not fit
+    in the partly used domains go to wholly free ones, the roomiest first. A short last block is left
+    out: it may fit in the room a full block leaves over."""
     if measure is None or (sub_tier is not None and sub_tier != measure):
         return 0
     key = _role_key(main)
-    size = role_subgroups(main)[0] if sub_tier is not None else 1
-    need = (
-        _min_blocks(main)
-        if sub_tier is not None
-        else sum(len(r) for r in _block_ranges(main, _min_blocks(main)))
-    )
+    size, full, _ = role_subgroups(main)
+    if sub_tier is None:
+        size, need = 1, sum(len(r) for r in _block_ranges(main, _min_blocks(main)))
+    else:
+        need = min(_min_blocks(main), full)
     whole = p.whole(measure)
     fresh: list[int] = []
     for (d, _), (cap, _) in zip(p.groups(scope, measure), p.group_caps(key, scope, measure), strict=True):
@@ -1235,10 +1338,32 @@ def plan(snapshot: ClusterSnapshot | PreparedSnapshot, gang: Gang) -> PlanResult
     return Infeasible(first_reason)
 
 
+def _materialised(p: PreparedSnapshot, st: _State) -> _State:
+    """``st`` with its deferred blocks put on nodes, as ``_fill_blocks`` would have at once."""
+    d = st.deferred
+    if d is None:
+        return st
+    out = _State()
+    _fill_blocks(
+        p,
+        out,
+        d.role,
+        d.key,
+        groups=d.groups,
+        caps=d.caps,
+        per_group=d.per_group,
+        count=d.count,
+        base=d.base,
+        need=d.need,
+    )
+    return out
+
+
 def _to_plan(p: PreparedSnapshot, c: _Candidate, relax: int) -> Plan:
-    subgroups = tuple(sorted(c.state.subgroups, key=lambda s: (s.role, s.index)))
+    st = _materialised(p, c.state)
+    subgroups = tuple(sorted(st.subgroups, key=lambda s: (s.role, s.index)))
     names = p.names
-    placement = {f"{role}-{pod}": names[i] for role, pod, i in sorted(c.state.pods)}
+    placement = {f"{role}-{pod}": names[i] for role, pod, i in sorted(st.pods)}
     score: dict[str, float] = {
         "placed_pods": float(c.placed_pods),
         "opened_domains": float(c.opened),
@@ -1248,6 +1373,6 @@ def _to_plan(p: PreparedSnapshot, c: _Candidate, relax: int) -> Plan:
         "span_tier": float(c.span + 1),
         "leftover_gpus": float(c.leftover),
         "relaxed_tiers": float(relax),
-        "nodes_used": float(len(c.state.used_gpus)),
+        "nodes_used": float(len(st.used_gpus)),
     }
     return Plan(placement=placement, subgroups=subgroups, score=score)

@@ -760,3 +760,86 @@ def varied_cases(draw: st.DrawFn) -> tuple[ClusterSnapshot, Gang]:
 @given(varied_cases())
 def test_shortcuts_do_not_change_plans_of_varied_gangs(case: tuple[ClusterSnapshot, Gang]) -> None:
     assert_shortcuts_change_nothing(*case)
+
+
+def layered(*racks: tuple[str, str, str]) -> ClusterSnapshot:
+    """Racks as (spine, leaf, free GPUs of each 4-GPU tray, one character per tray)."""
+    nodes = [
+        NodeState(f"r{r}t{t}", 4, int(f), {"nvlink": f"nv{r}", "leaf": leaf, "spine": spine})
+        for r, (spine, leaf, frees) in enumerate(racks)
+        for t, f in enumerate(frees)
+    ]
+    return ClusterSnapshot(tiers=TIERS, nodes=tuple(nodes))
+
+
+def test_a_short_last_block_may_share_a_partly_used_domain() -> None:
+    # leaf l1: nv3 holds 4 pods (a block of 3 and the short block of 1), nv5 a block of 3; nothing
+    # has to be opened there, so l1 must not be skipped for "opening a domain at least"
+    snap = layered(
+        ("s0", "l0", "404044"),
+        ("s0", "l0", "444424"),
+        ("s0", "l0", "000040"),
+        ("s0", "l1", "442044"),
+        ("s0", "l1", "444444"),
+        ("s0", "l1", "404204"),
+    )
+    gang = Gang("g", (Role("w", 7, 4, subgroup_size=3, subgroup_tier="nvlink"),), tier="leaf")
+    result = plan(snap, gang)
+    assert isinstance(result, Plan)
+    assert result.score["opened_domains"] == 0
+    assert {domain_of(snap, n, "leaf") for n in result.placement.values()} == {"l1"}
+    assert_shortcuts_change_nothing(snap, gang)
+
+
+def test_a_worse_plan_in_a_tighter_scope_does_not_end_the_search() -> None:
+    # the cluster-wide plan fills stranded trays in two spines; leaf l3's plan strands as little
+    # but loses a segment, so it is no better; spine s1 holds a plan as good and tighter
+    snap = layered(
+        ("s0", "l0", "4444444"),
+        ("s0", "l0", "4044240"),
+        ("s0", "l1", "4444444"),
+        ("s0", "l1", "4440444"),
+        ("s1", "l2", "4420444"),
+        ("s1", "l2", "0000044"),
+        ("s1", "l3", "2444444"),
+        ("s1", "l3", "2020000"),
+    )
+    gang = Gang("g", (Role("w", 4, 2),), soft=True)
+    result = plan(snap, gang)
+    assert isinstance(result, Plan)
+    assert result.score["span_tier"] == 3  # inside spine s1
+    assert {domain_of(snap, n, "spine") for n in result.placement.values()} == {"s1"}
+    assert_shortcuts_change_nothing(snap, gang)
+
+
+@st.composite
+def layered_cases(draw: st.DrawFn) -> tuple[ClusterSnapshot, Gang]:
+    """Up to 14 racks, one to three per leaf and two leaves per spine, each rack busy to its own
+    degree, and one-role gangs: many scopes per tier for the bounds that skip them."""
+    trays, per_leaf = draw(st.integers(2, 8)), draw(st.integers(1, 3))
+    racks = []
+    for r in range(draw(st.integers(2, 14))):
+        frees = "".join(str(draw(st.sampled_from([0, 2, 4, 4, 4]))) for _ in range(trays))
+        racks.append((f"s{r // (2 * per_leaf)}", f"l{r // per_leaf}", frees))
+    pods = draw(st.integers(1, 10))
+    if draw(st.booleans()):
+        role = Role("w", pods, draw(st.sampled_from([1, 2, 4])))
+    else:
+        role = Role(
+            "w",
+            pods,
+            draw(st.sampled_from([2, 4])),
+            subgroup_size=min(pods, draw(st.sampled_from([1, 2, 3, 4, trays]))),
+            subgroup_tier=draw(st.sampled_from(["nvlink", "nvlink", "leaf"])),
+            min_subgroups=draw(st.sampled_from([None, None, 1])),
+        )
+    gang = Gang(
+        "g", (role,), tier=draw(st.sampled_from([None, None, "leaf", "spine"])), soft=draw(st.booleans())
+    )
+    return layered(*racks), gang
+
+
+@settings(max_examples=300, deadline=None)
+@given(layered_cases())
+def test_shortcuts_do_not_change_plans_on_many_domains(case: tuple[ClusterSnapshot, Gang]) -> None:
+    assert_shortcuts_change_nothing(*case)
