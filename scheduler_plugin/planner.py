@@ -78,7 +78,7 @@ capacity caches are copied with only the entries of changed nodes and their doma
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from scheduler_plugin.snapshot import (
@@ -137,6 +137,16 @@ def role_subgroups(role: Role) -> tuple[int, int, int]:
     return size, role.pods // size, role.pods % size
 
 
+@dataclass(frozen=True)
+class _Origin:
+    src: PreparedSnapshot | None
+    dirty: list[int]  # nodes (name order) changed since ``src``
+    dirty_dom: list[set[str]]  # per tier: domains holding them
+
+
+_CHAIN = 4  # snapshots kept behind a prepared one, to derive the caches it lacks from
+
+
 @dataclass
 class PreparedSnapshot:
     """Indexes of one snapshot, built once: node arrays, domain members per tier, capacity caches."""
@@ -157,6 +167,7 @@ class PreparedSnapshot:
     # topology only, so shared by every snapshot prepared from this one's topology
     _groups: dict[tuple[ScopeKey, int], list[tuple[str, list[int]]]] = field(default_factory=dict)
     _children: dict[tuple[int, str], list[str] | None] = field(default_factory=dict)
+    _most_gpus: dict[int, int] = field(default_factory=dict)
     _group_caps: dict[tuple[RoleKey, ScopeKey, int], list[tuple[int, int]]] = field(default_factory=dict)
     _scope_order: dict[tuple[RoleKey, ScopeKey], list[int]] = field(default_factory=dict)
     _order_keys: dict[tuple[RoleKey, ScopeKey], list[tuple[bool, int, int]]] = field(default_factory=dict)
@@ -166,6 +177,7 @@ class PreparedSnapshot:
     _free_order: dict[tuple[RoleKey, ScopeKey, int], list[int]] = field(default_factory=dict)
     _free_split: dict[tuple[RoleKey, int, int], dict[str | None, list[int]]] = field(default_factory=dict)
     _scope_cap: dict[tuple[RoleKey, ScopeKey], int] = field(default_factory=dict)
+    _tier_cap: dict[tuple[RoleKey, int], dict[str, int]] = field(default_factory=dict)
     _whole: dict[int, dict[str, bool]] = field(default_factory=dict)
     _bits: dict[str, tuple[bool, bool]] | None = None
     # the snapshot this one was prepared from, and the nodes (name order) whose state differs from it:
@@ -174,22 +186,37 @@ class PreparedSnapshot:
     _dirty: list[int] = field(default_factory=list)
     _dirty_dom: list[set[str]] = field(default_factory=list)  # per tier: domains holding dirty nodes
 
-    def _derive(self, i: int, key: RoleKey) -> int:
-        gpus, reqs = key
-        if reqs or gpus <= 0:
-            return self._fit_one(i, key, 0, None)
-        return self.free[i] // gpus if self.schedulable[i] else 0
+    def _origin(self, has: Callable[[PreparedSnapshot], bool]) -> _Origin:
+        """The nearest snapshot this one was prepared from (through up to ``_CHAIN`` others) that
+        ``has`` a cache, with the nodes and domains changed since; ``None`` when none is kept."""
+        src = self._prev
+        if src is None or has(src):
+            return _Origin(src, self._dirty, self._dirty_dom)
+        dirty, doms = set(self._dirty), [set(x) for x in self._dirty_dom]
+        while src is not None and not has(src):
+            dirty.update(src._dirty)
+            for t, ds in enumerate(src._dirty_dom):
+                doms[t] |= ds
+            src = src._prev
+        return _Origin(src, sorted(dirty), doms)
 
     # -- capacity -------------------------------------------------------------------------------
     def base_fit(self, key: RoleKey) -> list[int]:
         """Pods of this shape each node can host with nothing of the gang placed yet."""
         cached = self._fit.get(key)
-        prev = self._prev._fit.get(key) if self._prev is not None else None
-        if cached is None and prev is not None:
-            cached = list(prev)
-            for i in self._dirty:
-                cached[i] = self._derive(i, key)
-            self._fit[key] = cached
+        if cached is None:
+            o = self._origin(lambda a: key in a._fit)
+            if o.src is not None:
+                cached = list(o.src._fit[key])
+                gpus, reqs = key
+                if reqs or gpus <= 0:
+                    for i in o.dirty:
+                        cached[i] = self._fit_one(i, key, 0, None)
+                else:
+                    free, schedulable = self.free, self.schedulable
+                    for i in o.dirty:
+                        cached[i] = free[i] // gpus if schedulable[i] else 0
+                self._fit[key] = cached
         if cached is None:
             gpus, reqs = key
             if reqs or gpus <= 0:
@@ -224,6 +251,15 @@ class PreparedSnapshot:
             whole = sum(len(self.members[0][d]) for d in names) == len(members)
             self._children[scope] = names if whole else None
         return self._children[scope]
+
+    def most_gpus(self, tier: int) -> int:
+        """The most GPUs one domain of ``tier`` has, free or not (topology only)."""
+        if tier not in self._most_gpus:
+            gpus = self.gpus
+            self._most_gpus[tier] = max(
+                (sum(gpus[i] for i in nodes) for nodes in self.members[tier].values()), default=0
+            )
+        return self._most_gpus[tier]
 
     def domain_totals(self, key: RoleKey, tier: int) -> dict[str, tuple[int, int]]:
         """Per domain of ``tier``: (pods of this shape it can host, free GPUs), as ``group_caps``."""
@@ -260,20 +296,23 @@ class PreparedSnapshot:
         """Per domain of ``tier``: wholly free (every schedulable node has all its GPUs free, and some)."""
         cached = self._whole.get(tier)
         if cached is None:
-            prev = self._prev._whole.get(tier) if self._prev is not None else None
-            if prev is not None:
-                cached = dict(prev)
-                todo: Iterable[str] = self._dirty_dom[tier]
+            bits = self._whole_bits()
+            if tier == 0:
+                cached = {d: b == (True, True) for d, b in bits.items()}
             else:
-                cached = {}
-                todo = self.members[tier]
-            bits = self._whole_bits() if tier > 0 else None
-            for d in todo:
-                kids = self.children((tier, d)) if bits is not None else None
-                if bits is not None and kids is not None:  # from its tier-1 domains
-                    cached[d] = all(bits[k][0] for k in kids) and any(bits[k][1] for k in kids)
+                o = self._origin(lambda a: tier in a._whole)
+                if o.src is not None:
+                    cached = dict(o.src._whole[tier])
+                    todo: Iterable[str] = o.dirty_dom[tier]
                 else:
-                    cached[d] = self._whole_bit(self.members[tier][d]) == (True, True)
+                    cached = {}
+                    todo = self.members[tier]
+                for d in todo:
+                    kids = self.children((tier, d))
+                    if kids is not None:  # from its tier-1 domains
+                        cached[d] = all(bits[k][0] for k in kids) and any(bits[k][1] for k in kids)
+                    else:
+                        cached[d] = self._whole_bit(self.members[tier][d]) == (True, True)
             self._whole[tier] = cached
         return cached
 
@@ -287,8 +326,9 @@ class PreparedSnapshot:
         when all of them are free and one has a free GPU."""
         cached = self._bits
         if cached is None:
-            prev = self._prev._bits if self._prev is not None else None
-            todo: Iterable[str] = self._dirty_dom[0] if prev is not None else self.members[0]
+            o = self._origin(lambda a: a._bits is not None)
+            prev = o.src._bits if o.src is not None else None
+            todo: Iterable[str] = o.dirty_dom[0] if prev is not None else self.members[0]
             cached = dict(prev) if prev is not None else {}
             for d in todo:
                 cached[d] = self._whole_bit(self.members[0][d])
@@ -327,13 +367,22 @@ class PreparedSnapshot:
         if cached is None:
             fit = self.base_fit(key)
             free = self.free
-            prev = self._prev._group_caps.get(ck) if self._prev is not None else None
-            if prev is not None:
-                dirty = self._dirty_dom[tier]
-                cached = list(prev)
+            o = self._origin(lambda a: ck in a._group_caps)
+            if o.src is not None:
+                dirty = o.dirty_dom[tier]
+                cached = list(o.src._group_caps[ck])
                 for k, (d, nodes) in enumerate(self.groups(scope, tier)):
                     if d in dirty:
                         cached[k] = (min(_UNLIMITED, sum(fit[i] for i in nodes)), sum(free[i] for i in nodes))
+            elif scope is not None and tier == 0:  # whole tier-1 domains take the cluster's figures
+                totals = self.domain_totals(key, 0)
+                members = self.members[0]
+                cached = [
+                    totals[d]
+                    if len(nodes) == len(members[d])
+                    else (min(_UNLIMITED, sum(fit[i] for i in nodes)), sum(free[i] for i in nodes))
+                    for d, nodes in self.groups(scope, tier)
+                ]
             else:
                 cached = [
                     (min(_UNLIMITED, sum(fit[i] for i in nodes)), sum(free[i] for i in nodes))
@@ -342,22 +391,41 @@ class PreparedSnapshot:
             self._group_caps[ck] = cached
         return cached
 
+    def tier_capacity(self, key: RoleKey, tier: int) -> dict[str, int]:
+        """``scope_capacity`` of every domain of ``tier``; for a GPU-only shape, from the tier-1
+        domains' totals in one pass."""
+        ck = (key, tier)
+        cached = self._tier_cap.get(ck)
+        if cached is None:
+            kids = {d: self.children((tier, d)) for d in self.members[tier]} if tier > 0 else {}
+            if key[0] > 0 and not key[1] and all(k is not None for k in kids.values()):
+                totals = self.domain_totals(key, 0)
+                if tier == 0:
+                    cached = {d: caps[0] for d, caps in totals.items()}
+                else:
+                    cached = {d: sum(totals[k][0] for k in ks or ()) for d, ks in kids.items()}
+            else:
+                cached = {d: self.scope_capacity(key, (tier, d)) for d in self.members[tier]}
+            self._tier_cap[ck] = cached
+        return cached
+
     def scope_capacity(self, key: RoleKey, scope: ScopeKey) -> int:
         ck = (key, scope)
         cached = self._scope_cap.get(ck)
         if cached is None:
-            prev = self._prev._scope_cap.get(ck) if self._prev is not None else None
-            if prev is not None and scope is not None and scope[1] not in self._dirty_dom[scope[0]]:
+            o = self._origin(lambda a: ck in a._scope_cap)
+            prev = o.src._scope_cap[ck] if o.src is not None else None
+            if prev is not None and scope is not None and scope[1] not in o.dirty_dom[scope[0]]:
                 cached = prev
-            elif prev is not None and prev < _UNLIMITED and self._prev is not None:
-                fit, before = self.base_fit(key), self._prev.base_fit(key)
+            elif prev is not None and prev < _UNLIMITED and o.src is not None:
+                fit, before = self.base_fit(key), o.src.base_fit(key)
                 total = prev
                 if scope is None:
-                    for i in self._dirty:
+                    for i in o.dirty:
                         total += fit[i] - before[i]
                 else:
                     dom, name = self.dom[scope[0]], scope[1]
-                    for i in self._dirty:
+                    for i in o.dirty:
                         if dom[i] == name:
                             total += fit[i] - before[i]
                 cached = min(_UNLIMITED, total)
@@ -451,12 +519,13 @@ class PreparedSnapshot:
             d = dom0[i] if dom0 is not None else None
             return (whole.get(d, False) if d is not None else False, fit[i], i)
 
-        prev = self._prev._order_keys.get(ck) if self._prev is not None else None
+        o = self._origin(lambda a: ck in a._order_keys)
+        prev = o.src._order_keys[ck] if o.src is not None else None
         if prev is not None:
             if dom0 is None:
-                moved = set(self._dirty)
+                moved = set(o.dirty)
             else:
-                dirty0 = self._dirty_dom[0]
+                dirty0 = o.dirty_dom[0]
                 moved = {i for d in dirty0 for i in self.members[0][d]}
             in_scope = set(self.scope_nodes(scope)) if scope is not None else None
             cached = [k for k in prev if k[2] not in moved]
@@ -500,13 +569,19 @@ def prepare(snapshot: ClusterSnapshot, like: PreparedSnapshot | None = None) -> 
             position=like.position,
             _groups=like._groups,
             _children=like._children,
+            _most_gpus=like._most_gpus,
             _prev=like,
             _dirty=dirty,
             _dirty_dom=[
                 {d for i in dirty if (d := like.dom[t][i]) is not None} for t in range(len(like.dom))
             ],
         )
-        like._prev = None  # one step back is enough; older snapshots can go
+        older = like
+        for _ in range(_CHAIN - 1):  # keep a few steps back; older snapshots can go
+            if older._prev is None:
+                break
+            older = older._prev
+        older._prev = None
         return prepared
     order = sorted(range(len(snapshot.nodes)), key=lambda k: snapshot.nodes[k].name)
     position = [0] * len(order)
@@ -1127,7 +1202,10 @@ def _plan_once(p: PreparedSnapshot, gang: Gang, relax: int) -> _Candidate | _Fai
     main_need = sum(len(r) for r in _block_ranges(main, _min_blocks(main)))
 
     def scopes_at(ti: int) -> list[ScopeKey]:
-        return [(ti, d) for d in p.members[ti] if p.scope_capacity(main_key, (ti, d)) >= main_need]
+        if _SHORTCUTS and main_key[0] > 0 and main_need * main_key[0] > p.most_gpus(ti):
+            return []  # no domain of the tier has that many GPUs at all
+        caps = p.tier_capacity(main_key, ti)
+        return [(ti, d) for d in p.members[ti] if caps[d] >= main_need]
 
     top: list[ScopeKey]
     if gang_tier is None:

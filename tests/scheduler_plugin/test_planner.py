@@ -613,6 +613,31 @@ def test_a_snapshot_prepared_from_the_last_one_plans_like_a_fresh_one(
         assert plan(derived, gang) == plan(prepare(second), gang), gang
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.lists(st.tuples(st.integers(0, 71), st.integers(0, 4)), max_size=10), st.integers(0, 9)),
+        min_size=2,
+        max_size=7,
+    ),
+)
+def test_a_chain_of_snapshots_with_few_plans_each_plans_like_fresh_ones(
+    steps: list[tuple[list[tuple[int, int]], int]],
+) -> None:
+    # each step changes some nodes and plans one gang shape (or none: 9 and up), so caches are
+    # derived from snapshots several steps back, across snapshots that never built them
+    snap = rack_cluster([0] * 4)
+    prepared = prepare(snap)
+    for changes, shape in steps:
+        snap = _changed(snap, dict(changes))
+        prepared = prepare(snap, like=prepared)
+        if shape < len(GANG_SHAPES) - 1:
+            gang = GANG_SHAPES[shape]
+            assert plan(prepared, gang) == plan(prepare(snap), gang), gang
+    for gang in GANG_SHAPES:
+        assert plan(prepared, gang) == plan(prepare(snap), gang), gang
+
+
 def test_a_changed_topology_is_prepared_from_scratch() -> None:
     first = rack_cluster([0, 0], trays=4)
     before = prepare(first)
