@@ -672,7 +672,7 @@ class _State:
     placed_pods: int = 0
     # One GPU-only role whose blocks go to tier-0 domains: the attempt records pods per domain
     # (``by_domain``) and the arguments of the fill (``deferred``); only the chosen plan is put on
-    # nodes (``_materialised``). Each pod then takes one pod of room and ``gpus_per_pod`` GPUs from
+    # nodes (``_place_deferred``). Each pod then takes one pod of room and ``gpus_per_pod`` GPUs from
     # its domain, so the figures of ``_measure`` and ``_span`` follow from the counts.
     defer: bool = False
     deferred: _Deferred | None = None
@@ -839,22 +839,30 @@ def _place_tiered(
         new = list(cost)
         choice: list[tuple[int, int] | None] = [None] * n_states
         max_x = min(full, cap // size)
+        # this domain's cost of holding x full blocks and y short ones, the same from every state
+        priced_xy: list[list[int]] = []
+        for y in range(has_rem + 1):
+            row: list[int] = []
+            for x in range(max_x + 1):
+                used = x * size + y * rem
+                if used > cap:
+                    break
+                free_after = freeg - used * g
+                stranded = free_after if cap - used < useful else 0
+                lost = cap // useful - (cap - used) // useful
+                row.append(opens + (stranded - before) * _STRANDED_WEIGHT + lost * _LOST_WEIGHT + free_after)
+            priced_xy.append(row)
         for s_idx in range(n_states):
             c0 = cost[s_idx]
             if c0 is None:
                 continue
             a, b = divmod(s_idx, 2)
             for y in range(0, (1 - b) * has_rem + 1):
-                for x in range(0, min(max_x, full - a) + 1):
+                row = priced_xy[y]
+                for x in range(0, min(len(row) - 1, full - a) + 1):
                     if x == 0 and y == 0:
                         continue
-                    used = x * size + y * rem
-                    if used > cap:
-                        break
-                    free_after = freeg - used * g
-                    stranded = free_after if cap - used < useful else 0
-                    lost = cap // useful - (cap - used) // useful
-                    c = c0 + opens + (stranded - before) * _STRANDED_WEIGHT + lost * _LOST_WEIGHT + free_after
+                    c = c0 + row[x]
                     t_idx = (a + x) * 2 + b + y
                     cur = new[t_idx]
                     if cur is None or c < cur:
@@ -1416,32 +1424,48 @@ def plan(snapshot: ClusterSnapshot | PreparedSnapshot, gang: Gang) -> PlanResult
     return Infeasible(first_reason)
 
 
-def _materialised(p: PreparedSnapshot, st: _State) -> _State:
-    """``st`` with its deferred blocks put on nodes, as ``_fill_blocks`` would have at once."""
-    d = st.deferred
-    if d is None:
-        return st
-    out = _State()
-    _fill_blocks(
-        p,
-        out,
-        d.role,
-        d.key,
-        groups=d.groups,
-        caps=d.caps,
-        per_group=d.per_group,
-        count=d.count,
-        base=d.base,
-        need=d.need,
-    )
-    return out
+def _place_deferred(p: PreparedSnapshot, d: _Deferred) -> tuple[dict[str, str], list[SubgroupPlacement], int]:
+    """(placement, subgroups, nodes used) of deferred blocks, as ``_fill_blocks`` would have put
+    them: per domain, its blocks' pods in order over its nodes in name order, as many per node as
+    fit (each block starts on the node where the one before stopped, if it has room left)."""
+    size, full, _ = role_subgroups(d.role)
+    name, total, base = d.role.name, d.role.pods, d.base
+    node_of = [-1] * total
+    subgroups: list[SubgroupPlacement] = []
+    used = next_full = 0
+    for gi, (x, y) in enumerate(d.per_group):
+        if not (x or y):
+            continue
+        dname, nodes = d.groups[d.caps[gi][0]]
+        blocks = list(range(next_full, next_full + x))
+        next_full += x
+        if y:
+            blocks.append(full)
+        free_nodes = iter(nodes)
+        node = room = 0
+        for b in blocks:
+            for k in range(b * size, min((b + 1) * size, total)):
+                while room <= 0:  # the search counted the room: the domain does not run out
+                    node = next(free_nodes)
+                    room = base[node]
+                    used += room > 0
+                node_of[k] = node
+                room -= 1
+            subgroups.append(SubgroupPlacement(role=name, index=b, domain=dname))
+    names = p.names
+    placement = {f"{name}-{k}": names[i] for k, i in enumerate(node_of) if i >= 0}
+    return placement, subgroups, used
 
 
 def _to_plan(p: PreparedSnapshot, c: _Candidate, relax: int) -> Plan:
-    st = _materialised(p, c.state)
-    subgroups = tuple(sorted(st.subgroups, key=lambda s: (s.role, s.index)))
-    names = p.names
-    placement = {f"{role}-{pod}": names[i] for role, pod, i in sorted(st.pods)}
+    st = c.state
+    if st.deferred is not None:
+        placement, found, nodes_used = _place_deferred(p, st.deferred)
+    else:
+        names = p.names
+        placement = {f"{role}-{pod}": names[i] for role, pod, i in sorted(st.pods)}
+        found, nodes_used = st.subgroups, len(st.used_gpus)
+    subgroups = tuple(sorted(found, key=lambda s: (s.role, s.index)))
     score: dict[str, float] = {
         "placed_pods": float(c.placed_pods),
         "opened_domains": float(c.opened),
@@ -1451,6 +1475,6 @@ def _to_plan(p: PreparedSnapshot, c: _Candidate, relax: int) -> Plan:
         "span_tier": float(c.span + 1),
         "leftover_gpus": float(c.leftover),
         "relaxed_tiers": float(relax),
-        "nodes_used": float(len(st.used_gpus)),
+        "nodes_used": float(nodes_used),
     }
     return Plan(placement=placement, subgroups=subgroups, score=score)
