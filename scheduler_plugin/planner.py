@@ -58,9 +58,12 @@ constraint is handled by planning inside each candidate scope (a domain of that 
 cluster), pre-filtered by pod capacity; lower-tier scopes are then tried from tier 1 up, and the
 first tier whose scopes give a better plan (one as good on the figures above but tighter, or better
 on them) gives the best of its plans. Scopes that cannot beat the best plan found are skipped without
-planning: lower bounds on the domains any plan there must open (the main role's blocks beyond what
-partly used domains hold) and on the blocks it must lose (pods beyond the room left over after whole
-blocks), and, for one GPU-only role placed whole at the measuring tier, the figures of each
+planning: lower bounds on the domains any plan there must open (the main role's full-size blocks
+beyond what partly used domains hold), on the GPUs it strands (it can fill at most the stranded GPUs
+there, and at most the gang's GPUs) and on the blocks it must lose (pods beyond the room left over
+after whole blocks); a tier none of whose domains has enough GPUs is not searched; within a tier, a
+scope whose best conceivable plan only ties with the one found in an earlier-named scope is skipped;
+and, for one GPU-only role placed whole at the measuring tier, the figures of each
 one-domain scope follow from its room and free GPUs, so only the best such scope is planned. A
 one-role gang whose pods form one block is searched as a block of the gang tier, in one pass.
 Roles without a subgroup tier go to nodes the gang already uses first, then to the room partly used
@@ -71,8 +74,10 @@ nodes of one tier-1 domain share their domain at every higher tier (as HyperNode
 ``prepare(snapshot)`` indexes nodes and domains once; ``plan`` keeps the last few prepared snapshots
 by identity, so repeated plans against one snapshot skip the indexing. A new snapshot with the same
 topology as the last one (same nodes, GPUs and domains in the same order: the usual case between
-two scheduling cycles) is prepared from it: the topology indexes are shared, and the per-shape
-capacity caches are copied with only the entries of changed nodes and their domains recomputed.
+two scheduling cycles) is prepared from it: the topology indexes are shared, and each per-shape
+capacity cache is copied from the nearest of the last few snapshots that built it, with only the
+entries of nodes changed since then (and their domains) recomputed. A one-role GPU-only gang whose
+blocks go to tier-1 domains is searched on per-domain counts; only the chosen plan is put on nodes.
 """
 
 from __future__ import annotations
