@@ -50,9 +50,9 @@ Blocks of one role are assigned to domains jointly by a dynamic programme over t
 subgroup tier (state: how many full blocks and whether the short last block are placed; cost: the
 opened/upper/stranded/lost/leftover figures of each domain, summed; the upper figure is counted per
 opened domain, so two domains opened under one free leaf count that leaf twice in the programme, while the
-ranking of whole plans counts it once). This is exact for one role; when every domain holds at most
-one block and there is no short block, domain costs are independent and the cheapest domains are
-taken directly (the programme's choice, the earlier domain on ties). Several roles are placed one
+ranking of whole plans counts it once). This is exact for one role; when the role is one block, or
+every domain holds at most one block and there is no short block, domain costs are independent and
+the cheapest domains are taken directly (the programme's choice, the earlier domain on ties). Several roles are placed one
 after the other, the most constrained first (subgroup roles, then by total GPUs). The gang-tier
 constraint is handled by planning inside each candidate scope (a domain of that tier, or the whole
 cluster), pre-filtered by pod capacity; lower-tier scopes are then tried from tier 1 up, and the
@@ -85,6 +85,9 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import compress, repeat
+from operator import itemgetter
+from typing import cast
 
 from scheduler_plugin.snapshot import (
     ClusterSnapshot,
@@ -114,6 +117,10 @@ STANDARD_SUBGROUP_GPUS = 16
 
 RoleKey = tuple[int, tuple[tuple[str, int], ...]]
 ScopeKey = tuple[int, str] | None  # (tier index, domain) or None for the whole cluster
+
+
+def _one_picker(i: int) -> Callable[[Sequence[int]], tuple[int, ...]]:
+    return lambda values: (values[i],)
 
 
 def _role_key(role: Role) -> RoleKey:
@@ -173,6 +180,9 @@ class PreparedSnapshot:
     _groups: dict[tuple[ScopeKey, int], list[tuple[str, list[int]]]] = field(default_factory=dict)
     _children: dict[tuple[int, str], list[str] | None] = field(default_factory=dict)
     _most_gpus: dict[int, int] = field(default_factory=dict)
+    _picks: dict[tuple[ScopeKey, int], list[Callable[[Sequence[int]], tuple[int, ...]]]] = field(
+        default_factory=dict
+    )
     _group_caps: dict[tuple[RoleKey, ScopeKey, int], list[tuple[int, int]]] = field(default_factory=dict)
     _scope_order: dict[tuple[RoleKey, ScopeKey], list[int]] = field(default_factory=dict)
     _order_keys: dict[tuple[RoleKey, ScopeKey], list[tuple[bool, int, int]]] = field(default_factory=dict)
@@ -388,12 +398,24 @@ class PreparedSnapshot:
                     else (min(_UNLIMITED, sum(fit[i] for i in nodes)), sum(free[i] for i in nodes))
                     for d, nodes in self.groups(scope, tier)
                 ]
-            else:
+            else:  # every group: its nodes' entries picked in C
                 cached = [
-                    (min(_UNLIMITED, sum(fit[i] for i in nodes)), sum(free[i] for i in nodes))
-                    for _, nodes in self.groups(scope, tier)
+                    (min(_UNLIMITED, sum(pick(fit))), sum(pick(free))) for pick in self._pickers(scope, tier)
                 ]
             self._group_caps[ck] = cached
+        return cached
+
+    def _pickers(self, scope: ScopeKey, tier: int) -> list[Callable[[Sequence[int]], tuple[int, ...]]]:
+        """Per group of ``groups(scope, tier)``: a function taking its nodes' entries out of a
+        per-node list, as a tuple (topology only)."""
+        ck = (scope, tier)
+        cached = self._picks.get(ck)
+        if cached is None:
+            cached = [
+                itemgetter(*nodes) if len(nodes) > 1 else _one_picker(nodes[0])
+                for _, nodes in self.groups(scope, tier)
+            ]
+            self._picks[ck] = cached
         return cached
 
     def tier_capacity(self, key: RoleKey, tier: int) -> dict[str, int]:
@@ -525,18 +547,38 @@ class PreparedSnapshot:
             return (whole.get(d, False) if d is not None else False, fit[i], i)
 
         o = self._origin(lambda a: ck in a._order_keys)
-        prev = o.src._order_keys[ck] if o.src is not None else None
-        if prev is not None:
+        if o.src is not None:
+            src, prev = o.src, o.src._order_keys[ck]
             if dom0 is None:
                 moved = set(o.dirty)
             else:
                 dirty0 = o.dirty_dom[0]
                 moved = {i for d in dirty0 for i in self.members[0][d]}
             in_scope = set(self.scope_nodes(scope)) if scope is not None else None
-            cached = [k for k in prev if k[2] not in moved]
+            kept: list[tuple[bool, int, int]] | None = None
+            old_fit, old_whole = src._fit.get(key), src._whole.get(0)
+            if old_fit is not None and (old_whole is not None or dom0 is None) and 8 * len(moved) < len(prev):
+                # few moved: take their old keys out (as ``src`` sorted them) instead of a pass over all
+                kept = list(prev)
+                for i in moved:
+                    if old_fit[i] <= 0 or (in_scope is not None and i not in in_scope):
+                        continue
+                    d = dom0[i] if dom0 is not None else None
+                    old = ((old_whole or {}).get(d, False) if d is not None else False, old_fit[i], i)
+                    at = bisect.bisect_left(kept, old)
+                    if at == len(kept) or kept[at] != old:  # pragma: no cover - src's keys are these
+                        kept = None
+                        break
+                    del kept[at]
+            cached = kept if kept is not None else [k for k in prev if k[2] not in moved]
             for i in sorted(moved):
                 if fit[i] > 0 and (in_scope is None or i in in_scope):
                     bisect.insort(cached, sort_key(i))
+        elif scope is None:  # every node: the keys zipped and sorted in C
+            # a node without a tier-1 domain (None) is in none that is wholly free
+            by_dom = cast("dict[str | None, bool]", whole)
+            opens = list(map(by_dom.get, dom0, repeat(False))) if dom0 else [False] * len(fit)
+            cached = sorted(compress(zip(opens, fit, range(len(fit)), strict=True), fit))
         else:
             cached = sorted(sort_key(i) for i in self.scope_nodes(scope) if fit[i] > 0)
         self._order_keys[ck] = cached
@@ -575,6 +617,7 @@ def prepare(snapshot: ClusterSnapshot, like: PreparedSnapshot | None = None) -> 
             _groups=like._groups,
             _children=like._children,
             _most_gpus=like._most_gpus,
+            _picks=like._picks,
             _prev=like,
             _dirty=dirty,
             _dirty_dom=[
@@ -800,10 +843,15 @@ def _place_tiered(
     if _SHORTCUTS and most_full < full and most_full < need:
         return failure(most_full)
     has_rem = 1 if rem else 0
-    if _SHORTCUTS and not has_rem and most_full == full and all(cap < 2 * size for _, cap, _ in caps):
-        # every domain holds at most one block and the blocks are alike: a domain's cost does not
-        # depend on the others, so the programme below picks the cheapest ``full`` domains, the
-        # earlier on ties
+    if (
+        _SHORTCUTS
+        and not has_rem
+        and most_full == full
+        and (full == 1 or all(cap < 2 * size for _, cap, _ in caps))
+    ):
+        # one block, or every domain holds at most one block and the blocks are alike: a domain's
+        # cost does not depend on the others, so the programme below picks the cheapest ``full``
+        # domains, the earlier on ties
         priced = []
         for gi, (k, cap, freeg) in enumerate(caps):
             if cap < size:

@@ -638,6 +638,29 @@ def test_a_chain_of_snapshots_with_few_plans_each_plans_like_fresh_ones(
         assert plan(prepared, gang) == plan(prepare(snap), gang), gang
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.sampled_from([0, 1, 2, 4, 4]), min_size=288, max_size=288),
+    st.lists(st.tuples(st.integers(0, 35), st.integers(0, 4)), min_size=1, max_size=6),
+)
+def test_few_changed_nodes_in_a_large_cluster_plan_like_a_fresh_snapshot(
+    frees: list[int], changes: list[tuple[int, int]]
+) -> None:
+    # 16 racks, changes within the first two: the node order of roles without a subgroup tier is
+    # updated by taking out and putting back only the nodes of the changed racks
+    first = _changed(rack_cluster([0] * 16), dict(enumerate(frees)))
+    before = prepare(first)
+    shapes = (*GANG_SHAPES, Gang("one", (Role("w", 1, 1),)), Gang("ones", (Role("w", 6, 1),)))
+    for gang in shapes:
+        plan(before, gang)
+    second = _changed(first, dict(changes))
+    derived, fresh = prepare(second, like=before), prepare(second)
+    for gpus in (1, 2, 4):
+        assert derived.scope_order((gpus, ()), None) == fresh.scope_order((gpus, ()), None)
+    for gang in shapes:
+        assert plan(derived, gang) == plan(fresh, gang), gang
+
+
 def test_a_changed_topology_is_prepared_from_scratch() -> None:
     first = rack_cluster([0, 0], trays=4)
     before = prepare(first)
