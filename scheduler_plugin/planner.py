@@ -52,8 +52,9 @@ opened/upper/stranded/lost/leftover figures of each domain, summed; the upper fi
 opened domain, so two domains opened under one free leaf count that leaf twice in the programme, while the
 ranking of whole plans counts it once). This is exact for one role; when the role is one block, or
 every domain holds at most one block and there is no short block, domain costs are independent and
-the cheapest domains are taken directly (the programme's choice, the earlier domain on ties). Several roles are placed one
-after the other, the most constrained first (subgroup roles, then by total GPUs). The gang-tier
+the cheapest domains are taken directly (the programme's choice, the earlier domain on ties).
+Several roles are placed one after the other, the most constrained first (subgroup roles, then by
+total GPUs). The gang-tier
 constraint is handled by planning inside each candidate scope (a domain of that tier, or the whole
 cluster), pre-filtered by pod capacity; lower-tier scopes are then tried from tier 1 up, and the
 first tier whose scopes give a better plan (one as good on the figures above but tighter, or better
@@ -83,9 +84,9 @@ blocks go to tier-1 domains is searched on per-domain counts; only the chosen pl
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import compress, repeat
+from itertools import chain, compress, repeat
 from operator import itemgetter
 from typing import cast
 
@@ -152,11 +153,12 @@ def role_subgroups(role: Role) -> tuple[int, int, int]:
 @dataclass(frozen=True)
 class _Origin:
     src: PreparedSnapshot | None
-    dirty: list[int]  # nodes (name order) changed since ``src``
+    dirty: Collection[int]  # nodes (name order) changed since ``src``
     dirty_dom: list[set[str]]  # per tier: domains holding them
 
 
-_CHAIN = 4  # snapshots kept behind a prepared one, to derive the caches it lacks from
+_DERIVE_SHARE = 8  # a cache is derived from an older snapshot's while under 1/8 of the nodes changed since
+_CHAIN = 16  # snapshots kept behind a prepared one, to derive the caches it lacks from
 
 
 @dataclass
@@ -200,6 +202,7 @@ class PreparedSnapshot:
     _prev: PreparedSnapshot | None = None
     _dirty: list[int] = field(default_factory=list)
     _dirty_dom: list[set[str]] = field(default_factory=list)  # per tier: domains holding dirty nodes
+    _walk: list[_Origin] = field(default_factory=list)  # see _origin
 
     def _origin(self, has: Callable[[PreparedSnapshot], bool]) -> _Origin:
         """The nearest snapshot this one was prepared from (through up to ``_CHAIN`` others) that
@@ -207,13 +210,24 @@ class PreparedSnapshot:
         src = self._prev
         if src is None or has(src):
             return _Origin(src, self._dirty, self._dirty_dom)
-        dirty, doms = set(self._dirty), [set(x) for x in self._dirty_dom]
-        while src is not None and not has(src):
-            dirty.update(src._dirty)
-            for t, ds in enumerate(src._dirty_dom):
-                doms[t] |= ds
-            src = src._prev
-        return _Origin(src, sorted(dirty), doms)
+        walk = self._walk  # origins one, two, ... steps back, merged once per snapshot
+        if not walk:
+            walk.append(_Origin(src, self._dirty, self._dirty_dom))
+        for o in walk:
+            if has(o.src):  # type: ignore[arg-type]
+                return o
+        last = walk[-1]
+        while last.src is not None and (back := last.src._prev) is not None:
+            if len(last.dirty) * _DERIVE_SHARE > len(self.names):
+                break  # so much changed that building the cache afresh is cheaper
+            step = last.src
+            dirty = set(last.dirty).union(step._dirty)
+            doms = [a | b for a, b in zip(last.dirty_dom, step._dirty_dom, strict=True)]
+            last = _Origin(back, dirty, doms)
+            walk.append(last)
+            if has(back):
+                return last
+        return _Origin(None, [], [])
 
     # -- capacity -------------------------------------------------------------------------------
     def base_fit(self, key: RoleKey) -> list[int]:
@@ -624,6 +638,7 @@ def prepare(snapshot: ClusterSnapshot, like: PreparedSnapshot | None = None) -> 
                 {d for i in dirty if (d := like.dom[t][i]) is not None} for t in range(len(like.dom))
             ],
         )
+        like._walk = []  # its merged origins would keep snapshots past the chain alive
         older = like
         for _ in range(_CHAIN - 1):  # keep a few steps back; older snapshots can go
             if older._prev is None:
@@ -1013,10 +1028,10 @@ def _place_free(
     base = p.base_fit(key)
     scope_dom = p.dom[scope[0]] if scope is not None else None
     used_first = [i for i in st.order if scope_dom is None or scope_dom[i] == scope[1]]  # type: ignore[index]
-    order = p.free_order(key, scope, useful_block(role))
+    useful = useful_block(role)
     ranges = _block_ranges(role, total)
     room = 0
-    for i in _chain(used_first, order):
+    for i in _chain(used_first, _free_nodes(p, key, scope, useful)):
         room += _fit_now(p, st, i, key, base)
         if room >= role.pods:
             break
@@ -1036,12 +1051,26 @@ def _place_free(
             f"role {role.name!r} needs {pods_needed} pod(s) of {unit}; room for {min(room, pods_needed - 1)}"
             + (f" in {p.snapshot.tiers[scope[0]]} domain {scope[1]}" if scope is not None else ""),
         )
-    _fill(p, st, role, key, pod_range=range(pods), nodes=_chain(used_first, order), base=base)
+    nodes = _chain(used_first, _free_nodes(p, key, scope, useful))
+    _fill(p, st, role, key, pod_range=range(pods), nodes=nodes, base=base)
     st.subgroups.extend(SubgroupPlacement(role=role.name, index=b, domain=None) for b in range(count))
     return None
 
 
-def _chain(first: Sequence[int], rest: Sequence[int]) -> Iterable[int]:
+def _free_nodes(p: PreparedSnapshot, key: RoleKey, scope: ScopeKey, useful: int) -> Iterable[int]:
+    """``free_order``, read lazily for the whole cluster: a small role reads only its first nodes,
+    so the cluster-wide list is not built for it."""
+    if scope is not None or (key, None, useful) in p._free_order:
+        return p.free_order(key, scope, useful)
+    first = p.remainder_order(key, None, useful)
+    keys = p._scope_order_keys(key, None)
+    if not first:
+        return map(itemgetter(2), keys)
+    taken = set(first)
+    return chain(first, (k[2] for k in keys if k[2] not in taken))
+
+
+def _chain(first: Sequence[int], rest: Iterable[int]) -> Iterable[int]:
     seen = set(first)
     yield from first
     for i in rest:
