@@ -22,6 +22,7 @@ from scheduler_plugin.placement import optimum, report, workloads
 from scheduler_plugin.placement.machine import machine_summary
 from scheduler_plugin.placement.metrics import figures
 from scheduler_plugin.placement.policies import POLICIES
+from scheduler_plugin.placement.policies.base import TierBlind
 from scheduler_plugin.placement.sim import BACKFILL, SimulationError, simulate
 
 DEFAULT_JOBS = {"nvl72": 2000, "philly": 0, "mixed": 8000}  # 0: the whole Philly trace
@@ -53,6 +54,13 @@ def _parser() -> argparse.ArgumentParser:
         default="count",
         help="the head's reservation: by GPU count (default), or its policy's own plan on the nodes "
         "as they free up (reserve; slower)",
+    )
+    p.add_argument(
+        "--no-tiers",
+        action="store_true",
+        help="every policy places the jobs with their tier constraints dropped (a topology-blind gang "
+        "scheduler): what the constraints cost in allocation and wait; NVL-local then counts the "
+        "jobs' subgroups that still landed in one NVLink domain",
     )
     p.add_argument("--seed", type=int, default=1, help="first seed")
     p.add_argument(
@@ -135,6 +143,14 @@ def main(argv: list[str]) -> int:
     }[args.backfill]
     notes = [
         queue_note,
+        *(
+            [
+                "tiers dropped (--no-tiers): every policy places the jobs without their subgroup and gang "
+                "tiers; NVL-local counts the subgroups that still landed in one NVLink domain"
+            ]
+            if args.no_tiers
+            else []
+        ),
         f"arrivals scaled to offered load {args.load} over {span_h:.1f} h (seed {seeds[0]}); figures "
         "time-weighted over the last 75 % of the arrival span (first 25 % is warm-up)",
         f"figures are means over seeds {seeds[0]}..{seeds[-1]} (per-seed values in the JSON); "
@@ -168,6 +184,7 @@ def main(argv: list[str]) -> int:
         "jobs": len(jobs),
         "load": args.load,
         "backfill": args.backfill,
+        "no_tiers": args.no_tiers,
         "seed": args.seed,
         "seeds": seeds,
         "quick": args.quick,
@@ -179,13 +196,23 @@ def main(argv: list[str]) -> int:
     try:
         if workers == 1:
             for name, seed in tasks:
-                done[(name, seed)] = _simulate_one(cluster, streams[seed], name, seed, args.backfill)
+                done[(name, seed)] = _simulate_one(
+                    cluster, streams[seed], name, seed, backfill=args.backfill, no_tiers=args.no_tiers
+                )
         else:
             with ProcessPoolExecutor(
                 max_workers=workers, mp_context=multiprocessing.get_context("spawn")
             ) as pool:
                 futures = {
-                    pool.submit(_simulate_one, cluster, streams[seed], name, seed, args.backfill): (
+                    pool.submit(
+                        _simulate_one,
+                        cluster,
+                        streams[seed],
+                        name,
+                        seed,
+                        backfill=args.backfill,
+                        no_tiers=args.no_tiers,
+                    ): (
                         name,
                         seed,
                     )
@@ -220,7 +247,13 @@ def main(argv: list[str]) -> int:
 
 
 def _simulate_one(
-    cluster: clusters.Cluster, jobs: list[workloads.Job], name: str, seed: int, backfill: str = "count"
+    cluster: clusters.Cluster,
+    jobs: list[workloads.Job],
+    name: str,
+    seed: int,
+    *,
+    backfill: str = "count",
+    no_tiers: bool = False,
 ) -> tuple[dict[str, Any], Any]:
     """One policy on one stream (runs in a worker process when there are several)."""
     last = [-1]
@@ -237,9 +270,8 @@ def _simulate_one(
         flush=True,
     )
     started = time.perf_counter()
-    result = simulate(
-        cluster, jobs, POLICIES[name](), clock=time.perf_counter, progress=progress, backfill=backfill
-    )
+    policy = TierBlind(POLICIES[name]()) if no_tiers else POLICIES[name]()
+    result = simulate(cluster, jobs, policy, clock=time.perf_counter, progress=progress, backfill=backfill)
     figs: dict[str, Any] = figures(result)
     figs["sim_wall_s"] = round(time.perf_counter() - started, 2)
     figs["gpus_conserved"] = result.released_all and result.max_allocated <= result.total_gpus

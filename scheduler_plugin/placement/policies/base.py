@@ -8,7 +8,7 @@ node with ``schedulable=False`` as full. Where an anchor breaks ties at random, 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from scheduler_plugin.snapshot import (
@@ -30,6 +30,26 @@ class Policy(Protocol):
     gang: bool
 
     def place(self, snapshot: ClusterSnapshot, gang: Gang) -> PlanResult: ...
+
+
+class TierBlind:
+    """``inner`` placing every gang with its tier constraints dropped (subgroup and gang tiers): a
+    topology-blind gang scheduler, to measure what the constraints cost. The simulator still counts
+    locality against the job's own subgroups."""
+
+    def __init__(self, inner: Policy) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.gang = inner.gang
+
+    def place(self, snapshot: ClusterSnapshot, gang: Gang) -> PlanResult:
+        return self.inner.place(snapshot, without_tiers(gang))
+
+
+def without_tiers(gang: Gang) -> Gang:
+    """``gang`` with no gang tier and no subgroup tier (subgroup sizes kept, now unconstrained)."""
+    roles = tuple(replace(r, subgroup_tier=None) for r in gang.roles)
+    return Gang(name=gang.name, roles=roles, tier=None, soft=gang.soft)
 
 
 @dataclass(frozen=True, slots=True)

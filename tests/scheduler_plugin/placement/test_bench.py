@@ -85,6 +85,19 @@ def test_reserve_backfill_is_recorded_and_explained(
     assert "optimum's set placed" in capsys.readouterr().out
 
 
+def test_no_tiers_runs_every_policy_topology_blind_and_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "blind.json"
+    argv = ["--quick", "--no-tiers", "--policies", "ours,kai", "--workers", "1", "--optimum-instances", "0"]
+    assert bench.main([*argv, "--json", str(path)]) == 0
+    doc = json.loads(path.read_text())
+    assert doc["no_tiers"] is True
+    assert any("tiers dropped" in n for n in doc["notes"])
+    for name in ("ours", "kai"):
+        figs = doc["policies"][name]
+        assert figs["gpus_conserved"] is True
+        assert figs["nvlink_local_ratio"] < 1  # nothing keeps the NVLink subgroups together now
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scheduler_plugin.placement.policies import POLICIES
+from scheduler_plugin.placement.policies.base import TierBlind
 from scheduler_plugin.placement.policies.kai import Kai
 from scheduler_plugin.placement.policies.kube_default import KubeDefault
 from scheduler_plugin.placement.policies.kueue import Kueue
@@ -196,3 +197,19 @@ def test_index_of_a_changed_snapshot_reuses_the_topology_and_reads_free_again() 
     rebuilt = index_for(moved)
     assert "elsewhere" in rebuilt.domains["nvlink"]
     assert rebuilt.domains == Index(moved).domains
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_a_tier_blind_policy_places_a_subgroup_across_domains(name: str) -> None:
+    # two racks with two free nodes each: a subgroup of four cannot sit in one NVLink domain, and a
+    # gang tier of one rack cannot hold it either; dropping the tiers places it across both
+    snap = racks([4, 4, 0, 0], [4, 4, 0, 0])
+    constrained = gang(4, subgroup=4, tier="nvlink")
+    blind = TierBlind(POLICIES[name]())
+    assert (blind.name, blind.gang) == (POLICIES[name]().name, POLICIES[name]().gang)
+    if POLICIES[name]().gang:
+        assert isinstance(POLICIES[name]().place(snap, constrained), Infeasible)
+    result = blind.place(snap, constrained)
+    assert isinstance(result, Plan)
+    assert len(result.placement) == 4
+    assert sorted(set(domains_of(snap, dict(result.placement), "nvlink"))) == ["nvl-0", "nvl-1"]
