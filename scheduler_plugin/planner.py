@@ -76,8 +76,9 @@ nodes of one tier-1 domain share their domain at every higher tier (as HyperNode
 by identity, so repeated plans against one snapshot skip the indexing. A new snapshot with the same
 topology as the last one (same nodes, GPUs and domains in the same order: the usual case between
 two scheduling cycles) is prepared from it: the topology indexes are shared, and each per-shape
-capacity cache is copied from the nearest of the last few snapshots that built it, with only the
-entries of nodes changed since then (and their domains) recomputed. A one-role GPU-only gang whose
+capacity cache is copied from the nearest of the last 16 snapshots that built it, with only the
+entries of nodes changed since then (and their domains) recomputed; once an eighth of the nodes has
+changed, building it afresh (in C-level passes) is cheaper and is done instead. A one-role GPU-only gang whose
 blocks go to tier-1 domains is searched on per-domain counts; only the chosen plan is put on nodes.
 """
 
