@@ -218,10 +218,13 @@ def snapshot_from_objects(
     hypernodes: Iterable[Mapping[str, Any]] = (),
     *,
     reserved: Mapping[str, Mapping[str, int]] | None = None,
+    previous: ClusterSnapshot | None = None,
 ) -> ClusterSnapshot:
     """A snapshot of the cluster: free = allocatable - requests of bound, unfinished pods - ``reserved``.
 
     ``reserved`` maps a node name to resources held for gangs that are planned but not bound yet.
+    ``previous``: an earlier snapshot whose ``NodeState`` objects are reused where a node's state is
+    equal, so the planner, which diffs snapshots by object identity, recomputes only what changed.
     """
     node_list = [n for n in nodes if _get(n, "metadata", "name")]
     names = sorted(str(_get(n, "metadata", "name")) for n in node_list)
@@ -255,6 +258,7 @@ def snapshot_from_objects(
     order = {t: i for i, t in enumerate(DEFAULT_TIER_NAMES)}
     if not tiers:
         tier_list.sort(key=lambda t: order.get(t, len(order)))
+    before = {n.name: n for n in previous.nodes} if previous is not None else {}
     states: list[NodeState] = []
     for node in node_list:
         name = str(_get(node, "metadata", "name"))
@@ -268,15 +272,15 @@ def snapshot_from_objects(
                     res_alloc[r] = 0
         gpus = res_alloc.pop(GPU, 0)
         u = used.get(name, {})
-        states.append(
-            NodeState(
-                name=name,
-                gpus=gpus,
-                free=max(0, gpus - u.get(GPU, 0)),
-                domains=hn_domains.get(name, {}),
-                resources=res_alloc,
-                free_resources={r: max(0, v - u.get(r, 0)) for r, v in res_alloc.items()},
-                schedulable=node_schedulable(node),
-            )
+        state = NodeState(
+            name=name,
+            gpus=gpus,
+            free=max(0, gpus - u.get(GPU, 0)),
+            domains=hn_domains.get(name, {}),
+            resources=res_alloc,
+            free_resources={r: max(0, v - u.get(r, 0)) for r, v in res_alloc.items()},
+            schedulable=node_schedulable(node),
         )
+        old = before.get(name)
+        states.append(old if old is not None and old == state else state)
     return ClusterSnapshot(tiers=tuple(tier_list), nodes=tuple(sorted(states, key=lambda s: s.name)))

@@ -36,7 +36,7 @@ from scheduler_plugin.cluster import (
 )
 from scheduler_plugin.gangs import GangError, GangIncompleteError, GangSpec, gang_for_pod, gang_key_of
 from scheduler_plugin.planner import plan
-from scheduler_plugin.snapshot import Gang, Infeasible, Role
+from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, Role
 
 MAX_PRIORITY = 10  # kube-scheduler's MaxExtenderPriority
 
@@ -104,6 +104,8 @@ class ClusterState:
         self._usage: dict[str, tuple[str, dict[str, int]]] = {}  # pod key -> (node, requests) held
         self._node_used: dict[str, dict[str, int]] = {}
         self._domains_cache: tuple[tuple[str, ...], dict[str, dict[str, str]]] | None = None
+        # the last snapshot planned on: the next one reuses its unchanged node objects (see plan)
+        self._last_snapshot: ClusterSnapshot | None = None
         self._last_event: dict[str, tuple[str, str]] = {}
         self._uids: dict[str, str] = {}  # pod key -> uid the scheduler gave at bind
         self._alloc: dict[str, int] = {}  # node -> allocatable GPUs, parsed once
@@ -291,7 +293,10 @@ class ClusterState:
         ]
         if not nodes:
             return f"no node matches the gang's nodeSelector {selector} and tolerations"
-        snapshot = snapshot_from_objects(nodes, self.pods.values(), self.hypernodes.values(), reserved=others)
+        snapshot = snapshot_from_objects(
+            nodes, self.pods.values(), self.hypernodes.values(), reserved=others, previous=self._last_snapshot
+        )
+        self._last_snapshot = snapshot
         result = plan(snapshot, gang)
         if isinstance(result, Infeasible):
             return result.reason

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from scheduler_plugin.cluster import hypernode_domains, parse_quantity, pod_requests, snapshot_from_objects
+from scheduler_plugin.snapshot import changed_nodes
 from tests.integration.fakekube import hypernode, node, pod
 
 
@@ -114,3 +115,30 @@ def test_reserved_resources_reduce_free() -> None:
     (a,) = snap.nodes
     assert a.free == 2
     assert a.free_resources["cpu"] == 63000
+
+
+def test_a_snapshot_reuses_the_unchanged_nodes_of_the_previous_one() -> None:
+    # the planner diffs snapshots by object identity: nodes whose state did not change keep their
+    # NodeState object, the others get a new one
+    nodes = [node(name, 4, labels={"nvidia.com/gpu.clique": "uuid.1"}) for name in ("a", "b", "c")]
+    first = snapshot_from_objects(nodes, [pod("p", 1, node_name="a")])
+    second = snapshot_from_objects(
+        nodes, [pod("p", 1, node_name="a"), pod("q", 2, node_name="c")], previous=first
+    )
+    assert second.nodes[0] is first.nodes[0]
+    assert second.nodes[1] is first.nodes[1]
+    assert second.nodes[2] is not first.nodes[2]
+    assert (second.nodes[2].free, first.nodes[2].free) == (2, 4)
+    relabelled = [node("b", 4, labels={"nvidia.com/gpu.clique": "uuid.2"}), *nodes[::2]]
+    third = snapshot_from_objects(relabelled, [], previous=second)
+    assert dict(third.nodes[1].domains) == {"nvlink": "uuid.2"}
+    assert third.nodes[1] is not second.nodes[1]
+
+
+def test_the_planner_prepares_a_reused_snapshot_from_the_last_one() -> None:
+    nodes = [node(f"n{i}", 4, labels={"nvidia.com/gpu.clique": f"uuid.{i // 2}"}) for i in range(6)]
+    first = snapshot_from_objects(nodes, [])
+    second = snapshot_from_objects(nodes, [pod("p", 4, node_name="n3")], previous=first)
+    assert changed_nodes(first, second) == [3]
+    fresh = snapshot_from_objects(nodes, [pod("p", 4, node_name="n3")])
+    assert changed_nodes(first, fresh) == list(range(6))  # every object new: all count as changed

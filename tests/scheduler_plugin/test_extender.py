@@ -13,8 +13,10 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
+from scheduler_plugin import state as state_module
 from scheduler_plugin.cluster import snapshot_from_objects
 from scheduler_plugin.extender import Extender
+from scheduler_plugin.snapshot import ClusterSnapshot, Gang, PlanResult, changed_nodes
 from scheduler_plugin.state import ClusterState
 from tests.integration.fakekube import hypernode, node, pod
 
@@ -487,3 +489,24 @@ def test_a_podgroup_waiting_for_its_pods_is_not_an_invalid_gang() -> None:
     assert out.unresolvable == {}
     assert "waiting for the rest of the gang" in out.failed[NODES[0]]
     assert [(e.reason, e.warning) for e in out.events] == [("GangIncomplete", False)]
+
+
+def test_consecutive_gang_plans_reuse_the_unchanged_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the second gang's snapshot keeps the node objects the first gang's plan did not change, so the
+    # planner prepares it from the first one and recomputes only the reserved nodes
+    seen: list[ClusterSnapshot] = []
+    real_plan = state_module.plan
+
+    def spy(snapshot: ClusterSnapshot, gang: Gang) -> PlanResult:
+        seen.append(snapshot)
+        return real_plan(snapshot, gang)
+
+    monkeypatch.setattr(state_module, "plan", spy)
+    first = [gang_pod(f"a{i}", i, gang="ga", size=2) for i in range(2)]
+    second = [gang_pod(f"b{i}", i, gang="gb", size=2) for i in range(2)]
+    s = make_state(pods=[*first, *second])
+    held = {planned_node(s, p, 0.0) for p in first}
+    planned_node(s, second[0], 0.0)
+    assert len(seen) == 2
+    changed = {seen[1].nodes[k].name for k in changed_nodes(seen[0], seen[1]) or []}
+    assert changed == held
