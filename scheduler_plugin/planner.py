@@ -206,8 +206,9 @@ class PreparedSnapshot:
     _walk: list[_Origin] = field(default_factory=list)  # see _origin
 
     def _origin(self, has: Callable[[PreparedSnapshot], bool]) -> _Origin:
-        """The nearest snapshot this one was prepared from (through up to ``_CHAIN`` others) that
-        ``has`` a cache, with the nodes and domains changed since; ``None`` when none is kept."""
+        """The nearest snapshot this one was prepared from that ``has`` a cache (up to ``_CHAIN``
+        steps back, while under 1/``_DERIVE_SHARE`` of the nodes changed), with the nodes and domains
+        changed since; ``src`` None when there is none: the cache is then built afresh."""
         src = self._prev
         if src is None or has(src):
             return _Origin(src, self._dirty, self._dirty_dom)
