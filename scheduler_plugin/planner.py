@@ -187,7 +187,6 @@ class PreparedSnapshot:
         default_factory=dict
     )
     _group_caps: dict[tuple[RoleKey, ScopeKey, int], list[tuple[int, int]]] = field(default_factory=dict)
-    _scope_order: dict[tuple[RoleKey, ScopeKey], list[int]] = field(default_factory=dict)
     _order_keys: dict[tuple[RoleKey, ScopeKey], list[tuple[bool, int, int]]] = field(default_factory=dict)
     _remainder: dict[tuple[RoleKey, ScopeKey, int], list[int]] = field(default_factory=dict)
     _upper: dict[tuple[int, str], int] = field(default_factory=dict)
@@ -486,29 +485,16 @@ class PreparedSnapshot:
             self._scope_cap[ck] = cached
         return cached
 
-    def scope_order(self, key: RoleKey, scope: ScopeKey) -> list[int]:
-        """Nodes of the scope that can host this shape: nodes of wholly free tier-1 domains last, then
-        best fit (fewest pods), then name."""
-        ck = (key, scope)
-        cached = self._scope_order.get(ck)
-        if cached is None:
-            keys = self._scope_order_keys(key, scope)
-            cached = [k[2] for k in keys]
-            self._scope_order[ck] = cached
-        return cached
-
     def free_order(self, key: RoleKey, scope: ScopeKey, useful: int) -> list[int]:
-        """Where a role without a subgroup tier looks for room: ``remainder_order``, then
-        ``scope_order``. A domain scope takes the cluster's order restricted to its nodes (both
+        """Where a role without a subgroup tier looks for room: ``remainder_order``, then the nodes
+        that can host this shape, those of wholly free tier-1 domains last, then best fit (fewest
+        pods), then name. A domain scope takes the cluster's order restricted to its nodes (both
         orders are per node and per tier-1 domain, and tier-1 domains nest in every scope)."""
         ck = (key, scope, useful)
         cached = self._free_order.get(ck)
         if cached is None:
             if scope is None:
-                first = self.remainder_order(key, None, useful)
-                taken = set(first)
-                rest = self.scope_order(key, None)
-                cached = [*first, *(i for i in rest if i not in taken)] if first else rest
+                cached = list(self.free_nodes(key, useful))
             else:
                 split = self._free_split.get((key, useful, scope[0]))
                 if split is None:  # the cluster's order cut by domain of the scope's tier, in one pass
@@ -520,6 +506,19 @@ class PreparedSnapshot:
                 cached = split.get(scope[1], [])
             self._free_order[ck] = cached
         return cached
+
+    def free_nodes(self, key: RoleKey, useful: int) -> Iterable[int]:
+        """The cluster's ``free_order``, read lazily while it is not built: a small role reads only
+        its first nodes, so the cluster-wide list is not made for it."""
+        cached = self._free_order.get((key, None, useful))
+        if cached is not None:
+            return cached
+        first = self.remainder_order(key, None, useful)
+        keys = self._scope_order_keys(key, None)
+        if not first:
+            return map(itemgetter(2), keys)
+        taken = set(first)
+        return chain(first, (k[2] for k in keys if k[2] not in taken))
 
     def remainder_order(self, key: RoleKey, scope: ScopeKey, useful: int) -> list[int]:
         """Nodes holding the room of partly used tier-1 domains beyond their whole useful blocks
@@ -548,8 +547,9 @@ class PreparedSnapshot:
         return cached
 
     def _scope_order_keys(self, key: RoleKey, scope: ScopeKey) -> list[tuple[bool, int, int]]:
-        """``scope_order`` as sorted (opens, fit, node) keys, derived from the previous snapshot's when
-        it has them: only nodes of tier-1 domains holding changed nodes can move."""
+        """The nodes of the scope that can host this shape as sorted (in a wholly free tier-1 domain,
+        pods of room, node) keys: best fit first, wholly free domains last. Derived from an earlier
+        snapshot's when one has them: only nodes of tier-1 domains holding changed nodes can move."""
         ck = (key, scope)
         cached = self._order_keys.get(ck)
         if cached is not None:
@@ -573,7 +573,11 @@ class PreparedSnapshot:
             in_scope = set(self.scope_nodes(scope)) if scope is not None else None
             kept: list[tuple[bool, int, int]] | None = None
             old_fit, old_whole = src._fit.get(key), src._whole.get(0)
-            if old_fit is not None and (old_whole is not None or dom0 is None) and 8 * len(moved) < len(prev):
+            if (
+                old_fit is not None
+                and (old_whole is not None or dom0 is None)
+                and _DERIVE_SHARE * len(moved) < len(prev)
+            ):
                 # few moved: take their old keys out (as ``src`` sorted them) instead of a pass over all
                 kept = list(prev)
                 for i in moved:
@@ -716,13 +720,8 @@ class _Failure:
 @dataclass(frozen=True)
 class _Deferred:
     role: Role
-    key: RoleKey
-    groups: list[tuple[str, list[int]]]
-    caps: list[tuple[int, int, int]]
-    per_group: list[tuple[int, int]]
-    count: int
     base: list[int]
-    need: int
+    domains: list[tuple[str, list[int], list[int]]]  # as ``_blocks_by_domain`` gives them
 
 
 @dataclass
@@ -803,6 +802,21 @@ def _min_blocks(role: Role) -> int:
     return max(1, min(total, role.min_subgroups))  # a role places at least one block
 
 
+def _room_change(cap: int, free: int, cap_after: int, free_after: int, useful: int) -> tuple[int, int]:
+    """(stranded GPUs added, useful blocks lost) when a domain's room goes from ``cap`` pods and
+    ``free`` GPUs to ``cap_after`` and ``free_after``: room under a useful block strands its GPUs."""
+    stranded = (free_after if cap_after < useful else 0) - (free if cap < useful else 0)
+    return stranded, cap // useful - cap_after // useful
+
+
+def _price(opens: int, cap: int, free: int, used: int, *, g: int, useful: int) -> int:
+    """A domain's cost in the block search when ``used`` pods of ``g`` GPUs go to it (``opens``: its
+    cost of being opened, 0 if it is not wholly free)."""
+    after = free - used * g
+    stranded, lost = _room_change(cap, free, cap - used, after, useful)
+    return opens + stranded * _STRANDED_WEIGHT + lost * _LOST_WEIGHT + after
+
+
 def _place_tiered(
     p: PreparedSnapshot, st: _State, role: Role, key: RoleKey, *, scope: ScopeKey, tier: int
 ) -> _Failure | None:
@@ -860,6 +874,13 @@ def _place_tiered(
     if _SHORTCUTS and most_full < full and most_full < need:
         return failure(most_full)
     has_rem = 1 if rem else 0
+    # each candidate domain's cost of being opened (0 unless the gang would break a wholly free one)
+    opens_at = [
+        _OPENED_WEIGHT + _UPPER_WEIGHT * p.upper_opened(tier, groups[k][0])
+        if k not in touched and whole[groups[k][0]]
+        else 0
+        for k, _, _ in caps
+    ]
     if (
         _SHORTCUTS
         and not has_rem
@@ -869,24 +890,11 @@ def _place_tiered(
         # one block, or every domain holds at most one block and the blocks are alike: a domain's
         # cost does not depend on the others, so the programme below picks the cheapest ``full``
         # domains, the earlier on ties
-        priced = []
-        for gi, (k, cap, freeg) in enumerate(caps):
-            if cap < size:
-                continue
-            d = groups[k][0]
-            opens = (
-                _OPENED_WEIGHT + _UPPER_WEIGHT * p.upper_opened(tier, d)
-                if k not in touched and whole[d]
-                else 0
-            )
-            free_after = freeg - size * g
-            stranded = free_after if cap - size < useful else 0
-            before = freeg if cap < useful else 0
-            lost = cap // useful - (cap - size) // useful
-            priced.append(
-                (opens + (stranded - before) * _STRANDED_WEIGHT + lost * _LOST_WEIGHT + free_after, gi)
-            )
-        priced.sort()
+        priced = sorted(
+            (_price(opens_at[gi], cap, freeg, size, g=g, useful=useful), gi)
+            for gi, (_, cap, freeg) in enumerate(caps)
+            if cap >= size
+        )
         per_group: list[tuple[int, int]] = [(0, 0)] * len(caps)
         for _, gi in priced[:full]:
             per_group[gi] = (1, 0)
@@ -899,13 +907,7 @@ def _place_tiered(
     cost: list[int | None] = [inf] * n_states
     cost[0] = 0
     choices: list[list[tuple[int, int] | None]] = []
-    for k, cap, freeg in caps:
-        before = freeg if cap < useful else 0
-        opens = (
-            _OPENED_WEIGHT + _UPPER_WEIGHT * p.upper_opened(tier, groups[k][0])
-            if k not in touched and whole[groups[k][0]]
-            else 0
-        )
+    for gi, (_, cap, freeg) in enumerate(caps):
         new = list(cost)
         choice: list[tuple[int, int] | None] = [None] * n_states
         max_x = min(full, cap // size)
@@ -917,10 +919,7 @@ def _place_tiered(
                 used = x * size + y * rem
                 if used > cap:
                     break
-                free_after = freeg - used * g
-                stranded = free_after if cap - used < useful else 0
-                lost = cap // useful - (cap - used) // useful
-                row.append(opens + (stranded - before) * _STRANDED_WEIGHT + lost * _LOST_WEIGHT + free_after)
+                row.append(_price(opens_at[gi], cap, freeg, used, g=g, useful=useful))
             priced_xy.append(row)
         for s_idx in range(n_states):
             c0 = cost[s_idx]
@@ -979,34 +978,20 @@ def _fill_blocks(
     need: int,
 ) -> _Failure | None:
     """Fill the blocks the search gave each domain ((full blocks, short block) per group of caps)."""
-    size, full, rem = role_subgroups(role)
+    domains = _blocks_by_domain(groups, caps, per_group, role_subgroups(role)[1])
+    ranges = _block_ranges(role, count)
     if (
         st.defer
         and st.deferred is None
-        and all(
-            len(groups[caps[gi][0]][1]) == len(p.members[0].get(groups[caps[gi][0]][0], ()))
-            for gi, (x, y) in enumerate(per_group)
-            if x or y
-        )
+        and all(len(nodes) == len(p.members[0].get(d, ())) for d, nodes, _ in domains)
     ):  # every chosen group is a whole tier-0 domain: count now, fill if chosen
-        st.deferred = _Deferred(role, key, groups, caps, per_group, count, base, need)
-        for gi, (x, y) in enumerate(per_group):
-            if x or y:
-                n = x * size + y * rem
-                st.by_domain[groups[caps[gi][0]][0]] = n
-                st.placed_pods += n
+        st.deferred = _Deferred(role, base, domains)
+        for d, _, blocks in domains:
+            n = sum(len(ranges[b]) for b in blocks)
+            st.by_domain[d] = n
+            st.placed_pods += n
         return None
-    ranges = _block_ranges(role, count)
-    next_full = 0
-    for gi, (x, y) in enumerate(per_group):
-        if x == 0 and y == 0:
-            continue
-        k, _, _ = caps[gi]
-        dname, nodes = groups[k]
-        blocks = list(range(next_full, next_full + x))
-        next_full += x
-        if y:
-            blocks.append(full)
+    for dname, nodes, blocks in domains:
         for b in blocks:
             if not _fill(
                 p, st, role, key, pod_range=ranges[b], nodes=nodes, base=base
@@ -1014,6 +999,24 @@ def _fill_blocks(
                 return _Failure(role.name, need, b, f"role {role.name!r}: domain {dname} lost room")
             st.subgroups.append(SubgroupPlacement(role=role.name, index=b, domain=dname))
     return None
+
+
+def _blocks_by_domain(
+    groups: list[tuple[str, list[int]]],
+    caps: list[tuple[int, int, int]],
+    per_group: list[tuple[int, int]],
+    full: int,
+) -> list[tuple[str, list[int], list[int]]]:
+    """(domain, its nodes, block indices) of each domain the search gave blocks, in group order: full
+    blocks numbered on from one domain to the next, the short block (index ``full``) last in its."""
+    out: list[tuple[str, list[int], list[int]]] = []
+    next_full = 0
+    for gi, (x, y) in enumerate(per_group):
+        if x or y:
+            dname, nodes = groups[caps[gi][0]]
+            out.append((dname, nodes, [*range(next_full, next_full + x), *([full] if y else [])]))
+            next_full += x
+    return out
 
 
 def _place_free(
@@ -1033,7 +1036,9 @@ def _place_free(
     useful = useful_block(role)
     ranges = _block_ranges(role, total)
     room = 0
-    for i in _chain(used_first, _free_nodes(p, key, scope, useful)):
+    for i in _chain(
+        used_first, (p.free_nodes(key, useful) if scope is None else p.free_order(key, scope, useful))
+    ):
         room += _fit_now(p, st, i, key, base)
         if room >= role.pods:
             break
@@ -1053,23 +1058,12 @@ def _place_free(
             f"role {role.name!r} needs {pods_needed} pod(s) of {unit}; room for {min(room, pods_needed - 1)}"
             + (f" in {p.snapshot.tiers[scope[0]]} domain {scope[1]}" if scope is not None else ""),
         )
-    nodes = _chain(used_first, _free_nodes(p, key, scope, useful))
+    nodes = _chain(
+        used_first, (p.free_nodes(key, useful) if scope is None else p.free_order(key, scope, useful))
+    )
     _fill(p, st, role, key, pod_range=range(pods), nodes=nodes, base=base)
     st.subgroups.extend(SubgroupPlacement(role=role.name, index=b, domain=None) for b in range(count))
     return None
-
-
-def _free_nodes(p: PreparedSnapshot, key: RoleKey, scope: ScopeKey, useful: int) -> Iterable[int]:
-    """``free_order``, read lazily for the whole cluster: a small role reads only its first nodes,
-    so the cluster-wide list is not built for it."""
-    if scope is not None or (key, None, useful) in p._free_order:
-        return p.free_order(key, scope, useful)
-    first = p.remainder_order(key, None, useful)
-    keys = p._scope_order_keys(key, None)
-    if not first:
-        return map(itemgetter(2), keys)
-    taken = set(first)
-    return chain(first, (k[2] for k in keys if k[2] not in taken))
 
 
 def _chain(first: Sequence[int], rest: Iterable[int]) -> Iterable[int]:
@@ -1187,8 +1181,9 @@ def _measure(p: PreparedSnapshot, st: _State, tier: int | None, main: Role) -> t
             free_after = sum(free[i] - used.get(i, 0) for i in nodes)
         opened += whole[d]
         leftover += free_after
-        lost += cap_before // useful - cap_after // useful
-        stranded += (free_after if cap_after < useful else 0) - (free_before if cap_before < useful else 0)
+        stranded_d, lost_d = _room_change(cap_before, free_before, cap_after, free_after, useful)
+        stranded += stranded_d
+        lost += lost_d
     upper = 0
     top = len(p.members) - 1
     for t in range(tier + 1, top + 1):
@@ -1425,8 +1420,7 @@ def _one_domain_choice(
         if cap < role.pods:
             continue
         after = free - role.pods * g
-        stranded = (after if cap - role.pods < useful else 0) - (free if cap < useful else 0)
-        lost = cap // useful - (cap - role.pods) // useful
+        stranded, lost = _room_change(cap, free, cap - role.pods, after, useful)
         item = (int(whole[d]), p.upper_opened(ti, d), stranded, lost, after, d)
         if item[:3] <= bound and (pick is None or item < pick):
             pick = item
@@ -1512,19 +1506,12 @@ def _place_deferred(p: PreparedSnapshot, d: _Deferred) -> tuple[dict[str, str], 
     """(placement, subgroups, nodes used) of deferred blocks, as ``_fill_blocks`` would have put
     them: per domain, its blocks' pods in order over its nodes in name order, as many per node as
     fit (each block starts on the node where the one before stopped, if it has room left)."""
-    size, full, _ = role_subgroups(d.role)
+    size = role_subgroups(d.role)[0]
     name, total, base = d.role.name, d.role.pods, d.base
     node_of = [-1] * total
     subgroups: list[SubgroupPlacement] = []
-    used = next_full = 0
-    for gi, (x, y) in enumerate(d.per_group):
-        if not (x or y):
-            continue
-        dname, nodes = d.groups[d.caps[gi][0]]
-        blocks = list(range(next_full, next_full + x))
-        next_full += x
-        if y:
-            blocks.append(full)
+    used = 0
+    for dname, nodes, blocks in d.domains:
         free_nodes = iter(nodes)
         node = room = 0
         for b in blocks:
