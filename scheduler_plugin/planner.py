@@ -100,6 +100,7 @@ from scheduler_plugin.snapshot import (
     Role,
     SubgroupPlacement,
     changed_nodes,
+    name_order,
 )
 
 __all__ = ["STANDARD_SUBGROUP_GPUS", "PreparedSnapshot", "plan", "prepare", "role_subgroups", "useful_block"]
@@ -198,7 +199,7 @@ class PreparedSnapshot:
     _whole: dict[int, dict[str, bool]] = field(default_factory=dict)
     _bits: dict[str, tuple[bool, bool]] | None = None
     # the snapshot this one was prepared from, and the nodes (name order) whose state differs from it:
-    # caches are derived from the previous snapshot's by recomputing only what those nodes touch
+    # caches are derived from earlier snapshots' by recomputing only what changed (see _origin)
     _prev: PreparedSnapshot | None = None
     _dirty: list[int] = field(default_factory=list)
     _dirty_dom: list[set[str]] = field(default_factory=list)  # per tier: domains holding dirty nodes
@@ -652,10 +653,7 @@ def prepare(snapshot: ClusterSnapshot, like: PreparedSnapshot | None = None) -> 
             older = older._prev
         older._prev = None
         return prepared
-    order = sorted(range(len(snapshot.nodes)), key=lambda k: snapshot.nodes[k].name)
-    position = [0] * len(order)
-    for i, k in enumerate(order):
-        position[k] = i
+    order, position = name_order(snapshot)
     nodes = [snapshot.nodes[k] for k in order]
     tiers = snapshot.tiers
     dom: list[list[str | None]] = [[n.domains.get(t) for n in nodes] for t in tiers]

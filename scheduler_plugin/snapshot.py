@@ -100,3 +100,13 @@ def changed_nodes(before: ClusterSnapshot, after: ClusterSnapshot) -> list[int] 
         if x.name != y.name or x.gpus != y.gpus or not (x.domains is y.domains or x.domains == y.domains):
             return None
     return changed
+
+
+def name_order(snapshot: ClusterSnapshot) -> tuple[list[int], list[int]]:
+    """(the ``snapshot.nodes`` index of each node in name order, the name-order position of each
+    ``snapshot.nodes`` entry): the indexes planners keep to diff snapshots node by node."""
+    order = sorted(range(len(snapshot.nodes)), key=lambda k: snapshot.nodes[k].name)
+    position = [0] * len(order)
+    for i, k in enumerate(order):
+        position[k] = i
+    return order, position

@@ -18,6 +18,7 @@ from scheduler_plugin.snapshot import (
     PlanResult,
     SubgroupPlacement,
     changed_nodes,
+    name_order,
 )
 
 ROOT = "<cluster>"  # the virtual domain over every node (Volcano's cluster-top HyperNode)
@@ -119,10 +120,7 @@ class Index:
     def __init__(self, snapshot: ClusterSnapshot, like: tuple[ClusterSnapshot, Index] | None = None) -> None:
         if like is not None and self._reuse(snapshot, *like):
             return
-        order = sorted(range(len(snapshot.nodes)), key=lambda k: snapshot.nodes[k].name)
-        self.position = [0] * len(order)
-        for i, k in enumerate(order):
-            self.position[k] = i
+        order, self.position = name_order(snapshot)
         nodes = [snapshot.nodes[k] for k in order]
         self.tiers = snapshot.tiers
         self.names = [n.name for n in nodes]
