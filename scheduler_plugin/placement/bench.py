@@ -14,6 +14,7 @@ import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -143,14 +144,6 @@ def main(argv: list[str]) -> int:
     }[args.backfill]
     notes = [
         queue_note,
-        *(
-            [
-                "tiers dropped (--no-tiers): every policy places the jobs without their subgroup and gang "
-                "tiers; NVL-local counts the subgroups that still landed in one NVLink domain"
-            ]
-            if args.no_tiers
-            else []
-        ),
         f"arrivals scaled to offered load {args.load} over {span_h:.1f} h (seed {seeds[0]}); figures "
         "time-weighted over the last 75 % of the arrival span (first 25 % is warm-up)",
         f"figures are means over seeds {seeds[0]}..{seeds[-1]} (per-seed values in the JSON); "
@@ -161,6 +154,11 @@ def main(argv: list[str]) -> int:
         notes.append(
             f"the arrival span ({span_h:.1f} h) is short against the longest runtime ({longest_h:.1f} h): "
             "the cluster is still filling, so allocation stays under the offered load"
+        )
+    if args.no_tiers:
+        notes.append(
+            "tiers dropped (--no-tiers): every policy places the jobs without their subgroup and gang "
+            "tiers; NVL-local counts the subgroups that still landed in one NVLink domain"
         )
     if args.workload in ("philly", "mixed"):
         notes.append(
@@ -193,30 +191,17 @@ def main(argv: list[str]) -> int:
     }
     tasks = [(name, seed) for seed in seeds for name in names]
     done: dict[tuple[str, int], tuple[dict[str, Any], Any]] = {}
+    run = partial(_simulate_one, backfill=args.backfill, no_tiers=args.no_tiers)
     try:
         if workers == 1:
             for name, seed in tasks:
-                done[(name, seed)] = _simulate_one(
-                    cluster, streams[seed], name, seed, backfill=args.backfill, no_tiers=args.no_tiers
-                )
+                done[(name, seed)] = run(cluster, streams[seed], name, seed)
         else:
             with ProcessPoolExecutor(
                 max_workers=workers, mp_context=multiprocessing.get_context("spawn")
             ) as pool:
                 futures = {
-                    pool.submit(
-                        _simulate_one,
-                        cluster,
-                        streams[seed],
-                        name,
-                        seed,
-                        backfill=args.backfill,
-                        no_tiers=args.no_tiers,
-                    ): (
-                        name,
-                        seed,
-                    )
-                    for name, seed in tasks
+                    pool.submit(run, cluster, streams[seed], name, seed): (name, seed) for name, seed in tasks
                 }
                 for fut, key in futures.items():
                     done[key] = fut.result()
