@@ -18,6 +18,7 @@ import grpc
 import grpc.aio
 
 from agent import logs
+from agent.unixgrpc import unix_channel
 from deviceplugin.allocate import AllocationError, allocate
 from deviceplugin.allocator import Topology, preferred_allocation
 from deviceplugin.api import deviceplugin_pb2 as pb
@@ -28,11 +29,6 @@ from topology.model import Health
 
 API_VERSION = "v1beta1"
 MAX_UNIX_PATH = 107  # sun_path holds 108 bytes including the terminating NUL
-
-
-# Each channel keeps its own connection state: another channel's failed connect to the same socket
-# (a kubelet that was restarting) and its reconnect back-off must not hold up this one.
-OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 
 
 class PluginError(RuntimeError):
@@ -217,9 +213,7 @@ class PluginServer:
         self._server = server
         try:
             self._inode = self.socket_path.stat().st_ino
-            async with grpc.aio.insecure_channel(
-                f"unix://{self.socket_path}", options=OWN_CONNECTION
-            ) as channel:
+            async with unix_channel(self.socket_path) as channel:
                 stub = pb_grpc.DevicePluginStub(channel)
                 await stub.GetDevicePluginOptions(pb.Empty(), timeout=check_timeout_s, wait_for_ready=True)
         except (OSError, grpc.aio.AioRpcError) as exc:
@@ -255,7 +249,7 @@ async def register(
         options=pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True),
     )
     try:
-        async with grpc.aio.insecure_channel(f"unix://{kubelet_socket}", options=OWN_CONNECTION) as channel:
+        async with unix_channel(kubelet_socket) as channel:
             stub = pb_grpc.RegistrationStub(channel)
             await stub.Register(request, timeout=timeout_s, wait_for_ready=True)
     except grpc.aio.AioRpcError as exc:

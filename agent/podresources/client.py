@@ -14,6 +14,7 @@ import grpc.aio
 
 from agent.podresources.api import api_pb2, api_pb2_grpc
 from agent.podresources.model import AllocatableDevice, Assignment, PodResourcesSnapshot
+from agent.unixgrpc import unix_channel
 
 
 class PodResourcesError(Exception):
@@ -29,9 +30,7 @@ class PodResourcesClient:
 
     def _ensure(self) -> api_pb2_grpc.PodResourcesListerAsyncStub:
         if self._stub is None:
-            self._channel = grpc.aio.insecure_channel(
-                f"unix://{self.socket_path}", options=[("grpc.use_local_subchannel_pool", 1)]
-            )
+            self._channel = unix_channel(self.socket_path)
             self._stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
         return self._stub
 
