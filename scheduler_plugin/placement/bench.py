@@ -21,7 +21,7 @@ from typing import Any
 from scheduler_plugin.placement import cluster as clusters
 from scheduler_plugin.placement import optimum, report, workloads
 from scheduler_plugin.placement.machine import machine_summary
-from scheduler_plugin.placement.metrics import figures
+from scheduler_plugin.placement.metrics import figures, paired
 from scheduler_plugin.placement.policies import POLICIES
 from scheduler_plugin.placement.policies.base import TierBlind
 from scheduler_plugin.placement.sim import BACKFILL, SimulationError, simulate
@@ -216,6 +216,10 @@ def main(argv: list[str]) -> int:
             "per_seed": [{"seed": s, **r} for s, r in zip(seeds, runs, strict=True)],
         }
         timelines[name] = done[(name, seeds[0])][1]
+    anchors = [n for n in names if n != "ours" and POLICIES[n]().gang]
+    if "ours" in names and anchors and len(seeds) > 1:
+        ours = [done[("ours", seed)][0] for seed in seeds]
+        doc["paired"] = {n: paired(ours, [done[(n, seed)][0] for seed in seeds]) for n in anchors}
 
     if instances > 0:
         _small_study(doc, names, instances, args.optimum_time_limit, args.seed)

@@ -15,11 +15,15 @@
 - ``plan_p50_ms``, ``plan_p99_ms``: wall time of the policy's placement calls (nearest rank).
 - ``partial_gangs``: jobs that held some pods while waiting for the rest.
 - ``wait_mean_by_gpus_s``: mean wait per gang size (GPUs), to see which jobs a policy makes wait.
+
+``paired`` compares two policies seed by seed (the same job stream per seed), which is what tells a
+difference between policies from the spread between seeds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 
 from scheduler_plugin.placement.sim import SimResult
 
@@ -35,6 +39,17 @@ FIGURES: tuple[str, ...] = (
     "plan_p99_ms",
     "partial_gangs",
 )
+
+# figures compared seed by seed: +1 where higher is better, -1 where lower is
+BETTER: Mapping[str, int] = {
+    "allocation_ratio": 1,
+    "wait_mean_s": -1,
+    "wait_p95_s": -1,
+    "jct_mean_s": -1,
+    "stranded_gpus_mean": -1,
+    "free_domains_mean": 1,
+    "plan_p99_ms": -1,
+}
 
 
 def percentile(values: Sequence[float], pct: float) -> float:
@@ -83,3 +98,43 @@ def figures(result: SimResult) -> dict[str, object]:
         "deadlocked": result.deadlocked,
         "wait_mean_by_gpus_s": {str(g): sum(v) / len(v) for g, v in sorted(by_gpus.items())},
     }
+
+
+def paired(ours: Sequence[Mapping[str, object]], other: Sequence[Mapping[str, object]]) -> dict[str, object]:
+    """``ours`` against ``other``, seed by seed (the two lists in the same seed order), per figure of
+    ``BETTER`` both have on every seed: the mean of ours minus other, its standard error (None for one
+    seed), that mean relative to other's mean, and the seeds where ours is better and worse (equal
+    counts as neither). ``significant`` when the mean is at least two standard errors from zero."""
+    if len(ours) != len(other):
+        raise ValueError(f"paired: {len(ours)} seeds against {len(other)}")
+    out: dict[str, object] = {}
+    for key, sign in BETTER.items():
+        xs, ys = _numbers(ours, key), _numbers(other, key)
+        if not xs or not ys:
+            continue
+        diffs = [x - y for x, y in zip(xs, ys, strict=True)]
+        n = len(diffs)
+        mean = sum(diffs) / n
+        se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n) if n > 1 else None
+        base = sum(ys) / n
+        out[key] = {
+            "diff_mean": mean,
+            "diff_se": se,
+            "relative": mean / abs(base) if base else None,
+            "better_seeds": sum(1 for d in diffs if d * sign > 0),
+            "worse_seeds": sum(1 for d in diffs if d * sign < 0),
+            "seeds": n,
+            "significant": se is not None and abs(mean) >= 2 * se and mean != 0,
+        }
+    return out
+
+
+def _numbers(rows: Sequence[Mapping[str, object]], key: str) -> list[float] | None:
+    """``key`` of every row as a float, or None if a row lacks a finite number there."""
+    out: list[float] = []
+    for row in rows:
+        value = row.get(key)
+        if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+            return None
+        out.append(float(value))
+    return out

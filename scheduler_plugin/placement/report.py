@@ -24,6 +24,15 @@ _COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("partial_gangs", "partial gangs", "{:d}"),
     ("unstarted_jobs", "never started", "{:d}"),
 )
+_PAIRED: tuple[tuple[str, str, str], ...] = (
+    ("allocation_ratio", "alloc", "{:+.3f}"),
+    ("wait_mean_s", "wait mean s", "{:+,.0f}"),
+    ("wait_p95_s", "wait p95 s", "{:+,.0f}"),
+    ("jct_mean_s", "JCT mean s", "{:+,.0f}"),
+    ("stranded_gpus_mean", "stranded GPUs", "{:+.1f}"),
+    ("free_domains_mean", "free NVL domains", "{:+.2f}"),
+    ("plan_p99_ms", "plan p99 ms", "{:+.2f}"),
+)
 _SMALL: tuple[tuple[str, str, str], ...] = (
     ("small_allocation_ratio", "alloc of free GPUs", "{:.3f}"),
     ("optimum_ratio_mean", "of optimum (mean)", "{:.3f}"),
@@ -43,6 +52,19 @@ def _cell(value: Any, fmt: str) -> str:
     return fmt.format(value)
 
 
+def _paired_cell(pair: Mapping[str, Any] | None, fmt: str) -> str:
+    """``+0.004 ± 0.002 (+0.5%) 7/3*``: mean difference, its standard error, relative, seeds better/worse."""
+    if not pair:
+        return "—"
+    text = fmt.format(pair["diff_mean"])
+    if pair["diff_se"] is not None:
+        text += " ± " + fmt.replace("{:+", "{:").format(pair["diff_se"])
+    if pair["relative"] is not None:
+        text += f" ({pair['relative']:+.1%})"
+    text += f" {pair['better_seeds']}/{pair['worse_seeds']}"
+    return text + ("*" if pair["significant"] else "")
+
+
 def markdown(doc: Mapping[str, Any]) -> str:
     policies: Mapping[str, Mapping[str, Any]] = doc["policies"]
     lines = [
@@ -57,6 +79,23 @@ def markdown(doc: Mapping[str, Any]) -> str:
         if name == "optimum":
             continue
         lines.append(f"| {name} | " + " | ".join(_cell(figs.get(k), f) for k, _, f in _COLUMNS) + " |")
+    pairs: Mapping[str, Mapping[str, Mapping[str, Any]]] = doc.get("paired") or {}
+    if pairs:
+        seeds = doc["seeds"]
+        lines += [
+            "",
+            f"Ours against each gang anchor, seed by seed (seeds {seeds[0]}..{seeds[-1]}, "
+            "the same stream for both): ours minus the anchor, mean ± standard error (relative to the "
+            "anchor's mean), seeds where ours is better / worse; * marks a difference of at least two "
+            "standard errors:",
+            "",
+            "| anchor | " + " | ".join(c[1] for c in _PAIRED) + " |",
+            "|---|" + "---:|" * len(_PAIRED),
+        ]
+        for name, figs in pairs.items():
+            lines.append(
+                f"| {name} | " + " | ".join(_paired_cell(figs.get(k), f) for k, _, f in _PAIRED) + " |"
+            )
     small = doc.get("small_instances")
     if small:
         lines += [

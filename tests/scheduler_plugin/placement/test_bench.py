@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 
 from scheduler_plugin.placement import bench
-from scheduler_plugin.placement.metrics import FIGURES
+from scheduler_plugin.placement.metrics import FIGURES, paired
 
 POLICY_KEYS = {"ours", "volcano", "kueue", "kai", "slurm", "kube-default", "optimum"}
 
@@ -121,3 +122,60 @@ def test_figures_are_averaged_over_seeds_key_by_key() -> None:
         {"alloc": 0.7, "ok": False, "wait_by": {"8": 30.0, "64": 5.0}, "p99": 2.0},
     ]
     assert bench._mean(runs) == {"alloc": 0.6, "ok": False, "wait_by": {"8": 20.0, "64": 5.0}, "p99": 2.0}
+
+
+def test_paired_figures_compare_seed_by_seed_in_each_figures_own_direction() -> None:
+    ours: list[dict[str, object]] = [
+        {"allocation_ratio": 0.80, "wait_mean_s": 100.0, "plan_p99_ms": None},
+        {"allocation_ratio": 0.70, "wait_mean_s": 300.0, "plan_p99_ms": 1.0},
+        {"allocation_ratio": 0.90, "wait_mean_s": 200.0, "plan_p99_ms": 1.0},
+    ]
+    other: list[dict[str, object]] = [
+        {"allocation_ratio": 0.78, "wait_mean_s": 200.0, "plan_p99_ms": 2.0},
+        {"allocation_ratio": 0.66, "wait_mean_s": 300.0, "plan_p99_ms": 2.0},
+        {"allocation_ratio": 0.90, "wait_mean_s": 400.0, "plan_p99_ms": 2.0},
+    ]
+    out = paired(ours, other)
+    assert set(out) == {"allocation_ratio", "wait_mean_s"}  # a seed without plan_p99_ms: not compared
+    alloc = out["allocation_ratio"]
+    assert isinstance(alloc, dict)
+    assert alloc["diff_mean"] == pytest.approx(0.02)
+    assert alloc["diff_se"] == pytest.approx(math.sqrt(((0.0) ** 2 + 0.02**2 + 0.02**2) / 2 / 3))
+    assert (alloc["better_seeds"], alloc["worse_seeds"], alloc["seeds"]) == (2, 0, 3)
+    assert alloc["significant"] is False  # 0.02 against a standard error of 0.0115
+    wait = out["wait_mean_s"]
+    assert isinstance(wait, dict)
+    assert wait["diff_mean"] == pytest.approx(-100.0)  # lower wait: better
+    assert wait["relative"] == pytest.approx(-100.0 / 300.0)
+    assert (wait["better_seeds"], wait["worse_seeds"]) == (2, 0)
+    one = paired(ours[:1], other[:1])["allocation_ratio"]
+    assert isinstance(one, dict)
+    assert one["diff_se"] is None
+    assert one["significant"] is False
+    with pytest.raises(ValueError, match="3 seeds against 2"):
+        paired(ours, other[:2])
+
+
+def test_several_seeds_compare_ours_with_each_gang_anchor(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "paired.json"
+    argv = ["--quick", "--seeds", "2", "--policies", "ours,kueue,kube-default", "--workers", "1"]
+    assert bench.main([*argv, "--optimum-instances", "0", "--json", str(path)]) == 0
+    doc = json.loads(path.read_text())
+    assert set(doc["paired"]) == {"kueue"}  # kube-default places pods, not gangs: no pairing
+    alloc = doc["paired"]["kueue"]["allocation_ratio"]
+    per_seed = [
+        o["allocation_ratio"] - k["allocation_ratio"]
+        for o, k in zip(
+            doc["policies"]["ours"]["per_seed"], doc["policies"]["kueue"]["per_seed"], strict=True
+        )
+    ]
+    assert alloc["diff_mean"] == pytest.approx(sum(per_seed) / 2)
+    assert alloc["seeds"] == 2
+    out = capsys.readouterr().out
+    assert "Ours against each gang anchor, seed by seed (seeds 1..2" in out
+    assert "| kueue | " in out.split("Ours against")[1]
+    one = tmp_path / "one.json"
+    assert bench.main([*argv[:1], "--policies", "ours,kueue", "--workers", "1", "--json", str(one)]) == 0
+    assert "paired" not in json.loads(one.read_text())  # one seed: nothing to pair
