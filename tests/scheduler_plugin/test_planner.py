@@ -661,6 +661,70 @@ def test_few_changed_nodes_in_a_large_cluster_plan_like_a_fresh_snapshot(
         assert plan(derived, gang) == plan(fresh, gang), gang
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.lists(st.tuples(st.integers(0, 71), st.integers(0, 4)), max_size=4), st.integers(0, 29)),
+        min_size=20,
+        max_size=45,
+    ),
+    st.integers(0, 44),
+)
+def test_caches_built_long_ago_trimmed_logs_and_branches_plan_like_fresh_snapshots(
+    steps: list[tuple[list[tuple[int, int]], int]], branch_at: int
+) -> None:
+    # shapes are planned seldom (a shape number past the list plans nothing), so a cache is derived
+    # from a snapshot many steps back; a log of one entry per node is trimmed along the way, and one
+    # snapshot is prepared from an earlier one than the last (a branch: its caches are built afresh)
+    snap = rack_cluster([0] * 4)
+    prepared = prepare(snap)
+    history = [prepared]
+    saved = planner_module._LOG_NODES
+    planner_module._LOG_NODES = 1
+    try:
+        for k, (changes, shape) in enumerate(steps):
+            snap = _changed(snap, dict(changes))
+            like = history[-3] if k == branch_at and len(history) > 2 else prepared
+            prepared = prepare(snap, like=like)
+            history.append(prepared)
+            if shape < len(GANG_SHAPES):
+                gang = GANG_SHAPES[shape]
+                assert plan(prepared, gang) == plan(prepare(snap), gang), gang
+        for gang in GANG_SHAPES:
+            assert plan(prepared, gang) == plan(prepare(snap), gang), gang
+    finally:
+        planner_module._LOG_NODES = saved
+
+
+def test_a_cache_is_derived_from_the_last_snapshot_that_built_it_however_old() -> None:
+    snap = rack_cluster([0] * 4)
+    first = prepare(snap)
+    key = (4, ())
+    first.base_fit(key)
+    prepared = first
+    for k in range(40):  # 40 snapshots that never plan a gang of this shape, one of 6 nodes changed each
+        snap = _changed(snap, {k % 6: k % 5})
+        prepared = prepare(snap, like=prepared)
+    origin = prepared._origin("fit", key)
+    assert origin.src is first
+    assert set(origin.dirty) == set(range(6))
+    assert prepared.base_fit(key) == prepare(snap).base_fit(key)
+    assert prepared._origin("fit", key).src is None  # it has the cache now: nothing to derive
+    # so many nodes changed since (over an eighth) that building afresh is cheaper: no source
+    later = prepared
+    for i in range(72):
+        snap = _changed(snap, {i: (snap.nodes[i].free + 1) % 5})
+        later = prepare(snap, like=later)
+    again = later
+    assert again._origin("fit", key).src is None
+    # a snapshot prepared from one that is not its line's last starts a line of its own
+    branch = prepare(_changed(snap, {3: 2}), like=prepared)
+    assert branch._origin("fit", key).src is None
+    assert plan(branch, nvl72_gang(pods=4, size=4)) == plan(
+        prepare(branch.snapshot), nvl72_gang(pods=4, size=4)
+    )
+
+
 def test_a_changed_topology_is_prepared_from_scratch() -> None:
     first = rack_cluster([0, 0], trays=4)
     before = prepare(first)
