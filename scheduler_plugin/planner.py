@@ -154,25 +154,19 @@ def role_subgroups(role: Role) -> tuple[int, int, int]:
 
 
 class _Domains:
-    """Per tier index: the domains holding some of ``nodes`` or those of ``base``, each tier's set made
-    when first asked for."""
+    """Per tier index: the domains holding some of ``nodes``, each tier's set made when first asked for."""
 
-    __slots__ = ("_base", "_dom", "_nodes", "_sets")
+    __slots__ = ("_dom", "_nodes", "_sets")
 
-    def __init__(
-        self, dom: list[list[str | None]], nodes: Collection[int], base: _Domains | None = None
-    ) -> None:
-        self._dom, self._nodes, self._base = dom, nodes, base
+    def __init__(self, dom: list[list[str | None]], nodes: Collection[int]) -> None:
+        self._dom, self._nodes = dom, nodes
         self._sets: dict[int, set[str]] = {}
 
     def __getitem__(self, tier: int) -> set[str]:
         found = self._sets.get(tier)
         if found is None:
             dom_t = self._dom[tier]
-            found = {d for i in self._nodes if (d := dom_t[i]) is not None}
-            if self._base is not None:
-                found |= self._base[tier]
-            self._sets[tier] = found
+            found = self._sets[tier] = {d for i in self._nodes if (d := dom_t[i]) is not None}
         return found
 
 
@@ -215,14 +209,20 @@ class _Lineage:
             del self.log_step[:cut], self.log_node[:cut]
         return self.step
 
-    def changed_between(self, lo: int, hi: int) -> list[int] | None:
-        """The log's nodes changed at a step in (lo, hi] (repeats kept); None when the log no longer
-        reaches back to ``lo`` or holds more entries there than the cluster has nodes."""
+    def changed_between(self, a: int, b: int) -> set[int] | None:
+        """Nodes changed at a step in (min, max] of two steps; None when the log no longer reaches
+        that far back or so many changed that building afresh is cheaper."""
+        lo, hi = min(a, b), max(a, b)
         if lo < self.first:
             return None
         start = bisect.bisect_right(self.log_step, lo)
         end = bisect.bisect_right(self.log_step, hi)
-        return None if end - start > self.nodes else self.log_node[start:end]
+        if (end - start) > self.nodes:
+            return None
+        changed = set(self.log_node[start:end])
+        if hi - lo > 1 and len(changed) * _DERIVE_SHARE > self.nodes:
+            return None  # the last step's changes are taken whatever their number, as its caches are warm
+        return changed
 
 
 @dataclass
@@ -277,32 +277,13 @@ class PreparedSnapshot:
         src = line.builders.get((cache, key)) if line is not None else None
         if line is None or src is None or src is self:
             return _NO_ORIGIN
-        step = src._step
-        if step in self._changes:
-            found = self._changes[step]
+        if src._step in self._changes:
+            found = self._changes[src._step]
         else:
-            found = self._changes[step] = self._changed_since(line, step)
+            changed = line.changed_between(src._step, self._step)
+            found = None if changed is None else (changed, _Domains(self.dom, changed))
+            self._changes[src._step] = found
         return _NO_ORIGIN if found is None else _Origin(src, *found)
-
-    def _changed_since(self, line: _Lineage, step: int) -> tuple[set[int], _Domains] | None:
-        """The nodes changed between ``step`` and this snapshot's, and their domains: from the
-        nearest later step already worked out for this snapshot plus the log in between, so sources
-        of several steps back cost one pass over the log; None when building afresh is cheaper (an
-        eighth of the nodes changed, unless ``step`` is the one just before: its caches are warm)."""
-        lo, hi = min(step, self._step), max(step, self._step)
-        later = min((t for t in self._changes if lo < t < hi), default=None) if step < self._step else None
-        base = self._changes[later] if later is not None else None
-        if later is not None and base is None:
-            return None  # more changed since ``later`` already
-        nodes = line.changed_between(lo, later if later is not None else hi)
-        if nodes is None:
-            return None
-        changed = set(nodes)
-        if base is not None:
-            changed |= base[0]
-        if hi - lo > 1 and len(changed) * _DERIVE_SHARE > line.nodes:
-            return None
-        return changed, _Domains(self.dom, nodes, base[1] if base is not None else None)
 
     def _built(self, cache: str, key: object) -> None:
         """This snapshot now has ``cache`` for ``key``: later snapshots of its line derive theirs from it."""
