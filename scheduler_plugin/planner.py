@@ -76,11 +76,10 @@ nodes of one tier-1 domain share their domain at every higher tier (as HyperNode
 by identity, so repeated plans against one snapshot skip the indexing. A new snapshot with the same
 topology as the last one (same nodes, GPUs and domains in the same order: the usual case between
 two scheduling cycles) is prepared from it: the topology indexes are shared, and each per-shape
-capacity cache is copied from the last snapshot of that line that built it, however many snapshots
-ago, with only the entries of nodes changed since then (and their domains) recomputed; once an eighth
-of the nodes has changed, building it afresh (in C-level passes) is cheaper and is done instead. A
-one-role GPU-only gang whose blocks go to tier-1 domains is searched on per-domain counts; only the
-chosen plan is put on nodes.
+capacity cache is copied from the nearest of the last 16 snapshots that built it, with only the
+entries of nodes changed since then (and their domains) recomputed; once an eighth of the nodes has
+changed, building it afresh (in C-level passes) is cheaper and is done instead. A one-role GPU-only gang whose
+blocks go to tier-1 domains is searched on per-domain counts; only the chosen plan is put on nodes.
 """
 
 from __future__ import annotations
@@ -153,76 +152,15 @@ def role_subgroups(role: Role) -> tuple[int, int, int]:
     return size, role.pods // size, role.pods % size
 
 
-class _Domains:
-    """Per tier index: the domains holding some of ``nodes``, each tier's set made when first asked for."""
-
-    __slots__ = ("_dom", "_nodes", "_sets")
-
-    def __init__(self, dom: list[list[str | None]], nodes: Collection[int]) -> None:
-        self._dom, self._nodes = dom, nodes
-        self._sets: dict[int, set[str]] = {}
-
-    def __getitem__(self, tier: int) -> set[str]:
-        found = self._sets.get(tier)
-        if found is None:
-            dom_t = self._dom[tier]
-            found = self._sets[tier] = {d for i in self._nodes if (d := dom_t[i]) is not None}
-        return found
-
-
 @dataclass(frozen=True)
 class _Origin:
     src: PreparedSnapshot | None
     dirty: Collection[int]  # nodes (name order) changed since ``src``
-    dirty_dom: _Domains  # per tier: domains holding them
+    dirty_dom: list[set[str]]  # per tier: domains holding them
 
 
-_NO_ORIGIN = _Origin(None, (), _Domains([], ()))
 _DERIVE_SHARE = 8  # a cache is derived from an older snapshot's while under 1/8 of the nodes changed since
-_LOG_NODES = 8  # the change log keeps this many entries per node of the cluster (older ones go)
-_BUILDERS = 4096  # caches remembered per line of snapshots (beyond: forgotten, built afresh once)
-
-
-@dataclass
-class _Lineage:
-    """Snapshots prepared one from the other, each from the last: a log of the nodes that changed at
-    each step and, per cache, the snapshot that built it last. A snapshot derives a cache it lacks
-    from that builder, however old, recomputing the nodes changed between the two."""
-
-    nodes: int
-    step: int = 0  # of the latest snapshot
-    first: int = 0  # the log holds every change after this step
-    log_step: list[int] = field(default_factory=list)  # per entry: the step it changed at
-    log_node: list[int] = field(default_factory=list)  # ... and the node (name order)
-    builders: dict[tuple[str, object], PreparedSnapshot] = field(default_factory=dict)
-
-    def record(self, changed: Sequence[int]) -> int:
-        """A new latest snapshot, with the nodes changed since the last one; returns its step."""
-        self.step += 1
-        self.log_step.extend(repeat(self.step, len(changed)))
-        self.log_node.extend(changed)
-        if len(self.log_node) > _LOG_NODES * self.nodes:  # forget the older half of the log
-            cut = len(self.log_node) // 2
-            while 0 < cut < len(self.log_step) and self.log_step[cut] == self.log_step[cut - 1]:
-                cut += 1
-            self.first = self.log_step[cut - 1]
-            del self.log_step[:cut], self.log_node[:cut]
-        return self.step
-
-    def changed_between(self, a: int, b: int) -> set[int] | None:
-        """Nodes changed at a step in (min, max] of two steps; None when the log no longer reaches
-        that far back or so many changed that building afresh is cheaper."""
-        lo, hi = min(a, b), max(a, b)
-        if lo < self.first:
-            return None
-        start = bisect.bisect_right(self.log_step, lo)
-        end = bisect.bisect_right(self.log_step, hi)
-        if (end - start) > self.nodes:
-            return None
-        changed = set(self.log_node[start:end])
-        if hi - lo > 1 and len(changed) * _DERIVE_SHARE > self.nodes:
-            return None  # the last step's changes are taken whatever their number, as its caches are warm
-        return changed
+_CHAIN = 16  # snapshots kept behind a prepared one, to derive the caches it lacks from
 
 
 @dataclass
@@ -249,7 +187,6 @@ class PreparedSnapshot:
     _picks: dict[tuple[ScopeKey, int], list[Callable[[Sequence[int]], tuple[int, ...]]]] = field(
         default_factory=dict
     )
-    _group_at: dict[tuple[ScopeKey, int], dict[str, int]] = field(default_factory=dict)
     _group_caps: dict[tuple[RoleKey, ScopeKey, int], list[tuple[int, int]]] = field(default_factory=dict)
     _order_keys: dict[tuple[RoleKey, ScopeKey], list[tuple[bool, int, int]]] = field(default_factory=dict)
     _remainder: dict[tuple[RoleKey, ScopeKey, int], list[int]] = field(default_factory=dict)
@@ -261,47 +198,45 @@ class PreparedSnapshot:
     _tier_cap: dict[tuple[RoleKey, int], dict[str, int]] = field(default_factory=dict)
     _whole: dict[int, dict[str, bool]] = field(default_factory=dict)
     _bits: dict[str, tuple[bool, bool]] | None = None
-    # the line of snapshots this one belongs to and its step there: caches are derived from earlier
-    # snapshots' by recomputing only what changed (see _origin)
-    _lineage: _Lineage | None = None
-    _step: int = 0
-    # by a source's step: the nodes changed since and their domains per tier, or None (build afresh);
-    # not the source itself, which would keep every snapshot ever derived from alive
-    _changes: dict[int, tuple[set[int], _Domains] | None] = field(default_factory=dict)
+    # the snapshot this one was prepared from, and the nodes (name order) whose state differs from it:
+    # caches are derived from earlier snapshots' by recomputing only what changed (see _origin)
+    _prev: PreparedSnapshot | None = None
+    _dirty: list[int] = field(default_factory=list)
+    _dirty_dom: list[set[str]] = field(default_factory=list)  # per tier: domains holding dirty nodes
+    _walk: list[_Origin] = field(default_factory=list)  # see _origin
 
-    def _origin(self, cache: str, key: object) -> _Origin:
-        """The snapshot of this one's line that built ``cache`` for ``key`` last, with the nodes and
-        domains changed between the two; ``src`` None when there is none, or when the log no longer
-        reaches it or an eighth of the nodes changed: the cache is then built afresh."""
-        line = self._lineage
-        src = line.builders.get((cache, key)) if line is not None else None
-        if line is None or src is None or src is self:
-            return _NO_ORIGIN
-        if src._step in self._changes:
-            found = self._changes[src._step]
-        else:
-            changed = line.changed_between(src._step, self._step)
-            found = None if changed is None else (changed, _Domains(self.dom, changed))
-            self._changes[src._step] = found
-        return _NO_ORIGIN if found is None else _Origin(src, *found)
-
-    def _built(self, cache: str, key: object) -> None:
-        """This snapshot now has ``cache`` for ``key``: later snapshots of its line derive theirs from it."""
-        line = self._lineage
-        if line is None:
-            return
-        if len(line.builders) >= _BUILDERS:
-            line.builders.clear()
-        old = line.builders.get((cache, key))
-        if old is None or old._step <= self._step:
-            line.builders[(cache, key)] = self
+    def _origin(self, has: Callable[[PreparedSnapshot], bool]) -> _Origin:
+        """The nearest snapshot this one was prepared from that ``has`` a cache (up to ``_CHAIN``
+        steps back, while under 1/``_DERIVE_SHARE`` of the nodes changed), with the nodes and domains
+        changed since; ``src`` None when there is none: the cache is then built afresh."""
+        src = self._prev
+        if src is None or has(src):
+            return _Origin(src, self._dirty, self._dirty_dom)
+        walk = self._walk  # origins one, two, ... steps back, merged once per snapshot
+        if not walk:
+            walk.append(_Origin(src, self._dirty, self._dirty_dom))
+        for o in walk:
+            if has(o.src):  # type: ignore[arg-type]
+                return o
+        last = walk[-1]
+        while last.src is not None and (back := last.src._prev) is not None:
+            if len(last.dirty) * _DERIVE_SHARE > len(self.names):
+                break  # so much changed that building the cache afresh is cheaper
+            step = last.src
+            dirty = set(last.dirty).union(step._dirty)
+            doms = [a | b for a, b in zip(last.dirty_dom, step._dirty_dom, strict=True)]
+            last = _Origin(back, dirty, doms)
+            walk.append(last)
+            if has(back):
+                return last
+        return _Origin(None, [], [])
 
     # -- capacity -------------------------------------------------------------------------------
     def base_fit(self, key: RoleKey) -> list[int]:
         """Pods of this shape each node can host with nothing of the gang placed yet."""
         cached = self._fit.get(key)
         if cached is None:
-            o = self._origin("fit", key)
+            o = self._origin(lambda a: key in a._fit)
             if o.src is not None:
                 cached = list(o.src._fit[key])
                 gpus, reqs = key
@@ -313,7 +248,6 @@ class PreparedSnapshot:
                     for i in o.dirty:
                         cached[i] = free[i] // gpus if schedulable[i] else 0
                 self._fit[key] = cached
-                self._built("fit", key)
         if cached is None:
             gpus, reqs = key
             if reqs or gpus <= 0:
@@ -321,7 +255,6 @@ class PreparedSnapshot:
             else:  # the common case, GPUs only: one pass without a call per node
                 cached = [f // gpus if s else 0 for f, s in zip(self.free, self.schedulable, strict=True)]
             self._fit[key] = cached
-            self._built("fit", key)
         return cached
 
     def _fit_one(self, i: int, key: RoleKey, used_gpus: int, used_res: Mapping[str, int] | None) -> int:
@@ -398,7 +331,7 @@ class PreparedSnapshot:
             if tier == 0:
                 cached = {d: b == (True, True) for d, b in bits.items()}
             else:
-                o = self._origin("whole", tier)
+                o = self._origin(lambda a: tier in a._whole)
                 if o.src is not None:
                     cached = dict(o.src._whole[tier])
                     todo: Iterable[str] = o.dirty_dom[tier]
@@ -412,7 +345,6 @@ class PreparedSnapshot:
                     else:
                         cached[d] = self._whole_bit(self.members[tier][d]) == (True, True)
             self._whole[tier] = cached
-            self._built("whole", tier)
         return cached
 
     def _whole_bit(self, nodes: list[int]) -> tuple[bool, bool]:
@@ -425,14 +357,13 @@ class PreparedSnapshot:
         when all of them are free and one has a free GPU."""
         cached = self._bits
         if cached is None:
-            o = self._origin("bits", None)
+            o = self._origin(lambda a: a._bits is not None)
             prev = o.src._bits if o.src is not None else None
             todo: Iterable[str] = o.dirty_dom[0] if prev is not None else self.members[0]
             cached = dict(prev) if prev is not None else {}
             for d in todo:
                 cached[d] = self._whole_bit(self.members[0][d])
             self._bits = cached
-            self._built("bits", None)
         return cached
 
     def scope_nodes(self, scope: ScopeKey) -> list[int]:
@@ -467,15 +398,13 @@ class PreparedSnapshot:
         if cached is None:
             fit = self.base_fit(key)
             free = self.free
-            o = self._origin("group_caps", ck)
-            if o.src is not None:  # only the groups holding changed nodes, each picked in C
+            o = self._origin(lambda a: ck in a._group_caps)
+            if o.src is not None:
+                dirty = o.dirty_dom[tier]
                 cached = list(o.src._group_caps[ck])
-                picks, at = self._pickers(scope, tier), self._group_index(scope, tier)
-                for d in o.dirty_dom[tier]:
-                    k = at.get(d)
-                    if k is not None:
-                        pick = picks[k]
-                        cached[k] = (min(_UNLIMITED, sum(pick(fit))), sum(pick(free)))
+                for k, (d, nodes) in enumerate(self.groups(scope, tier)):
+                    if d in dirty:
+                        cached[k] = (min(_UNLIMITED, sum(fit[i] for i in nodes)), sum(free[i] for i in nodes))
             elif scope is not None and tier == 0:  # whole tier-1 domains take the cluster's figures
                 totals = self.domain_totals(key, 0)
                 members = self.members[0]
@@ -490,16 +419,6 @@ class PreparedSnapshot:
                     (min(_UNLIMITED, sum(pick(fit))), sum(pick(free))) for pick in self._pickers(scope, tier)
                 ]
             self._group_caps[ck] = cached
-            self._built("group_caps", ck)
-        return cached
-
-    def _group_index(self, scope: ScopeKey, tier: int) -> dict[str, int]:
-        """Each domain's position in ``groups(scope, tier)`` (topology only)."""
-        ck = (scope, tier)
-        cached = self._group_at.get(ck)
-        if cached is None:
-            cached = {d: k for k, (d, _) in enumerate(self.groups(scope, tier))}
-            self._group_at[ck] = cached
         return cached
 
     def _pickers(self, scope: ScopeKey, tier: int) -> list[Callable[[Sequence[int]], tuple[int, ...]]]:
@@ -537,7 +456,7 @@ class PreparedSnapshot:
         ck = (key, scope)
         cached = self._scope_cap.get(ck)
         if cached is None:
-            o = self._origin("scope_cap", ck)
+            o = self._origin(lambda a: ck in a._scope_cap)
             prev = o.src._scope_cap[ck] if o.src is not None else None
             if prev is not None and scope is not None and scope[1] not in o.dirty_dom[scope[0]]:
                 cached = prev
@@ -565,7 +484,6 @@ class PreparedSnapshot:
                 fit = self.base_fit(key)
                 cached = min(_UNLIMITED, sum(fit[i] for i in self.scope_nodes(scope)))
             self._scope_cap[ck] = cached
-            self._built("scope_cap", ck)
         return cached
 
     def free_order(self, key: RoleKey, scope: ScopeKey, useful: int) -> list[int]:
@@ -645,19 +563,17 @@ class PreparedSnapshot:
             d = dom0[i] if dom0 is not None else None
             return (whole.get(d, False) if d is not None else False, fit[i], i)
 
-        o = self._origin("order_keys", ck)
+        o = self._origin(lambda a: ck in a._order_keys)
         if o.src is not None:
             src, prev = o.src, o.src._order_keys[ck]
-            old_fit, old_whole = src._fit.get(key), src._whole.get(0)
-            # a node's key moves when its own room changed, or its tier-1 domain's wholeness did
-            moved = set(o.dirty)
-            if dom0 is not None:
-                members0 = self.members[0]
-                for flipped in o.dirty_dom[0]:
-                    if old_whole is None or whole.get(flipped, False) != old_whole.get(flipped, False):
-                        moved.update(members0[flipped])
+            if dom0 is None:
+                moved = set(o.dirty)
+            else:
+                dirty0 = o.dirty_dom[0]
+                moved = {i for d in dirty0 for i in self.members[0][d]}
             in_scope = set(self.scope_nodes(scope)) if scope is not None else None
             kept: list[tuple[bool, int, int]] | None = None
+            old_fit, old_whole = src._fit.get(key), src._whole.get(0)
             if (
                 old_fit is not None
                 and (old_whole is not None or dom0 is None)
@@ -687,7 +603,6 @@ class PreparedSnapshot:
         else:
             cached = sorted(sort_key(i) for i in self.scope_nodes(scope) if fit[i] > 0)
         self._order_keys[ck] = cached
-        self._built("order_keys", ck)
         return cached
 
 
@@ -724,14 +639,19 @@ def prepare(snapshot: ClusterSnapshot, like: PreparedSnapshot | None = None) -> 
             _children=like._children,
             _most_gpus=like._most_gpus,
             _picks=like._picks,
-            _group_at=like._group_at,
+            _prev=like,
+            _dirty=dirty,
+            _dirty_dom=[
+                {d for i in dirty if (d := like.dom[t][i]) is not None} for t in range(len(like.dom))
+            ],
         )
-        line = like._lineage
-        if line is None or line.step != like._step:
-            # ``like`` is not its line's latest, whose log runs past it: a new line, caches built afresh
-            line = _Lineage(nodes=len(like.names))
-            dirty = []
-        prepared._lineage, prepared._step = line, line.record(dirty)
+        like._walk = []  # its merged origins would keep snapshots past the chain alive
+        older = like
+        for _ in range(_CHAIN - 1):  # keep a few steps back; older snapshots can go
+            if older._prev is None:
+                break
+            older = older._prev
+        older._prev = None
         return prepared
     order, position = name_order(snapshot)
     nodes = [snapshot.nodes[k] for k in order]
@@ -752,7 +672,7 @@ def prepare(snapshot: ClusterSnapshot, like: PreparedSnapshot | None = None) -> 
             m[d].append(i)
         members.append(m)
         paths.append(p)
-    fresh = PreparedSnapshot(
+    return PreparedSnapshot(
         snapshot=snapshot,
         names=[n.name for n in nodes],
         free=[max(0, min(n.free, n.gpus)) for n in nodes],
@@ -766,9 +686,6 @@ def prepare(snapshot: ClusterSnapshot, like: PreparedSnapshot | None = None) -> 
         order=order,
         position=position,
     )
-    line = _Lineage(nodes=len(nodes))
-    fresh._lineage, fresh._step = line, line.record(())
-    return fresh
 
 
 _CACHE: list[PreparedSnapshot] = []
