@@ -550,7 +550,8 @@ class PreparedSnapshot:
     def _scope_order_keys(self, key: RoleKey, scope: ScopeKey) -> list[tuple[bool, int, int]]:
         """The nodes of the scope that can host this shape as sorted (in a wholly free tier-1 domain,
         pods of room, node) keys: best fit first, wholly free domains last. Derived from an earlier
-        snapshot's when one has them: only nodes of tier-1 domains holding changed nodes can move."""
+        snapshot's when one has them: only changed nodes and the nodes of tier-1 domains whose wholeness
+        changed can move."""
         ck = (key, scope)
         cached = self._order_keys.get(ck)
         if cached is not None:
@@ -566,14 +567,16 @@ class PreparedSnapshot:
         o = self._origin(lambda a: ck in a._order_keys)
         if o.src is not None:
             src, prev = o.src, o.src._order_keys[ck]
-            if dom0 is None:
-                moved = set(o.dirty)
-            else:
-                dirty0 = o.dirty_dom[0]
-                moved = {i for d in dirty0 for i in self.members[0][d]}
+            old_fit, old_whole = src._fit.get(key), src._whole.get(0)
+            # a node's key moves when its own room changed, or its tier-1 domain's wholeness did
+            moved = set(o.dirty)
+            if dom0 is not None:
+                members0 = self.members[0]
+                for flipped in o.dirty_dom[0]:
+                    if old_whole is None or whole.get(flipped, False) != old_whole.get(flipped, False):
+                        moved.update(members0[flipped])
             in_scope = set(self.scope_nodes(scope)) if scope is not None else None
             kept: list[tuple[bool, int, int]] | None = None
-            old_fit, old_whole = src._fit.get(key), src._whole.get(0)
             if (
                 old_fit is not None
                 and (old_whole is not None or dom0 is None)

@@ -661,6 +661,30 @@ def test_few_changed_nodes_in_a_large_cluster_plan_like_a_fresh_snapshot(
         assert plan(derived, gang) == plan(fresh, gang), gang
 
 
+@pytest.mark.parametrize(
+    ("busy", "change"),
+    [
+        pytest.param([1, 3, 5, 18], {0: 4}, id="a-rack-becomes-wholly-free"),
+        pytest.param([0, 3, 5, 18], {0: 0}, id="a-wholly-free-rack-is-broken-into"),
+        pytest.param([1, 3, 5, 18], {1: 2}, id="a-node-of-a-partly-used-rack-changes"),
+    ],
+)
+def test_the_node_order_follows_a_racks_wholeness_not_only_its_changed_nodes(
+    busy: list[int], change: dict[int, int]
+) -> None:
+    # the order key of a node of a rack whose wholeness flipped moves though the node did not change
+    first = rack_cluster(busy)
+    before = prepare(first)
+    for gpus in (1, 4):
+        before.free_order((gpus, ()), None, 1)
+    second = _changed(first, change)
+    derived, fresh = prepare(second, like=before), prepare(second)
+    for gpus in (1, 4):
+        assert derived.free_order((gpus, ()), None, 1) == fresh.free_order((gpus, ()), None, 1)
+    gang = Gang("ones", (Role("w", 6, 1),))
+    assert plan(derived, gang) == plan(fresh, gang)
+
+
 def test_a_changed_topology_is_prepared_from_scratch() -> None:
     first = rack_cluster([0, 0], trays=4)
     before = prepare(first)
