@@ -10,6 +10,8 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from scheduler_plugin.placement.metrics import BETTER
+
 _COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("allocation_ratio", "alloc", "{:.3f}"),
     ("allocation_ratio_saturated", "alloc@sat", "{:.3f}"),
@@ -24,14 +26,9 @@ _COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("partial_gangs", "partial gangs", "{:d}"),
     ("unstarted_jobs", "never started", "{:d}"),
 )
-_PAIRED: tuple[tuple[str, str, str], ...] = (
-    ("allocation_ratio", "alloc", "{:+.3f}"),
-    ("wait_mean_s", "wait mean s", "{:+,.0f}"),
-    ("wait_p95_s", "wait p95 s", "{:+,.0f}"),
-    ("jct_mean_s", "JCT mean s", "{:+,.0f}"),
-    ("stranded_gpus_mean", "stranded GPUs", "{:+.1f}"),
-    ("free_domains_mean", "free NVL domains", "{:+.2f}"),
-    ("plan_p99_ms", "plan p99 ms", "{:+.2f}"),
+# the figures compared seed by seed, as signed differences
+_PAIRED: tuple[tuple[str, str, str], ...] = tuple(
+    (key, label, fmt.replace("{:", "{:+", 1)) for key, label, fmt in _COLUMNS if key in BETTER
 )
 _SMALL: tuple[tuple[str, str, str], ...] = (
     ("small_allocation_ratio", "alloc of free GPUs", "{:.3f}"),
