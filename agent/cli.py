@@ -13,9 +13,9 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "discover": ("agent.commands.discover", "discover this node's GPUs, MIG, NVLink, fabric and IB"),
     "run": ("agent.commands.run", "run the node agent: device plugins, health, metrics, publishing"),
-    "controller": ("topology.controller_command", "build and apply the HyperNode tree (+ exports)"),
-    "extender": ("scheduler_plugin.extender_command", "serve the kube-scheduler extender"),
-    "plan": ("scheduler_plugin.plan_command", "plan one gang on a cluster snapshot (offline)"),
+    "controller": ("agent.commands.controller", "build and apply the HyperNode tree (+ exports)"),
+    "extender": ("agent.commands.extender", "serve the kube-scheduler extender"),
+    "plan": ("agent.commands.plan", "plan one gang on a cluster snapshot (offline)"),
     "bench": ("agent.commands.bench", "run a benchmark and print its figures"),
     "demo": ("agent.commands.demo", "start a simulated cluster end to end"),
 }

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from agent.logs import FORMATS, LEVELS
+from topology.logs import FORMATS, LEVELS
 from deviceplugin.config import ConfigError, MigStrategy, PluginConfig, parse_plugin_config
 
 ENV_PREFIX = "GPU_NODE_AGENT_"

@@ -14,7 +14,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from agent import logs
+from topology import logs
 from agent.healthbook import HealthBook, HealthConfig, Outcome
 from agent.nvml.errors import LOST_CODES, NVMLError
 from agent.nvml.protocol import EventKind, NvmlBackend, NvmlEvent

@@ -759,7 +759,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
     import tempfile
 
-    from agent.benchinfo import describe_ms, machine_summary
+    from agent.benchmarks.machine import describe_ms, machine_summary
 
     parser = argparse.ArgumentParser(prog="python -m agent.localcluster", description=main.__doc__)
     parser.add_argument("--rounds", type=int, default=3, help="start-up rounds (default 3)")

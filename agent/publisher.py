@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote
 
-from agent import logs
+from topology import logs
 from topology.gpunode import API_VERSION, KIND, gpunode_object
 from topology.kube import GPUNODES, NODES, Kube, KubeError
 from topology.labels import node_labels

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from agent import logs
+from topology import logs
 from agent.healthbook import HEALTHY, DeviceHealth
 from agent.nvml.protocol import EventKind, NvmlEvent
 from topology.model import Gpu, NodeInventory

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent import logs
+from topology import logs
 from agent.runtime import Change, InventoryStore, StoreUpdate
 from deviceplugin.allocator import Topology, topology_from_inventory
 from deviceplugin.cdi import cdi_spec, write_spec

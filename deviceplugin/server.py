@@ -17,8 +17,8 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from agent import logs
-from agent.unixgrpc import unix_channel
+from topology import logs
+from deviceplugin.unixgrpc import unix_channel
 from deviceplugin.allocate import AllocationError, allocate
 from deviceplugin.allocator import Topology, preferred_allocation
 from deviceplugin.api import deviceplugin_pb2 as pb

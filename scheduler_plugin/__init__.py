@@ -5,5 +5,5 @@ Owns: the planner's types (``snapshot``) and algorithm (``planner``), the gang s
 API objects to snapshots (``cluster``), the extender's pure state (``state``), its HTTP server
 (``extender``), the Kubernetes adapter (``kube``) and the commands. The planner and snapshot import
 no I/O library (an import-linter contract). Nothing here imports ``agent`` or ``deviceplugin``,
-except the benchmark, which prints ``agent.benchinfo``'s machine summary.
+except the benchmark, which prints ``agent.benchmarks.machine``'s machine summary.
 """

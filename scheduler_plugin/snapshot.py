@@ -1,7 +1,7 @@
 """Planner input and output: a cluster snapshot, a gang, and a plan. Pure data, no I/O.
 
 Shapes follow ARCHITECTURE.md's ``plan`` formats (``C.yaml`` / ``G.yaml``); the YAML/JSON adapters
-live in ``scheduler_plugin.plan_command``.
+live in ``agent.commands.plan``.
 """
 
 from __future__ import annotations

@@ -8,5 +8,5 @@ Pure cores (no I/O, no clock): ``model``, ``nvlink`` (a node's NVLink domain), `
 Lease elector), ``controller`` (reflectors, debounced reconcile), ``controller_command`` (the CLI).
 
 Must not import ``agent``, ``deviceplugin`` or ``scheduler_plugin`` (``bench`` may use
-``agent.benchinfo``); ``topology.model`` imports nothing of ours.
+``agent.benchmarks.machine``); ``topology.model`` imports nothing of ours.
 """

@@ -1,6 +1,6 @@
 """``gpu-node-agent bench TARGET``: each package owns its benchmark; this picks one.
 
-Every benchmark prints its figures and the machine it ran on (see ``agent.benchinfo``).
+Every benchmark prints its figures and the machine it ran on (see ``agent.benchmarks.machine``).
 """
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ import importlib
 import sys
 
 TARGETS: dict[str, tuple[str, str]] = {
-    "discovery": ("agent.discovery_bench", "full discovery time per simulated profile"),
-    "simulator": ("agent.nvml.sim_bench", "NVML simulator: fault-file to event latency, per-call cost"),
-    "deviceplugin": ("deviceplugin.bench", "Allocate, health propagation, re-registration"),
-    "metrics": ("agent.metrics.bench", "scrape latency, RSS and CPU of the exporter"),
-    "topology": ("topology.bench", "HyperNode build and diff for 10,000 nodes"),
-    "planner": ("scheduler_plugin.bench", "plan latency and extender throughput"),
-    "placement": ("scheduler_plugin.placement.bench", "our planner against the anchors"),
+    "discovery": ("agent.benchmarks.discovery", "full discovery time per simulated profile"),
+    "simulator": ("agent.benchmarks.simulator", "NVML simulator: fault-file to event latency, per-call cost"),
+    "deviceplugin": ("agent.benchmarks.deviceplugin", "Allocate, health propagation, re-registration"),
+    "metrics": ("agent.benchmarks.metrics", "scrape latency, RSS and CPU of the exporter"),
+    "topology": ("agent.benchmarks.topology", "HyperNode build and diff for 10,000 nodes"),
+    "planner": ("agent.benchmarks.planner", "plan latency and extender throughput"),
+    "placement": ("agent.benchmarks.placement", "our planner against the anchors"),
 }
 
 

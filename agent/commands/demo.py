@@ -5,7 +5,7 @@ What it starts, all in this process:
 - one node agent per simulated node (``gb200-nvl72`` trays in NVL72 racks, and ``dgx-h100`` nodes),
   each the real ``run`` agent (:func:`agent.commands.run.serve`): discovery through the NVML simulator,
   health, device plugins serving kubelet's v1beta1 API on real unix sockets and registered with an
-  in-process kubelet stand-in (:mod:`deviceplugin.fakekubelet`), and a metrics endpoint;
+  in-process kubelet stand-in (:mod:`agent.fakekubelet`), and a metrics endpoint;
 - publishing: with ``--control-plane`` (the real etcd + kube-apiserver built by the test command) the
   agents write their ``GPUNode`` and labels to it and the topology controller applies HyperNodes;
   otherwise the objects they would apply are written as YAML into the output folder;
@@ -37,13 +37,13 @@ from typing import Any, TextIO, cast
 
 import yaml
 
-from agent import logs
+from topology import logs
 from agent.commands import run as run_command
 from agent.config import RunSettings
 from agent.nvml.sim_sysfs import ibnetdiscover_sample
 from agent.nvml.simulate import parse_spec
 from agent.runtime import InventoryStore
-from deviceplugin.fakekubelet import FakeKubelet
+from agent.fakekubelet import FakeKubelet
 from scheduler_plugin.cluster import snapshot_from_objects
 from scheduler_plugin.planner import plan
 from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, NodeState, Plan, Role

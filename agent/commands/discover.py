@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from agent import logs
+from topology import logs
 from agent.discovery import discover
 from agent.mps import DEFAULT_PIPE_DIRECTORY
 from agent.nvml.errors import NVMLError

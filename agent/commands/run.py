@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent import logs
+from topology import logs
 from agent.config import RunSettings, add_arguments, load_settings
 from agent.discovery import discover
 from agent.health import HealthMonitor

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from agent import logs
+from topology import logs
 from agent.metrics.attribution import Attribution, DeviceResolver, PodOfProcess, attribute, sharing
 from agent.metrics.procmap import ProcessPodMapper
 from agent.metrics.snapshot import GpuView, MetricsSnapshot, MigView, RefreshStats

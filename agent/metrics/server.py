@@ -14,7 +14,7 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 
-from agent import logs
+from topology import logs
 from agent.metrics.native import ScrapeStats
 
 ReadinessCheck = Callable[[], str | None]

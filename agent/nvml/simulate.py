@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent import logs
+from topology import logs
 from agent.nvml.errors import CODES
 from agent.nvml.fake import SimulatedNvml, SimulationError
 from agent.nvml.profiles import PROFILES as _PROFILES

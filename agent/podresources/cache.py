@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agent import logs
+from topology import logs
 from agent.podresources.client import PodResourcesClient, PodResourcesError
 from agent.podresources.model import EMPTY, PodResourcesSnapshot
 

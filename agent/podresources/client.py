@@ -14,7 +14,7 @@ import grpc.aio
 
 from agent.podresources.api import api_pb2, api_pb2_grpc
 from agent.podresources.model import AllocatableDevice, Assignment, PodResourcesSnapshot
-from agent.unixgrpc import unix_channel
+from deviceplugin.unixgrpc import unix_channel
 
 
 class PodResourcesError(Exception):

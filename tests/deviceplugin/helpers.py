@@ -9,7 +9,7 @@ from pathlib import Path
 from agent.discovery import discover
 from agent.nvml.fake import SimulatedNvml
 from agent.nvml.simulate import build_simulator, parse_spec
-from deviceplugin.fakekubelet import FakeKubelet, Registration, running_kubelet
+from agent.fakekubelet import FakeKubelet, Registration, running_kubelet
 from topology.model import Host, NodeInventory
 
 __all__ = [

@@ -28,7 +28,7 @@ class RunningExtender:
     def __init__(self, kubeconfig: str) -> None:
         from kubernetes import config
 
-        from scheduler_plugin.extender_command import Service, Settings
+        from agent.commands.extender import Service, Settings
 
         settings = Settings(
             host="127.0.0.1",
@@ -305,7 +305,7 @@ def test_plan_from_the_live_cluster(
 
     import yaml
 
-    from scheduler_plugin.plan_command import main
+    from agent.commands.plan import main
 
     api = control_plane.apiserver.api_client()
     try:

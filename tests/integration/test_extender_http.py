@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from scheduler_plugin.extender_command import Service, Settings
+from agent.commands.extender import Service, Settings
 from tests.integration.fakekube import FakeKube, hypernode, node, pod
 from tests.kubeconfig import write_token_kubeconfig
 
@@ -412,7 +412,7 @@ def test_extender_command_serves_and_stops_on_sigterm(fake: FakeKube, tmp_path: 
 def test_extender_command_rejects_bad_settings(
     argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from scheduler_plugin.extender_command import main
+    from agent.commands.extender import main
 
     with pytest.raises(SystemExit) as exc:
         main(argv)

@@ -249,7 +249,7 @@ def test_command_once_against_the_cluster(
     fake: tuple[FakeKube, str], tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
 
-    from topology import controller_command
+    from agent.commands import controller as controller_command
 
     f, url = fake
     kubeconfig = write_token_kubeconfig(tmp_path / "kubeconfig", url)

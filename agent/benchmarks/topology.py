@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from agent.benchinfo import describe_ms, machine_summary
+from agent.benchmarks.machine import describe_ms, machine_summary
 from topology.builder import NodeFacts, TopologyInput, build_tree, desired_objects, diff
 from topology.controller import Inputs, ParseCache, build_from
 from topology.gpunode import gpunode_object

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from agent.cli import main as cli_main
-from scheduler_plugin.plan_command import main
+from agent.commands.plan import main
 from tests.kubeconfig import token_kubeconfig
 
 CLUSTER = {

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from agent.benchinfo import describe_ms, machine_summary
+from agent.benchmarks.machine import describe_ms, machine_summary
 from agent.nvml.fake import SimulatedNvml
 from agent.nvml.simulate import FaultFollower, build_simulator
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from agent.commands import bench
-from agent.nvml import sim_bench
+from agent.benchmarks import simulator as sim_bench
 
 
 def test_simulator_bench_prints_figures_and_the_machine(capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,7 +2,7 @@
 
 Usage::
 
-    from agent import logs
+    from topology import logs
 
     logs.configure("auto", "info")          # once, in a command's composition root
     log = logs.get_logger("agent.discovery").bind(node="rack0-tray3")

@@ -176,7 +176,7 @@ async def _run(settings: Settings) -> int:
 
 def main(argv: list[str]) -> int:
     settings = parse_settings(argv)
-    from agent import logs  # noqa: PLC0415 - the project's structured logging, set up once here
+    from topology import logs  # noqa: PLC0415 - the project's structured logging, set up once here
 
     logs.configure(settings.log_format, settings.log_level)
     return asyncio.run(_run(settings))

@@ -25,7 +25,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from agent.benchinfo import describe_ms, machine_summary, percentile
+from agent.benchmarks.machine import describe_ms, machine_summary, percentile
 from scheduler_plugin.planner import plan, prepare
 from scheduler_plugin.snapshot import ClusterSnapshot, Gang, NodeState, Plan, Role
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_plugin.bench import main
+from agent.benchmarks.planner import main
 
 
 def test_bench_planner_quick(capsys: pytest.CaptureFixture[str]) -> None:

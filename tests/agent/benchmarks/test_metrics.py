@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from agent.metrics import bench
+from agent.benchmarks import metrics as bench
 
 
 def test_bench_prints_every_figure(capsys: pytest.CaptureFixture[str]) -> None:

@@ -41,7 +41,7 @@ from typing import IO, Any
 
 import psutil
 
-from agent.benchinfo import machine_summary, percentile
+from agent.benchmarks.machine import machine_summary, percentile
 from agent.podresources.fake import FakeContainer, FakePod, FakePodResourcesServer
 
 TARGET_P99_MS = 10.0
@@ -221,7 +221,7 @@ class Run:
             [
                 sys.executable,
                 "-m",
-                "agent.metrics.bench",
+                "agent.benchmarks.metrics",
                 "_serve",
                 str(self.dir / "plan.json"),
                 self.socket,

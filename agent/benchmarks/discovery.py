@@ -18,7 +18,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from agent.benchinfo import describe_ms, machine_summary
+from agent.benchmarks.machine import describe_ms, machine_summary
 from agent.nvml.simulate import PROFILES
 from agent.simnode import open_simulated_node
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from topology import bench
+from agent.benchmarks import topology as bench
 from topology.builder import build_tree
 
 

@@ -1,7 +1,7 @@
 """``gpu-node-agent bench deviceplugin``: the device plugin's latencies, measured over real sockets.
 
 The node runtime (health monitor, fault follower, rediscovery, plugin manager) runs on a simulated
-machine in a temporary directory; an in-process kubelet stand-in (:mod:`deviceplugin.fakekubelet`)
+machine in a temporary directory; an in-process kubelet stand-in (:mod:`agent.fakekubelet`)
 registers it and consumes ListAndWatch. Measured:
 
 - Allocate latency: a blocking gRPC client in a worker thread, one container per call;
@@ -32,8 +32,8 @@ from pathlib import Path
 
 import grpc
 
-from agent import logs
-from agent.benchinfo import describe_ms, machine_summary, percentile
+from topology import logs
+from agent.benchmarks.machine import describe_ms, machine_summary, percentile
 from agent.health import HealthMonitor
 from agent.runtime import Component, InventoryStore, Rediscovery, run_components
 from agent.simnode import open_simulated_node
@@ -48,7 +48,7 @@ from deviceplugin.allocator import (
 from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
 from deviceplugin.config import parse_plugin_config
-from deviceplugin.fakekubelet import FakeKubelet
+from agent.fakekubelet import FakeKubelet
 from deviceplugin.manager import PluginManager
 from topology.model import LinkLevel
 

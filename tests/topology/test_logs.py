@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent import logs
+from topology import logs
 
 
 class _Tty(io.StringIO):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler_plugin.placement import bench
+from agent.benchmarks import placement as bench
 from scheduler_plugin.placement.metrics import FIGURES, paired
 
 POLICY_KEYS = {"ours", "volcano", "kueue", "kai", "slurm", "kube-default", "optimum"}

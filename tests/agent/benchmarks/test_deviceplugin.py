@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from deviceplugin import bench
+from agent.benchmarks import deviceplugin as bench
 
 
 @pytest.fixture(autouse=True)
