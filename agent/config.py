@@ -21,8 +21,8 @@ from typing import Any
 
 import yaml
 
-from topology.logs import FORMATS, LEVELS
 from deviceplugin.config import ConfigError, MigStrategy, PluginConfig, parse_plugin_config
+from topology.logs import FORMATS, LEVELS
 
 ENV_PREFIX = "GPU_NODE_AGENT_"
 CONFIG_VERSION = "v1"

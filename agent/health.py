@@ -14,11 +14,11 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from topology import logs
 from agent.healthbook import HealthBook, HealthConfig, Outcome
 from agent.nvml.errors import LOST_CODES, NVMLError
 from agent.nvml.protocol import EventKind, NvmlBackend, NvmlEvent
 from agent.runtime import Change, InventoryStore, StoreUpdate, sleep_until
+from topology import logs
 
 WAIT_TIMEOUT_MS = 100
 MAX_WAIT_BACKOFF_S = 5.0

@@ -21,9 +21,9 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from topology import logs
 from agent.healthbook import HEALTHY, DeviceHealth
 from agent.nvml.protocol import EventKind, NvmlEvent
+from topology import logs
 from topology.model import Gpu, NodeInventory
 
 

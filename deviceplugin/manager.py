@@ -22,13 +22,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from topology import logs
 from agent.runtime import Change, InventoryStore, StoreUpdate
 from deviceplugin.allocator import Topology, topology_from_inventory
 from deviceplugin.cdi import cdi_spec, write_spec
 from deviceplugin.config import PluginConfig
 from deviceplugin.resources import Resource, ResourceError, ResourcePlan, build_plan
 from deviceplugin.server import PluginError, PluginServer, PluginState, check_socket_path, register
+from topology import logs
 from topology.model import LinkLevel, NodeInventory
 
 KUBELET_SOCKET = "kubelet.sock"

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import grpc
 
-from topology import logs
 from agent.benchmarks.machine import describe_ms, machine_summary, percentile
+from agent.fakekubelet import FakeKubelet
 from agent.health import HealthMonitor
 from agent.runtime import Component, InventoryStore, Rediscovery, run_components
 from agent.simnode import open_simulated_node
@@ -48,8 +48,8 @@ from deviceplugin.allocator import (
 from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
 from deviceplugin.config import parse_plugin_config
-from agent.fakekubelet import FakeKubelet
 from deviceplugin.manager import PluginManager
+from topology import logs
 from topology.model import LinkLevel
 
 GPU = "nvidia.com/gpu"

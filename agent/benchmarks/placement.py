@@ -18,9 +18,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from agent.benchmarks.machine import machine_summary
 from scheduler_plugin.placement import cluster as clusters
 from scheduler_plugin.placement import optimum, report, workloads
-from agent.benchmarks.machine import machine_summary
 from scheduler_plugin.placement.metrics import figures, paired
 from scheduler_plugin.placement.policies import POLICIES
 from scheduler_plugin.placement.policies.base import TierBlind

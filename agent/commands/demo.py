@@ -37,16 +37,16 @@ from typing import Any, TextIO, cast
 
 import yaml
 
-from topology import logs
 from agent.commands import run as run_command
 from agent.config import RunSettings
+from agent.fakekubelet import FakeKubelet
 from agent.nvml.sim_sysfs import ibnetdiscover_sample
 from agent.nvml.simulate import parse_spec
 from agent.runtime import InventoryStore
-from agent.fakekubelet import FakeKubelet
 from scheduler_plugin.cluster import snapshot_from_objects
 from scheduler_plugin.planner import plan
 from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, NodeState, Plan, Role
+from topology import logs
 from topology.builder import FabricPolicy, Tree, desired_objects
 from topology.controller import Inputs, build_from
 from topology.gpunode import gpunode_object

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from topology import logs
 from agent.discovery import discover
 from agent.mps import DEFAULT_PIPE_DIRECTORY
 from agent.nvml.errors import NVMLError
 from agent.nvml.protocol import NvmlBackend
+from topology import logs
 from topology.model import FabricHealthSummary, FabricInfo, FabricState, Host, MigState, NodeInventory
 
 PROG = "gpu-node-agent discover"

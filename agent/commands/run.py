@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from topology import logs
 from agent.config import RunSettings, add_arguments, load_settings
 from agent.discovery import discover
 from agent.health import HealthMonitor
@@ -36,6 +35,7 @@ from agent.runtime import Component, InventoryStore, Rediscovery, run_components
 from deviceplugin.config import ConfigError
 from deviceplugin.manager import AllocatableCheck, PluginManager
 from deviceplugin.resources import ResourceError, build_plan
+from topology import logs
 from topology.model import LinkLevel, NodeInventory
 
 if TYPE_CHECKING:

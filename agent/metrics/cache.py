@@ -23,7 +23,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from topology import logs
 from agent.metrics.attribution import Attribution, DeviceResolver, PodOfProcess, attribute, sharing
 from agent.metrics.procmap import ProcessPodMapper
 from agent.metrics.snapshot import GpuView, MetricsSnapshot, MigView, RefreshStats
@@ -31,6 +30,7 @@ from agent.nvml.errors import NVMLError
 from agent.nvml.protocol import EventKind, GpuSample, MigSample, NvmlBackend, NvmlEvent, ProcessUtilization
 from agent.podresources.cache import PodResourcesStats
 from agent.podresources.model import EMPTY, PodResourcesSnapshot
+from topology import logs
 from topology.model import FabricInfo, Gpu, NodeInventory
 
 # NVML codes after which NVML as a whole is unusable (not one GPU): UNINITIALIZED, DRIVER_NOT_LOADED,

@@ -14,8 +14,8 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 
-from topology import logs
 from agent.metrics.native import ScrapeStats
+from topology import logs
 
 ReadinessCheck = Callable[[], str | None]
 

@@ -37,11 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from topology import logs
 from agent.nvml.errors import CODES
 from agent.nvml.fake import SimulatedNvml, SimulationError
 from agent.nvml.profiles import PROFILES as _PROFILES
 from agent.nvml.profiles import MachineSpec, build_machine
+from topology import logs
 from topology.model import FabricHealthSummary
 
 log = logs.get_logger(__name__)

@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from topology import logs
 from agent.podresources.client import PodResourcesClient, PodResourcesError
 from agent.podresources.model import EMPTY, PodResourcesSnapshot
+from topology import logs
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,10 +8,10 @@ import pathlib
 import pytest
 import yaml
 
+from agent.commands import controller as controller_command
 from agent.commands import discover
 from agent.nvml.sim_sysfs import ibnetdiscover_sample
 from agent.nvml.simulate import parse_spec
-from agent.commands import controller as controller_command
 
 SPECS = {
     **{f"rack{r}-tray{t}": f"gb200-nvl72:rack={r},tray={t}" for r in range(2) for t in range(3)},

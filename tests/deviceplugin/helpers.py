@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.discovery import discover
+from agent.fakekubelet import FakeKubelet, Registration, running_kubelet
 from agent.nvml.fake import SimulatedNvml
 from agent.nvml.simulate import build_simulator, parse_spec
-from agent.fakekubelet import FakeKubelet, Registration, running_kubelet
 from topology.model import Host, NodeInventory
 
 __all__ = [

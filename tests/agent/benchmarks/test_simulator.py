@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.commands import bench
 from agent.benchmarks import simulator as sim_bench
+from agent.commands import bench
 
 
 def test_simulator_bench_prints_figures_and_the_machine(capsys: pytest.CaptureFixture[str]) -> None:
