@@ -3,7 +3,7 @@ health, preferred allocation) and the thin gRPC servers that speak to kubelet.
 
 Pure decisions (no I/O, no clock; an import-linter contract keeps them so):
 ``config`` (the ``version: v1`` plugin sections), ``resources`` (MIG strategies, sharing, device IDs),
-``allocator`` (NVLink-aware preferred allocation, exact), ``allocate`` (Allocate responses and refusals),
+``preferred`` (NVLink-aware preferred allocation, exact), ``container`` (Allocate responses and refusals),
 ``cdi`` (the CDI spec; its writer is the one file operation).
 Adapters: ``server`` (one gRPC server per resource, ``Register``), ``manager`` (the component that keeps
 servers and registrations true while the node and kubelet change), ``fakekubelet`` (a kubelet stand-in

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.healthbook import DEFAULT_IGNORED_XIDS, HealthConfig
-from deviceplugin.allocator import Policy
+from deviceplugin.preferred import Policy
 
 RESOURCE_PREFIX = "nvidia.com/"
 MAX_RESOURCE_NAME = 63

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.runtime import Change, InventoryStore, StoreUpdate
-from deviceplugin.allocator import Topology, topology_from_inventory
 from deviceplugin.cdi import cdi_spec, write_spec
 from deviceplugin.config import PluginConfig
+from deviceplugin.preferred import Topology, topology_from_inventory
 from deviceplugin.resources import Resource, ResourceError, ResourcePlan, build_plan
 from deviceplugin.server import PluginError, PluginServer, PluginState, check_socket_path, register
 from topology import logs

@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from deviceplugin.allocator import Candidate, DeviceKind
 from deviceplugin.config import (
     DeviceIdStrategy,
     MigStrategy,
@@ -26,6 +25,7 @@ from deviceplugin.config import (
     SharedResource,
     SharingStrategy,
 )
+from deviceplugin.preferred import Candidate, DeviceKind
 from topology.model import Gpu, MigDevice, NodeInventory
 
 GPU_RESOURCE = "nvidia.com/gpu"

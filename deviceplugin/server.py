@@ -17,11 +17,11 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from deviceplugin.allocate import AllocationError, allocate
-from deviceplugin.allocator import Topology, preferred_allocation
 from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
 from deviceplugin.config import PluginConfig
+from deviceplugin.container import AllocationError, allocate
+from deviceplugin.preferred import Topology, preferred_allocation
 from deviceplugin.resources import Resource
 from deviceplugin.unixgrpc import unix_channel
 from topology import logs

@@ -37,7 +37,11 @@ from agent.fakekubelet import FakeKubelet
 from agent.health import HealthMonitor
 from agent.runtime import Component, InventoryStore, Rediscovery, run_components
 from agent.simnode import open_simulated_node
-from deviceplugin.allocator import (
+from deviceplugin.api import deviceplugin_pb2 as pb
+from deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
+from deviceplugin.config import parse_plugin_config
+from deviceplugin.manager import PluginManager
+from deviceplugin.preferred import (
     Candidate,
     DeviceKind,
     Topology,
@@ -45,10 +49,6 @@ from deviceplugin.allocator import (
     preferred_allocation,
     topology_from_inventory,
 )
-from deviceplugin.api import deviceplugin_pb2 as pb
-from deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
-from deviceplugin.config import parse_plugin_config
-from deviceplugin.manager import PluginManager
 from topology import logs
 from topology.model import LinkLevel
 

@@ -7,7 +7,6 @@ from typing import Any
 import pytest
 
 from agent.healthbook import DEFAULT_IGNORED_XIDS
-from deviceplugin.allocator import Policy
 from deviceplugin.config import (
     ConfigError,
     ListStrategy,
@@ -15,6 +14,7 @@ from deviceplugin.config import (
     SharingStrategy,
     parse_plugin_config,
 )
+from deviceplugin.preferred import Policy
 
 
 def test_defaults() -> None:

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deviceplugin.allocator import DeviceKind
 from deviceplugin.config import parse_plugin_config
+from deviceplugin.preferred import DeviceKind
 from deviceplugin.resources import GPU_RESOURCE, ResourceError, build_plan, mig_resource_name
 from tests.deviceplugin.helpers import inventory
 

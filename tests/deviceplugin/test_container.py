@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from deviceplugin.allocate import (
+from deviceplugin.config import PluginConfig, parse_plugin_config
+from deviceplugin.container import (
     MPS_PINNED,
     MPS_PIPE,
     MPS_THREADS,
@@ -14,7 +15,6 @@ from deviceplugin.allocate import (
     AllocationError,
     allocate,
 )
-from deviceplugin.config import PluginConfig, parse_plugin_config
 from deviceplugin.resources import GPU_RESOURCE, Resource, build_plan
 from tests.deviceplugin.helpers import inventory
 

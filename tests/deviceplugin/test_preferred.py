@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from deviceplugin.allocator import (
+from deviceplugin.preferred import (
     Candidate,
     DeviceKind,
     Policy,

@@ -57,7 +57,7 @@ class DeviceKind(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """What the allocator needs to know about one kubelet device."""
+    """What preferred allocation needs to know about one kubelet device."""
 
     id: str
     gpu: str  # the physical GPU's UUID (the parent for MIG devices and replicas)
@@ -131,7 +131,7 @@ class Topology:
 def topology_from_inventory(
     inventory: NodeInventory, *, pcie_levels: Mapping[tuple[int, int], LinkLevel] | None = None
 ) -> Topology:
-    """The allocator's view of a node: NVLink counts from the connectivity matrix, PCIe levels from the
+    """Preferred allocation's view of a node: NVLink counts from the connectivity matrix, PCIe levels from the
     matrix where a pair is not NVLinked (or from ``pcie_levels``, NVML's common-ancestor answers by GPU
     index, where given), NUMA from each GPU. An NVLinked pair whose PCIe level is unknown counts as
     ``NODE`` on one NUMA node and ``SYS`` across nodes."""
