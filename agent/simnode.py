@@ -1,8 +1,11 @@
 """A simulated node ready to discover: the simulator of a ``--simulate`` spec, the sysfs tree it
-implies (InfiniBand HCAs in kernel formats) and its host facts.
+implies (InfiniBand HCAs in kernel formats), its host facts and, with ``--simulate-faults``, the
+follower of its fault file.
 
 One place for what ``discover``, ``run``, ``demo`` and the discovery benchmark each need when they
-simulate, so they all see the same machine the same way.
+simulate, so they all see the same machine the same way. The node owns its fault follower: the lines
+already in the file apply when the node opens, and whoever runs the node runs ``node.faults`` as one
+more component (``await node.faults.run(stop)``) to apply the lines appended later.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from agent.discovery import discover
 from agent.host import simulated_host
 from agent.mps import DEFAULT_PIPE_DIRECTORY
 from agent.nvml.fake import SimulatedNvml
+from agent.nvml.faults import FaultFollower
 from agent.nvml.sim_sysfs import write_sysfs
 from agent.nvml.simulate import SimSpec, build_simulator, parse_spec
 from topology.model import Host, NodeInventory
@@ -28,6 +32,7 @@ class SimulatedNode:
     sysfs_root: Path
     mps_root: Path  # an empty root: no MPS daemon unless a test writes one
     host: Host
+    faults: FaultFollower | None = None  # the follower of the fault file, where one was given
     _stack: ExitStack = field(default_factory=ExitStack, repr=False)
 
     def discover(self, *, mps_pipe_directory: str = DEFAULT_PIPE_DIRECTORY) -> NodeInventory:
@@ -58,6 +63,7 @@ def open_simulated_node(
     hostname: str | None = None,
 ) -> SimulatedNode:
     """The node of a spec, its sysfs tree written into a temporary folder unless ``sysfs_root`` is given.
+    With ``faults_path``, the lines already in that file are applied and ``faults`` follows the rest.
 
     Raises ``SimSpecError`` (a ``ValueError``, one line naming the valid choices) for a bad spec and
     ``ValueError`` for a fault file it cannot follow.
@@ -65,7 +71,11 @@ def open_simulated_node(
     spec = parse_spec(simulate) if isinstance(simulate, str) else simulate
     if faults_path is not None and not faults_path.is_file():
         raise ValueError(f"--simulate-faults {faults_path}: no such file")
-    sim = build_simulator(spec, faults_path=faults_path)
+    sim = build_simulator(spec)
+    faults = None
+    if faults_path is not None:
+        faults = FaultFollower(sim, faults_path)
+        faults.poll()  # the lines already written apply before anything reads the node
     stack = ExitStack()
     root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpu-node-agent-sim-")))
     if sysfs_root is None:
@@ -80,5 +90,6 @@ def open_simulated_node(
         sysfs_root=sysfs_root,
         mps_root=mps_root,
         host=simulated_host(sim.machine, hostname=hostname),
+        faults=faults,
         _stack=stack,
     )

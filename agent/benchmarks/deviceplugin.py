@@ -83,8 +83,8 @@ async def _runtime_figures(args: argparse.Namespace) -> dict[str, list[float]]:
         health = HealthMonitor(nvml=sim, store=store, config=config.health, on_mig_change=rediscovery.request)
         manager = PluginManager(store=store, config=config, kubelet_dir=directory)
         components: list[Component] = [health, rediscovery, manager]
-        if sim.faults is not None:
-            components.append(sim.faults)
+        if node.faults is not None:
+            components.append(node.faults)
         kubelet = FakeKubelet(directory)
         await kubelet.start()
         stop = asyncio.Event()

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from agent.benchmarks.machine import describe_ms, machine_summary
 from agent.nvml.fake import SimulatedNvml
-from agent.nvml.simulate import FaultFollower, build_simulator
+from agent.nvml.faults import FaultFollower
+from agent.nvml.simulate import build_simulator
 
 BUDGET_MS = 200.0
 _WAIT_MS = 5000

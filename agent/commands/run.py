@@ -115,7 +115,7 @@ def build_node(settings: RunSettings) -> Node:
         return Node(
             nvml=sim.nvml,
             discover=sim.discover,
-            faults=sim.nvml.faults,
+            faults=sim.faults,
             hotplug=simulated_source(sim.nvml),
             cleanup=sim.close,
         )

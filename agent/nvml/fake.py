@@ -35,7 +35,7 @@ import threading
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Concatenate, NamedTuple, ParamSpec, TypeVar
+from typing import Concatenate, NamedTuple, ParamSpec, TypeVar
 
 from agent.nvml.errors import (
     CODES,
@@ -83,9 +83,6 @@ from topology.model import (
     PlatformInfo,
     RemoteDeviceType,
 )
-
-if TYPE_CHECKING:
-    from agent.nvml.simulate import FaultFollower
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -314,7 +311,6 @@ class SimulatedNvml:
         self._lost_popped: deque[NvmlEvent] = deque()
         self._event_set = False
         self._hotplug_listeners: list[Callable[[HotplugEvent], None]] = []
-        self.faults: FaultFollower | None = None  # set by build_simulator(faults_path=...)
         self._driver = Driver(
             driver_version=machine.driver_version,
             nvml_version=machine.nvml_version,

@@ -1,50 +1,22 @@
-"""``--simulate PROFILE[:k=v,...]`` and ``--simulate-faults PATH``: spec parsing, building a simulator,
-and following a JSON-lines fault file.
+"""``--simulate PROFILE[:k=v,...]``: spec parsing and building a simulator.
 
 - :func:`parse_spec` turns ``"gb200-nvl72:rack=3,tray=5"`` into a :class:`SimSpec`; an unknown profile
   or option, or a bad value, raises :class:`SimSpecError` whose message is one line naming the valid
   choices.
-- :func:`build_simulator` builds the ``SimulatedNvml`` of a spec; with ``faults_path`` it applies the
-  fault lines already in the file and attaches a :class:`FaultFollower` as ``sim.faults`` for the
-  command to run (``await sim.faults.run(stop)``).
-- :class:`FaultFollower` reads lines appended to the fault file, one event per line::
+- :func:`build_simulator` builds the ``SimulatedNvml`` of a spec.
 
-      {"event":"xid","gpu":3,"xid":79}          {"event":"gpu_lost","gpu":2}
-      {"event":"recover","gpu":2}               {"event":"nvlink_down","gpu":0,"link":5}
-      {"event":"nvlink_up","gpu":0,"link":5}    {"event":"ecc_dbe","gpu":1}   {"event":"ecc_sbe","gpu":1}
-      {"event":"xid","gpu":0,"xid":31,"gpu_instance_id":7}      (an Xid on one MIG GPU instance)
-      {"event":"fabric","gpu":0,"health_summary":"UNHEALTHY"}
-      {"event":"fabric","gpu":0,"state":"IN_PROGRESS","status":"INSUFFICIENT_RESOURCES","clique_id":7}
-      {"event":"process_start","gpu":0,"pid":4242,"used_memory_mib":1024}   (optional "mig_uuid",
-      "sm_percent")          {"event":"process_exit","gpu":0,"pid":4242}
-      {"event":"mig_reconfig","gpu":0,"profiles":["3g.40gb","3g.40gb"]}   (null profiles: MIG off)
-      {"event":"nvml_error","code":"LIB_RM_VERSION_MISMATCH"}   (every call fails; optional "call",
-      "gpu"; "code": null clears) — e.g. a driver upgraded under a running agent
-
-  A bad line is logged (``fault_line_invalid`` with the file and line number) and skipped; the
-  others still apply. ``poll()`` is the synchronous step (tests); ``run(stop)`` polls every
-  ``poll_interval_s`` (default 20 ms) until ``stop`` is set.
+Faults (``--simulate-faults PATH``) are :mod:`agent.nvml.faults`; the simulated node
+(:mod:`agent.simnode`) owns the follower of its fault file.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
-import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
-from agent.nvml.errors import CODES
-from agent.nvml.fake import SimulatedNvml, SimulationError
+from agent.nvml.fake import SimulatedNvml
 from agent.nvml.profiles import PROFILES as _PROFILES
 from agent.nvml.profiles import MachineSpec, build_machine
-from topology import logs
-from topology.model import FabricHealthSummary
-
-log = logs.get_logger(__name__)
 
 PROFILES: dict[str, str] = {name: p.description for name, p in _PROFILES.items()}
 """Simulator profile names with one-line descriptions."""
@@ -118,220 +90,8 @@ def parse_spec(text: str) -> SimSpec:
     return SimSpec(name, tuple(sorted(options.items(), key=lambda kv: order.index(kv[0]))))
 
 
-def build_simulator(
-    spec: SimSpec | str,
-    *,
-    faults_path: Path | str | None = None,
-    clock: Callable[[], float] | None = None,
-) -> SimulatedNvml:
-    """The simulator of a spec; with ``faults_path``, already-written faults are applied and a
-    follower is attached as ``sim.faults``."""
+def build_simulator(spec: SimSpec | str, *, clock: Callable[[], float] | None = None) -> SimulatedNvml:
+    """The simulator of a spec (not initialised: the caller owns ``init()``/``shutdown()``)."""
     if isinstance(spec, str):
         spec = parse_spec(spec)
-    sim = SimulatedNvml(spec.machine(), clock=clock)
-    if faults_path is not None:
-        follower = FaultFollower(sim, Path(faults_path))
-        follower.poll()
-        sim.faults = follower
-    return sim
-
-
-# --------------------------------------------------------------------------- fault file
-
-FAULT_EVENTS = (
-    "xid",
-    "gpu_lost",
-    "recover",
-    "nvlink_down",
-    "nvlink_up",
-    "ecc_dbe",
-    "ecc_sbe",
-    "fabric",
-    "mig_reconfig",
-    "nvml_error",
-    "process_start",
-    "process_exit",
-)
-
-
-_HEAD_BYTES = 64
-
-
-class FaultLineError(ValueError):
-    pass
-
-
-def _int_field(event: Mapping[str, Any], key: str) -> int:
-    value = event.get(key)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise FaultLineError(f"field {key!r} must be an integer, got {value!r}")
-    return value
-
-
-def apply_fault(sim: SimulatedNvml, event: Mapping[str, Any]) -> None:
-    """Apply one decoded fault event; raises ``FaultLineError`` / ``SimulationError`` naming the problem."""
-    kind = event.get("event")
-    if kind not in FAULT_EVENTS:
-        raise FaultLineError(f"unknown event {kind!r}; valid: {', '.join(FAULT_EVENTS)}")
-    if kind == "nvml_error":
-        _apply_nvml_error(sim, event)
-        return
-    gpu = _int_field(event, "gpu")
-    if kind == "xid":
-        gi = event.get("gpu_instance_id")
-        sim.inject_xid(
-            gpu,
-            _int_field(event, "xid"),
-            gpu_instance_id=None if gi is None else _int_field(event, "gpu_instance_id"),
-        )
-    elif kind == "gpu_lost":
-        sim.lose_gpu(gpu)
-    elif kind == "recover":
-        sim.recover_gpu(gpu)
-    elif kind == "nvlink_down":
-        sim.nvlink_down(gpu, _int_field(event, "link"))
-    elif kind == "nvlink_up":
-        sim.nvlink_up(gpu, _int_field(event, "link"))
-    elif kind == "ecc_dbe":
-        sim.ecc_dbe(gpu)
-    elif kind == "ecc_sbe":
-        sim.ecc_sbe(gpu)
-    elif kind == "fabric":
-        _apply_fabric(sim, gpu, event)
-    elif kind == "process_start":
-        used = event.get("used_memory_mib")
-        mig_uuid = event.get("mig_uuid")
-        if mig_uuid is not None and not isinstance(mig_uuid, str):
-            raise FaultLineError(f"field 'mig_uuid' must be a MIG-… UUID, got {mig_uuid!r}")
-        sim.add_process(
-            gpu,
-            _int_field(event, "pid"),
-            used_memory_bytes=None if used is None else _int_field(event, "used_memory_mib") * 2**20,
-            mig_uuid=mig_uuid,
-            sm_percent=80 if event.get("sm_percent") is None else _int_field(event, "sm_percent"),
-        )
-    elif kind == "process_exit":
-        sim.remove_process(gpu, _int_field(event, "pid"))
-    else:  # mig_reconfig
-        profiles = event.get("profiles")
-        if profiles is not None and (
-            not isinstance(profiles, list) or not all(isinstance(p, str) for p in profiles)
-        ):
-            raise FaultLineError(
-                f"field 'profiles' must be a list of profile names or null, got {profiles!r}"
-            )
-        sim.reconfigure_mig(gpu, profiles)
-
-
-def _apply_fabric(sim: SimulatedNvml, gpu: int, event: Mapping[str, Any]) -> None:
-    """``fabric``: ``health_summary`` and/or ``state``, ``status``, ``clique_id``."""
-    fields = {k: event.get(k) for k in ("health_summary", "state", "status")}
-    for key, value in fields.items():
-        if value is not None and not isinstance(value, str):
-            raise FaultLineError(f"field {key!r} must be a string, got {value!r}")
-    clique = event.get("clique_id")
-    if all(v is None for v in fields.values()) and clique is None:
-        raise FaultLineError("a fabric event needs health_summary, state, status or clique_id")
-    summary, state, status = (str(v).upper() if v is not None else None for v in fields.values())
-    if summary is not None and summary not in FabricHealthSummary.__members__:
-        valid = ", ".join(FabricHealthSummary.__members__)
-        raise FaultLineError(f"unknown fabric health summary {summary!r}; valid: {valid}")
-    if state is not None or status is not None or clique is not None:
-        sim.set_fabric_state(
-            gpu,
-            state=state,
-            status=status,
-            clique_id=None if clique is None else _int_field(event, "clique_id"),
-        )
-    if summary is not None:
-        sim.set_fabric_health(gpu, summary)
-
-
-def _apply_nvml_error(sim: SimulatedNvml, event: Mapping[str, Any]) -> None:
-    """``{"event":"nvml_error","code":"LIB_RM_VERSION_MISMATCH"}``: every NVML call fails with that
-    code from now on (optionally only ``call`` and/or ``gpu``); ``"code": null`` clears all."""
-    code = event.get("code")
-    if code is None:
-        sim.clear_errors()
-        return
-    if isinstance(code, str):
-        if code.upper() not in CODES:
-            raise FaultLineError(f"unknown NVML error {code!r}; e.g. GPU_IS_LOST, LIB_RM_VERSION_MISMATCH")
-        code = CODES[code.upper()]
-    if not isinstance(code, int) or isinstance(code, bool):
-        raise FaultLineError(f"field 'code' must be an NVML error name or number, got {code!r}")
-    call = event.get("call")
-    if call is not None and not isinstance(call, str):
-        raise FaultLineError(f"field 'call' must be a simulator primitive name, got {call!r}")
-    gpu = event.get("gpu")
-    sim.inject_error(code, call=call, gpu=None if gpu is None else _int_field(event, "gpu"))
-
-
-class FaultFollower:
-    """Follows a JSON-lines fault file and applies each new line to a simulator."""
-
-    def __init__(self, sim: SimulatedNvml, path: Path, *, poll_interval_s: float = 0.02) -> None:
-        if poll_interval_s <= 0:
-            raise ValueError(f"poll_interval_s must be positive, got {poll_interval_s}")
-        self.sim = sim
-        self.path = path
-        self.poll_interval_s = poll_interval_s
-        self.applied = 0
-        self.errors: list[str] = []
-        self._offset = 0
-        self._partial = b""
-        self._line_no = 0
-        self._inode: int | None = None
-        self._head = b""  # the file's first bytes, to notice a rewrite of the same length
-
-    def poll(self) -> int:
-        """Apply every complete line appended since the last poll; returns how many applied."""
-        try:
-            with self.path.open("rb") as fh:
-                stat = os.fstat(fh.fileno())
-                head = fh.read(len(self._head))
-                if stat.st_ino != self._inode or stat.st_size < self._offset or head != self._head:
-                    # a new, truncated or rewritten file: start over from its first line
-                    self._offset, self._partial, self._line_no = 0, b"", 0
-                    self._inode = stat.st_ino
-                fh.seek(self._offset)
-                data = fh.read()
-        except FileNotFoundError:
-            return 0
-        if self._offset < _HEAD_BYTES:
-            self._head = (self._head if self._offset else b"") + data[: _HEAD_BYTES - self._offset]
-        self._offset += len(data)
-        data = self._partial + data
-        *lines, self._partial = data.split(b"\n")
-        applied = 0
-        for raw in lines:
-            self._line_no += 1
-            if not raw.strip():
-                continue
-            try:
-                event = json.loads(raw)
-                if not isinstance(event, dict):
-                    raise FaultLineError("not a JSON object")
-                apply_fault(self.sim, event)
-            except (ValueError, SimulationError) as exc:  # JSONDecodeError, FaultLineError are ValueErrors
-                message = f"{self.path}:{self._line_no}: {exc}"
-                self.errors.append(message)
-                log.error(
-                    "fault_line_invalid",
-                    path=str(self.path),
-                    line=self._line_no,
-                    error=str(exc),
-                    action="line skipped; later lines still apply",
-                )
-                continue
-            applied += 1
-        self.applied += applied
-        return applied
-
-    async def run(self, stop: asyncio.Event) -> None:
-        """Poll until ``stop`` is set."""
-        while not stop.is_set():
-            self.poll()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self.poll_interval_s)
-        self.poll()
+    return SimulatedNvml(spec.machine(), clock=clock)

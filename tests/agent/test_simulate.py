@@ -9,15 +9,16 @@ import pytest
 
 from agent.nvml import errors
 from agent.nvml.fake import SimulatedNvml
+from agent.nvml.faults import FaultFollower
 from agent.nvml.protocol import EventKind
 from agent.nvml.simulate import (
     PROFILES,
-    FaultFollower,
     SimSpec,
     SimSpecError,
     build_simulator,
     parse_spec,
 )
+from agent.simnode import open_simulated_node
 from topology.model import FabricHealthSummary, FabricState
 
 # --------------------------------------------------------------------------- spec parsing
@@ -89,7 +90,6 @@ def test_build_simulator_from_text_or_spec() -> None:
     b = build_simulator(parse_spec("gb200-nvl72:rack=1,tray=2"))
     assert a.machine == b.machine
     assert a.machine.hostname == "rack1-tray2"
-    assert a.faults is None
 
 
 # --------------------------------------------------------------------------- fault file
@@ -152,13 +152,14 @@ def test_follower_applies_every_event_kind(tmp_path: Path) -> None:
 def test_fabric_event(tmp_path: Path) -> None:
     faults = tmp_path / "f.jsonl"
     write_lines(faults, '{"event":"fabric","gpu":0,"health_summary":"UNHEALTHY"}')
-    sim = build_simulator("gb200-nvl72", faults_path=faults)  # lines already there apply at build
-    sim.init()
-    fabric = sim.fabric(0)
-    assert fabric is not None
-    assert fabric.health_summary is FabricHealthSummary.UNHEALTHY
-    assert sim.faults is not None
-    assert sim.faults.applied == 1
+    with open_simulated_node("gb200-nvl72", faults_path=faults) as node:  # lines already there apply
+        sim = node.nvml
+        sim.init()
+        fabric = sim.fabric(0)
+        assert fabric is not None
+        assert fabric.health_summary is FabricHealthSummary.UNHEALTHY
+        assert node.faults is not None
+        assert node.faults.applied == 1
 
 
 @pytest.mark.parametrize(
@@ -280,10 +281,11 @@ def test_nvml_error_fault_fails_every_call_until_cleared(tmp_path: Path) -> None
 def test_xid_fault_on_a_mig_instance_and_sbe(tmp_path: Path) -> None:
     faults = tmp_path / "faults.jsonl"
     write_lines(faults, '{"event":"xid","gpu":1,"xid":94,"gpu_instance_id":1}', '{"event":"ecc_sbe","gpu":1}')
-    sim = build_simulator("dgx-a100-mig", faults_path=faults)
-    sim.init()
-    assert sim.xid_history(1) == (94,)
-    assert sim.sample(1).ecc_corrected_volatile == 1
+    with open_simulated_node("dgx-a100-mig", faults_path=faults) as node:
+        sim = node.nvml
+        sim.init()
+        assert sim.xid_history(1) == (94,)
+        assert sim.sample(1).ecc_corrected_volatile == 1
 
 
 def test_fabric_state_status_and_clique_events(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from agent.discovery import discover
 from agent.fakekubelet import FakeKubelet, Registration, running_kubelet
 from agent.nvml.fake import SimulatedNvml
+from agent.nvml.faults import FaultFollower
 from agent.nvml.simulate import build_simulator, parse_spec
 from topology.model import Host, NodeInventory
 
@@ -27,6 +28,7 @@ class SimNode:
     sim: SimulatedNvml
     sysfs: Path
     host: Host
+    faults: FaultFollower | None = None
 
     def discover(self) -> NodeInventory:
         return discover(nvml=self.sim, sysfs_root=self.sysfs, host=self.host)
@@ -34,7 +36,11 @@ class SimNode:
 
 def sim_node(profile: str, *, faults: Path | None = None, sysfs: Path | None = None) -> SimNode:
     spec = parse_spec(profile)
-    sim = build_simulator(spec, faults_path=faults)
+    sim = build_simulator(spec)
+    follower = None
+    if faults is not None:
+        follower = FaultFollower(sim, faults)
+        follower.poll()
     sim.init()
     machine = spec.machine()
     host = Host(
@@ -43,7 +49,9 @@ def sim_node(profile: str, *, faults: Path | None = None, sysfs: Path | None = N
         memory_bytes=machine.memory_bytes,
         numa_nodes=machine.numa_nodes,
     )
-    return SimNode(sim=sim, sysfs=sysfs or Path(tempfile.gettempdir()) / "gna-empty-sysfs", host=host)
+    return SimNode(
+        sim=sim, sysfs=sysfs or Path(tempfile.gettempdir()) / "gna-empty-sysfs", host=host, faults=follower
+    )
 
 
 def inventory(profile: str) -> NodeInventory:

@@ -79,7 +79,7 @@ async def agent(
     )
     manager = PluginManager(store=store, config=config, kubelet_dir=directory, poll_s=0.05, **manager_kw)
     components: list[Component] = [health, rediscovery, manager]
-    follower = getattr(node.sim, "faults", None)
+    follower = node.faults
     if follower is not None:
         follower.poll_interval_s = 0.01
         components.append(follower)
