@@ -2,20 +2,22 @@
 
 The adapter around the pure core (:mod:`topology.sources` -> :mod:`topology.builder`):
 
-- one :class:`Reflector` per kind lists, then watches (relisting after a 410), into a store;
+- one :class:`topology.kube.Informer` per kind lists, then watches (relisting after a 410), into a
+  :class:`topology.kube.Store`;
 - changes mark the controller dirty; a reconcile runs once nothing changed for ``debounce_s`` (and at
   the latest ``max_delay_s`` after the first change);
 - only the Lease holder reconciles; a reconcile builds the tree, diffs it against the HyperNodes the
   cluster holds and writes only what differs (server-side apply, field manager ``gpu-node-agent``),
   deleting only HyperNodes labelled ``volcano.sh/network-topology-source: gpu-node-agent``;
-- a node leaving (or rejoining) its NVLink domain is recorded as an Event on the Node;
+- a node leaving (or rejoining) its NVLink domain is recorded as an Event on the Node (once per change;
+  after a restart, the Events recorded before say what was already reported);
 - failed writes are retried with backoff; the stores keep the latest state meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -23,10 +25,24 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
+from topology import logs
 from topology.builder import Diff, FabricPolicy, NodeFacts, Tree, build_tree, desired_objects, diff
 from topology.gpunode import GpuNodeError, inventory_from_gpunode
 from topology.ibnet import IbnetError, SwitchTree, parse_many, switch_tree
-from topology.kube import GPUNODES, HYPERNODES, NODES, Kube, KubeError, LeaseElector, configmaps, events
+from topology.kube import (
+    GPUNODES,
+    HYPERNODES,
+    NODES,
+    EventRecorder,
+    Informer,
+    Kube,
+    KubeError,
+    LeaseElector,
+    ObjectRef,
+    Store,
+    configmaps,
+)
+from topology.lifecycle import sleep_until, wait_for_event
 from topology.model import NodeInventory
 from topology.sources import (
     SourceError,
@@ -37,13 +53,12 @@ from topology.sources import (
     parse_mapping,
 )
 
-log = logging.getLogger("topology.controller")
+log = logs.get_logger("topology.controller")
 
 FABRIC_CONFIGMAP_LABEL = "gpuagent.dev/fabric"
 MAPPING_KEY = "mapping.yaml"
 IBNET_SUFFIX = ".ibnetdiscover"
 COMPONENT = "gpu-topology-controller"
-EVENT_NAMESPACE = "default"  # the API server keeps Events about cluster-scoped objects (Nodes) there
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,83 +174,6 @@ def fabric_from_configmaps(
     return tuple(ibnet), mapping, problems
 
 
-# --------------------------------------------------------------------------- reflectors
-
-
-class Reflector:
-    """List, then watch, one kind into ``store`` (by name); runs in a thread until ``stop`` is set."""
-
-    def __init__(
-        self,
-        kube: Kube,
-        path: str,
-        *,
-        on_change: Callable[[], None],
-        label_selector: str | None = None,
-        watch_timeout_s: int = 300,
-        optional: bool = False,
-    ) -> None:
-        self.kube = kube
-        self.path = path
-        self.on_change = on_change
-        self.label_selector = label_selector
-        self.watch_timeout_s = watch_timeout_s
-        self.optional = optional  # a missing CRD lists as empty (retried)
-        self.store: dict[str, dict[str, Any]] = {}
-        self.synced = threading.Event()
-        self.lock = threading.Lock()
-        self.errors = 0
-
-    def snapshot(self) -> dict[str, dict[str, Any]]:
-        with self.lock:
-            return dict(self.store)
-
-    def run(self, stop: threading.Event) -> None:
-        backoff = 0.5
-        while not stop.is_set():
-            try:
-                items, rv = self.kube.list(self.path, label_selector=self.label_selector)
-                with self.lock:
-                    self.store = {str(o["metadata"]["name"]): o for o in items}
-                self.synced.set()
-                self.on_change()
-                backoff = 0.5
-                while not stop.is_set():
-                    for kind, obj in self.kube.watch(
-                        self.path, rv, timeout_s=self.watch_timeout_s, label_selector=self.label_selector
-                    ):
-                        meta = obj.get("metadata") or {}
-                        rv = str(meta.get("resourceVersion", rv))
-                        if kind == "BOOKMARK":
-                            continue
-                        name = str(meta.get("name"))
-                        with self.lock:
-                            if kind == "DELETED":
-                                self.store.pop(name, None)
-                            else:
-                                self.store[name] = obj
-                        self.on_change()
-                        if stop.is_set():
-                            break
-            except KubeError as exc:
-                self.errors += 1
-                if exc.status == 404 and self.optional:
-                    with self.lock:
-                        self.store = {}
-                    self.synced.set()
-                elif exc.status != 410:
-                    log.warning("watch_failed", extra={"path": self.path, "error": str(exc)})
-                stop.wait(backoff if exc.status != 410 else 0)
-                backoff = min(backoff * 2, 30.0)
-            except Exception as exc:  # a malformed stream must not end the reflector
-                self.errors += 1
-                log.warning(
-                    "watch_failed", extra={"path": self.path, "error": f"{type(exc).__name__}: {exc}"}
-                )
-                stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
-
-
 # --------------------------------------------------------------------------- controller
 
 
@@ -258,25 +196,28 @@ class TopologyController:
         self.last_tree: Tree | None = None  # the tree of the latest reconcile
         self._dirty_since: float | None = None
         self._last_change = 0.0
-        self._wake = threading.Event()
+        self._wake = _Wake(None, None)  # set while run() runs
         self._lock = threading.Lock()
+        # what the cluster holds, one store per kind, kept current by one informer each
+        self.nodes = Store(self._changed)
+        self.gpunodes = Store(self._changed)
+        self.hypernodes = Store(self._changed)
+        self.fabric = Store(self._changed)
         watch_s = settings.watch_timeout_s
-        self.nodes = Reflector(kube, NODES, on_change=self._changed, watch_timeout_s=watch_s)
-        self.gpunodes = Reflector(
-            kube, GPUNODES, on_change=self._changed, watch_timeout_s=watch_s, optional=True
+        self.informers = (
+            Informer(kube, NODES, self.nodes, watch_timeout_s=watch_s),
+            Informer(kube, GPUNODES, self.gpunodes, watch_timeout_s=watch_s, optional=True),
+            Informer(kube, HYPERNODES, self.hypernodes, watch_timeout_s=watch_s, optional=True),
+            Informer(
+                kube,
+                configmaps(settings.namespace),
+                self.fabric,
+                label_selector=FABRIC_CONFIGMAP_LABEL,
+                watch_timeout_s=watch_s,
+                optional=True,
+            ),
         )
-        self.hypernodes = Reflector(
-            kube, HYPERNODES, on_change=self._changed, watch_timeout_s=watch_s, optional=True
-        )
-        self.fabric = Reflector(
-            kube,
-            configmaps(settings.namespace),
-            on_change=self._changed,
-            label_selector=FABRIC_CONFIGMAP_LABEL,
-            watch_timeout_s=watch_s,
-            optional=True,
-        )
-        self.reflectors = (self.nodes, self.gpunodes, self.hypernodes, self.fabric)
+        self.recorder = EventRecorder(kube, component=COMPONENT, instance=settings.identity)
         self.elector = (
             LeaseElector(
                 kube,
@@ -317,14 +258,12 @@ class TopologyController:
         """List every source once (no watches), then reconcile: ``controller --once`` and the demo.
 
         Raises :class:`KubeError` (naming the path) when a required source cannot be listed."""
-        for r in self.reflectors:
+        for informer in self.informers:
             try:
-                items, _ = self.kube.list(r.path, label_selector=r.label_selector)
+                if informer.list_once() is None:  # an optional kind whose CRD is not installed
+                    informer.sink.replace([])
             except KubeError as exc:
-                if exc.status != 404 or not r.optional:
-                    raise KubeError(exc.status, f"cannot list {r.path}: {exc}") from None
-                items = []
-            r.store = {str(o["metadata"]["name"]): o for o in items}
+                raise KubeError(exc.status, f"cannot list {informer.path}: {exc}") from None
         return self.reconcile()
 
     def reconcile(self) -> Diff:
@@ -336,7 +275,7 @@ class TopologyController:
         for note in tree.notes:
             if note not in self._reported_problems:
                 self._reported_problems.add(note)
-                log.info("topology_note", extra={"note": note})
+                log.info("topology_note", note=note)
         d = diff(desired_objects(tree), self.hypernodes.snapshot())
         self.stats.reconciles += 1
         self.stats.last_diff = d
@@ -347,10 +286,7 @@ class TopologyController:
             self._report_exclusions(tree)
         if self.settings.export is not None:
             self.settings.export(tree)
-        log.info(
-            "reconciled",
-            extra={"hypernodes": len(tree.hypernodes), "writes": d.writes, "unchanged": d.unchanged},
-        )
+        log.info("reconciled", hypernodes=len(tree.hypernodes), writes=d.writes, unchanged=d.unchanged)
         return d
 
     def _write(self, d: Diff) -> None:
@@ -360,20 +296,18 @@ class TopologyController:
             try:
                 applied = self.kube.apply(f"{HYPERNODES}/{quote(name)}", obj)
                 self.stats.writes += 1
-                with self.hypernodes.lock:  # the watch will confirm; do not rewrite meanwhile
-                    self.hypernodes.store[name] = applied or obj
+                self.hypernodes.remember(applied or obj)  # the watch will confirm; do not rewrite meanwhile
             except KubeError as exc:
                 failed += 1
-                log.warning("hypernode_apply_failed", extra={"hypernode": name, "error": str(exc)})
+                log.warning("hypernode_apply_failed", hypernode=name, error=str(exc))
         for name in d.delete:
             try:
                 self.kube.delete(f"{HYPERNODES}/{quote(name)}")
                 self.stats.writes += 1
-                with self.hypernodes.lock:
-                    self.hypernodes.store.pop(name, None)
+                self.hypernodes.forget(name)
             except KubeError as exc:
                 failed += 1
-                log.warning("hypernode_delete_failed", extra={"hypernode": name, "error": str(exc)})
+                log.warning("hypernode_delete_failed", hypernode=name, error=str(exc))
         if failed:
             self.stats.failed_writes += failed
             raise KubeError(0, f"{failed} HyperNode write(s) failed; retrying")
@@ -382,70 +316,37 @@ class TopologyController:
         """What an earlier run already reported (its Events), so a restart does not report it again."""
         self._seeded = True
         try:
-            items, _ = self.kube.list(events(EVENT_NAMESPACE))
+            latest = self.recorder.latest()
         except KubeError as exc:
-            log.warning("event_list_failed", extra={"error": str(exc)})
+            log.warning("event_list_failed", error=str(exc))
             return
-        latest: dict[str, tuple[str, str, str]] = {}
-        for e in items:
-            if (
-                e.get("reportingComponent") != COMPONENT
-                and (e.get("source") or {}).get("component") != COMPONENT
-            ):
-                continue
-            node = str((e.get("involvedObject") or {}).get("name", ""))
-            stamp = str(e.get("lastTimestamp") or e.get("eventTime") or "")
-            if node and (node not in latest or stamp >= latest[node][0]):
-                latest[node] = (stamp, str(e.get("reason")), str(e.get("message")))
-        self._excluded = {
-            n: msg for n, (_, reason, msg) in latest.items() if reason == "NvlinkDomainExcluded"
-        }
+        self._excluded = {node: e.message for node, e in latest.items() if e.reason == "NvlinkDomainExcluded"}
 
     def _report_exclusions(self, tree: Tree) -> None:
         if not self._seeded:
             self._seed_exclusions()
         for node, reason in tree.excluded.items():
             if self._excluded.get(node) != reason:
-                self._event(node, "Warning", "NvlinkDomainExcluded", reason)
+                self._event(node, "NvlinkDomainExcluded", reason, warning=True)
         for node in sorted(set(self._excluded) - set(tree.excluded)):
             if node in tree.node_domain:
-                self._event(node, "Normal", "NvlinkDomainRestored", f"back in {tree.node_domain[node]}")
+                self._event(node, "NvlinkDomainRestored", f"back in {tree.node_domain[node]}", warning=False)
         self._excluded = dict(tree.excluded)
 
-    def _event(self, node: str, type_: str, reason: str, message: str) -> None:
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        involved: dict[str, Any] = {"apiVersion": "v1", "kind": "Node", "name": node}
-        uid = ((self.nodes.snapshot().get(node) or {}).get("metadata") or {}).get("uid")
-        if uid:
-            involved["uid"] = uid  # kubectl describe node matches events by uid
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{node}.", "namespace": EVENT_NAMESPACE},
-            "involvedObject": involved,
-            "type": type_,
-            "reason": reason,
-            "message": message,
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": self.settings.identity,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
+    def _event(self, node: str, reason: str, message: str, *, warning: bool) -> None:
+        uid = ((self.nodes.get(node) or {}).get("metadata") or {}).get("uid")
         try:
-            self.kube.create(events(EVENT_NAMESPACE), body)
+            self.recorder.record(
+                ObjectRef("Node", node, uid=str(uid or "")), reason=reason, message=message, warning=warning
+            )
         except KubeError as exc:
-            log.warning("event_failed", extra={"node": node, "error": str(exc)})
-        log.info(
-            "node_excluded" if type_ == "Warning" else "node_restored",
-            extra={"node": node, "reason": message},
-        )
+            log.warning("event_failed", node=node, error=str(exc))
+        log.info("node_excluded" if warning else "node_restored", node=node, reason=message)
 
     def _problem(self, message: str) -> None:
         if message not in self._reported_problems:
             self._reported_problems.add(message)
-            log.warning("input_problem", extra={"problem": message})
+            log.warning("input_problem", problem=message)
 
     # -- the loop ----------------------------------------------------------------------------------
     def _due(self) -> float | None:
@@ -462,32 +363,30 @@ class TopologyController:
         return self.elector is None or self.elector.leading
 
     def synced(self) -> bool:
-        return all(r.synced.is_set() for r in self.reflectors)
+        return all(i.synced.is_set() for i in self.informers)
 
     async def run(self, stop: asyncio.Event) -> None:
-        thread_stop = threading.Event()
-        loop = asyncio.get_running_loop()
-        threads = [
-            threading.Thread(target=r.run, args=(thread_stop,), name=f"reflector{r.path}", daemon=True)
-            for r in self.reflectors
-        ]
-        for t in threads:
-            t.start()
+        """Watch, elect and reconcile until ``stop`` is set; then stop the informers, release the Lease."""
+        wake = asyncio.Event()
+        self._wake = _Wake(asyncio.get_running_loop(), wake)
+        for informer in self.informers:
+            informer.start()
         backoff = 0.5
         try:
             while not stop.is_set():
+                wake.clear()  # before reading what changed: a change from now on wakes the wait below
                 if self.elector is not None:
                     was = self.elector.leading
                     try:
                         await asyncio.to_thread(self.elector.try_acquire_or_renew)
                     except KubeError as exc:
                         self.elector.leading = False
-                        log.warning("lease_failed", extra={"error": str(exc)})
+                        log.warning("lease_failed", error=str(exc))
                     if self.elector.leading and not was:
-                        log.info("leading", extra={"identity": self.settings.identity})
+                        log.info("leading", identity=self.settings.identity)
                         self._changed()
                     elif was and not self.elector.leading:
-                        log.warning("lost_lease", extra={"identity": self.settings.identity})
+                        log.warning("lost_lease", identity=self.settings.identity)
                 due = self._due()
                 if due == 0.0 and self.is_leader() and self.synced():
                     with self._lock:
@@ -496,38 +395,33 @@ class TopologyController:
                         await asyncio.to_thread(self.reconcile)
                         backoff = 0.5
                     except KubeError as exc:
-                        log.warning("reconcile_failed", extra={"error": str(exc), "retry_s": backoff})
-                        await _wait(stop, backoff)
+                        log.warning("reconcile_failed", error=str(exc), retry_s=backoff)
+                        await sleep_until(stop, backoff)
                         backoff = min(backoff * 2, 60.0)
                         self._changed()
                     continue
                 wait = self.settings.retry_period_s if self.elector is not None else 3600.0
                 if due is not None:
                     wait = min(wait, max(due, 0.05))
-                self._wake.clear()
-                await _wait_any(stop, self._wake, wait, loop)
+                await wait_for_event(wake, stop, wait)
         finally:
-            thread_stop.set()
+            self._wake = _Wake(None, None)
+            for informer in self.informers:
+                informer.stop_soon()  # closes its open watch
             if self.elector is not None:
                 await asyncio.to_thread(self.elector.release)
-            for t in threads:
-                await asyncio.to_thread(t.join, 2.0)  # a thread still in a long watch ends by itself
+            await asyncio.gather(*(asyncio.to_thread(i.stop, 2.0) for i in self.informers))
 
 
-async def _wait(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
-    except TimeoutError:
-        return
+@dataclass(frozen=True, slots=True)
+class _Wake:
+    """Wakes the running loop from any thread (informer threads report changes); a no-op when none runs."""
 
+    loop: asyncio.AbstractEventLoop | None
+    event: asyncio.Event | None
 
-async def _wait_any(
-    stop: asyncio.Event, wake: threading.Event, seconds: float, loop: asyncio.AbstractEventLoop
-) -> None:
-    """Until ``stop``, a change (``wake``, set from reflector threads) or ``seconds`` pass."""
-    deadline = loop.time() + seconds
-    while not stop.is_set() and not wake.is_set():
-        left = deadline - loop.time()
-        if left <= 0:
+    def set(self) -> None:
+        if self.loop is None or self.event is None:
             return
-        await _wait(stop, min(left, 0.05))
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            self.loop.call_soon_threadsafe(self.event.set)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import os
 import pathlib
 import signal
@@ -30,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from topology import logs
 from topology.builder import FabricPolicy, Tree, desired_objects
 from topology.controller import (
     COMPONENT,
@@ -87,30 +87,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--config", metavar="FILE", help="settings file (version: v1); CLI > GPU_TOPOLOGY_* env > file"
     )
+    p.add_argument(
+        "--log-format", choices=logs.FORMATS, default="auto", help="log lines: JSON, or text on a terminal"
+    )
+    p.add_argument("--log-level", choices=logs.LEVELS, default="info")
     return p
-
-
-_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
-
-
-class EventFormatter(logging.Formatter):
-    """One line per event: the event name (the message) and its context keys (``extra=``), as JSON in a
-    cluster, ``time level logger event key=value ...`` on a terminal."""
-
-    def __init__(self, *, json_lines: bool) -> None:
-        super().__init__()
-        self.json_lines = json_lines
-
-    def format(self, record: logging.LogRecord) -> str:
-        context = {k: v for k, v in vars(record).items() if k not in _STANDARD}
-        stamp = self.formatTime(record, "%Y-%m-%dT%H:%M:%S")
-        if self.json_lines:
-            body = {"time": stamp, "level": record.levelname.lower(), "logger": record.name}
-            body["event"] = record.getMessage()
-            body.update(context)
-            return json.dumps(body, default=str)
-        pairs = " ".join(f"{k}={v}" for k, v in context.items())
-        return f"{stamp} {record.levelname:<7} {record.name} {record.getMessage()} {pairs}".rstrip()
 
 
 def read_dir(directory: pathlib.Path) -> Inputs:
@@ -265,6 +246,7 @@ def main(argv: list[str]) -> int:
         print(f"controller: {exc}", file=sys.stderr)
         return 2
     args = p.parse_args(argv)
+    logs.configure(args.log_format, args.log_level)
     try:
         return _main(args)
     except (UsageError, SourceError, OSError) as exc:
@@ -336,9 +318,6 @@ def _main(args: argparse.Namespace) -> int:
         static_mapping=static_mapping,
         export=export,
     )
-    handler = logging.StreamHandler()
-    handler.setFormatter(EventFormatter(json_lines=not sys.stderr.isatty()))
-    logging.basicConfig(level=logging.INFO, handlers=[handler])
     controller = TopologyController(kube=Kube(api_client_from(args.kubeconfig)), settings=settings)
     if args.once:
         return _once(controller)

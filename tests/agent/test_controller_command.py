@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import pathlib
+from collections.abc import Iterator
 
 import pytest
 import yaml
@@ -12,6 +15,7 @@ from agent.commands import controller as controller_command
 from agent.commands import discover
 from agent.nvml.sim_sysfs import ibnetdiscover_sample
 from agent.nvml.simulate import parse_spec
+from topology import logs
 
 SPECS = {
     **{f"rack{r}-tray{t}": f"gb200-nvl72:rack={r},tray={t}" for r in range(2) for t in range(3)},
@@ -28,6 +32,16 @@ def cluster_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     racks = [parse_spec(s) for s in SPECS.values() if s.startswith("gb200")]
     (d / "fabric.ibnetdiscover").write_text(ibnetdiscover_sample(racks), encoding="utf-8")
     return d
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """The command configures process-wide logging; put it back for the tests that follow."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield
+    root.setLevel(level)
+    root.handlers[:] = handlers
 
 
 def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -168,17 +182,29 @@ def test_bad_settings_are_one_line(
 
 
 def test_log_lines_carry_their_context() -> None:
-    import logging
+    """The controller logs through ``topology.logs``: an event line carries its fields, as JSON in a
+    cluster and as ``key=value`` pairs on a terminal."""
+    from topology import controller as controller_module
 
-    record = logging.LogRecord(
-        "topology.controller", logging.WARNING, "x", 1, "hypernode_apply_failed", (), None
-    )
-    record.hypernode = "nvl-a"
-    record.error = "409: conflict"
-    line = controller_command.EventFormatter(json_lines=True).format(record)
-    body = json.loads(line)
-    assert body["event"] == "hypernode_apply_failed"
-    assert body["hypernode"] == "nvl-a"
-    assert body["level"] == "warning"
-    text = controller_command.EventFormatter(json_lines=False).format(record)
-    assert text.endswith("hypernode_apply_failed hypernode=nvl-a error=409: conflict")
+    for fmt in ("json", "text"):
+        out = io.StringIO()
+        logs.configure(fmt, "info", stream=out)
+        controller_module.log.warning("hypernode_apply_failed", hypernode="nvl-a", error="409: conflict")
+        line = out.getvalue().strip()
+        if fmt == "json":
+            body = json.loads(line)
+            assert body["event"] == "hypernode_apply_failed"
+            assert body["hypernode"] == "nvl-a"
+            assert body["level"] == "warning"
+            assert body["logger"] == "topology.controller"
+        else:
+            assert line.endswith('hypernode_apply_failed hypernode=nvl-a error="409: conflict"')
+
+
+def test_the_command_configures_the_log_format(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert controller_command.main(["--once", "--from", str(tmp_path), "--log-format", "json"]) == 0
+    capsys.readouterr()
+    logs.get_logger("topology.controller").info("reconciled", hypernodes=0)
+    assert json.loads(capsys.readouterr().err)["event"] == "reconciled"

@@ -91,10 +91,7 @@ class Topo:
 
     def reconcile_once(self, identity: str) -> TopologyController:
         c = TopologyController(kube=self.kube, settings=self.settings(identity))
-        for r in c.reflectors:
-            items, _ = self.kube.list(r.path, label_selector=r.label_selector)
-            r.store = {str(o["metadata"]["name"]): o for o in items}
-        c.reconcile()
+        c.reconcile_once()
         return c
 
     def hypernodes(self) -> dict[str, dict[str, Any]]:

@@ -5,7 +5,8 @@ selectors), watch (JSON lines, resourceVersion, timeoutSeconds), get, create (in
 replace (optimistic concurrency), delete, and server-side apply (``application/apply-patch+yaml``)
 with per-manager ownership so fields a manager stops sending are removed. ``/status`` subresources are
 separate. Faults: ``down`` answers 503 to everything; ``missing`` collections answer 404 (a CRD not
-installed). Every request is logged in ``requests`` as ``(method, path)``.
+installed); a watch from a resourceVersion below ``compacted`` gets an ``ERROR`` event with code 410
+(Gone), as after etcd compaction. Every request is logged in ``requests`` as ``(method, path)``.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class FakeKube:
         self.requests: list[tuple[str, str]] = []
         self.down = False
         self.missing: set[str] = set()
+        self.compacted = 0
         self.server: ThreadingHTTPServer | None = None
 
     # -- store -------------------------------------------------------------------------------
@@ -251,6 +253,10 @@ class FakeKube:
         h.send_response(200)
         h.send_header("Content-Type", "application/json")
         h.end_headers()
+        if since < self.compacted:
+            gone = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old resource version"}
+            h.wfile.write(json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
+            return
         sent = since
         try:
             while time.monotonic() < deadline and self.server is not None:

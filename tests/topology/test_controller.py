@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import pathlib
 import threading
 import time
@@ -25,6 +26,16 @@ from topology.nvlink import CliqueKey
 
 SAMPLE = (pathlib.Path(__file__).parent / "data" / "two-racks.ibnetdiscover").read_text(encoding="utf-8")
 NS = "gpu-system"
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """``controller`` (the command) configures process-wide logging; put it back afterwards."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield
+    root.setLevel(level)
+    root.handlers[:] = handlers
 
 
 def wait_for(check: Callable[[], bool], what: str, limit_s: float = 20.0) -> None:

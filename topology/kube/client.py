@@ -1,20 +1,17 @@
-"""The thin Kubernetes adapter of the topology side: plain-dict REST over an injected ``ApiClient``.
+"""Requests of the one Kubernetes adapter: plain-dict REST over an injected ``ApiClient``.
 
-Objects travel as the API serves them (camelCase JSON dicts); nothing above this module sees client
+Objects travel as the API serves them (camelCase JSON dicts); nothing above this package sees client
 model classes. Requests go through the client's own serializer and auth (bearer token, client
-certificates, CA), so a kubeconfig or the in-cluster service account work unchanged.
-
-Also here: a Lease-based leader elector (``coordination.k8s.io/v1``), written against this adapter so
-the client is injected and the clock is a parameter.
+certificates, CA), so a kubeconfig or the in-cluster service account work unchanged. Every refusal is a
+:class:`KubeError` carrying the HTTP status (0: no answer).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from datetime import UTC, datetime
+import threading
+from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -22,8 +19,10 @@ FIELD_MANAGER = "gpu-node-agent"
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
 
 NODES = "/api/v1/nodes"
+PODS = "/api/v1/pods"  # every namespace
 GPUNODES = "/apis/topology.gpuagent.dev/v1alpha1/gpunodes"
 HYPERNODES = "/apis/topology.volcano.sh/v1alpha1/hypernodes"
+PODGROUPS = "/apis/scheduling.volcano.sh/v1beta1/podgroups"  # every namespace
 
 
 def configmaps(namespace: str) -> str:
@@ -36,6 +35,10 @@ def leases(namespace: str) -> str:
 
 def events(namespace: str) -> str:
     return f"/api/v1/namespaces/{quote(namespace)}/events"
+
+
+def binding(namespace: str, pod: str) -> str:
+    return f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(pod)}/binding"
 
 
 class KubeError(Exception):
@@ -67,8 +70,59 @@ def api_client_from(kubeconfig: str | None, *, environ: Mapping[str, str] | None
         return config.new_client_from_config()  # type: ignore[no-untyped-call]
 
 
+class Watch:
+    """One open watch request: iterate for ``(type, object)`` events until the server ends it.
+
+    ``close()`` may be called from any thread; it ends the iteration at once (the socket is shut down),
+    not at the next event or the server's time-out. An ``ERROR`` event (410 Gone: the resource version
+    is too old) raises :class:`KubeError` with its code.
+    """
+
+    def __init__(self, response: Any, path: str) -> None:
+        self._raw = response.response  # the urllib3 response under the client's RESTResponse
+        self._path = path
+        self._closed = threading.Event()
+
+    def close(self) -> None:
+        self._closed.set()
+        with contextlib.suppress(Exception):  # already ended, or released to the pool
+            self._raw.shutdown()
+
+    def __iter__(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        buffer = b""
+        ended = False
+        try:
+            while not self._closed.is_set():
+                try:
+                    chunk = self._raw.read1(65536)
+                except Exception:
+                    if self._closed.is_set():
+                        return
+                    raise
+                if not chunk:
+                    ended = True
+                    return
+                *lines, buffer = (buffer + chunk).split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield self._event(line)
+        finally:
+            if ended:
+                self._raw.release_conn()
+            else:  # stopped mid-stream: the connection holds unread data, so it is not reused
+                with contextlib.suppress(Exception):
+                    self._raw.close()
+
+    def _event(self, line: bytes) -> tuple[str, dict[str, Any]]:
+        event = json.loads(line)
+        if event.get("type") == "ERROR":
+            obj = event.get("object") or {}
+            raise KubeError(int(obj.get("code", 0) or 0), f"WATCH {self._path}: {obj.get('message', '')}")
+        return str(event.get("type")), dict(event.get("object") or {})
+
+
 class Kube:
-    """GET/LIST/WATCH/APPLY/PUT/POST/DELETE of plain objects."""
+    """GET/LIST/WATCH/APPLY/PUT/POST/DELETE of plain objects, and pod bindings."""
 
     def __init__(self, api_client: Any, *, request_timeout_s: float = 30.0) -> None:
         self.api_client = api_client
@@ -125,16 +179,24 @@ class Kube:
         out: dict[str, Any] = self.request("GET", path)
         return out
 
-    def list(self, path: str, *, label_selector: str | None = None) -> tuple[list[dict[str, Any]], str]:
+    def list(
+        self, path: str, *, label_selector: str | None = None, missing_ok: bool = False
+    ) -> tuple[list[dict[str, Any]], str]:
+        """The items and the list's resourceVersion. With ``missing_ok`` a kind whose CRD is not
+        installed (404) lists as empty, with no resourceVersion."""
         query = {"labelSelector": label_selector} if label_selector else None
-        body = self.request("GET", path, query=query)
+        try:
+            body = self.request("GET", path, query=query)
+        except KubeError as exc:
+            if missing_ok and exc.status == 404:
+                return [], ""
+            raise
         return list(body.get("items") or []), str((body.get("metadata") or {}).get("resourceVersion", ""))
 
     def watch(
         self, path: str, resource_version: str, *, timeout_s: int, label_selector: str | None = None
-    ) -> Iterator[tuple[str, dict[str, Any]]]:
-        """``(type, object)`` events until the server ends the watch (after ``timeout_s``).
-        An ``ERROR`` event (410 Gone: resource version too old) raises :class:`KubeError`."""
+    ) -> Watch:
+        """Open a watch from ``resource_version``; the server ends it after ``timeout_s``."""
         query = {
             "watch": "true",
             "resourceVersion": resource_version,
@@ -146,23 +208,7 @@ class Kube:
         resp = self._call("GET", path, query=query, timeout=timeout_s + 10)
         if not 200 <= resp.status <= 299:
             raise KubeError(resp.status, f"WATCH {path}: {resp.read()[:200]!r}")
-        raw = resp.response
-        buffer = b""
-        try:
-            for chunk in raw.stream(amt=None, decode_content=False):
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
-                    if line.strip():
-                        event = json.loads(line)
-                        if event.get("type") == "ERROR":
-                            obj = event.get("object") or {}
-                            raise KubeError(
-                                int(obj.get("code", 0) or 0), f"WATCH {path}: {obj.get('message', '')}"
-                            )
-                        yield str(event.get("type")), dict(event.get("object") or {})
-        finally:
-            raw.release_conn()
+        return Watch(resp, path)
 
     def apply(
         self, path: str, obj: Mapping[str, Any], *, field_manager: str = FIELD_MANAGER
@@ -192,105 +238,17 @@ class Kube:
             if exc.status != 404:
                 raise
 
-
-# --------------------------------------------------------------------------- leader election
-
-
-def micro_time(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-@dataclass
-class LeaseElector:
-    """One ``try_acquire_or_renew`` per ``retry_period_s``; leader while it keeps renewing.
-
-    Expiry is judged by the local clock from when this process last saw the record change (as
-    client-go does), so clock skew between candidates does not matter.
-    """
-
-    kube: Kube
-    namespace: str
-    name: str
-    identity: str
-    lease_duration_s: int = 15
-    clock: Callable[[], float] = time.time
-    monotonic: Callable[[], float] = time.monotonic
-    _seen: tuple[str, str] | None = None  # (holder, renewTime) last observed
-    _seen_at: float = 0.0
-    leading: bool = False
-
-    def _path(self, name: str | None = None) -> str:
-        base = leases(self.namespace)
-        return f"{base}/{quote(name)}" if name else base
-
-    def try_acquire_or_renew(self) -> bool:
-        now = self.clock()
-        try:
-            lease = self.kube.get(self._path(self.name))
-        except KubeError as exc:
-            if exc.status != 404:
-                raise
-            body = {
-                "apiVersion": "coordination.k8s.io/v1",
-                "kind": "Lease",
-                "metadata": {"name": self.name, "namespace": self.namespace},
-                "spec": self._spec(now, acquire=True, transitions=0),
-            }
-            try:
-                self.kube.create(self._path(), body)
-            except KubeError as err:
-                if err.status == 409:
-                    self.leading = False
-                    return False
-                raise
-            self.leading = True
-            return True
-        spec = lease.get("spec") or {}
-        holder = str(spec.get("holderIdentity") or "")
-        record = (holder, str(spec.get("renewTime") or ""))
-        if record != self._seen:
-            self._seen, self._seen_at = record, self.monotonic()
-        duration = int(spec.get("leaseDurationSeconds") or self.lease_duration_s)
-        if holder and holder != self.identity and self.monotonic() < self._seen_at + duration:
-            self.leading = False
-            return False
-        transitions = int(spec.get("leaseTransitions") or 0) + (0 if holder == self.identity else 1)
-        new_spec = {**spec, **self._spec(now, acquire=holder != self.identity, transitions=transitions)}
-        if holder == self.identity:
-            new_spec["acquireTime"] = spec.get("acquireTime") or micro_time(now)
-        lease["spec"] = new_spec
-        try:
-            self.kube.replace(self._path(self.name), lease)
-        except KubeError as exc:
-            if exc.status == 409:
-                self.leading = False
-                return False
-            raise
-        self.leading = True
-        return True
-
-    def _spec(self, now: float, *, acquire: bool, transitions: int) -> dict[str, Any]:
-        spec: dict[str, Any] = {
-            "holderIdentity": self.identity,
-            "leaseDurationSeconds": self.lease_duration_s,
-            "renewTime": micro_time(now),
-            "leaseTransitions": transitions,
-        }
-        if acquire:
-            spec["acquireTime"] = micro_time(now)
-        return spec
-
-    def release(self) -> None:
-        """Give the lease up at shutdown so a standby takes over at once."""
-        if not self.leading:
-            return
-        self.leading = False
-        try:
-            lease = self.kube.get(self._path(self.name))
-            spec = lease.get("spec") or {}
-            if spec.get("holderIdentity") != self.identity:
-                return
-            lease["spec"] = {**spec, "holderIdentity": "", "leaseDurationSeconds": 1}
-            self.kube.replace(self._path(self.name), lease)
-        except KubeError:
-            return
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        """Bind a pod to a node (``pods/binding``); ``uid`` (when given) guards against a re-created pod."""
+        meta: dict[str, str] = {"name": name, "namespace": namespace}
+        if uid:
+            meta["uid"] = uid
+        self.create(
+            binding(namespace, name),
+            {
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": meta,
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+            },
+        )

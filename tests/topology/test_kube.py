@@ -1,0 +1,184 @@
+"""The Kubernetes adapter against Kubernetes faked at the HTTP level (tests/topology/kubefake.py):
+the informer (list, watch, relist after 410 Gone, a missing CRD, a prompt stop) and the Event writer."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.topology.kubefake import FakeKube, api_client
+from topology.kube import (
+    HYPERNODES,
+    NODES,
+    EventRecorder,
+    Informer,
+    Kube,
+    KubeError,
+    ObjectRef,
+    Store,
+    configmaps,
+    events,
+)
+
+
+def wait_for(check: Callable[[], bool], what: str, limit_s: float = 10.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def node(name: str, **labels: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
+
+
+@pytest.fixture
+def fake() -> Iterator[tuple[FakeKube, Kube]]:
+    f = FakeKube()
+    with f.serve() as url:
+        yield f, Kube(api_client(url))
+
+
+@pytest.fixture
+def informers() -> Iterator[list[Informer]]:
+    started: list[Informer] = []
+    yield started
+    for informer in started:
+        informer.stop(5.0)
+
+
+def test_informer_lists_then_follows_changes(fake: tuple[FakeKube, Kube], informers: list[Informer]) -> None:
+    f, kube = fake
+    f.put(NODES, node("a"))
+    changes: list[int] = []
+    store = Store(lambda: changes.append(1))
+    informer = Informer(kube, NODES, store, watch_timeout_s=1)
+    informers.append(informer)
+    informer.start()
+    assert informer.synced.wait(5)
+    wait_for(lambda: set(store.snapshot()) == {"a"}, "the listed node")
+    f.put(NODES, node("b"))
+    f.put(NODES, node("a", team="ml"))
+    f.remove(NODES, "b")
+    wait_for(lambda: (store.get("a") or {})["metadata"]["labels"] == {"team": "ml"}, "the change")
+    wait_for(lambda: set(store.snapshot()) == {"a"}, "the deletion")
+    time.sleep(1.5)  # the server ends the watch; the informer watches again from where it was
+    f.put(NODES, node("c"))
+    wait_for(lambda: set(store.snapshot()) == {"a", "c"}, "a change after the re-watch")
+    assert len(changes) >= 5
+    assert informer.errors == 0
+
+
+def test_informer_relists_after_410_gone(fake: tuple[FakeKube, Kube], informers: list[Informer]) -> None:
+    f, kube = fake
+    f.put(NODES, node("a"))
+    store = Store()
+    informer = Informer(kube, NODES, store, watch_timeout_s=1)
+    informers.append(informer)
+    informer.start()
+    wait_for(lambda: "a" in store.snapshot(), "the first list")
+    f.compacted = 10**9  # every resourceVersion the informer knows is now too old
+    lists = sum(1 for m, p in f.requests if m == "GET" and p == NODES)
+    wait_for(lambda: informer.errors >= 1, "a 410 from the watch")
+    f.compacted = 0
+    f.put(NODES, node("b"))
+    wait_for(lambda: set(store.snapshot()) == {"a", "b"}, "the relist and the watch after it")
+    assert sum(1 for m, p in f.requests if m == "GET" and p == NODES) > lists
+
+
+def test_optional_kind_without_its_crd_is_empty_and_synced(
+    fake: tuple[FakeKube, Kube], informers: list[Informer]
+) -> None:
+    f, kube = fake
+    f.missing.add(HYPERNODES)
+    store = Store()
+    store.remember({"metadata": {"name": "left-over"}})
+    informer = Informer(kube, HYPERNODES, store, optional=True, retry_s=0.05, max_retry_s=0.1)
+    informers.append(informer)
+    informer.start()
+    assert informer.synced.wait(5)
+    wait_for(lambda: store.snapshot() == {}, "the missing kind counted as empty")
+    f.missing.clear()  # the CRD is installed
+    f.put(HYPERNODES, {"metadata": {"name": "nvl-0"}})
+    wait_for(lambda: set(store.snapshot()) == {"nvl-0"}, "objects once the CRD exists")
+
+
+def test_a_required_kind_that_fails_is_retried(
+    fake: tuple[FakeKube, Kube], informers: list[Informer]
+) -> None:
+    f, kube = fake
+    f.down = True
+    seen: list[BaseException] = []
+    store = Store()
+    informer = Informer(kube, NODES, store, retry_s=0.05, max_retry_s=0.1, on_error=seen.append)
+    informers.append(informer)
+    informer.start()
+    wait_for(lambda: len(seen) >= 2, "errors reported")
+    assert not informer.synced.is_set()
+    assert all(isinstance(e, KubeError) and e.status == 503 for e in seen)
+    f.down = False
+    f.put(NODES, node("a"))
+    wait_for(lambda: "a" in store.snapshot(), "the list after the outage")
+
+
+def test_stop_ends_an_open_watch_at_once(fake: tuple[FakeKube, Kube]) -> None:
+    f, kube = fake
+    f.put(NODES, node("a"))
+    informer = Informer(kube, NODES, Store(), watch_timeout_s=60)
+    informer.start()
+    assert informer.synced.wait(5)
+    time.sleep(0.2)  # inside the watch now
+    started = time.monotonic()
+    informer.stop(5.0)
+    assert time.monotonic() - started < 2.0
+    assert informer._thread is not None
+    assert not informer._thread.is_alive()
+
+
+def test_namespaced_objects_are_kept_by_namespace_and_name(
+    fake: tuple[FakeKube, Kube], informers: list[Informer]
+) -> None:
+    f, kube = fake
+    cm = {"metadata": {"name": "fabric", "namespace": "ns", "labels": {"gpuagent.dev/fabric": "x"}}}
+    f.put(configmaps("ns"), cm)
+    f.put(configmaps("ns"), {"metadata": {"name": "other", "namespace": "ns"}})
+    store = Store()
+    informer = Informer(kube, configmaps("ns"), store, label_selector="gpuagent.dev/fabric")
+    assert informer.list_once() is not None
+    assert set(store.snapshot()) == {"ns/fabric"}
+
+
+def test_event_recorder_writes_one_event_and_reads_back_the_latest(fake: tuple[FakeKube, Kube]) -> None:
+    f, kube = fake
+    clock = [1_700_000_000.0]
+    recorder = EventRecorder(
+        kube, component="gpu-topology-controller", instance="ctl-a", clock=lambda: clock[0]
+    )
+    n1 = ObjectRef("Node", "n1", uid="u1")
+    recorder.record(n1, reason="NvlinkDomainExcluded", message="m1", warning=True)
+    clock[0] += 5
+    recorder.record(n1, reason="NvlinkDomainRestored", message="back")
+    pod = ObjectRef("Pod", "p", namespace="team", uid="u2")
+    recorder.record(pod, reason="GangPlanned", message="x" * 2000)
+    stored = list(f.items(events("default")).values())
+    assert len(stored) == 2
+    first = next(e for e in stored if e["reason"] == "NvlinkDomainExcluded")
+    assert first["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "u1"}
+    assert first["type"] == "Warning"
+    assert first["count"] == 1
+    assert first["source"] == {"component": "gpu-topology-controller"}
+    assert first["reportingInstance"] == "ctl-a"
+    assert first["metadata"]["name"].startswith("n1.")
+    assert first["firstTimestamp"] == first["lastTimestamp"] == "2023-11-14T22:13:20Z"
+    (pod_event,) = f.items(events("team")).values()
+    assert pod_event["involvedObject"]["namespace"] == "team"
+    assert len(pod_event["message"]) == 1024
+    latest = recorder.latest()
+    assert (latest["n1"].reason, latest["n1"].message) == ("NvlinkDomainRestored", "back")
+    assert latest["n1"].type == "Normal"
+    assert EventRecorder(kube, component="someone-else").latest() == {}

@@ -1,0 +1,63 @@
+"""The one Kubernetes adapter, shared by the topology controller, the node publisher and the extender.
+
+- :mod:`~topology.kube.client`: :func:`api_client_from` (kubeconfig, in-cluster, ~/.kube/config),
+  :class:`Kube` (plain-dict get/list/watch, server-side apply with field manager ``gpu-node-agent``,
+  create/replace/delete, pod binding), :class:`KubeError`, and the collection paths;
+- :mod:`~topology.kube.informer`: :class:`Informer` (list then watch one kind into a :class:`Sink`,
+  relisting after 410 Gone, a missing CRD counted as empty) and :class:`Store`, the plain sink;
+- :mod:`~topology.kube.recorder`: :class:`EventRecorder`, the one Event writer;
+- :mod:`~topology.kube.lease`: :class:`LeaseElector`, Lease-based leader election.
+
+Objects are camelCase JSON dicts as the API serves them; the ``kubernetes`` package is imported only to
+build the ``ApiClient`` (:func:`api_client_from`), whose serializer and auth every request goes through.
+Imports nothing of ours but :mod:`topology.logs`.
+"""
+
+from topology.kube.client import (
+    APPLY_CONTENT_TYPE,
+    FIELD_MANAGER,
+    GPUNODES,
+    HYPERNODES,
+    NODES,
+    PODGROUPS,
+    PODS,
+    Kube,
+    KubeError,
+    Watch,
+    api_client_from,
+    binding,
+    configmaps,
+    events,
+    leases,
+)
+from topology.kube.informer import Informer, Sink, Store, object_key
+from topology.kube.lease import LeaseElector, micro_time
+from topology.kube.recorder import EVENT_NAMESPACE, EventRecorder, ObjectRef, RecordedEvent
+
+__all__ = [
+    "APPLY_CONTENT_TYPE",
+    "EVENT_NAMESPACE",
+    "FIELD_MANAGER",
+    "GPUNODES",
+    "HYPERNODES",
+    "NODES",
+    "PODGROUPS",
+    "PODS",
+    "EventRecorder",
+    "Informer",
+    "Kube",
+    "KubeError",
+    "LeaseElector",
+    "ObjectRef",
+    "RecordedEvent",
+    "Sink",
+    "Store",
+    "Watch",
+    "api_client_from",
+    "binding",
+    "configmaps",
+    "events",
+    "leases",
+    "micro_time",
+    "object_key",
+]
