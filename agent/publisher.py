@@ -49,7 +49,7 @@ class PublisherSource(Protocol):
 
 
 class NodeApi(Protocol):
-    """The API calls publishing needs (``KubeNodeApi`` over :class:`topology.kube.Kube`)."""
+    """The API calls publishing needs (``KubeNodeApi`` over the one adapter, :class:`topology.kube.Kube`)."""
 
     def node_uid(self, name: str) -> str | None: ...
 
@@ -137,6 +137,7 @@ class Publisher:
         self.settings = settings
         self.writes = 0
         self.failures = 0
+        self._log = log.bind(node=settings.node_name)
         self._uid: str | None = None
         self._created = False
         self._status: dict[str, Any] | None = None
@@ -185,7 +186,7 @@ class Publisher:
     def verify(self) -> None:
         """Forget what was written if the GPUNode is gone (deleted by hand, or the CRD reinstalled)."""
         if self._created and not self.api.gpunode_exists(self.settings.node_name):
-            log.warning("gpunode_missing", node=self.settings.node_name)
+            self._log.warning("gpunode_missing")
             self._created = False
             self._status = None
             self._uid = None  # the Node may have been re-created (a new uid for the owner reference)
@@ -205,14 +206,12 @@ class Publisher:
                 try:
                     n = await self._call(self.publish_once)
                     if n:
-                        log.info("published", node=self.settings.node_name, writes=n)
+                        self._log.info("published", writes=n)
                     pending = False
                     backoff = self.settings.min_backoff_s
                 except KubeError as exc:
                     self.failures += 1
-                    log.warning(
-                        "publish_failed", node=self.settings.node_name, error=str(exc), retry_s=backoff
-                    )
+                    self._log.warning("publish_failed", error=str(exc), retry_s=backoff)
                     await _sleep(stop, backoff)
                     backoff = min(backoff * 2, self.settings.max_backoff_s)
                     continue
@@ -221,7 +220,7 @@ class Publisher:
                 try:
                     await self._call(self.verify)
                 except KubeError as exc:
-                    log.warning("verify_failed", node=self.settings.node_name, error=str(exc))
+                    self._log.warning("verify_failed", error=str(exc))
                 pending = pending or not self._created
                 continue
             wait = max(0.0, next_verify - loop.time())

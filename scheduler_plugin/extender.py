@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -25,8 +24,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from scheduler_plugin.state import BindDecision, ClusterState, EventRecord
+from topology import logs
 
-log = logging.getLogger("gpu_node_agent.extender")
+log = logs.get_logger("scheduler_plugin.extender")
 
 MAX_HEADER_BYTES = 16 * 1024
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -44,7 +44,7 @@ _REASONS = {
 
 
 class Cluster(Protocol):
-    """The API calls the extender makes (``scheduler_plugin.kube.KubeApi`` in production)."""
+    """The API calls the extender makes (in production, ``topology.kube`` behind the command's root)."""
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> None: ...
 
@@ -202,11 +202,9 @@ class Extender:
         if errors:
             with self.lock:
                 self.state.bind_failed(decision.gang, errors)
-            log.warning("bind_failed", extra={"gang": decision.gang, "errors": errors})
+            log.warning("bind_failed", gang=decision.gang, errors=errors)
         else:
-            log.info(
-                "pods_bound", extra={"gang": decision.gang or None, "pods": [k for k, _, _ in decision.pods]}
-            )
+            log.info("pods_bound", gang=decision.gang or None, pods=[k for k, _, _ in decision.pods])
         if not decision.gang:
             with self.lock:
                 for k, _, n in decision.pods:
@@ -231,7 +229,7 @@ class Extender:
                 self.cluster.event, ev.pod, reason=ev.reason, message=ev.message, warning=ev.warning
             )
         except Exception as exc:  # an Event that cannot be recorded is logged, never fatal
-            log.warning("event_failed", extra={"reason": ev.reason, "error": _short(exc)})
+            log.warning("event_failed", reason=ev.reason, error=_short(exc))
 
     async def drain(self) -> None:
         """Answer every waiting bind with an error (shutdown) and let pending Events finish."""
@@ -261,12 +259,12 @@ class Extender:
         try:
             return 200, await handler(_obj(args, "body"))
         except BadRequestError as exc:
-            log.warning("bad_request", extra={"verb": route, "error": str(exc)})
+            log.warning("bad_request", verb=route, error=str(exc))
             if route == "prioritize":
                 return 400, {"Error": f"{route}: {exc}"}
             return 200, {"Error": f"{route}: {exc}"}
         except Exception as exc:  # a bug answers this request, never stops the server
-            log.exception("handler_failed", extra={"verb": route})
+            log.exception("handler_failed", verb=route)
             return 500, {"Error": f"{route}: internal error: {_short(exc)}"}
 
 

@@ -1,22 +1,47 @@
 """``gpu-node-agent extender``: serve the kube-scheduler extender (filter / prioritize / bind).
 
-The composition root: builds the API client, the informers (Nodes, Pods, HyperNodes, PodGroups),
-the pure ``ClusterState``, the handlers and the HTTP server once, then runs until SIGTERM/SIGINT.
-Shutdown order: stop accepting, answer waiting binds, stop informers.
+The composition root: builds the API client and the one Kubernetes adapter (``topology.kube``), an
+informer per kind the extender reads (Nodes, Pods, Volcano HyperNodes and PodGroups) feeding the pure
+``ClusterState``, the handlers (bindings and Events through the adapter) and the HTTP server once, and
+configures ``topology.logs``; then runs until SIGTERM/SIGINT. Shutdown order: stop accepting, answer
+waiting binds, stop informers.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-log = logging.getLogger("gpu_node_agent.extender")
+from scheduler_plugin.extender import Extender, ExtenderServer
+from scheduler_plugin.state import ClusterState
+from topology import logs
+from topology.kube import (
+    HYPERNODES,
+    NODES,
+    PODGROUPS,
+    PODS,
+    EventRecorder,
+    Informer,
+    Kube,
+    ObjectRef,
+    api_client_from,
+)
+
+log = logs.get_logger("agent.commands.extender")
+
+COMPONENT = "gpu-topology-extender"  # Events' source.component / reportingComponent
+SOURCES = (  # (ClusterState kind, collection, optional: a CRD that may not be installed)
+    ("nodes", NODES, False),
+    ("pods", PODS, False),
+    ("hypernodes", HYPERNODES, True),
+    ("podgroups", PODGROUPS, True),
+)
 
 
 @dataclass(frozen=True)
@@ -57,10 +82,8 @@ def parse_settings(argv: list[str]) -> Settings:
     p.add_argument(
         "--watch-timeout", type=int, default=300, help="seconds per watch request before re-watching"
     )
-    p.add_argument(
-        "--log-format", choices=("auto", "json", "text"), default="auto", help="auto: text on a TTY"
-    )
-    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    p.add_argument("--log-format", choices=logs.FORMATS, default="auto", help="auto: text on a TTY")
+    p.add_argument("--log-level", choices=logs.LEVELS, default="info")
     a = p.parse_args(argv)
     host, sep, port_s = a.addr.rpartition(":")
     if not sep or not port_s.isdigit() or not 0 <= int(port_s) <= 65535:
@@ -86,48 +109,77 @@ def parse_settings(argv: list[str]) -> Settings:
     )
 
 
+class KubeCluster:
+    """The extender's :class:`scheduler_plugin.extender.Cluster` over the one Kubernetes adapter: pod
+    bindings through :class:`topology.kube.Kube`, Events on pods through its :class:`EventRecorder`."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self.recorder = EventRecorder(kube, component=COMPONENT)
+
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        self.kube.bind(namespace, name, uid, node)
+
+    def event(self, pod: Mapping[str, Any], *, reason: str, message: str, warning: bool) -> None:
+        meta = pod.get("metadata") or {}
+        about = ObjectRef(
+            "Pod",
+            str(meta.get("name") or "pod"),
+            namespace=str(meta.get("namespace") or "default"),
+            uid=str(meta.get("uid") or ""),
+        )
+        self.recorder.record(about, reason=reason, message=message, warning=warning)
+
+
+@dataclass(frozen=True)
+class _StateFeed:
+    """An informer's sink: one kind of the extender's ``ClusterState``, updated under the shared lock."""
+
+    kind: str
+    state: ClusterState
+    lock: threading.Lock
+
+    def replace(self, items: list[dict[str, Any]]) -> None:
+        with self.lock:
+            self.state.replace(self.kind, items)
+
+    def apply(self, event_type: str, obj: dict[str, Any]) -> None:
+        with self.lock:
+            self.state.apply(self.kind, event_type, obj)
+
+
 class Service:
     """The running extender: informers feeding the state, and the HTTP server. Startable from tests."""
 
     def __init__(self, settings: Settings, api_client: Any) -> None:
-        from scheduler_plugin.extender import Extender, ExtenderServer  # noqa: PLC0415 - lazy: heavy imports
-        from scheduler_plugin.kube import KINDS, Informer, KubeApi  # noqa: PLC0415
-        from scheduler_plugin.state import ClusterState  # noqa: PLC0415
-
         self.settings = settings
         self.lock = threading.Lock()
-        self.api = KubeApi(api_client)
+        self.kube = Kube(api_client)
         self.state = ClusterState(
             reservation_ttl_s=settings.reservation_ttl_s, barrier_timeout_s=settings.barrier_timeout_s
         )
 
-        def on_list(kind: str, items: list[dict[str, Any]]) -> None:
-            with self.lock:
-                self.state.replace(kind, items)
+        def reporter(kind: str) -> Callable[[BaseException], None]:
+            def report(exc: BaseException) -> None:
+                log.warning("informer_error", kind=kind, error=f"{type(exc).__name__}: {str(exc)[:200]}")
 
-        def on_event(kind: str, event_type: str, obj: dict[str, Any]) -> None:
-            with self.lock:
-                self.state.apply(kind, event_type, obj)
-
-        def on_error(kind: str, exc: BaseException) -> None:
-            log.warning(
-                "informer_error", extra={"kind": kind, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
-            )
+            return report
 
         self.informers = [
             Informer(
-                self.api,
-                kind,
-                on_list=on_list,
-                on_event=on_event,
-                on_error=on_error,
+                self.kube,
+                path,
+                _StateFeed(kind, self.state, self.lock),
+                optional=optional,
                 watch_timeout_s=settings.watch_timeout_s,
+                retry_s=1.0,
+                on_error=reporter(kind),
             )
-            for kind in KINDS
+            for kind, path, optional in SOURCES
         ]
         self.extender = Extender(
             state=self.state,
-            cluster=self.api,
+            cluster=KubeCluster(self.kube),
             lock=self.lock,
             ready=lambda: all(i.synced.is_set() for i in self.informers),
         )
@@ -137,7 +189,7 @@ class Service:
         for inf in self.informers:
             inf.start()
         await self.server.start(self.settings.host, self.settings.port)
-        log.info("extender_listening", extra={"host": self.settings.host, "port": self.server.port})
+        log.info("extender_listening", host=self.settings.host, port=self.server.port)
 
     async def stop(self) -> None:
         await self.server.stop()
@@ -147,8 +199,6 @@ class Service:
 
 
 async def _run(settings: Settings) -> int:
-    from topology.kube import api_client_from  # noqa: PLC0415
-
     try:
         api_client = api_client_from(settings.kubeconfig)
     except Exception as exc:  # no usable credentials: one line, exit 2
@@ -176,7 +226,5 @@ async def _run(settings: Settings) -> int:
 
 def main(argv: list[str]) -> int:
     settings = parse_settings(argv)
-    from topology import logs  # noqa: PLC0415 - the project's structured logging, set up once here
-
     logs.configure(settings.log_format, settings.log_level)
     return asyncio.run(_run(settings))

@@ -18,6 +18,7 @@ import yaml
 from scheduler_plugin.formats import FormatError, gang_from_data, result_to_data, snapshot_from_data
 from scheduler_plugin.planner import plan
 from scheduler_plugin.snapshot import ClusterSnapshot
+from topology import logs
 
 
 class _Parser(argparse.ArgumentParser):
@@ -39,14 +40,16 @@ def _load(path: str, what: str) -> Any:
 
 
 def _live_snapshot(kubeconfig: str | None) -> ClusterSnapshot:
+    """Nodes, pods and HyperNodes listed once through the one Kubernetes adapter (no HyperNode CRD:
+    none, so the node-label fallback applies)."""
     from scheduler_plugin.cluster import snapshot_from_objects  # noqa: PLC0415 - only for --from-cluster
-    from scheduler_plugin.kube import KubeApi  # noqa: PLC0415
-    from topology.kube import api_client_from  # noqa: PLC0415
+    from topology.kube import HYPERNODES, NODES, PODS, Kube, api_client_from  # noqa: PLC0415
 
-    api = KubeApi(api_client_from(kubeconfig))
-    return snapshot_from_objects(
-        api.list_objects("nodes").items, api.list_objects("pods").items, api.list_objects("hypernodes").items
-    )
+    kube = Kube(api_client_from(kubeconfig))
+    nodes, _ = kube.list(NODES)
+    pods, _ = kube.list(PODS)
+    hypernodes, _ = kube.list(HYPERNODES, missing_ok=True)
+    return snapshot_from_objects(nodes, pods, hypernodes)
 
 
 def main(argv: list[str]) -> int:
@@ -60,7 +63,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--kubeconfig", metavar="K", help="kubeconfig for --from-cluster")
     parser.add_argument("--gang", metavar="G.yaml", required=True, help="gang file (name, tier, roles)")
     parser.add_argument("--indent", type=int, default=2, help="JSON indent (0: one line)")
+    parser.add_argument("--log-format", choices=logs.FORMATS, default="auto", help="auto: text on a TTY")
+    parser.add_argument("--log-level", choices=logs.LEVELS, default="warning")
     args = parser.parse_args(argv)
+    logs.configure(args.log_format, args.log_level)
     if args.kubeconfig and not args.from_cluster:
         parser.error("--kubeconfig needs --from-cluster")
     try:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,16 @@ GANG = {
         {"name": "worker", "pods": 4, "gpus_per_pod": 4, "subgroup_size": 4, "subgroup_tier": "nvlink"}
     ],
 }
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """The command configures process-wide logging; put it back for the tests that follow."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield
+    root.setLevel(level)
+    root.handlers[:] = handlers
 
 
 def write(tmp_path: Path, name: str, data: Any) -> str:
