@@ -1,8 +1,17 @@
 """Settings of ``gpu-node-agent run``: one validated, frozen model; precedence CLI > env > file, here only.
 
-The config file is YAML with ``version: v1``. Top-level keys are the run settings below (camelCase) and
-the device plugin's sections (``flags``, ``sharing``, ``health``, ``cdi``; see
-:mod:`deviceplugin.config`). Every problem is reported as one line naming the setting and where it came
+The config file is YAML with ``version: v1``. Top-level keys are the run settings below (camelCase), the
+device plugin's sections (``flags``, ``sharing``, ``cdi``; see :mod:`deviceplugin.config`) and the
+node's ``health`` section, parsed here into :class:`~agent.healthbook.HealthConfig`::
+
+    health:
+      ignoredXids: [13, 31, 43, 45, 68, 109]   # replaces the default list
+      extraIgnoredXids: []                     # added to it
+      fabricUnhealthyMarksGpu: false
+      recoveryQuietSeconds: 120
+      probeIntervalSeconds: 5
+
+Every problem is reported as one line naming the setting and where it came
 from (``--kubelet-dir``, ``env GPU_NODE_AGENT_KUBELET_DIR``, ``config.yaml: kubeletDir``); the command
 prints them and exits 2.
 
@@ -21,12 +30,14 @@ from typing import Any
 
 import yaml
 
-from deviceplugin.config import ConfigError, MigStrategy, PluginConfig, parse_plugin_config
+from agent.healthbook import DEFAULT_IGNORED_XIDS, HealthConfig
+from deviceplugin.config import ConfigError, MigStrategy, PluginConfig, SectionReader, parse_plugin_config
 from topology.logs import FORMATS, LEVELS
 
 ENV_PREFIX = "GPU_NODE_AGENT_"
 CONFIG_VERSION = "v1"
-PLUGIN_SECTIONS = ("flags", "sharing", "health", "cdi")
+PLUGIN_SECTIONS = ("flags", "sharing", "cdi")
+HEALTH_SECTION = "health"
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +63,7 @@ class RunSettings:
     proc_root: Path = Path("/proc")
     pod_logs_root: Path = Path("/var/log/pods")
     plugin: PluginConfig = field(default_factory=PluginConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
 
 
 def _path(text: str) -> Path:
@@ -298,7 +310,7 @@ def load_settings(args: argparse.Namespace, env: Mapping[str, str]) -> RunSettin
     data: dict[str, Any] = load_file(config_path) if config_path is not None else {}
     source = str(config_path) if config_path is not None else "config"
     problems: list[str] = []
-    known = {"version"} | {s.key for s in SETTINGS} | set(PLUGIN_SECTIONS)
+    known = {"version", HEALTH_SECTION} | {s.key for s in SETTINGS} | set(PLUGIN_SECTIONS)
     for key in sorted(set(data) - known):
         problems.append(f"{source}: {key}: unknown key; valid: {', '.join(sorted(known))}")
 
@@ -331,8 +343,63 @@ def load_settings(args: argparse.Namespace, env: Mapping[str, str]) -> RunSettin
     except ConfigError as exc:
         problems.extend(exc.problems)
         plugin = PluginConfig()
+    try:
+        health = parse_health_config(data, source=source)
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+        health = HealthConfig()
     if values.get("simulate_faults") is not None and values.get("simulate") is None:
         problems.append("--simulate-faults: needs --simulate (faults are injected into the simulator)")
     if problems:
         raise ConfigError(problems)
-    return RunSettings(**values, config_file=config_path, plugin=plugin)
+    return RunSettings(**values, config_file=config_path, plugin=plugin, health=health)
+
+
+def parse_health_config(data: Mapping[str, Any], *, source: str = "config") -> HealthConfig:
+    """Validate the ``health`` section of a v1 config file (other sections are not read).
+
+    Raises :class:`ConfigError` listing every problem as ``<source>: health.<key>: <what is wrong>``.
+    """
+    problems: list[str] = []
+    r = SectionReader(problems)
+    body = r.section(
+        data,
+        HEALTH_SECTION,
+        "",
+        {
+            "ignoredXids",
+            "extraIgnoredXids",
+            "fabricUnhealthyMarksGpu",
+            "recoveryQuietSeconds",
+            "probeIntervalSeconds",
+        },
+    )
+    ignored = _xids(body, "ignoredXids", problems)
+    extra = _xids(body, "extraIgnoredXids", problems) or frozenset()
+    health = HealthConfig(
+        ignored_xids=(DEFAULT_IGNORED_XIDS if ignored is None else ignored) | extra,
+        fabric_unhealthy_marks_gpu=r.boolean(
+            body, "fabricUnhealthyMarksGpu", "health.fabricUnhealthyMarksGpu", False
+        ),
+        recovery_quiet_s=r.number(
+            body, "recoveryQuietSeconds", "health.recoveryQuietSeconds", 120.0, minimum=0
+        ),
+        probe_interval_s=r.number(
+            body, "probeIntervalSeconds", "health.probeIntervalSeconds", 5.0, minimum=0.01
+        ),
+    )
+    if problems:
+        raise ConfigError([f"{source}: {p}" for p in problems])
+    return health
+
+
+def _xids(body: Mapping[str, Any], key: str, problems: list[str]) -> frozenset[int] | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, list) and all(
+        isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in value
+    ):
+        return frozenset(value)
+    problems.append(f"health.{key}: expected a list of positive XID numbers, got {value!r}")
+    return None

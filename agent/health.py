@@ -1,5 +1,6 @@
-"""Health monitor: NVML events and probes feed the :class:`~agent.healthbook.HealthBook`, whose answers
-go to the :class:`~agent.runtime.InventoryStore`.
+"""Health monitor: NVML events and probes feed the :class:`~agent.healthbook.HealthBook`, the one owner of
+device health; after each change the book's :class:`~agent.healthbook.HealthTable` is handed to the
+:class:`~agent.runtime.InventoryStore`, which tells its readers.
 
 NVML's event wait blocks, so it runs in a worker thread (``asyncio.to_thread``) with a short timeout,
 and each event is handed back to the loop. A failing wait is logged and retried with a back-off; it
@@ -17,8 +18,9 @@ from collections.abc import Callable
 from agent.healthbook import HealthBook, HealthConfig, Outcome
 from agent.nvml.errors import LOST_CODES, NVMLError
 from agent.nvml.protocol import EventKind, NvmlBackend, NvmlEvent
-from agent.runtime import Change, InventoryStore, StoreUpdate, sleep_until
+from agent.runtime import InventoryStore, StoreUpdate
 from topology import logs
+from topology.lifecycle import sleep_until, wait_for_event
 
 WAIT_TIMEOUT_MS = 100
 MAX_WAIT_BACKOFF_S = 5.0
@@ -139,16 +141,7 @@ class HealthMonitor:
         return True, False, None
 
     async def _follow_inventory(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            waiter = asyncio.ensure_future(self._inventory_changed.wait())
-            stopper = asyncio.ensure_future(stop.wait())
-            try:
-                await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                waiter.cancel()
-                stopper.cancel()
-            if stop.is_set():
-                return
+        while not await wait_for_event(self._inventory_changed, stop):
             self._inventory_changed.clear()
             self._apply(self.book.set_inventory(self._store.inventory, self._clock()))
             await self._register()
@@ -156,7 +149,7 @@ class HealthMonitor:
     # ----------------------------------------------------------------- helpers
 
     def _on_store(self, update: StoreUpdate) -> None:
-        if update.change & Change.INVENTORY:
+        if update.inventory_changed:
             self._inventory_changed.set()
 
     async def _register(self) -> None:
@@ -176,4 +169,4 @@ class HealthMonitor:
 
     def _apply(self, outcome: Outcome) -> None:
         if outcome.changed:
-            self._store.set_health(self.book.snapshot())
+            self._store.set_health(self.book.table())

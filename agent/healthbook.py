@@ -1,9 +1,14 @@
 """Device health as a pure state machine: NVML events, fabric health and probes in, health by UUID out.
 
+The one owner of device health on the node. :class:`HealthBook` decides it and keeps the records;
+its output is a :class:`HealthTable`, an immutable value the store hands to every reader (the device
+plugin, metrics, the publisher) without keeping health of its own.
+
 Keys are GPU UUIDs and MIG UUIDs. A device kubelet sees (a GPU, a MIG device or a replica) is unhealthy
-when any of its keys is (``deviceplugin.resources.Device.health_keys``), so marking a GPU marks its MIG
-devices and replicas, and an event for one MIG device marks only that MIG device (and the whole-GPU
-device that contains it, where one is advertised).
+when any of its keys is (``deviceplugin.resources.Device.health_keys``; the rule is
+:meth:`HealthTable.device`), so marking a GPU marks its MIG devices and replicas, and an event for one
+MIG device marks only that MIG device (and the whole-GPU device that contains it, where one is
+advertised).
 
 Rules:
 
@@ -24,7 +29,7 @@ No clock inside: every input carries ``now`` (monotonic seconds).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from agent.nvml.protocol import EventKind, NvmlEvent
@@ -53,6 +58,45 @@ class DeviceHealth:
 
 
 HEALTHY = DeviceHealth(Health.HEALTHY)
+
+
+class HealthTable(Mapping[str, DeviceHealth]):
+    """Device health at one moment: a read-only mapping of the unhealthy keys (GPU and MIG UUIDs) to
+    their health and reason; a key it does not list is healthy.
+
+    :meth:`device` is the one place the rule is written: a device made of several keys is unhealthy
+    when any of them is.
+    """
+
+    __slots__ = ("_unhealthy",)
+
+    def __init__(self, entries: Mapping[str, DeviceHealth] | None = None) -> None:
+        self._unhealthy = {k: v for k, v in (entries or {}).items() if not v.healthy}
+
+    def __getitem__(self, key: str) -> DeviceHealth:
+        return self._unhealthy[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._unhealthy)
+
+    def __len__(self) -> int:
+        return len(self._unhealthy)
+
+    def __repr__(self) -> str:
+        return f"HealthTable({self._unhealthy!r})"
+
+    def of(self, key: str) -> DeviceHealth:
+        """One key's health."""
+        return self._unhealthy.get(key, HEALTHY)
+
+    def device(self, keys: Iterable[str]) -> DeviceHealth:
+        """Health of a device made of several keys (a GPU and its MIG devices): the first unhealthy
+        key's, else healthy."""
+        for key in keys:
+            status = self._unhealthy.get(key)
+            if status is not None:
+                return status
+        return HEALTHY
 
 
 @dataclass(slots=True)
@@ -173,15 +217,12 @@ class HealthBook:
             return HEALTHY
         return DeviceHealth(Health.UNHEALTHY, record.reason)
 
-    def device_status(self, keys: Iterable[str]) -> DeviceHealth:
-        for key in keys:
-            record = self._records.get(key)
-            if record is not None:
-                return DeviceHealth(Health.UNHEALTHY, record.reason)
-        return HEALTHY
+    def table(self) -> HealthTable:
+        """The health readers see: every marked key with its reason."""
+        return HealthTable({k: self.status(k) for k in self._records})
 
     def snapshot(self) -> dict[str, DeviceHealth]:
-        """Every known key's health."""
+        """Every known key's health (what an input changed is the difference of two)."""
         keys = list(self._index_of) + list(self._gpu_of)
         return {k: self.status(k) for k in keys}
 

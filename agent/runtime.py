@@ -3,9 +3,12 @@
 - :class:`Component`: anything with ``async def run(self, stop: asyncio.Event) -> None`` that returns
   soon after ``stop`` is set, having released what it holds. Tests start and stop components this way,
   without signals.
-- :class:`InventoryStore`: the current :class:`~topology.model.NodeInventory`, per-device health (by GPU
-  and MIG UUID, with a reason) and XID counts; readers subscribe for changes. The device plugin, the
-  metrics exporter and the publisher read it; discovery and the health monitor write it.
+- :class:`InventoryStore`: the current :class:`~topology.model.NodeInventory`, the current device health
+  and XID counts; readers subscribe for changes. The device plugin (through its own
+  ``deviceplugin.node.NodeState`` Protocol, which the store satisfies), the metrics exporter and the
+  publisher read it; discovery and the health monitor write it. Health is decided by
+  :class:`~agent.healthbook.HealthBook`; the store carries the book's latest
+  :class:`~agent.healthbook.HealthTable` (immutable) and keeps no health of its own.
 - :func:`run_components`: runs components in one TaskGroup until ``stop`` is set or one fails; then sets
   ``stop`` so the others shut down in order.
 
@@ -21,9 +24,10 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from agent.healthbook import HEALTHY, DeviceHealth
+from agent.healthbook import DeviceHealth, HealthTable
 from agent.nvml.protocol import EventKind, NvmlEvent
 from topology import logs
+from topology.lifecycle import sleep_until, wait_for_event
 from topology.model import Gpu, NodeInventory
 
 
@@ -45,6 +49,14 @@ class StoreUpdate:
     version: int
     change: Change
 
+    @property
+    def inventory_changed(self) -> bool:
+        return bool(self.change & Change.INVENTORY)
+
+    @property
+    def health_changed(self) -> bool:
+        return bool(self.change & Change.HEALTH)
+
 
 Listener = Callable[[StoreUpdate], None]
 
@@ -54,7 +66,7 @@ class InventoryStore:
 
     def __init__(self, inventory: NodeInventory) -> None:
         self._inventory = inventory
-        self._health: dict[str, DeviceHealth] = {}
+        self._health = HealthTable()
         self._xids: dict[tuple[str, int], int] = {}
         self._events: dict[tuple[str, str], int] = {}
         self._version = 0
@@ -72,20 +84,17 @@ class InventoryStore:
     def version(self) -> int:
         return self._version
 
-    def health(self) -> Mapping[str, DeviceHealth]:
-        """Health of every GPU and MIG device by UUID that is not healthy is listed; others are healthy."""
-        return dict(self._health)
+    def health(self) -> HealthTable:
+        """Every GPU and MIG device by UUID that is not healthy, with its reason; others are healthy."""
+        return self._health
 
     def health_of(self, uuid: str) -> DeviceHealth:
-        return self._health.get(uuid, HEALTHY)
+        return self._health.of(uuid)
 
     def device_health(self, keys: Iterable[str]) -> DeviceHealth:
-        """Health of a device made of several keys (a GPU and its MIG devices): the first unhealthy one."""
-        for key in keys:
-            status = self._health.get(key)
-            if status is not None and not status.healthy:
-                return status
-        return HEALTHY
+        """Health of a device made of several keys (a GPU and its MIG devices); see
+        :meth:`HealthTable.device`."""
+        return self._health.device(keys)
 
     def xid_counts(self) -> Mapping[tuple[str, int], int]:
         """XID events seen since start, by (GPU UUID, XID) — ignored XIDs included."""
@@ -104,11 +113,12 @@ class InventoryStore:
         self._bump(Change.INVENTORY)
 
     def set_health(self, health: Mapping[str, DeviceHealth]) -> None:
-        """Replace the health table (keys absent are healthy)."""
-        unhealthy = {k: v for k, v in health.items() if not v.healthy}
-        if unhealthy == self._health:
+        """Publish the health table the book decided (any mapping is read as one: keys absent or
+        healthy are healthy)."""
+        table = health if isinstance(health, HealthTable) else HealthTable(health)
+        if table == self._health:
             return
-        self._health = unhealthy
+        self._health = table
         self._bump(Change.HEALTH)
 
     def record_event(self, event: NvmlEvent) -> None:
@@ -209,18 +219,7 @@ class Rediscovery:
         self._wanted.set()
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            waiter = asyncio.ensure_future(self._wanted.wait())
-            stopper = asyncio.ensure_future(stop.wait())
-            try:
-                await asyncio.wait(
-                    {waiter, stopper}, timeout=self._interval, return_when=asyncio.FIRST_COMPLETED
-                )
-            finally:
-                waiter.cancel()
-                stopper.cancel()
-            if stop.is_set():
-                return
+        while not await wait_for_event(self._wanted, stop, self._interval):
             if self._wanted.is_set() and await sleep_until(stop, self._debounce):
                 return
             self._wanted.clear()
@@ -258,12 +257,3 @@ def carry_lost_gpus(previous: NodeInventory, current: NodeInventory) -> NodeInve
         s for s in previous.mig if s.gpu_index in carried
     )
     return dataclasses.replace(current, gpus=gpus, mig=tuple(sorted(mig, key=lambda s: s.gpu_index)))
-
-
-async def sleep_until(stop: asyncio.Event, seconds: float) -> bool:
-    """Sleep up to ``seconds``; returns True when ``stop`` was set meanwhile."""
-    try:
-        await asyncio.wait_for(stop.wait(), timeout=max(seconds, 0))
-    except TimeoutError:
-        return stop.is_set()
-    return True

@@ -20,16 +20,13 @@ config v1 where they mean the same thing::
             replicas: 4
             rename: nvidia.com/gpu.shared        # optional
             devices: all | <count> | [<index> | "<i>:<j>" | <uuid>, ...]
-    health:
-      ignoredXids: [13, 31, 43, 45, 68, 109]   # replaces the default list
-      extraIgnoredXids: []                     # added to it
-      fabricUnhealthyMarksGpu: false
-      recoveryQuietSeconds: 120
-      probeIntervalSeconds: 5
     cdi:
       enabled: false                           # also implied by deviceListStrategy cdi-cri
       specDir: /var/run/cdi
       kind: gpuagent.dev/gpu
+
+The file's ``health`` section configures the node's health rules, not the plugin: it is parsed by
+``agent.config`` with the same :class:`SectionReader`.
 """
 
 from __future__ import annotations
@@ -40,7 +37,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.healthbook import DEFAULT_IGNORED_XIDS, HealthConfig
 from deviceplugin.preferred import Policy
 
 RESOURCE_PREFIX = "nvidia.com/"
@@ -102,7 +98,6 @@ class PluginConfig:
     allocation_policy: Policy = Policy.SPREAD
     mps_root: str = "/run/nvidia/mps"
     sharing: Sharing = field(default_factory=Sharing)
-    health: HealthConfig = field(default_factory=HealthConfig)
     cdi: CdiConfig = field(default_factory=CdiConfig)
 
 
@@ -124,8 +119,9 @@ _POLICIES = {
 }
 
 
-class _Reader:
-    """Typed access to a mapping that records one problem per bad key and keeps going."""
+class SectionReader:
+    """Typed access to the sections of a v1 config file that records one problem per bad key (naming
+    its path) and keeps going."""
 
     def __init__(self, problems: list[str]) -> None:
         self.problems = problems
@@ -180,25 +176,14 @@ class _Reader:
         self.problems.append(f"{where}: expected a non-empty string, got {data[key]!r}")
         return default
 
-    def xids(self, data: Mapping[str, Any], key: str, where: str) -> frozenset[int] | None:
-        if key not in data or data[key] is None:
-            return None
-        value = data[key]
-        if isinstance(value, list) and all(
-            isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in value
-        ):
-            return frozenset(value)
-        self.problems.append(f"{where}: expected a list of positive XID numbers, got {value!r}")
-        return None
-
 
 def parse_plugin_config(data: Mapping[str, Any], *, source: str = "config") -> PluginConfig:
-    """Validate the ``flags``, ``sharing``, ``health`` and ``cdi`` sections of a v1 config file.
+    """Validate the ``flags``, ``sharing`` and ``cdi`` sections of a v1 config file (others are not read).
 
     Raises :class:`ConfigError` listing every problem as ``<source>: <key path>: <what is wrong>``.
     """
     problems: list[str] = []
-    r = _Reader(problems)
+    r = SectionReader(problems)
     flags = r.section(data, "flags", "", {"migStrategy", "mpsRoot", "plugin"})
     plugin = r.section(
         flags, "plugin", "flags.", {"deviceListStrategy", "deviceIDStrategy", "sharedDevicesAllocationPolicy"}
@@ -224,7 +209,6 @@ def parse_plugin_config(data: Mapping[str, Any], *, source: str = "config") -> P
     mps_root = r.string(flags, "mpsRoot", "flags.mpsRoot", "/run/nvidia/mps")
 
     sharing = _sharing(r, data)
-    health = _health(r, data)
     cdi_data = r.section(data, "cdi", "", {"enabled", "specDir", "kind"})
     cdi_enabled = r.boolean(cdi_data, "enabled", "cdi.enabled", False) or ListStrategy.CDI_CRI in lists
     kind = r.string(cdi_data, "kind", "cdi.kind", DEFAULT_CDI_KIND)
@@ -248,7 +232,6 @@ def parse_plugin_config(data: Mapping[str, Any], *, source: str = "config") -> P
         allocation_policy=policy,
         mps_root=mps_root,
         sharing=sharing,
-        health=health,
         cdi=cdi,
     )
 
@@ -266,7 +249,7 @@ def _list_strategies(value: Any, problems: list[str]) -> tuple[ListStrategy, ...
     return tuple(dict.fromkeys(valid[i] for i in items))
 
 
-def _sharing(r: _Reader, data: Mapping[str, Any]) -> Sharing:
+def _sharing(r: SectionReader, data: Mapping[str, Any]) -> Sharing:
     section = r.section(data, "sharing", "", {"timeSlicing", "mps"})
     present = [k for k in ("timeSlicing", "mps") if section.get(k) is not None]
     if len(present) > 1:
@@ -340,32 +323,3 @@ def _devices(value: Any, where: str, problems: list[str]) -> str | int | tuple[s
         return tuple(str(v) for v in value)
     problems.append(f"{where}: expected all, a positive count or a list of indices/UUIDs, got {value!r}")
     return "all"
-
-
-def _health(r: _Reader, data: Mapping[str, Any]) -> HealthConfig:
-    body = r.section(
-        data,
-        "health",
-        "",
-        {
-            "ignoredXids",
-            "extraIgnoredXids",
-            "fabricUnhealthyMarksGpu",
-            "recoveryQuietSeconds",
-            "probeIntervalSeconds",
-        },
-    )
-    ignored = r.xids(body, "ignoredXids", "health.ignoredXids")
-    extra = r.xids(body, "extraIgnoredXids", "health.extraIgnoredXids") or frozenset()
-    return HealthConfig(
-        ignored_xids=(DEFAULT_IGNORED_XIDS if ignored is None else ignored) | extra,
-        fabric_unhealthy_marks_gpu=r.boolean(
-            body, "fabricUnhealthyMarksGpu", "health.fabricUnhealthyMarksGpu", False
-        ),
-        recovery_quiet_s=r.number(
-            body, "recoveryQuietSeconds", "health.recoveryQuietSeconds", 120.0, minimum=0
-        ),
-        probe_interval_s=r.number(
-            body, "probeIntervalSeconds", "health.probeIntervalSeconds", 5.0, minimum=0.01
-        ),
-    )

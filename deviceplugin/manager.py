@@ -1,9 +1,10 @@
 """The plugin manager: one server per advertised resource, registration with kubelet, and keeping both
 true while the node and kubelet change underneath.
 
-- Start: build the resource plan from the store's inventory, serve each resource on
+- Start: build the resource plan from the node's inventory, serve each resource on
   ``<kubelet-dir>/nvidia-<name>.sock``, check the socket answers, register with ``kubelet.sock``.
-- Health: every health change in the store is pushed at once to the affected ListAndWatch streams.
+- Health: every health change of the node is pushed at once to the affected ListAndWatch streams
+  (the servers read health from the node; nothing here keeps a copy).
 - Change without restart: an inventory change (MIG reconfiguration, hot-plug) re-plans; new resources
   get a server and a registration, vanished ones are stopped (kubelet withdraws them), the rest get the
   new device list on their stream.
@@ -12,6 +13,8 @@ true while the node and kubelet change underneath.
   pod-resources check is given, every ``check_interval_s`` kubelet's allocatable devices are compared
   with ours and a resource kubelet lost is registered again.
 - Stop: servers stop with a grace period and their sockets are removed.
+
+The node arrives as a :class:`~deviceplugin.node.NodeState` (the agent's inventory store satisfies it).
 """
 
 from __future__ import annotations
@@ -22,13 +25,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.runtime import Change, InventoryStore, StoreUpdate
 from deviceplugin.cdi import cdi_spec, write_spec
 from deviceplugin.config import PluginConfig
+from deviceplugin.node import NodeChange, NodeState
 from deviceplugin.preferred import Topology, topology_from_inventory
 from deviceplugin.resources import Resource, ResourceError, ResourcePlan, build_plan
 from deviceplugin.server import PluginError, PluginServer, PluginState, check_socket_path, register
 from topology import logs
+from topology.lifecycle import wait_for_event
 from topology.model import LinkLevel, NodeInventory
 
 KUBELET_SOCKET = "kubelet.sock"
@@ -55,7 +59,7 @@ class PluginManager:
     def __init__(
         self,
         *,
-        store: InventoryStore,
+        store: NodeState,
         config: PluginConfig,
         kubelet_dir: Path,
         poll_s: float = 0.1,
@@ -151,13 +155,7 @@ class PluginManager:
         await self._check_allocatable()
 
     async def _sleep(self, stop: asyncio.Event) -> None:
-        waiter = asyncio.ensure_future(self._wake.wait())
-        stopper = asyncio.ensure_future(stop.wait())
-        try:
-            await asyncio.wait({waiter, stopper}, timeout=self._poll, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-            stopper.cancel()
+        await wait_for_event(self._wake, stop, self._poll)
         self._wake.clear()
 
     # ----------------------------------------------------------------- plan
@@ -180,9 +178,7 @@ class PluginManager:
                 if await self._start(resource):
                     self._log.info("resource_added", resource=name, devices=len(resource.devices))
             else:
-                current.server.state.update(
-                    resource=resource, topology=self._topology, unhealthy=self._unhealthy(resource)
-                )
+                current.server.state.update(resource=resource, topology=self._topology)
         self._write_cdi()
 
     def _build_topology(self) -> Topology:
@@ -199,10 +195,7 @@ class PluginManager:
         """Serve one resource; a server that cannot start is logged and retried (not fatal)."""
         assert self._topology is not None
         state = PluginState(
-            resource=resource,
-            topology=self._topology,
-            config=self._config,
-            unhealthy=self._unhealthy(resource),
+            resource=resource, topology=self._topology, config=self._config, health=self._store
         )
         try:
             server = PluginServer(
@@ -252,20 +245,11 @@ class PluginManager:
 
     # ----------------------------------------------------------------- health
 
-    def _unhealthy(self, resource: Resource) -> dict[str, str]:
-        out: dict[str, str] = {}
-        for d in resource.devices:
-            status = self._store.device_health(d.health_keys)
-            if not status.healthy:
-                out[d.id] = status.reason or "unhealthy"
-        return out
-
-    def _on_store(self, update: StoreUpdate) -> None:
-        if update.change & Change.HEALTH:
+    def _on_store(self, update: NodeChange) -> None:
+        if update.health_changed:
             for plugin in self._plugins.values():
-                state = plugin.server.state
-                state.update(unhealthy=self._unhealthy(state.resource))
-        if update.change & Change.INVENTORY:
+                plugin.server.state.refresh()
+        if update.inventory_changed:
             self._inventory_dirty = True
             self._wake.set()
 
@@ -347,7 +331,8 @@ class PluginManager:
             return
         for name, plugin in self._plugins.items():
             state = plugin.server.state
-            healthy = {d.id for d in state.resource.devices if d.id not in state.unhealthy}
+            unhealthy = state.unhealthy
+            healthy = {d.id for d in state.resource.devices if d.id not in unhealthy}
             if plugin.registered_with is not None and healthy and not healthy & listed.get(name, frozenset()):
                 self._log.warning(
                     "kubelet_lost_resource",

@@ -1,6 +1,7 @@
 """The thin gRPC side: one ``v1beta1.DevicePlugin`` server per resource on a unix socket, and the
 ``Register`` call to kubelet. Everything it answers comes from a :class:`PluginState` the manager keeps
-current; decisions (allocation, preferred allocation) are the pure functions of this package.
+current, and from the node's device health read when answering (never copied); decisions (allocation,
+preferred allocation) are the pure functions of this package.
 
 This module and :mod:`deviceplugin.manager` are the only hand-written code that imports the stubs.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
 from deviceplugin.config import PluginConfig
 from deviceplugin.container import AllocationError, allocate
+from deviceplugin.node import DeviceHealthSource
 from deviceplugin.preferred import Topology, preferred_allocation
 from deviceplugin.resources import Resource
 from deviceplugin.unixgrpc import unix_channel
@@ -37,7 +39,11 @@ class PluginError(RuntimeError):
 
 class PluginState:
     """What one resource's server answers from. Updated on the event loop by the manager; each update
-    that changes the device list wakes every ListAndWatch stream."""
+    that changes the advertised list wakes every ListAndWatch stream.
+
+    Health is read from ``health`` (the node) each time it is needed, never kept here; the manager calls
+    :meth:`refresh` when the node says health changed, which wakes the streams if the list moved.
+    """
 
     def __init__(
         self,
@@ -45,35 +51,44 @@ class PluginState:
         resource: Resource,
         topology: Topology,
         config: PluginConfig,
-        unhealthy: Mapping[str, str] | None = None,
+        health: DeviceHealthSource,
     ) -> None:
         self.resource = resource
         self.topology = topology
         self.config = config
-        self.unhealthy: dict[str, str] = dict(unhealthy or {})
+        self._health = health
         self.version = 0
         self.closed = False
         self._changed = asyncio.Event()
+        self._advertised = self.devices()  # the list the streams were last woken for
         self.allocations = 0
         self.allocation_errors = 0
 
-    def update(
-        self,
-        *,
-        resource: Resource | None = None,
-        topology: Topology | None = None,
-        unhealthy: Mapping[str, str] | None = None,
-    ) -> bool:
+    @property
+    def unhealthy(self) -> dict[str, str]:
+        """The resource's devices the node reports unhealthy now, with the reason."""
+        out: dict[str, str] = {}
+        for d in self.resource.devices:
+            status = self._health.device_health(d.health_keys)
+            if not status.healthy:
+                out[d.id] = status.reason or "unhealthy"
+        return out
+
+    def update(self, *, resource: Resource | None = None, topology: Topology | None = None) -> bool:
         """Replace what changed; returns True (and wakes the streams) when the advertised list changed."""
-        before = self.devices()
         if resource is not None:
             self.resource = resource
         if topology is not None:
             self.topology = topology
-        if unhealthy is not None:
-            self.unhealthy = dict(unhealthy)
-        if self.devices() == before:
+        return self.refresh()
+
+    def refresh(self) -> bool:
+        """Wake the streams when the advertised list (IDs, health, NUMA) differs from the last one they
+        were woken for; returns whether it did."""
+        devices = self.devices()
+        if devices == self._advertised:
             return False
+        self._advertised = devices
         self._bump()
         return True
 
@@ -82,8 +97,9 @@ class PluginState:
         self._bump()
 
     def devices(self) -> list[tuple[str, Health, int | None]]:
+        unhealthy = self.unhealthy
         return [
-            (d.id, Health.UNHEALTHY if d.id in self.unhealthy else Health.HEALTHY, d.numa_node)
+            (d.id, Health.UNHEALTHY if d.id in unhealthy else Health.HEALTHY, d.numa_node)
             for d in self.resource.devices
         ]
 
@@ -129,7 +145,8 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         self, request: pb.PreferredAllocationRequest, context: Any
     ) -> pb.PreferredAllocationResponse:
         state = self.state
-        healthy = {d.id: d.id not in state.unhealthy for d in state.resource.devices}
+        unhealthy = state.unhealthy
+        healthy = {d.id: d.id not in unhealthy for d in state.resource.devices}
         candidates = state.resource.candidates(healthy)
         responses = []
         for req in request.container_requests:

@@ -35,11 +35,12 @@ import grpc
 from agent.benchmarks.machine import describe_ms, machine_summary, percentile
 from agent.fakekubelet import FakeKubelet
 from agent.health import HealthMonitor
+from agent.healthbook import HealthConfig
 from agent.runtime import Component, InventoryStore, Rediscovery, run_components
 from agent.simnode import open_simulated_node
 from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
-from deviceplugin.config import parse_plugin_config
+from deviceplugin.config import PluginConfig
 from deviceplugin.manager import PluginManager
 from deviceplugin.preferred import (
     Candidate,
@@ -77,10 +78,11 @@ async def _runtime_figures(args: argparse.Namespace) -> dict[str, list[float]]:
         node = open_simulated_node(args.profile, faults_path=faults)
         sim, discover_fn = node.nvml, node.discover
         sim.init()
-        config = parse_plugin_config({"health": {"recoveryQuietSeconds": 0.05, "probeIntervalSeconds": 0.02}})
+        config = PluginConfig()
+        health_config = HealthConfig(recovery_quiet_s=0.05, probe_interval_s=0.02)
         store = InventoryStore(discover_fn())
         rediscovery = Rediscovery(store=store, discover=discover_fn, interval_s=None)
-        health = HealthMonitor(nvml=sim, store=store, config=config.health, on_mig_change=rediscovery.request)
+        health = HealthMonitor(nvml=sim, store=store, config=health_config, on_mig_change=rediscovery.request)
         manager = PluginManager(store=store, config=config, kubelet_dir=directory)
         components: list[Component] = [health, rediscovery, manager]
         if node.faults is not None:

@@ -192,7 +192,7 @@ async def serve(settings: RunSettings, *, node: Node | None = None, stop: asynci
             on_error=rediscovery_failed,
         )
         health = HealthMonitor(
-            nvml=node.nvml, store=store, config=settings.plugin.health, on_mig_change=rediscovery.request
+            nvml=node.nvml, store=store, config=settings.health, on_mig_change=rediscovery.request
         )
         manager = PluginManager(
             store=store,

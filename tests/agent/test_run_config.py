@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agent.commands import run as run_command
-from agent.config import RunSettings, add_arguments, load_settings
+from agent.config import RunSettings, add_arguments, load_settings, parse_health_config
+from agent.healthbook import DEFAULT_IGNORED_XIDS
 from deviceplugin.config import ConfigError, MigStrategy
 
 
@@ -83,6 +85,42 @@ def test_bad_values_name_what_and_where(
     with pytest.raises(ConfigError) as err:
         parse(["--config", str(path)], env)
     assert any(expected in p for p in err.value.problems), err.value.problems
+
+
+def test_health_section_defaults_and_values() -> None:
+    assert parse_health_config({}).ignored_xids == DEFAULT_IGNORED_XIDS == {13, 31, 43, 45, 68, 109}
+    health = parse_health_config(
+        {"health": {"extraIgnoredXids": [94], "fabricUnhealthyMarksGpu": True, "recoveryQuietSeconds": 1}}
+    )
+    assert 94 in health.ignored_xids
+    assert 13 in health.ignored_xids
+    assert health.fabric_unhealthy_marks_gpu
+    assert health.recovery_quiet_s == 1.0
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        pytest.param({"health": {"ignoredXids": ["13"]}}, "health.ignoredXids", id="xids"),
+        pytest.param({"health": {"recoveryQuietSeconds": -1}}, "health.recoveryQuietSeconds", id="quiet"),
+        pytest.param({"health": {"bogus": 1}}, "health.bogus: unknown key", id="unknown-key"),
+    ],
+)
+def test_each_health_problem_is_one_line_naming_the_key(data: dict[str, Any], expected: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_health_config(data, source="c.yaml")
+    assert any(expected in p and p.startswith("c.yaml: ") for p in err.value.problems), err.value.problems
+    assert all("\n" not in p for p in err.value.problems)
+
+
+def test_health_section_comes_from_the_file_and_its_problems_join_the_others(tmp_path: Path) -> None:
+    path = write(tmp_path, "version: v1\nhealth:\n  recoveryQuietSeconds: 7\n")
+    assert parse(["--config", str(path)]).health.recovery_quiet_s == 7.0
+    bad = write(tmp_path, "version: v1\nflags: {migStrategy: x}\nhealth: {probeIntervalSeconds: 0}\n")
+    with pytest.raises(ConfigError) as err:
+        parse(["--config", str(bad)])
+    assert len(err.value.problems) == 2
+    assert err.value.problems[1].startswith(f"{bad}: health.probeIntervalSeconds: expected a number >= 0.01")
 
 
 def test_main_prints_one_line_per_problem_and_exits_2(

@@ -9,7 +9,7 @@ import pytest
 
 from agent.healthbook import DeviceHealth
 from agent.nvml.protocol import EventKind, NvmlEvent
-from agent.runtime import Change, InventoryStore, Rediscovery, StoreUpdate, run_components, sleep_until
+from agent.runtime import Change, InventoryStore, Rediscovery, StoreUpdate, run_components
 from tests.deviceplugin.helpers import inventory
 from topology.model import Health, NodeInventory
 
@@ -113,16 +113,6 @@ def test_rediscovery_on_request_and_keeps_last_inventory_on_error() -> None:
         assert red.reasons == ["test", "again"]
 
     asyncio.run(body())
-
-
-def test_sleep_until() -> None:
-    async def body() -> tuple[bool, bool]:
-        stop = asyncio.Event()
-        first = await sleep_until(stop, 0.01)
-        stop.set()
-        return first, await sleep_until(stop, 10)
-
-    assert asyncio.run(body()) == (False, True)
 
 
 def test_carry_lost_gpus_keeps_identity_and_mig_of_a_lost_gpu() -> None:

@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 
-from agent.healthbook import DEFAULT_IGNORED_XIDS
 from deviceplugin.config import (
     ConfigError,
     ListStrategy,
@@ -22,7 +21,6 @@ def test_defaults() -> None:
     assert config.mig_strategy is MigStrategy.NONE
     assert config.list_strategies == (ListStrategy.ENVVAR,)
     assert config.sharing.strategy is SharingStrategy.NONE
-    assert config.health.ignored_xids == DEFAULT_IGNORED_XIDS == {13, 31, 43, 45, 68, 109}
     assert config.allocation_policy is Policy.SPREAD
     assert not config.cdi.enabled
 
@@ -43,7 +41,6 @@ def test_full_file() -> None:
                     "resources": [{"name": "nvidia.com/gpu", "replicas": 4, "devices": [0, "GPU-x"]}],
                 }
             },
-            "health": {"extraIgnoredXids": [94], "fabricUnhealthyMarksGpu": True, "recoveryQuietSeconds": 1},
             "cdi": {"specDir": "/tmp/cdi"},
         }
     )
@@ -53,9 +50,6 @@ def test_full_file() -> None:
     shared = config.sharing.resources[0]
     assert (shared.rename, shared.replicas, shared.devices) == ("nvidia.com/gpu.shared", 4, ("0", "GPU-x"))
     assert not config.sharing.fail_requests_greater_than_one
-    assert 94 in config.health.ignored_xids
-    assert 13 in config.health.ignored_xids
-    assert config.health.recovery_quiet_s == 1.0
 
 
 def test_mps_fails_requests_greater_than_one_by_default() -> None:
@@ -101,8 +95,6 @@ def test_mps_fails_requests_greater_than_one_by_default() -> None:
             "MPS cannot be combined with flags.migStrategy mixed",
             id="mps-with-mig",
         ),
-        pytest.param({"health": {"ignoredXids": ["13"]}}, "health.ignoredXids", id="xids"),
-        pytest.param({"health": {"recoveryQuietSeconds": -1}}, "health.recoveryQuietSeconds", id="quiet"),
         pytest.param({"cdi": {"kind": "nokind"}}, "cdi.kind", id="cdi-kind"),
     ],
 )
@@ -115,5 +107,5 @@ def test_each_problem_is_one_line_naming_the_key(data: dict[str, Any], expected:
 
 def test_every_problem_is_reported_at_once() -> None:
     with pytest.raises(ConfigError) as err:
-        parse_plugin_config({"flags": {"migStrategy": "x"}, "health": {"probeIntervalSeconds": 0}})
+        parse_plugin_config({"flags": {"migStrategy": "x"}, "cdi": {"kind": "nokind"}})
     assert len(err.value.problems) == 2

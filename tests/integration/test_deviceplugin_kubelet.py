@@ -20,6 +20,7 @@ import grpc
 import grpc.aio
 import pytest
 
+from agent.config import parse_health_config
 from agent.health import HealthMonitor
 from agent.runtime import Component, InventoryStore, Rediscovery, run_components
 from deviceplugin.api import deviceplugin_pb2 as pb
@@ -66,14 +67,15 @@ async def agent(
     faults: Path | None = None,
     **manager_kw: Any,
 ) -> AsyncIterator[Agent]:
-    config: PluginConfig = parse_plugin_config({**FAST_HEALTH, **(data or {})})
+    file_data = {**FAST_HEALTH, **(data or {})}
+    config: PluginConfig = parse_plugin_config(file_data)
     node = sim_node(profile, faults=faults)
     store = InventoryStore(node.discover())
     rediscovery = Rediscovery(store=store, discover=node.discover, interval_s=None, debounce_s=0.01)
     health = HealthMonitor(
         nvml=node.sim,
         store=store,
-        config=config.health,
+        config=parse_health_config(file_data),
         on_mig_change=rediscovery.request,
         wait_timeout_ms=20,
     )
