@@ -14,7 +14,6 @@ failing only marks that GPU (``gpuagent_gpu_sample_ok 0``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import threading
 import time
@@ -31,6 +30,7 @@ from agent.nvml.protocol import EventKind, GpuSample, MigSample, NvmlBackend, Nv
 from agent.podresources.cache import PodResourcesStats
 from agent.podresources.model import EMPTY, PodResourcesSnapshot
 from topology import logs
+from topology.lifecycle import sleep_until
 from topology.model import FabricInfo, Gpu, NodeInventory
 
 # NVML codes after which NVML as a whole is unusable (not one GPU): UNINITIALIZED, DRIVER_NOT_LOADED,
@@ -351,5 +351,4 @@ class MetricsCache:
                 await self.refresh()
             except Exception as exc:  # one bad refresh must not end the exporter
                 self._log.exception("metrics_refresh_failed", error=str(exc))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self.interval_s)
+            await sleep_until(stop, self.interval_s)

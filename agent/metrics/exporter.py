@@ -39,6 +39,7 @@ from agent.nvml.protocol import NvmlBackend
 from agent.podresources.cache import PodResourcesCache
 from agent.podresources.client import PodResourcesClient
 from agent.podresources.model import DEFAULT_SOCKET
+from topology.lifecycle import sleep_until
 from topology.model import NodeInventory
 
 FORMATS = ("native", "dcgm")
@@ -207,7 +208,5 @@ class MetricsExporter:
 
     async def _refresh_loop(self, stop: asyncio.Event) -> None:
         # the first refresh already ran in run(); wait one interval before the next
-        try:
-            await asyncio.wait_for(stop.wait(), timeout=self.settings.interval_s)
-        except TimeoutError:
+        if not await sleep_until(stop, self.settings.interval_s):
             await self.cache.run(stop)

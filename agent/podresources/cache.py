@@ -8,7 +8,6 @@ answer is older than ``stale_after_s``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 from agent.podresources.client import PodResourcesClient, PodResourcesError
 from agent.podresources.model import EMPTY, PodResourcesSnapshot
 from topology import logs
+from topology.lifecycle import sleep_until
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,11 +85,9 @@ class PodResourcesCache:
         for a caller that just refreshed); closes the client on the way out."""
         try:
             if not refresh_first:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=self._interval_s)
+                await sleep_until(stop, self._interval_s)
             while not stop.is_set():
                 await self.refresh()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=self._interval_s)
+                await sleep_until(stop, self._interval_s)
         finally:
             await self._client.close()
