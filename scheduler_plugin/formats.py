@@ -182,7 +182,8 @@ def gang_from_data(data: Any, tiers: tuple[str, ...] | None = None, path: str = 
 
 
 def result_to_data(result: PlanResult, tiers: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The JSON shape of ARCHITECTURE.md: feasible with placement/subgroups/score, or a reason."""
+    """The JSON shape of ARCHITECTURE.md: feasible with placement (pods as ``<role>-<index>``),
+    subgroups and score, or a reason."""
     if isinstance(result, Infeasible):
         return {"feasible": False, "reason": result.reason}
     score: dict[str, Any] = {k: (int(v) if float(v).is_integer() else v) for k, v in result.score.items()}
@@ -191,7 +192,7 @@ def result_to_data(result: PlanResult, tiers: tuple[str, ...] = ()) -> dict[str,
         score["span_tier_name"] = tiers[span - 1] if span <= len(tiers) else "cluster"
     return {
         "feasible": True,
-        "placement": dict(result.placement),
+        "placement": {str(pod): node for pod, node in result.placement.items()},
         "subgroups": [{"role": s.role, "index": s.index, "domain": s.domain} for s in result.subgroups],
         "score": score,
     }

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler_plugin.cluster import CPU, GPU, MEMORY, pod_key, pod_requests
-from scheduler_plugin.snapshot import Gang, Role
+from scheduler_plugin.snapshot import Gang, PodSlot, Role
 
 GROUP_NAME = "scheduling.k8s.io/group-name"
 ANN_GANG = "gpuagent.dev/gang"
@@ -52,11 +52,11 @@ class GangIncompleteError(GangError):
 
 @dataclass(frozen=True)
 class GangSpec:
-    """A gang with the pods that exist now mapped to their planner pod names (``<role>-<index>``)."""
+    """A gang with the pods that exist now mapped to their places in the plan (role and index)."""
 
     key: str  # "<namespace>/<name>"
     gang: Gang
-    members: Mapping[str, str]  # pod key "<ns>/<name>" -> "<role>-<index>"
+    members: Mapping[str, PodSlot]  # pod key "<ns>/<name>" -> its role and index
     min_member: int  # pods that must bind together (the gang barrier)
     source: str  # "podgroup" or "annotations"
 
@@ -198,7 +198,7 @@ def gang_from_annotations(key: str, pods: Sequence[Mapping[str, Any]], tiers: Se
     for pod in pods:
         by_role.setdefault(_annotations(pod).get(ANN_ROLE) or "worker", []).append(pod)
     roles: list[Role] = []
-    members: dict[str, str] = {}
+    members: dict[str, PodSlot] = {}
     for rname in sorted(by_role):
         rpods = by_role[rname]
         where = f"gang {key} role {rname}"
@@ -226,7 +226,7 @@ def gang_from_annotations(key: str, pods: Sequence[Mapping[str, Any]], tiers: Se
             )
         )
         for idx, pod in _order(rpods, role_size, where):
-            members[pod_key(pod)] = f"{rname}-{idx}"
+            members[pod_key(pod)] = PodSlot(rname, idx)
     gang = Gang(name=key, roles=tuple(roles), tier=gang_tier, soft=mode == "soft")
     return GangSpec(key=key, gang=gang, members=members, min_member=_min_member(gang), source="annotations")
 
@@ -310,7 +310,7 @@ def gang_from_podgroup(
     assigned: dict[str, str] = {}
     by_policy: dict[str, list[Mapping[str, Any]]] = {}
     roles: list[Role] = []
-    members: dict[str, str] = {}
+    members: dict[str, PodSlot] = {}
     seen_names: set[str] = set()
     for i, pol in enumerate(policies):
         pwhere = f"{where}: spec.subGroupPolicy[{i}]"
@@ -358,11 +358,11 @@ def gang_from_podgroup(
                         f"more than subGroupSize {size}"
                     )
                 for idx, pod in _order(inst, size, f"{pwhere} subgroup {n}"):
-                    members[pod_key(pod)] = f"{name}-{n * size + idx}"
+                    members[pod_key(pod)] = PodSlot(name, n * size + idx)
         else:
             count = max(len(chosen), size)
             for idx, pod in _order(chosen, count, pwhere):
-                members[pod_key(pod)] = f"{name}-{idx}"
+                members[pod_key(pod)] = PodSlot(name, idx)
         if min_sg > -(-count // size):
             raise GangError(
                 f"{pwhere}.minSubGroups: {min_sg} is more than the {-(-count // size)} subgroup(s)"
@@ -398,7 +398,7 @@ def gang_from_podgroup(
                 )
             )
             for idx, pod in _order(rest, count, f"{where} role {DEFAULT_ROLE}"):
-                members[pod_key(pod)] = f"{DEFAULT_ROLE}-{idx}"
+                members[pod_key(pod)] = PodSlot(DEFAULT_ROLE, idx)
     gang = Gang(name=key, roles=tuple(roles), tier=gang_tier, soft=soft)
     total = sum(r.pods for r in roles)
     if min_member > total:

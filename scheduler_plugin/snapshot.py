@@ -1,4 +1,4 @@
-"""Planner input and output: a cluster snapshot, a gang, and a plan. Pure data, no I/O.
+"""Planner input and output: a cluster snapshot, a gang, a pod slot and a plan. Pure data, no I/O.
 
 Shapes follow ARCHITECTURE.md's ``plan`` formats (``C.yaml`` / ``G.yaml``); the YAML/JSON adapters
 live in ``agent.commands.plan``.
@@ -50,6 +50,21 @@ class Gang:
     soft: bool = False  # soft: tier constraints are preferences, fall back across domains
 
 
+@dataclass(frozen=True, slots=True, order=True)
+class PodSlot:
+    """One pod of a gang as the planner places it: its role and its index (rank) in the role.
+
+    Ordered by role, then index. ``str()`` gives the ``<role>-<index>`` form the ``plan`` command's
+    JSON and the messages show; nothing parses it back.
+    """
+
+    role: str
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.role}-{self.index}"
+
+
 @dataclass(frozen=True, slots=True)
 class SubgroupPlacement:
     role: str
@@ -59,17 +74,17 @@ class SubgroupPlacement:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """A feasible plan: every placed pod (``<role>-<index>``) mapped to a node.
+    """A feasible plan: every placed pod mapped to a node, in pod order.
 
-    ``score`` (see ``scheduler_plugin.planner``): ``placed_pods``, ``opened_domains`` (wholly free
-    tier-1 domains the plan breaks into), ``opened_upper`` (wholly free higher-tier domains those
-    break into, higher tiers weighing more), ``stranded_gpus``, ``lost_blocks`` (useful blocks of room
-    the touched domains lose), ``span_tier``
-    (1 = the first tier; one past the last = the whole cluster), ``leftover_gpus``,
-    ``relaxed_tiers`` (soft gangs), ``nodes_used``.
+    ``score`` (defined in ``scheduler_plugin.planner.objective``, in the objective's order):
+    ``placed_pods``, ``opened_domains`` (wholly free domains the plan breaks into), ``opened_upper``
+    (wholly free higher-tier domains those break into, higher tiers weighing more), ``stranded_gpus``,
+    ``lost_blocks`` (useful blocks of room the touched domains lose), ``leftover_gpus``, ``span_tier``
+    (1 = the first tier; one past the last = the whole cluster), then ``relaxed_tiers`` (soft gangs)
+    and ``nodes_used``.
     """
 
-    placement: Mapping[str, str]
+    placement: Mapping[PodSlot, str]
     subgroups: tuple[SubgroupPlacement, ...]
     score: Mapping[str, float]
 

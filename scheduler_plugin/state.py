@@ -35,8 +35,8 @@ from scheduler_plugin.cluster import (
     snapshot_from_objects,
 )
 from scheduler_plugin.gangs import GangError, GangIncompleteError, GangSpec, gang_for_pod, gang_key_of
-from scheduler_plugin.planner import plan
-from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, Role
+from scheduler_plugin.planner import SnapshotCache, plan
+from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, PodSlot, Role
 
 MAX_PRIORITY = 10  # kube-scheduler's MaxExtenderPriority
 
@@ -63,7 +63,7 @@ class FilterOutcome:
 @dataclass
 class Reservation:
     spec: GangSpec
-    nodes: dict[str, str]  # planner pod name ("<role>-<index>") -> node
+    nodes: dict[PodSlot, str]  # the plan: each pod's place in the gang -> node
     held: dict[str, dict[str, int]]  # node -> resources held for pods not bound yet
     expires_at: float
     arrived: dict[str, str] = field(default_factory=dict)  # pod key -> node, at the bind barrier
@@ -104,8 +104,10 @@ class ClusterState:
         self._usage: dict[str, tuple[str, dict[str, int]]] = {}  # pod key -> (node, requests) held
         self._node_used: dict[str, dict[str, int]] = {}
         self._domains_cache: tuple[tuple[str, ...], dict[str, dict[str, str]]] | None = None
-        # the last snapshot planned on: the next one reuses its unchanged node objects (see plan)
+        # the last snapshot planned on: the next one reuses its unchanged node objects, so the
+        # planner prepares it from the last one (``self._snapshots``)
         self._last_snapshot: ClusterSnapshot | None = None
+        self._snapshots = SnapshotCache()
         self._last_event: dict[str, tuple[str, str]] = {}
         self._uids: dict[str, str] = {}  # pod key -> uid the scheduler gave at bind
         self._alloc: dict[str, int] = {}  # node -> allocatable GPUs, parsed once
@@ -248,11 +250,11 @@ class ClusterState:
             self.reservations.pop(k, None)
         return gone
 
-    def _release_hold(self, res: Reservation, planned: str, node: str) -> None:
+    def _release_hold(self, res: Reservation, planned: PodSlot, node: str) -> None:
         held_node = res.nodes.get(planned)
         if held_node is None:
             return
-        role = next((r for r in res.spec.gang.roles if planned.rsplit("-", 1)[0] == r.name), None)
+        role = next((r for r in res.spec.gang.roles if planned.role == r.name), None)
         if role is None:
             return
         hold = res.held.get(held_node)
@@ -297,13 +299,13 @@ class ClusterState:
             nodes, self.pods.values(), self.hypernodes.values(), reserved=others, previous=self._last_snapshot
         )
         self._last_snapshot = snapshot
-        result = plan(snapshot, gang)
+        result = plan(snapshot, gang, cache=self._snapshots)
         if isinstance(result, Infeasible):
             return result.reason
         roles = {r.name: r for r in gang.roles}
         held: dict[str, dict[str, int]] = {}
         for planned, node in result.placement.items():
-            role = roles[planned.rsplit("-", 1)[0]]
+            role = roles[planned.role]
             acc = held.setdefault(node, {})
             acc[GPU] = acc.get(GPU, 0) + role.gpus_per_pod
             for rname, v in role.resources_per_pod.items():
@@ -390,8 +392,8 @@ class ClusterState:
                 f"gang {gang_name}: {len(res.nodes)} pod(s) planned on {len(res.held)} node(s)",
                 warning=False,
             )
-        planned_name = res.spec.members.get(key)
-        node = res.nodes.get(planned_name) if planned_name else None
+        planned_slot = res.spec.members.get(key)
+        node = res.nodes.get(planned_slot) if planned_slot is not None else None
         if node is None:
             msg = f"pod {key} has no place in gang {gang_name}'s plan (an elastic subgroup left out)"
             out.failed = dict.fromkeys(node_names, msg)
@@ -423,7 +425,7 @@ class ClusterState:
         if found is not None:
             res = self.reservations.get(found[1])
             planned = res.spec.members.get(pod_key(pod)) if res else None
-            node = res.nodes.get(planned) if res and planned else None
+            node = res.nodes.get(planned) if res and planned is not None else None
             return [(n, MAX_PRIORITY if n == node else 0) for n in node_names]
         need = pod_requests(pod).get(GPU, 0)
         held = self.held_gpus()
@@ -579,7 +581,7 @@ def pods_nodes(pods: Iterable[tuple[str, str, str]]) -> list[tuple[str, str]]:
 
 def _unbound_part(
     spec: GangSpec, pods: Mapping[str, Mapping[str, Any]]
-) -> tuple[Gang | None, dict[str, str]]:
+) -> tuple[Gang | None, dict[str, PodSlot]]:
     """The gang to plan: all of it, or (after a restart mid-gang) only the pods not bound yet.
 
     Pods already bound keep their nodes; the rest are planned as a gang of their own with the same
@@ -589,13 +591,13 @@ def _unbound_part(
     if not bound:
         return spec.gang, dict(spec.members)
     roles: list[Role] = []
-    members: dict[str, str] = {}
+    members: dict[str, PodSlot] = {}
     for role in spec.gang.roles:
-        taken = {spec.members[k] for k in bound if spec.members[k].rsplit("-", 1)[0] == role.name}
-        left = [i for i in range(role.pods) if f"{role.name}-{i}" not in taken]
+        taken = {spec.members[k].index for k in bound if spec.members[k].role == role.name}
+        left = [i for i in range(role.pods) if i not in taken]
         if not left:
             continue
-        renumber = {f"{role.name}-{old}": f"{role.name}-{new}" for new, old in enumerate(left)}
+        renumber = {PodSlot(role.name, old): PodSlot(role.name, new) for new, old in enumerate(left)}
         for k, planned in spec.members.items():
             if planned in renumber:
                 members[k] = renumber[planned]

@@ -45,7 +45,7 @@ from agent.nvml.simulate import parse_spec
 from agent.runtime import InventoryStore
 from scheduler_plugin.cluster import snapshot_from_objects
 from scheduler_plugin.planner import plan
-from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, NodeState, Plan, Role
+from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, NodeState, Plan, PodSlot, Role
 from topology import logs
 from topology.builder import FabricPolicy, Tree, desired_objects
 from topology.controller import Inputs, build_from
@@ -190,7 +190,7 @@ def render_plan(result: Plan | Infeasible, gang: Gang, busy: Mapping[str, int]) 
     for sg in result.subgroups:
         start = sg.index * (role.subgroup_size or role.pods)
         stop = min(role.pods, start + (role.subgroup_size or role.pods))
-        pods = [f"{sg.role}-{i}" for i in range(start, stop)]
+        pods = [PodSlot(sg.role, i) for i in range(start, stop)]
         nodes = [result.placement[p] for p in pods]
         lines.append(
             f"  subgroup {sg.index} -> {sg.domain}: {pods[0]}..{pods[-1]} on {_span(sorted(set(nodes)))}"

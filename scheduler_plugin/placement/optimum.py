@@ -19,7 +19,7 @@ against it.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import highspy
@@ -28,7 +28,7 @@ import numpy as np
 from scheduler_plugin.placement.cluster import Cluster, nvl72
 from scheduler_plugin.placement.policies.base import Policy, Unit, gang_gpus, gang_pods, units
 from scheduler_plugin.placement.workloads import make_gang
-from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, NodeState
+from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, NodeState, PodSlot
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +37,7 @@ class Optimum:
     gpus: int  # GPUs of the placed gangs
     bound: float  # the solver's upper bound (equals gpus when proven optimal)
     optimal: bool
-    placement: dict[str, dict[str, str]]  # gang -> pod -> node
+    placement: dict[str, dict[PodSlot, str]]  # gang -> pod -> node
 
 
 def solve(snapshot: ClusterSnapshot, gangs: Sequence[Gang], *, time_limit_s: float = 20.0) -> Optimum:
@@ -109,15 +109,15 @@ def solve(snapshot: ClusterSnapshot, gangs: Sequence[Gang], *, time_limit_s: flo
     info = h.getInfo()
     optimal = status == highspy.HighsModelStatus.kOptimal
     placed: list[str] = []
-    placement: dict[str, dict[str, str]] = {}
+    placement: dict[str, dict[PodSlot, str]] = {}
     gpus = 0
     for gang, yj, per_unit in zip(gangs, y, xs, strict=True):
         if values and values[yj] > 0.5:
             placed.append(gang.name)
             gpus += gang_gpus(gang)
-            pods: dict[str, str] = {}
+            pods: dict[PodSlot, str] = {}
             for u, x in per_unit:
-                names = iter(u.pod_names())
+                names = iter(u.pod_slots())
                 for n, v in sorted(x.items()):
                     for _ in range(round(values[v])):
                         pods[next(names)] = nodes[n].name
@@ -237,13 +237,13 @@ def small_instance(seed: int, *, racks: int = 4) -> Instance:
     return Instance(snapshot=snap, gangs=tuple(gangs), free_gpus=total_free)
 
 
-def keeps_constraints(snapshot: ClusterSnapshot, gang: Gang, placement: dict[str, str]) -> bool:
+def keeps_constraints(snapshot: ClusterSnapshot, gang: Gang, placement: Mapping[PodSlot, str]) -> bool:
     """Every pod placed, each subgroup inside one domain of its tier, the gang inside one of its tier."""
     if len(placement) != gang_pods(gang):
         return False
     domains = {n.name: n.domains for n in snapshot.nodes}
     for unit in units(gang):
-        nodes = [placement.get(pod) for pod in unit.pod_names()]
+        nodes = [placement.get(pod) for pod in unit.pod_slots()]
         if any(n is None for n in nodes):
             return False
         if unit.tier is not None and len({domains[n].get(unit.tier) for n in nodes if n}) != 1:
@@ -268,10 +268,10 @@ def greedy_in_order(policy: Policy, instance: Instance) -> int:
         per = {r.name: r.gpus_per_pod for r in gang.roles}
         for pod, node in result.placement.items():
             old = state[node]
-            g = per[pod.rsplit("-", 1)[0]]
+            g = per[pod.role]
             if old.free < g:
                 raise ValueError(f"{policy.name}: over-allocates {node} placing {gang.name}")
             state[node] = NodeState(name=old.name, gpus=old.gpus, free=old.free - g, domains=old.domains)
-        if keeps_constraints(snap, gang, dict(result.placement)):
+        if keeps_constraints(snap, gang, result.placement):
             placed += gang_gpus(gang)
     return placed

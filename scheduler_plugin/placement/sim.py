@@ -42,11 +42,12 @@ import heapq
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from scheduler_plugin.placement.cluster import Cluster
 from scheduler_plugin.placement.policies.base import Policy, units
 from scheduler_plugin.placement.workloads import Job
-from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, NodeState, Role
+from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, NodeState, PodSlot, Role
 
 BACKFILL: tuple[str, ...] = ("count", "reserve")
 
@@ -259,15 +260,15 @@ def simulate(
         seq += 1
         heapq.heappush(running, (end, seq, live))
 
-    def apply(live: _Live, placement: Mapping[str, str]) -> int:
-        """Take the GPUs of a plan's pods; returns pods placed."""
+    def apply(live: _Live, placement: Mapping[PodSlot, str]) -> int:
+        """Take the GPUs of a plan's pods (in pod order); returns pods placed."""
         per = {r.name: r.gpus_per_pod for r in live.job.gang.roles}
         placed = 0
-        for pod, node_name in sorted(placement.items(), key=lambda kv: _pod_key(kv[0])):
-            role = pod.rsplit("-", 1)[0]
+        for pod, node_name in sorted(placement.items(), key=itemgetter(0)):
+            role = pod.role
             if role not in per or live.left.get(role, 0) <= 0:
                 raise SimulationError(
-                    f"{policy.name}: plan for {live.job.name} names unknown or extra pod {pod!r}"
+                    f"{policy.name}: plan for {live.job.name} names unknown or extra pod {str(pod)!r}"
                 )
             node = state.index.get(node_name)
             if node is None:
@@ -352,7 +353,7 @@ def simulate(
             claims: dict[int, int] = {}
             for pod, node_name in result.placement.items():
                 node = state.index[node_name]
-                claims[node] = claims.get(node, 0) + per[pod.rsplit("-", 1)[0]]
+                claims[node] = claims.get(node, 0) + per[pod.role]
             found, hi = (at, claims), mid
         reservations[head.job.name] = found
         return found
@@ -517,8 +518,3 @@ def simulate(
         free_domains_at_start=free_domains_at_start,
         free_upper_domain_s=upper_acc,
     )
-
-
-def _pod_key(pod: str) -> tuple[str, int]:
-    role, _, index = pod.rpartition("-")
-    return (role, int(index)) if index.isdigit() else (pod, -1)

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from scheduler_plugin import state as state_module
 from scheduler_plugin.cluster import snapshot_from_objects
 from scheduler_plugin.extender import Extender
-from scheduler_plugin.snapshot import ClusterSnapshot, Gang, PlanResult, changed_nodes
+from scheduler_plugin.planner import SnapshotCache
+from scheduler_plugin.snapshot import ClusterSnapshot, Gang, PlanResult, PodSlot, changed_nodes
 from scheduler_plugin.state import ClusterState
 from tests.integration.fakekube import hypernode, node, pod
 
@@ -305,7 +306,7 @@ def test_a_pod_created_after_the_plan_takes_its_reserved_place() -> None:
     s.apply("pods", "ADDED", pods[3])
     n3 = planned_node(s, pods[3], 1.0)
     assert s.reservations["default/g"] is res  # no new plan
-    assert n3 == res.nodes["worker-3"]
+    assert n3 == res.nodes[PodSlot("worker", 3)]
 
 
 def test_gang_plan_honours_the_pods_node_selector() -> None:
@@ -497,9 +498,9 @@ def test_consecutive_gang_plans_reuse_the_unchanged_nodes(monkeypatch: pytest.Mo
     seen: list[ClusterSnapshot] = []
     real_plan = state_module.plan
 
-    def spy(snapshot: ClusterSnapshot, gang: Gang) -> PlanResult:
+    def spy(snapshot: ClusterSnapshot, gang: Gang, *, cache: SnapshotCache | None = None) -> PlanResult:
         seen.append(snapshot)
-        return real_plan(snapshot, gang)
+        return real_plan(snapshot, gang, cache=cache)
 
     monkeypatch.setattr(state_module, "plan", spy)
     first = [gang_pod(f"a{i}", i, gang="ga", size=2) for i in range(2)]

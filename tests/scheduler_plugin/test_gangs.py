@@ -15,6 +15,7 @@ from scheduler_plugin.gangs import (
     pod_rank,
     tier_of,
 )
+from scheduler_plugin.snapshot import PodSlot
 
 TIERS = ("nvlink", "leaf", "spine")
 
@@ -79,10 +80,10 @@ def test_annotation_gang_with_subgroups_and_ranks() -> None:
     )
     assert spec.gang.tier == "leaf"
     assert spec.members == {
-        "ml/w0": "worker-3",
-        "ml/w1": "worker-2",
-        "ml/w2": "worker-1",
-        "ml/w3": "worker-0",
+        "ml/w0": PodSlot("worker", 3),
+        "ml/w1": PodSlot("worker", 2),
+        "ml/w2": PodSlot("worker", 1),
+        "ml/w3": PodSlot("worker", 0),
     }
     assert spec.min_member == 4
     assert spec.source == "annotations"
@@ -92,7 +93,11 @@ def test_annotation_gang_with_missing_pods_and_unranked_ones() -> None:
     pods = [annotated("b", None), annotated("a", None), annotated("z", 0)]
     spec = gang_from_annotations("ml/job", pods, TIERS)
     assert spec.gang.roles[0].pods == 4  # the gang size, not the pods seen so far
-    assert spec.members == {"ml/z": "worker-0", "ml/a": "worker-1", "ml/b": "worker-2"}
+    assert spec.members == {
+        "ml/z": PodSlot("worker", 0),
+        "ml/a": PodSlot("worker", 1),
+        "ml/b": PodSlot("worker", 2),
+    }
 
 
 def test_completion_index_is_the_rank() -> None:
@@ -121,7 +126,7 @@ def test_annotation_roles_and_soft_mode() -> None:
     spec = gang_from_annotations("ml/rl", [head, *workers], TIERS)
     assert [(r.name, r.pods, r.gpus_per_pod) for r in spec.gang.roles] == [("head", 1, 0), ("worker", 2, 4)]
     assert spec.gang.soft
-    assert spec.members["ml/head"] == "head-0"
+    assert spec.members["ml/head"] == PodSlot("head", 0)
 
 
 @pytest.mark.parametrize(
@@ -210,10 +215,10 @@ def test_podgroup_with_partitions_by_match_label_keys() -> None:
     assert spec.gang.tier == "leaf"
     # partition 0 holds indices 0-1, partition 1 holds 2-3
     assert spec.members == {
-        "ml/w00": "worker-0",
-        "ml/w01": "worker-1",
-        "ml/w10": "worker-2",
-        "ml/w11": "worker-3",
+        "ml/w00": PodSlot("worker", 0),
+        "ml/w01": PodSlot("worker", 1),
+        "ml/w10": PodSlot("worker", 2),
+        "ml/w11": PodSlot("worker", 3),
     }
     assert spec.min_member == 4  # minMember wins over the elastic minimum of 2
 

@@ -11,9 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler_plugin import planner as planner_module
 from scheduler_plugin.planner import plan, prepare, role_subgroups, useful_block
-from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, NodeState, Plan, Role
+from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, NodeState, Plan, PodSlot, Role
 
 TIERS = ("nvlink", "leaf", "spine")
 
@@ -54,7 +53,7 @@ def check_capacity(snapshot: ClusterSnapshot, gang: Gang, result: Plan) -> None:
     use: Counter[str] = Counter()
     roles = {r.name: r for r in gang.roles}
     for pod, node in result.placement.items():
-        use[node] += roles[pod.rsplit("-", 1)[0]].gpus_per_pod
+        use[node] += roles[pod.role].gpus_per_pod
     free = {n.name: n.free for n in snapshot.nodes}
     for node, gpus in use.items():
         assert gpus <= free[node], f"{node}: {gpus} GPUs planned, {free[node]} free"
@@ -72,7 +71,9 @@ def test_72_gpu_job_finds_the_one_free_rack() -> None:
     assert result.subgroups[0].domain == "nvl-04"
     assert result.score["stranded_gpus"] == 0
     # rank-aware: consecutive pods on the rack's trays in name order
-    assert [result.placement[f"worker-{i}"] for i in range(18)] == [f"rack04-tray{t:02d}" for t in range(18)]
+    assert [result.placement[PodSlot("worker", i)] for i in range(18)] == [
+        f"rack04-tray{t:02d}" for t in range(18)
+    ]
 
 
 def test_72_gpu_job_without_a_free_rack_says_why() -> None:
@@ -105,7 +106,7 @@ def test_several_16_node_subgroups_under_one_spine() -> None:
     assert isinstance(result, Plan)
     spines = {domain_of(snap, n, "spine") for n in result.placement.values()}
     assert spines == {"spine-1"}
-    by_sub = [result.placement[f"worker-{i}"] for i in range(64)]
+    by_sub = [result.placement[PodSlot("worker", i)] for i in range(64)]
     for k in range(4):
         racks = {domain_of(snap, n, "nvlink") for n in by_sub[k * 16 : (k + 1) * 16]}
         assert len(racks) == 1, f"subgroup {k} spans {racks}"
@@ -127,7 +128,7 @@ def after(snapshot: ClusterSnapshot, gang: Gang, result: Plan) -> ClusterSnapsho
     use: Counter[str] = Counter()
     roles = {r.name: r for r in gang.roles}
     for pod, node in result.placement.items():
-        use[node] += roles[pod.rsplit("-", 1)[0]].gpus_per_pod
+        use[node] += roles[pod.role].gpus_per_pod
     nodes = tuple(
         NodeState(name=n.name, gpus=n.gpus, free=n.free - use[n.name], domains=n.domains)
         for n in snapshot.nodes
@@ -202,10 +203,10 @@ def test_heterogeneous_roles_head_without_gpus() -> None:
     gang = Gang(name="rl", roles=(head, workers), tier="leaf")
     result = plan(snap, gang)
     assert isinstance(result, Plan)
-    assert "head-0" in result.placement
+    assert PodSlot("head", 0) in result.placement
     assert len(result.placement) == 19
     # the head sits with the workers (a node the gang already uses)
-    assert result.placement["head-0"] in {result.placement[f"worker-{i}"] for i in range(18)}
+    assert result.placement[PodSlot("head", 0)] in {result.placement[PodSlot("worker", i)] for i in range(18)}
 
 
 def test_head_with_resources_that_no_node_has() -> None:
@@ -239,7 +240,7 @@ def test_min_subgroups_elasticity(min_subgroups: int | None, placed: int | None)
         return
     assert isinstance(result, Plan)
     assert sorted(s.index for s in result.subgroups) == list(range(placed))  # a prefix of the blocks
-    assert set(result.placement) == {f"worker-{i}" for i in range(placed * 18)}
+    assert set(result.placement) == {PodSlot("worker", i) for i in range(placed * 18)}
 
 
 def test_per_node_fit_not_aggregate() -> None:
@@ -283,7 +284,7 @@ def test_unschedulable_nodes_are_skipped() -> None:
     gang = Gang(name="g", roles=(Role(name="w", pods=1, gpus_per_pod=8),))
     result = plan(ClusterSnapshot(tiers=("nvlink",), nodes=nodes), gang)
     assert isinstance(result, Plan)
-    assert result.placement == {"w-0": "b"}
+    assert result.placement == {PodSlot("w", 0): "b"}
 
 
 @pytest.mark.parametrize(
@@ -424,12 +425,14 @@ def test_plan_properties(case: tuple[ClusterSnapshot, Gang]) -> None:
     size, _, _ = role_subgroups(role)
     placed_blocks = sorted(s.index for s in result.subgroups)
     assert placed_blocks == list(range(len(placed_blocks)))  # a prefix: ranks stay dense
-    expected = {f"w-{i}" for b in placed_blocks for i in range(b * size, min((b + 1) * size, role.pods))}
+    expected = {
+        PodSlot("w", i) for b in placed_blocks for i in range(b * size, min((b + 1) * size, role.pods))
+    }
     assert set(result.placement) == expected  # whole blocks only: all or nothing per block
     if role.min_subgroups is None:
         assert len(result.placement) == role.pods
     for b in placed_blocks:
-        nodes = [result.placement[f"w-{i}"] for i in range(b * size, min((b + 1) * size, role.pods))]
+        nodes = [result.placement[PodSlot("w", i)] for i in range(b * size, min((b + 1) * size, role.pods))]
         if role.subgroup_tier:
             assert len({domain_of(snap, n, role.subgroup_tier) for n in nodes}) == 1
     if gang.tier:
@@ -472,7 +475,11 @@ def test_a_cluster_without_tiers() -> None:
     )
     result = plan(snap, Gang(name="g", roles=(Role(name="w", pods=3, gpus_per_pod=2),)))
     assert isinstance(result, Plan)
-    assert result.placement == {"w-0": "b", "w-1": "a", "w-2": "a"}  # best fit: the fuller node first
+    assert result.placement == {
+        PodSlot("w", 0): "b",
+        PodSlot("w", 1): "a",
+        PodSlot("w", 2): "a",
+    }  # best fit: the fuller node first
     assert result.score["span_tier"] == 1  # one past the (absent) tiers: the cluster
 
 
@@ -523,12 +530,12 @@ def test_heterogeneous_roles_respect_every_resource(case: tuple[ClusterSnapshot,
         return
     roles = {r.name: r for r in gang.roles}
     assert set(result.placement) == {
-        f"{r.name}-{i}" for r in gang.roles for i in range(r.pods)
+        PodSlot(r.name, i) for r in gang.roles for i in range(r.pods)
     }  # all or nothing
     gpus: Counter[str] = Counter()
     cpu: Counter[str] = Counter()
     for pod, node in result.placement.items():
-        role = roles[pod.rsplit("-", 1)[0]]
+        role = roles[pod.role]
         gpus[node] += role.gpus_per_pod
         cpu[node] += role.resources_per_pod.get("cpu", 0)
     by_name = {n.name: n for n in snap.nodes}
@@ -714,11 +721,7 @@ def test_shortcuts_do_not_change_plans(frees: list[int], gang: Gang) -> None:
 
 def assert_shortcuts_change_nothing(snap: ClusterSnapshot, gang: Gang) -> None:
     fast = plan(prepare(snap), gang)
-    planner_module._SHORTCUTS = False
-    try:
-        slow = plan(prepare(snap), gang)
-    finally:
-        planner_module._SHORTCUTS = True
+    slow = plan(prepare(snap), gang, shortcuts=False)
     assert fast == slow
 
 
@@ -784,7 +787,7 @@ def test_an_elastic_gang_takes_the_domain_where_more_pods_fit_even_if_it_opens_i
     gang = Gang("g", (Role("w", 2, 1, subgroup_size=1, min_subgroups=0),), tier="nvlink")
     result = plan(snap, gang)
     assert isinstance(result, Plan)
-    assert result.placement == {"w-0": "n2", "w-1": "n2"}
+    assert result.placement == {PodSlot("w", 0): "n2", PodSlot("w", 1): "n2"}
 
 
 @st.composite

@@ -1,5 +1,6 @@
-"""What every placement policy shares: the ``Policy`` protocol, a per-call index of the snapshot, a
-ledger of free GPUs with rollback for dry runs, and the split of a gang into placement units.
+"""What every placement policy shares: the ``Policy`` protocol, an index of the snapshot (kept by
+each policy's ``IndexCache``), a ledger of free GPUs with rollback for dry runs, and the split of a
+gang into placement units.
 
 The re-implemented anchors count whole GPUs only (the simulated jobs request nothing else) and treat a
 node with ``schedulable=False`` as full. Where an anchor breaks ties at random, ours break them by name.
@@ -16,6 +17,7 @@ from scheduler_plugin.snapshot import (
     Gang,
     Plan,
     PlanResult,
+    PodSlot,
     SubgroupPlacement,
     changed_nodes,
     name_order,
@@ -68,8 +70,8 @@ class Unit:
     def gpus(self) -> int:
         return self.pods * self.gpus_per_pod
 
-    def pod_names(self) -> list[str]:
-        return [f"{self.role}-{i}" for i in range(self.first_pod, self.first_pod + self.pods)]
+    def pod_slots(self) -> list[PodSlot]:
+        return [PodSlot(self.role, i) for i in range(self.first_pod, self.first_pod + self.pods)]
 
 
 def units(gang: Gang) -> list[Unit]:
@@ -87,9 +89,6 @@ def units(gang: Gang) -> list[Unit]:
     return out
 
 
-_INDEX_CACHE: list[tuple[ClusterSnapshot, Index]] = []  # newest first
-
-
 def gang_gpus(gang: Gang) -> int:
     return sum(r.pods * r.gpus_per_pod for r in gang.roles)
 
@@ -98,17 +97,24 @@ def gang_pods(gang: Gang) -> int:
     return sum(r.pods for r in gang.roles)
 
 
-def index_for(snapshot: ClusterSnapshot) -> Index:
-    """The snapshot's ``Index``, reused while the same snapshot object is planned against again, and
-    built from the previous one when only free capacity changed. Our planner keeps its prepared
-    snapshots the same way, so plan times compare like for like."""
-    for snap, idx in _INDEX_CACHE:
-        if snap is snapshot:
-            return idx
-    idx = Index(snapshot, like=_INDEX_CACHE[0] if _INDEX_CACHE else None)
-    _INDEX_CACHE.insert(0, (snapshot, idx))
-    del _INDEX_CACHE[4:]
-    return idx
+class IndexCache:
+    """The last few snapshots' ``Index``, newest first, owned by one policy instance: an index is
+    reused while the same snapshot object is planned against again, and built from the previous one
+    when only free capacity changed. Our planner keeps its prepared snapshots the same way (a
+    ``SnapshotCache`` per policy), so plan times compare like for like."""
+
+    def __init__(self, size: int = 4) -> None:
+        self.size = size
+        self._kept: list[tuple[ClusterSnapshot, Index]] = []
+
+    def index_for(self, snapshot: ClusterSnapshot) -> Index:
+        for snap, idx in self._kept:
+            if snap is snapshot:
+                return idx
+        idx = Index(snapshot, like=self._kept[0] if self._kept else None)
+        self._kept.insert(0, (snapshot, idx))
+        del self._kept[self.size :]
+        return idx
 
 
 class Index:
@@ -232,10 +238,10 @@ def make_plan(
     idx: Index, assigned: list[tuple[Unit, list[int], str | None]], score: dict[str, float] | None = None
 ) -> Plan:
     """A ``Plan`` from (unit, node per pod, domain) triples."""
-    placement: dict[str, str] = {}
+    placement: dict[PodSlot, str] = {}
     subgroups: list[SubgroupPlacement] = []
     for unit, nodes, domain in assigned:
-        for pod, node in zip(unit.pod_names(), nodes, strict=False):
+        for pod, node in zip(unit.pod_slots(), nodes, strict=False):
             placement[pod] = idx.names[node]
         if unit.subgroup is not None:
             subgroups.append(SubgroupPlacement(role=unit.role, index=unit.subgroup, domain=domain))

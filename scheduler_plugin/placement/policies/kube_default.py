@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 
-from scheduler_plugin.placement.policies.base import Ledger, Unit, index_for, make_plan, units
+from scheduler_plugin.placement.policies.base import IndexCache, Ledger, Unit, make_plan, units
 from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, PlanResult
 
 
@@ -19,8 +19,11 @@ class KubeDefault:
     name = "kube-default"
     gang = False
 
+    def __init__(self) -> None:
+        self._indexes = IndexCache()
+
     def place(self, snapshot: ClusterSnapshot, gang: Gang) -> PlanResult:
-        idx = index_for(snapshot)
+        idx = self._indexes.index_for(snapshot)
         ledger = Ledger(idx.free)
         assigned: list[tuple[Unit, list[int], str | None]] = []
         for unit in units(gang):

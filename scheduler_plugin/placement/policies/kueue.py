@@ -22,7 +22,7 @@ Follows kubernetes-sigs/kueue ``pkg/cache/scheduler/tas_flavor_snapshot.go``
 
 from __future__ import annotations
 
-from scheduler_plugin.placement.policies.base import Index, Ledger, Unit, index_for, make_plan, units
+from scheduler_plugin.placement.policies.base import Index, IndexCache, Ledger, Unit, make_plan, units
 from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, PlanResult, Role
 
 _Node = int | str  # a node index (level 0) or a domain name (level >= 1)
@@ -32,8 +32,11 @@ class Kueue:
     name = "kueue"
     gang = True
 
+    def __init__(self) -> None:
+        self._indexes = IndexCache()
+
     def place(self, snapshot: ClusterSnapshot, gang: Gang) -> PlanResult:
-        idx = index_for(snapshot)
+        idx = self._indexes.index_for(snapshot)
         ledger = Ledger(idx.free)
         tree = _Tree(idx)
         assigned: list[tuple[Unit, list[int], str | None]] = []

@@ -1,8 +1,10 @@
-"""Our planner (``scheduler_plugin.planner.plan``) as a placement policy, called as the extender calls it."""
+"""Our planner (``scheduler_plugin.planner.plan``) as a placement policy, called as the extender calls
+it: with a ``SnapshotCache`` of its own, so one simulation's consecutive snapshots are prepared from
+each other."""
 
 from __future__ import annotations
 
-from scheduler_plugin import planner
+from scheduler_plugin.planner import SnapshotCache, plan
 from scheduler_plugin.snapshot import ClusterSnapshot, Gang, PlanResult
 
 
@@ -10,5 +12,8 @@ class Ours:
     name = "ours"
     gang = True
 
+    def __init__(self) -> None:
+        self._snapshots = SnapshotCache()
+
     def place(self, snapshot: ClusterSnapshot, gang: Gang) -> PlanResult:
-        return planner.plan(snapshot, gang)
+        return plan(snapshot, gang, cache=self._snapshots)

@@ -17,7 +17,7 @@ Follows SchedMD/slurm ``src/plugins/topology/block/eval_nodes_block.c`` (``eval_
 
 from __future__ import annotations
 
-from scheduler_plugin.placement.policies.base import Index, Ledger, Unit, index_for, make_plan, units
+from scheduler_plugin.placement.policies.base import Index, IndexCache, Ledger, Unit, make_plan, units
 from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, PlanResult
 
 
@@ -25,8 +25,11 @@ class Slurm:
     name = "slurm"
     gang = True
 
+    def __init__(self) -> None:
+        self._indexes = IndexCache()
+
     def place(self, snapshot: ClusterSnapshot, gang: Gang) -> PlanResult:
-        idx = index_for(snapshot)
+        idx = self._indexes.index_for(snapshot)
         ledger = Ledger(idx.free)
         base = list(idx.domains[idx.tiers[0]].values())  # base blocks in name order
         todo = units(gang)

@@ -21,11 +21,11 @@ from __future__ import annotations
 from scheduler_plugin.placement.policies.base import (
     ROOT,
     Index,
+    IndexCache,
     Ledger,
     Unit,
     fill_most_allocated,
     gang_gpus,
-    index_for,
     make_plan,
     units,
 )
@@ -36,8 +36,11 @@ class Volcano:
     name = "volcano"
     gang = True
 
+    def __init__(self) -> None:
+        self._indexes = IndexCache()
+
     def place(self, snapshot: ClusterSnapshot, gang: Gang) -> PlanResult:
-        idx = index_for(snapshot)
+        idx = self._indexes.index_for(snapshot)
         ledger = Ledger(idx.free)
         subjobs = units(gang)
         need = gang_gpus(gang)

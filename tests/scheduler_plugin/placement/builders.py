@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from scheduler_plugin.snapshot import ClusterSnapshot, Gang, NodeState, Role
+from collections.abc import Mapping
+
+from scheduler_plugin.snapshot import ClusterSnapshot, Gang, NodeState, PodSlot, Role
 
 TIERS = ("nvlink", "leaf", "spine")
 
@@ -36,8 +38,8 @@ def gang(
     return Gang(name=name, roles=(role,), tier=tier)
 
 
-def domains_of(snapshot: ClusterSnapshot, placement: dict[str, str], tier: str) -> list[str]:
+def domains_of(snapshot: ClusterSnapshot, placement: Mapping[PodSlot, str], tier: str) -> list[str]:
     """The ``tier`` domain of each pod, in pod index order."""
     by_name = {n.name: n for n in snapshot.nodes}
-    pods = sorted(placement, key=lambda p: int(p.rsplit("-", 1)[1]))
+    pods = sorted(placement, key=lambda p: p.index)
     return [by_name[placement[p]].domains[tier] for p in pods]

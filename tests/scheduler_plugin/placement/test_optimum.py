@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from scheduler_plugin.placement import optimum
 from scheduler_plugin.placement.policies import POLICIES
 from scheduler_plugin.placement.policies.base import gang_gpus, units
-from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Role
+from scheduler_plugin.snapshot import ClusterSnapshot, Gang, PodSlot, Role
 
 from .builders import racks
 
@@ -139,11 +139,11 @@ def test_only_gangs_kept_inside_their_tiers_count() -> None:
         name="s", roles=(Role(name="w", pods=2, gpus_per_pod=4, subgroup_size=2, subgroup_tier="nvlink"),)
     )
     names = sorted(n.name for n in snap.nodes)
-    same_rack = {"w-0": names[0], "w-1": names[1]}
-    split = {"w-0": names[0], "w-1": names[2]}
+    same_rack = {PodSlot("w", 0): names[0], PodSlot("w", 1): names[1]}
+    split = {PodSlot("w", 0): names[0], PodSlot("w", 1): names[2]}
     assert optimum.keeps_constraints(snap, sub, same_rack)
     assert not optimum.keeps_constraints(snap, sub, split)
-    assert not optimum.keeps_constraints(snap, sub, {"w-0": names[0]})  # a pod missing
+    assert not optimum.keeps_constraints(snap, sub, {PodSlot("w", 0): names[0]})  # a pod missing
     leaf_gang = Gang(name="l", roles=(Role(name="w", pods=2, gpus_per_pod=4),), tier="nvlink")
     assert not optimum.keeps_constraints(snap, leaf_gang, split)
     assert optimum.keeps_constraints(snap, leaf_gang, same_rack)

@@ -15,7 +15,7 @@ from scheduler_plugin.placement.policies.kube_default import KubeDefault
 from scheduler_plugin.placement.policies.kueue import Kueue
 from scheduler_plugin.placement.policies.slurm import Slurm
 from scheduler_plugin.placement.policies.volcano import Volcano
-from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, NodeState, Plan, Role
+from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, NodeState, Plan, PodSlot, Role
 
 from .builders import TIERS, domains_of, gang, racks
 
@@ -158,7 +158,7 @@ def test_gang_policies_respect_capacity_all_or_nothing_and_domains(
     if isinstance(result, Infeasible):
         return
     role = g.roles[0]
-    assert sorted(result.placement) == sorted(f"w-{i}" for i in range(role.pods))
+    assert sorted(result.placement) == sorted(PodSlot("w", i) for i in range(role.pods))
     free = {n.name: n.free for n in snap.nodes}
     for node in result.placement.values():
         free[node] -= role.gpus_per_pod
@@ -173,9 +173,10 @@ def test_gang_policies_respect_capacity_all_or_nothing_and_domains(
 
 def test_index_of_a_changed_snapshot_reuses_the_topology_and_reads_free_again() -> None:
     from scheduler_plugin.placement.cluster import nvl72
-    from scheduler_plugin.placement.policies.base import Index, index_for
+    from scheduler_plugin.placement.policies.base import Index, IndexCache
     from scheduler_plugin.snapshot import ClusterSnapshot, NodeState
 
+    index_for = IndexCache().index_for
     cluster = nvl72(2, racks_per_leaf=1, leaves_per_spine=2)
     first = cluster.snapshot()
     before = index_for(first)
