@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO, cast
@@ -341,18 +341,14 @@ def _free_ports(count: int) -> list[int]:
             s.close()
 
 
-@contextlib.contextmanager
-def _observing(stores: dict[str, InventoryStore]) -> Iterator[None]:
-    """Lets the demo read each agent's inventory store (a component factory that starts nothing)."""
+def _observing_factories(stores: dict[str, InventoryStore]) -> tuple[run_command.ComponentFactory, ...]:
+    """The agents' factories plus one that lets the demo read each agent's inventory store (it starts
+    nothing)."""
 
     def observe(ctx: run_command.RunContext) -> None:
         stores[ctx.settings.node_name] = ctx.store
 
-    run_command.COMPONENT_FACTORIES.append(observe)
-    try:
-        yield
-    finally:
-        run_command.COMPONENT_FACTORIES.remove(observe)
+    return (*run_command.default_factories(), observe)
 
 
 async def _wait_until(check: Callable[[], bool], *, timeout: float, what: str) -> None:
@@ -430,18 +426,16 @@ async def run_demo(options: DemoOptions, *, stop: asyncio.Event, out: TextIO) ->
                 rediscover_interval_s=300.0,
             )
             running.append(RunningNode(node, settings, kubelet, workdir))
-        with _observing(stores):
-            for rn in running:
-                rn.task = asyncio.create_task(
-                    run_command.serve(rn.settings, stop=agent_stop), name=rn.node.name
-                )
-            await _wait_until(
-                lambda: (
-                    len(stores) == len(running) or any(r.task is not None and r.task.done() for r in running)
-                ),
-                timeout=START_TIMEOUT_S,
-                what="the agents to discover their nodes",
+        factories = _observing_factories(stores)
+        for rn in running:
+            rn.task = asyncio.create_task(
+                run_command.serve(rn.settings, stop=agent_stop, factories=factories), name=rn.node.name
             )
+        await _wait_until(
+            lambda: len(stores) == len(running) or any(r.task is not None and r.task.done() for r in running),
+            timeout=START_TIMEOUT_S,
+            what="the agents to discover their nodes",
+        )
         failed = [r for r in running if r.task is not None and r.task.done()]
         if failed:
             exc = failed[0].task.exception() if failed[0].task is not None else None

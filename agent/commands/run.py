@@ -4,8 +4,9 @@ The composition root: builds NVML (real or simulated), discovers the node, and s
 in one TaskGroup (:func:`agent.runtime.run_components`). SIGTERM/SIGINT set the stop event; components
 then stop in their own order (servers with a grace period, sockets removed), and NVML is shut down last.
 
-Other components plug in through ``COMPONENT_FACTORIES``: a function taking the :class:`RunContext` and
-returning a component (or ``None`` when it does not apply, e.g. publishing with ``--no-kube``).
+Other components plug in as factories: a function taking the :class:`RunContext` and returning a
+component (or ``None`` when it does not apply, e.g. publishing with ``--no-kube``). :func:`serve` runs
+:func:`default_factories` (metrics exporter, publisher) unless given its own list (the demo adds one).
 
 Exit codes: 0 after a clean stop, 1 when the agent cannot start (no NVML, an invalid resource plan),
 2 for invalid settings (one line per problem).
@@ -20,10 +21,9 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from agent.config import RunSettings, add_arguments, load_settings
 from agent.discovery import discover
@@ -37,9 +37,6 @@ from deviceplugin.manager import AllocatableCheck, PluginManager
 from deviceplugin.resources import ResourceError, build_plan
 from topology import logs
 from topology.model import LinkLevel, NodeInventory
-
-if TYPE_CHECKING:
-    pass
 
 
 class StartupError(RuntimeError):
@@ -61,18 +58,12 @@ class RunContext:
 
 ComponentFactory = Callable[[RunContext], Component | None]
 
-COMPONENT_FACTORIES: list[ComponentFactory] = []
-"""Factories of further components (metrics exporter, publisher); each may return None to opt out."""
-
 
 def _metrics_exporter(ctx: RunContext) -> Component | None:
     """``/metrics``, ``/healthz``, ``/readyz`` (``--metrics-addr ''`` turns them off)."""
     from agent.metrics.wiring import exporter_for_run  # noqa: PLC0415 - loads prometheus_client only here
 
     return exporter_for_run(ctx)
-
-
-COMPONENT_FACTORIES.append(_metrics_exporter)
 
 
 def _publisher(ctx: RunContext) -> Component | None:
@@ -82,7 +73,9 @@ def _publisher(ctx: RunContext) -> Component | None:
     return publisher_for_run(ctx)
 
 
-COMPONENT_FACTORIES.append(_publisher)
+def default_factories() -> tuple[ComponentFactory, ...]:
+    """The further components of every ``run``: metrics exporter, publisher (each may opt out)."""
+    return (_metrics_exporter, _publisher)
 
 
 @dataclass(slots=True)
@@ -165,8 +158,15 @@ class HotplugTrigger:
                 await task
 
 
-async def serve(settings: RunSettings, *, node: Node | None = None, stop: asyncio.Event | None = None) -> int:
-    """Run until ``stop`` (or a signal); the body of ``main`` and of tests that run the whole agent."""
+async def serve(
+    settings: RunSettings,
+    *,
+    node: Node | None = None,
+    stop: asyncio.Event | None = None,
+    factories: Sequence[ComponentFactory] | None = None,
+) -> int:
+    """Run until ``stop`` (or a signal); the body of ``main`` and of tests that run the whole agent.
+    ``factories`` builds the further components (default: :func:`default_factories`)."""
     log = logs.get_logger("agent.run").bind(node=settings.node_name)
     node = node if node is not None else await asyncio.to_thread(build_node, settings)
     stop = stop if stop is not None else asyncio.Event()
@@ -217,7 +217,7 @@ async def serve(settings: RunSettings, *, node: Node | None = None, stop: asynci
             components.append(node.faults)
         if node.hotplug is not None:
             components.append(HotplugTrigger(source=node.hotplug, rediscovery=rediscovery))
-        for factory in COMPONENT_FACTORIES:
+        for factory in default_factories() if factories is None else factories:
             extra = factory(ctx)
             if extra is not None:
                 components.append(extra)
