@@ -1,6 +1,14 @@
-"""The node agent: NVML access (``agent.nvml``), discovery, health, metrics, publishing and the
-subcommands' composition roots (``agent.commands``, ``agent.cli``).
+"""The program: the CLI (``agent.cli``), every subcommand's composition root (``agent.commands``), the
+benchmark harnesses (``agent.benchmarks``), the demo and the local cluster, and the node-side adapters.
 
-Owns everything that touches the node's hardware. Must not import ``scheduler_plugin`` except
-lazily from the CLI dispatcher; only ``agent.nvml.real`` imports ``pynvml``.
+Node side: NVML access (``agent.nvml``: the protocol, the pynvml backend, the simulator and its fault
+file), the simulated node (``agent.simnode``, which owns its fault follower), discovery, the node
+runtime (``agent.runtime``: the component lifecycle and the inventory store), device health
+(``agent.healthbook`` decides it, the one owner; ``agent.health`` feeds it from NVML), metrics,
+pod-resources and publishing. ``agent.config`` is the ``run`` settings file, including its ``health``
+section.
+
+The top layer: it may import ``deviceplugin``, ``scheduler_plugin`` and ``topology``; none of them
+imports it. The device plugin receives the store through its own Protocols (``deviceplugin.node``).
+Only ``agent.nvml.real`` imports ``pynvml``.
 """
