@@ -219,8 +219,17 @@ def test_impossible_gang_binds_nothing_and_records_why(fake: FakeKube, ext: Runn
     assert "nvlink" in next(iter(out["FailedNodes"].values()))
     wait_for(lambda: any(e.get("reason") == "GangUnschedulable" for e in fake.events), "Event on the pod")
     ev = next(e for e in fake.events if e.get("reason") == "GangUnschedulable")
-    assert ev["involvedObject"]["name"] == "big0"
+    assert ev["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": "big0",
+        "namespace": "default",
+        "uid": "uid-default-big0",
+    }
     assert ev["type"] == "Warning"
+    assert ev["source"] == {"component": "gpu-topology-extender"}
+    assert ev["metadata"]["namespace"] == "default"
+    assert ev["count"] == 1
     assert ext.bind(pods[0], "r0-t0")["Error"]
     assert fake.bindings == []
 
