@@ -31,20 +31,21 @@ Modules (each owns one thing)
 What the planner guarantees
 ---------------------------
 For a gang of **one role** whose blocks are placed by the block programme (the role has a subgroup
-tier, or its pods form one block and the gang has a tier) or that must sit in one domain of the
-measuring tier (a gang tier and no subgroup tier), the plan has the smallest ``Figures.key`` of every
-feasible placement, and the planner says infeasible exactly when there is none; this holds on the
-brute-force test's clusters (``tests/scheduler_plugin/test_planner_optimality.py``), where at most one
-block opens a domain under one wholly free higher-tier domain (the programme counts ``upper`` once per
-opened domain, a whole plan once per broken ancestor). A role without a subgroup tier and without a
-gang tier is placed greedily in the objective's node order, which is not always optimal (for example
-best fit by node, not by domain).
+tier, or the gang has a tier, which then holds the role's one block or is the measuring tier), the
+plan has the smallest ``objective.Figures.key`` of every feasible placement, and the planner says
+infeasible exactly when there is none, provided no two domains the plan opens lie under one wholly
+free higher-tier domain unless the plan fits inside that domain: the programme prices ``upper`` per
+opened domain, while a plan's figures count each broken ancestor once, and only the scope search
+over tighter tiers corrects for that. ``tests/scheduler_plugin/test_planner_optimality.py`` checks
+this against brute force and pins both gaps: that one, and a role with neither a subgroup nor a gang
+tier, which is placed greedily in the objective's node order (best fit by node, not by domain).
 
 For **several roles**, placed one after the other in each scope (subgroup roles first, then by total
-GPUs), the plan is not optimal over joint placements. What holds, and is tested: all or nothing; every
-pod within its tiers and every node's capacity; and the first role's placement equals the plan the
-planner gives that role alone in the scope the gang's plan took, with the later roles placed on the
-capacity left after it (each role in turn takes the nodes the gang already uses first).
+GPUs), the plan is not optimal over joint placements. What holds and is tested: all or nothing;
+every pod within its tiers and every node within its capacity; and the first role placed (one with a
+subgroup tier) has the smallest figures through ``leftover``, measured for it alone at its subgroup
+tier, among all its placements inside the domain the whole plan occupies; the later roles take the
+capacity it leaves, nodes the gang already uses first.
 """
 
 from __future__ import annotations
