@@ -33,7 +33,7 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TextIO, cast
+from typing import Any, TextIO
 
 import yaml
 
@@ -249,33 +249,20 @@ def start_local_api(
 
 
 def _count_gpunodes(api: LocalApi) -> int:
-    from kubernetes import client as k8s  # noqa: PLC0415
+    from topology.kube import GPUNODES, Kube  # noqa: PLC0415
 
-    listed = cast(
-        dict[str, Any],
-        k8s.CustomObjectsApi(api.client).list_cluster_custom_object(
-            "topology.gpuagent.dev", "v1alpha1", "gpunodes"
-        ),
-    )
-    return len(listed.get("items", []))
+    items, _ = Kube(api.client).list(GPUNODES)
+    return len(items)
 
 
 def _cluster_objects(
     api: LocalApi,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """Nodes, pods and HyperNodes as plain dicts, for the planner's snapshot."""
-    from kubernetes import client as k8s  # noqa: PLC0415
+    from topology.kube import HYPERNODES, NODES, PODS, Kube  # noqa: PLC0415
 
-    core = k8s.CoreV1Api(api.client)
-    nodes = api.client.sanitize_for_serialization(core.list_node().items)
-    pods = api.client.sanitize_for_serialization(core.list_pod_for_all_namespaces().items)
-    listed = cast(
-        dict[str, Any],
-        k8s.CustomObjectsApi(api.client).list_cluster_custom_object(
-            "topology.volcano.sh", "v1alpha1", "hypernodes"
-        ),
-    )
-    return nodes, pods, list(listed["items"])
+    kube = Kube(api.client)
+    return kube.list(NODES)[0], kube.list(PODS)[0], kube.list(HYPERNODES)[0]
 
 
 def _apply_tree(api: LocalApi, fabric: str) -> tuple[Tree, int]:
