@@ -1,9 +1,14 @@
-"""Topology-aware gang scheduling: the pure planner, the ``plan`` command, the kube-scheduler
-extender (filter / prioritize / bind with a gang barrier) and the placement benchmark.
+"""Topology-aware gang scheduling, a library: the pure planner, the kube-scheduler extender (filter /
+prioritize / bind with a gang barrier) and the placement simulator.
 
-Owns: the planner's types (``snapshot``) and algorithm (``planner``), the gang sources (``gangs``),
+Owns: the planner's types (``snapshot``, with ``PodSlot``, a pod's role and index) and algorithm (the
+``planner`` package; its objective has one owner, ``planner.objective``), the gang sources (``gangs``),
 API objects to snapshots (``cluster``), the extender's pure state (``state``), its HTTP server
-(``extender``), the Kubernetes adapter (``kube``) and the commands. The planner and snapshot import
-no I/O library (an import-linter contract). Nothing here imports ``agent`` or ``deviceplugin``,
-except the benchmark, which prints ``agent.benchmarks.machine``'s machine summary.
+(``extender``), the ``plan`` file formats (``formats``) and the placement simulator with the anchors'
+policies (``placement``; the only importer of ``highspy`` and ``matplotlib``). The planner, snapshot and
+state import no I/O library (an import-linter contract).
+
+Imports ``topology`` only (the vocabulary, ``topology.logs``); never ``agent`` or ``deviceplugin``. The
+Kubernetes adapter it is handed (``topology.kube``) and its composition roots (``agent.commands.extender``,
+``agent.commands.plan``, the benchmark harnesses in ``agent.benchmarks``) belong to the layers around it.
 """

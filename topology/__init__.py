@@ -9,7 +9,8 @@ Pure cores (no I/O, no clock): ``model``, ``nvlink`` (a node's NVLink domain), `
 REST over an injected ``ApiClient``, server-side apply, the list/watch ``Informer``, the Event writer,
 pod binding, the Lease elector; used by the controller, ``agent.publisher`` and the extender),
 ``controller`` (informers into stores, debounced reconcile). ``logs`` is the one logging style
-(bound loggers, snake_case events; configured once by each command's composition root).
+(bound loggers, snake_case events; configured once by each command's composition root); ``lifecycle``
+the stop-aware waits every long-running component uses.
 
 Must not import ``agent``, ``deviceplugin`` or ``scheduler_plugin``; ``topology.model`` imports nothing
 of ours.
