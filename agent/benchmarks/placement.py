@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.benchmarks.machine import machine_summary
-from scheduler_plugin.placement import cluster as clusters
 from scheduler_plugin.placement import optimum, report, workloads
+from scheduler_plugin.placement import shapes as clusters
 from scheduler_plugin.placement.metrics import figures, paired
 from scheduler_plugin.placement.policies import POLICIES
 from scheduler_plugin.placement.policies.base import TierBlind

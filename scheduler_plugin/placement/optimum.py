@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import highspy
 import numpy as np
 
-from scheduler_plugin.placement.cluster import Cluster, nvl72
 from scheduler_plugin.placement.policies.base import Policy, Unit, gang_gpus, gang_pods, units
+from scheduler_plugin.placement.shapes import Cluster, nvl72
 from scheduler_plugin.placement.workloads import make_gang
 from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, NodeState, PodSlot
 

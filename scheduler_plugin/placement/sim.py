@@ -44,8 +44,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from operator import itemgetter
 
-from scheduler_plugin.placement.cluster import Cluster
 from scheduler_plugin.placement.policies.base import Policy, units
+from scheduler_plugin.placement.shapes import Cluster
 from scheduler_plugin.placement.workloads import Job
 from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, NodeState, PodSlot, Role
 

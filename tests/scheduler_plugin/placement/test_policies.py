@@ -172,8 +172,8 @@ def test_gang_policies_respect_capacity_all_or_nothing_and_domains(
 
 
 def test_index_of_a_changed_snapshot_reuses_the_topology_and_reads_free_again() -> None:
-    from scheduler_plugin.placement.cluster import nvl72
     from scheduler_plugin.placement.policies.base import Index, IndexCache
+    from scheduler_plugin.placement.shapes import nvl72
     from scheduler_plugin.snapshot import ClusterSnapshot, NodeState
 
     index_for = IndexCache().index_for

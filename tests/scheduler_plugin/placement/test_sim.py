@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler_plugin.placement import cluster as clusters
 from scheduler_plugin.placement import metrics, workloads
+from scheduler_plugin.placement import shapes as clusters
 from scheduler_plugin.placement.policies import POLICIES
 from scheduler_plugin.placement.sim import SimResult, simulate
 from scheduler_plugin.placement.workloads import Job

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler_plugin.placement import cluster as clusters
+from scheduler_plugin.placement import shapes as clusters
 from scheduler_plugin.placement import workloads
 from scheduler_plugin.placement.workloads import PhillyData, PhillyJob, WorkloadError
 
