@@ -11,6 +11,12 @@ from dataclasses import dataclass, field
 from itertools import compress
 from operator import is_not
 
+MAX_GANG_PODS = 10_000
+"""The most pods one gang may have, all its roles together. The planner's time and memory grow with the
+pods (with one pod per subgroup, 10,000 pods take seconds), so every gang source (the ``plan`` files,
+the extender's pod annotations and PodGroups) refuses more with an error naming the field and this
+limit."""
+
 
 @dataclass(frozen=True, slots=True)
 class NodeState:
