@@ -116,7 +116,8 @@ def build_from(inputs: Inputs, *, policy: FabricPolicy, cache: ParseCache | None
     fresh: ParseCache = {}
     for key in sorted(inputs.gpunodes):
         obj = inputs.gpunodes[key]
-        rv = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+        meta = obj.get("metadata")
+        rv = str(meta.get("resourceVersion", "")) if isinstance(meta, Mapping) else ""
         hit = cache.get((key, rv)) if cache is not None and rv else None
         if hit is None:
             try:

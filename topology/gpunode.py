@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -164,6 +165,14 @@ def inventory_from_gpunode(obj: Any) -> tuple[str, NodeInventory, dict[str, Heal
 
 
 Decoder = Callable[[Any, str], Any]
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # the CRD's integer format; the API server's bound too
+
+
+def _digits(value: int) -> int:
+    """Decimal digits of ``value`` without converting it to text (Python refuses > 4,300 digits)."""
+    return max(1, math.ceil(abs(value).bit_length() * math.log10(2)))
+
+
 _DECODERS: dict[Any, Decoder] = {}
 
 
@@ -256,15 +265,29 @@ def _build_decoder(tp: Any) -> Decoder:
 
         def decode_float(data: Any, path: str) -> Any:
             if isinstance(data, int | float) and not isinstance(data, bool):
+                if isinstance(data, int) and not INT64_MIN <= data <= INT64_MAX:
+                    raise ValueError(f"{path}: {_digits(data)}-digit number outside int64 (the limit)")
+                if not math.isfinite(data):
+                    raise ValueError(f"{path}: {data} is not a finite number")
                 return float(data)
             raise ValueError(f"{path}: expected a number, got {type(data).__name__}")
 
         return decode_float
-    if tp in (int, str, bool):
+    if tp is int:
+
+        def decode_int(data: Any, path: str) -> Any:
+            if not isinstance(data, int) or isinstance(data, bool):
+                raise ValueError(f"{path}: expected int, got {type(data).__name__}")
+            if not INT64_MIN <= data <= INT64_MAX:
+                raise ValueError(f"{path}: {_digits(data)}-digit integer outside int64 (the limit)")
+            return data
+
+        return decode_int
+    if tp in (str, bool):
         scalar = tp
 
         def decode_scalar(data: Any, path: str) -> Any:
-            if isinstance(data, scalar) and not (scalar is int and isinstance(data, bool)):
+            if isinstance(data, scalar):
                 return data
             raise ValueError(f"{path}: expected {scalar.__name__}, got {type(data).__name__}")
 

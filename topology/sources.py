@@ -23,8 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-import yaml
-
+from topology import safeyaml
 from topology.builder import NodeFacts, TopologyInput
 from topology.ibnet import SwitchTree
 from topology.labels import LABEL_CLIQUE, ib_leaf_switches
@@ -74,9 +73,9 @@ class StaticMapping:
 
 def parse_mapping(text: str, *, source: str = "<mapping>") -> StaticMapping:
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise SourceError(f"{source}: not YAML: {str(exc).splitlines()[0]}") from None
+        data = safeyaml.load(text, source=source)
+    except safeyaml.InputError as exc:
+        raise SourceError(str(exc)) from None
     if not isinstance(data, Mapping):
         raise SourceError(f"{source}: expected a mapping with version, nodes, switches")
     if data.get("version") != "v1":
@@ -226,6 +225,32 @@ def assemble(
     return TopologyInput(tuple(out), {k: frozenset(v) for k, v in sorted(uplinks.items())})
 
 
+_LABEL_SCALARS = (str, int, float, bool)
+
+
 def node_labels_of(obj: Mapping[str, Any]) -> tuple[str, dict[str, str]]:
-    meta = obj.get("metadata") or {}
-    return str(meta.get("name", "")), {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    """``(name, labels)`` of a Node object; a label whose value is not a scalar is left out (the API
+    server never returns one; :func:`node_labels_problem` names it in files read offline)."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        return "", {}
+    labels = meta.get("labels")
+    if not isinstance(labels, Mapping):
+        labels = {}
+    return str(meta.get("name", "")), {
+        str(k): str(v) for k, v in labels.items() if isinstance(v, _LABEL_SCALARS)
+    }
+
+
+def node_labels_problem(obj: Mapping[str, Any]) -> str | None:
+    """What is wrong with a Node object's ``metadata.labels`` (one line naming the key), or ``None``."""
+    meta = obj.get("metadata")
+    labels = meta.get("labels") if isinstance(meta, Mapping) else None
+    if labels is None:
+        return None
+    if not isinstance(labels, Mapping):
+        return f"metadata.labels: expected a mapping, got {type(labels).__name__}"
+    for key, value in labels.items():
+        if not isinstance(value, _LABEL_SCALARS):
+            return f"metadata.labels.{str(key)[:64]}: expected a string, got {type(value).__name__}"
+    return None

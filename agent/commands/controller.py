@@ -27,9 +27,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import yaml
-
-from topology import logs
+from topology import logs, safeyaml
 from topology.builder import FabricPolicy, Tree, desired_objects
 from topology.controller import (
     COMPONENT,
@@ -41,7 +39,7 @@ from topology.controller import (
 )
 from topology.exports import kueue_objects, labels_objects, slurm_topology, yaml_stream
 from topology.gpunode import API_VERSION, KIND
-from topology.sources import SourceError, StaticMapping, parse_mapping
+from topology.sources import SourceError, StaticMapping, node_labels_problem, parse_mapping
 
 EXPORTS = ("slurm", "kueue", "labels")
 
@@ -94,45 +92,60 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def read_dir(directory: pathlib.Path) -> Inputs:
-    """GPUNodes, Nodes (for labels), ibnetdiscover files and mapping.yaml from one folder."""
+def read_dir(directory: pathlib.Path) -> tuple[Inputs, list[str]]:
+    """GPUNodes, Nodes (for labels), ibnetdiscover files and mapping.yaml from one folder, and the
+    objects skipped (one line each).
+
+    A file that cannot be read as a whole (not UTF-8, not YAML, nested too deep, aliases repeating too
+    much: :mod:`topology.safeyaml`) stops the run with one line naming it (exit 2), so an export built
+    from the folder never silently lacks that file's nodes and the last good export file stays as it
+    is. An object that is read but malformed (a GPUNode with a wrong field, a Node whose labels are not
+    strings) is skipped with one line, as the controller does in a cluster. Files of other suffixes are
+    not read at all."""
     if not directory.is_dir():
         raise UsageError(f"--from {directory}: not a directory")
     gpunodes: dict[str, dict[str, Any]] = {}
     nodes: dict[str, dict[str, Any]] = {}
     ibnet: list[tuple[str, str]] = []
     mapping: StaticMapping | None = None
+    skipped: list[str] = []
     for path in sorted(directory.iterdir()):
-        if not path.is_file():
-            continue
-        text = path.read_text(encoding="utf-8")
-        if path.suffix == ".ibnetdiscover":
-            ibnet.append((str(path), text))
-            continue
-        if path.name == MAPPING_KEY:
-            mapping = parse_mapping(text, source=str(path))
-            continue
-        if path.suffix not in (".yaml", ".yml", ".json"):
+        is_object_file = path.suffix in (".yaml", ".yml", ".json")
+        if not path.is_file() or not (is_object_file or path.suffix == ".ibnetdiscover"):
             continue
         try:
-            docs = list(yaml.safe_load_all(text))
-        except yaml.YAMLError as exc:
-            raise UsageError(f"{path}: not YAML/JSON: {str(exc).splitlines()[0]}") from None
+            text = safeyaml.read_text(path)
+            if path.suffix == ".ibnetdiscover":
+                ibnet.append((str(path), text))
+                continue
+            if path.name == MAPPING_KEY:
+                mapping = parse_mapping(text, source=str(path))
+                continue
+            docs = safeyaml.load_all(text, source=str(path))
+        except safeyaml.InputError as exc:
+            raise UsageError(str(exc)) from None
         for doc in docs:
             for obj in _objects(doc):
-                name = str((obj.get("metadata") or {}).get("name", ""))
+                meta = obj.get("metadata")
+                raw_name = meta.get("name") if isinstance(meta, dict) else None
+                name = raw_name if isinstance(raw_name, str) else ""
                 if obj.get("kind") == KIND and obj.get("apiVersion") == API_VERSION:
-                    if name in gpunodes:
+                    if name and name in gpunodes:
                         raise UsageError(f"{path}: GPUNode {name!r} appears twice in {directory}")
                     gpunodes[name or f"{path}#{len(gpunodes)}"] = obj
                 elif obj.get("kind") == "Node" and name:
-                    nodes[name] = obj
-    return Inputs(
+                    problem = node_labels_problem(obj)
+                    if problem:
+                        skipped.append(f"Node {name!r} in {path}: {problem}")
+                    else:
+                        nodes[name] = obj
+    inputs = Inputs(
         gpunodes=gpunodes,
         nodes=None if not nodes else _with_gpunodes(nodes, gpunodes),
         ibnet=tuple(ibnet),
         mapping=mapping,
     )
+    return inputs, skipped
 
 
 def _with_gpunodes(
@@ -170,7 +183,7 @@ def write_output(target: str, text: str) -> None:
         sys.stdout.write(text)
         return
     path = pathlib.Path(target)
-    if path.exists() and path.read_text(encoding="utf-8") == text:
+    if path.is_file() and path.read_bytes() == text.encode("utf-8"):
         return  # unchanged: no write
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
@@ -211,9 +224,11 @@ def file_and_env_defaults(config: str | None, environ: Mapping[str, str]) -> dic
     values: dict[str, Any] = {}
     if config:
         try:
-            data = yaml.safe_load(pathlib.Path(config).read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError) as exc:
-            raise UsageError(f"--config {config}: {str(exc).splitlines()[0]}") from None
+            data = safeyaml.load(safeyaml.read_text(config), source=config)
+        except OSError as exc:
+            raise UsageError(f"--config {config}: {exc.strerror or exc}") from None
+        except safeyaml.InputError as exc:
+            raise UsageError(f"--config {exc}") from None
         if not isinstance(data, dict) or data.get("version") != "v1":
             raise UsageError(f"--config {config}: expected a mapping with version: v1")
         for key, value in data.items():
@@ -260,20 +275,21 @@ def _main(args: argparse.Namespace) -> int:
         raise UsageError("--export needs --output FILE ('-' for stdout)")
     if not args.export and args.output not in (None, "yaml", "json"):
         raise UsageError(f"--output {args.output!r}: without --export it is yaml or json")
-    static_ibnet = tuple((f, pathlib.Path(f).read_text(encoding="utf-8")) for f in args.ibnetdiscover)
-    static_mapping = (
-        parse_mapping(pathlib.Path(args.mapping).read_text(encoding="utf-8"), source=args.mapping)
-        if args.mapping
-        else None
-    )
+    try:
+        static_ibnet = tuple((f, safeyaml.read_text(f)) for f in args.ibnetdiscover)
+        static_mapping = (
+            parse_mapping(safeyaml.read_text(args.mapping), source=args.mapping) if args.mapping else None
+        )
+    except safeyaml.InputError as exc:
+        raise UsageError(str(exc)) from None
     if args.from_dir:
         if not args.once:
             raise UsageError("--from DIR works with --once (offline, no cluster)")
-        inputs = read_dir(pathlib.Path(args.from_dir))
+        inputs, skipped = read_dir(pathlib.Path(args.from_dir))
         inputs.ibnet = inputs.ibnet + static_ibnet
         inputs.mapping = inputs.mapping or static_mapping
         result = build_from(inputs, policy=policy)
-        for problem in result.problems:
+        for problem in skipped + result.problems:
             print(f"controller: skipped: {problem}", file=sys.stderr)
         tree = result.tree
         for node, reason in tree.excluded.items():
