@@ -11,6 +11,12 @@ Failures are contained where they happen:
   lost codes) and keeps what was already known;
 - node-level problems (driver query, device count, IB and MPS files) go to ``NodeInventory.errors``.
 
+An NVML error is not an answer: an inventory built around one (a device count that failed reads as no
+GPUs, an identity query that failed leaves a GPU without a UUID, a failed MIG query hides its MIG
+devices) says nothing about which devices are gone. ``discover(strict=True)``, what the running agent
+uses, raises :class:`DiscoveryIncompleteError` instead of returning such an inventory, so rediscovery keeps
+the last good one. A lost GPU (GPU_IS_LOST and its kin) is an answer, and so is "not supported".
+
 The matrix follows ``nvidia-smi topo -m``: ``NV<n>`` where a pair shares NVLinks — *n* direct active
 links between them, plus, when both GPUs have active links to NVSwitches, the smaller of the two GPUs'
 switch-link counts (``NV18`` on DGX H100, ``NV12`` on DGX A100) — otherwise the PCIe level NVML reports
@@ -28,7 +34,7 @@ from typing import TypeVar
 
 from agent.ib import read_ib
 from agent.mps import DEFAULT_PIPE_DIRECTORY, detect_mps
-from agent.nvml.errors import LOST_CODES, NVMLError
+from agent.nvml.errors import CODES, LOST_CODES, NVMLError
 from agent.nvml.protocol import NvmlBackend
 from topology.model import (
     ConnectivityMatrix,
@@ -88,6 +94,22 @@ def usable(gpu: Gpu) -> bool:
 
 def _describe(call: str, exc: NVMLError) -> str:
     return f"{call}: {exc} (NVML {exc.name})"
+
+
+ANSWER_CODES = LOST_CODES | {CODES["NOT_SUPPORTED"]}
+"""NVML error codes that answer the question (the GPU is gone; the hardware cannot say); every other
+code means NVML did not answer."""
+
+
+class DiscoveryIncompleteError(RuntimeError):
+    """NVML failed a query during a strict discovery; ``failures`` names each failed query and error,
+    ``inventory`` is what could be seen anyway (for a first start that has nothing better)."""
+
+    def __init__(self, failures: Sequence[str], inventory: NodeInventory) -> None:
+        more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+        super().__init__(f"NVML did not answer: {failures[0]}{more}")
+        self.failures = tuple(failures)
+        self.inventory = inventory
 
 
 def resolve_nvlinks(gpus: Sequence[Gpu], links: Sequence[NvLink]) -> tuple[NvLink, ...]:
@@ -172,11 +194,17 @@ class _GpuProblems:
     def __init__(self) -> None:
         self.errors: dict[int, list[str]] = {}
         self.lost: set[int] = set()
+        self.unanswered: list[str] = []  # NVML errors that are no answer, node-level ones too
 
     def record(self, index: int, call: str, exc: NVMLError) -> None:
         self.errors.setdefault(index, []).append(_describe(call, exc))
+        self.failed(f"GPU {index} {call}", exc)
         if exc.value in LOST_CODES:
             self.lost.add(index)
+
+    def failed(self, call: str, exc: NVMLError) -> None:
+        if exc.value not in ANSWER_CODES:
+            self.unanswered.append(_describe(call, exc))
 
     def apply(self, gpu: Gpu) -> Gpu:
         problems = self.errors.get(gpu.index)
@@ -203,30 +231,35 @@ def discover(
     host: Host,
     mps_root: Path | None = None,
     mps_pipe_directory: str = DEFAULT_PIPE_DIRECTORY,
+    strict: bool = False,
 ) -> NodeInventory:
     """The node's inventory through ``nvml`` (initialised by the caller) and ``sysfs_root``.
 
     ``mps_root`` is the filesystem root under which the MPS pipe directory and ``proc`` are looked up;
-    ``None`` skips MPS detection (``NodeInventory.mps`` stays ``None``).
+    ``None`` skips MPS detection (``NodeInventory.mps`` stays ``None``). With ``strict``, an NVML error
+    that is no answer raises :class:`DiscoveryIncompleteError` (see the module doc) once the rest is read.
     """
     errors: list[str] = []
+    problems = _GpuProblems()
     driver: Driver | None = None
     try:
         driver = nvml.driver()
     except NVMLError as exc:
         errors.append(_describe("driver version", exc))
+        problems.failed("driver version", exc)
     try:
         count = nvml.device_count()
     except NVMLError as exc:
         errors.append(_describe("device count", exc))
+        problems.failed("device count", exc)
         count = 0
 
-    problems = _GpuProblems()
     gpus: list[Gpu] = []
     for index in range(count):
         try:
             gpus.append(nvml.gpu(index))
         except NVMLError as exc:
+            problems.failed(f"GPU {index} identity", exc)
             lost = exc.value in LOST_CODES
             gpus.append(_placeholder(index, _describe("identity", exc), lost=lost))
             if lost:
@@ -254,6 +287,7 @@ def discover(
                 pcie[(a, b)] = nvml.pcie_level(a, b)
             except NVMLError as exc:
                 errors.append(_describe(f"PCIe level of GPU {a} and GPU {b}", exc))
+                problems.failed(f"PCIe level of GPU {a} and GPU {b}", exc)
 
     final_gpus = tuple(problems.apply(g) for g in gpus)
     links = resolve_nvlinks(final_gpus, [lk for lk in raw_links if lk.gpu_index not in problems.lost])
@@ -269,7 +303,7 @@ def discover(
         mps = scan.info
         errors.extend(scan.errors)
 
-    return NodeInventory(
+    inventory = NodeInventory(
         host=host,
         driver=driver,
         gpus=final_gpus,
@@ -281,3 +315,6 @@ def discover(
         ib=ib.ports,
         errors=tuple(errors),
     )
+    if strict and problems.unanswered:
+        raise DiscoveryIncompleteError(problems.unanswered, inventory)
+    return inventory

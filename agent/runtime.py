@@ -193,7 +193,15 @@ async def run_components(components: Sequence[Component], stop: asyncio.Event) -
 
 class Rediscovery:
     """Component: runs ``discover`` again when asked (MIG config change, hot-plug) or every ``interval_s``,
-    and stores the new inventory; readers see it through the store."""
+    and stores the new inventory; readers see it through the store.
+
+    A discovery that fails (``discover`` raises, e.g. ``agent.discovery.DiscoveryIncompleteError`` when NVML
+    did not answer) changes nothing: the last good inventory stays, so no device is withdrawn from
+    kubelet and health events keep applying to the GPUs it knows. :meth:`problem` says why until a
+    discovery succeeds again (readiness fails with it); meanwhile discovery is retried every
+    ``retry_s``, doubling up to ``max_retry_s`` (never longer than ``interval_s``). Devices are withdrawn
+    only when a discovery succeeds without them.
+    """
 
     def __init__(
         self,
@@ -203,23 +211,58 @@ class Rediscovery:
         interval_s: float | None = None,
         debounce_s: float = 0.05,
         on_error: Callable[[Exception], None] | None = None,
+        retry_s: float = 1.0,
+        max_retry_s: float = 8.0,
     ) -> None:
         self._store = store
         self._discover = discover
         self._interval = interval_s
         self._debounce = debounce_s
         self._on_error = on_error
+        self._first_retry = retry_s
+        self._max_retry = max_retry_s if interval_s is None else min(max_retry_s, interval_s)
+        self._retry = retry_s
+        self._problem: str | None = None
         self._wanted = asyncio.Event()
+        self._log = logs.get_logger("agent.runtime")
         self.reasons: list[str] = []
         self.runs = 0
+        self.failures = 0
+
+    def problem(self) -> str | None:
+        """Why the inventory may be stale (the last discovery failed), or ``None``; a readiness check."""
+        return self._problem
 
     def request(self, reason: str) -> None:
         """Ask for a rediscovery soon (safe to call from the event loop only)."""
         self.reasons.append(reason)
         self._wanted.set()
 
+    def failed(self, exc: Exception) -> None:
+        """Record a discovery that failed outside :meth:`once` (the first one, at start): readiness
+        fails with it and discovery is retried as after any failure."""
+        self.failures += 1
+        if self._problem is None:
+            self._retry = min(self._first_retry, self._max_retry)
+        else:
+            self._retry = min(self._retry * 2, self._max_retry)
+        reason = f"discovery failed, the inventory may be stale: {_one_line(exc)}"
+        if reason != self._problem:
+            self._problem = reason
+            if self._on_error is not None:
+                self._on_error(exc)
+            else:
+                self._log.error(
+                    "rediscovery_failed",
+                    error=_one_line(exc),
+                    hint="keeping the last inventory; no device is withdrawn until discovery answers",
+                )
+
     async def run(self, stop: asyncio.Event) -> None:
-        while not await wait_for_event(self._wanted, stop, self._interval):
+        while True:
+            timeout = self._retry if self._problem is not None else self._interval
+            if await wait_for_event(self._wanted, stop, timeout):
+                return
             if self._wanted.is_set() and await sleep_until(stop, self._debounce):
                 return
             self._wanted.clear()
@@ -229,15 +272,19 @@ class Rediscovery:
         try:
             inventory = await asyncio.to_thread(self._discover)
         except Exception as exc:  # a failed rediscovery keeps the last inventory
-            if self._on_error is not None:
-                self._on_error(exc)
-            else:
-                logs.get_logger("agent.runtime").error(
-                    "rediscovery_failed", error=str(exc), hint="keeping the last inventory"
-                )
+            self.failed(exc)
             return
         self.runs += 1
+        if self._problem is not None:
+            self._log.info("rediscovery_recovered", gpus=len(inventory.gpus))
+        self._problem = None
+        self._retry = self._first_retry
         self._store.set_inventory(carry_lost_gpus(self._store.inventory, inventory))
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def carry_lost_gpus(previous: NodeInventory, current: NodeInventory) -> NodeInventory:

@@ -35,13 +35,16 @@ class SimulatedNode:
     faults: FaultFollower | None = None  # the follower of the fault file, where one was given
     _stack: ExitStack = field(default_factory=ExitStack, repr=False)
 
-    def discover(self, *, mps_pipe_directory: str = DEFAULT_PIPE_DIRECTORY) -> NodeInventory:
+    def discover(
+        self, *, mps_pipe_directory: str = DEFAULT_PIPE_DIRECTORY, strict: bool = False
+    ) -> NodeInventory:
         return discover(
             nvml=self.nvml,
             sysfs_root=self.sysfs_root,
             host=self.host,
             mps_root=self.mps_root,
             mps_pipe_directory=mps_pipe_directory,
+            strict=strict,
         )
 
     def close(self) -> None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.config import RunSettings, add_arguments, load_settings
-from agent.discovery import discover
+from agent.discovery import DiscoveryIncompleteError, discover
 from agent.health import HealthMonitor
 from agent.host import read_host
 from agent.nvml.errors import NVMLError
@@ -54,16 +54,20 @@ class RunContext:
     manager: PluginManager
     rediscovery: Rediscovery
     extras: dict[str, object] = field(default_factory=dict)
+    readiness: list[tuple[str, ReadinessCheck]] = field(default_factory=list)  # besides the exporter's
 
 
 ComponentFactory = Callable[[RunContext], Component | None]
+ReadinessCheck = Callable[[], str | None]
+"""Why the agent is not ready (a line for ``/readyz``), or ``None``."""
 
 
 def _metrics_exporter(ctx: RunContext) -> Component | None:
-    """``/metrics``, ``/healthz``, ``/readyz`` (``--metrics-addr ''`` turns them off)."""
-    from agent.metrics.wiring import exporter_for_run  # noqa: PLC0415 - loads prometheus_client only here
+    """``/metrics``, ``/healthz``, ``/readyz`` on ``--metrics-addr``, and ``/healthz``, ``/readyz`` alone on
+    ``--health-addr`` (kubelet's probes; own connection slots); ``''`` turns either off."""
+    from agent.metrics.wiring import listeners_for_run  # noqa: PLC0415 - loads prometheus_client only here
 
-    return exporter_for_run(ctx)
+    return listeners_for_run(ctx)
 
 
 def _publisher(ctx: RunContext) -> Component | None:
@@ -90,7 +94,9 @@ class Node:
 
 
 def build_node(settings: RunSettings) -> Node:
-    """NVML and discovery for the settings; raises :class:`StartupError` with one line."""
+    """NVML and discovery for the settings; raises :class:`StartupError` with one line. Discovery is
+    strict: it raises ``DiscoveryIncompleteError`` when NVML does not answer, so no device is withdrawn on an
+    error."""
     if settings.simulate is not None:
         from agent.simnode import open_simulated_node  # noqa: PLC0415 - simulator path only
         from agent.udev import simulated_source  # noqa: PLC0415
@@ -107,7 +113,7 @@ def build_node(settings: RunSettings) -> Node:
         sim.nvml.init()
         return Node(
             nvml=sim.nvml,
-            discover=sim.discover,
+            discover=lambda: sim.discover(strict=True),
             faults=sim.faults,
             hotplug=simulated_source(sim.nvml),
             cleanup=sim.close,
@@ -126,7 +132,9 @@ def build_node(settings: RunSettings) -> Node:
         raise StartupError(f"cannot load NVML ({exc}); '--simulate PROFILE' runs without a GPU") from None
     sysfs_root = settings.sysfs_root or Path("/sys")
     real_host = read_host(sysfs_root=sysfs_root, hostname=settings.node_name)
-    return Node(nvml=real, discover=lambda: discover(nvml=real, sysfs_root=sysfs_root, host=real_host))
+    return Node(
+        nvml=real, discover=lambda: discover(nvml=real, sysfs_root=sysfs_root, host=real_host, strict=True)
+    )
 
 
 class HotplugTrigger:
@@ -174,7 +182,11 @@ async def serve(
     installed: list[signal.Signals] = []
     try:
         started = time.perf_counter()
-        inventory = await asyncio.to_thread(node.discover)
+        first_failure: DiscoveryIncompleteError | None = None
+        try:
+            inventory = await asyncio.to_thread(node.discover)
+        except DiscoveryIncompleteError as exc:  # start with what answered; not ready until NVML answers
+            inventory, first_failure = exc.inventory, exc
         discovery_s = time.perf_counter() - started
         try:
             build_plan(inventory, settings.plugin)
@@ -183,7 +195,12 @@ async def serve(
         store = InventoryStore(inventory)
 
         def rediscovery_failed(exc: Exception) -> None:
-            log.error("rediscovery_failed", error=str(exc), hint="keeping the last inventory")
+            log.error(
+                "rediscovery_failed",
+                error=str(exc),
+                hint="keeping the last inventory (no device is withdrawn) and retrying; not ready until "
+                "NVML answers again",
+            )
 
         rediscovery = Rediscovery(
             store=store,
@@ -191,6 +208,8 @@ async def serve(
             interval_s=settings.rediscover_interval_s,
             on_error=rediscovery_failed,
         )
+        if first_failure is not None:
+            rediscovery.failed(first_failure)
         health = HealthMonitor(
             nvml=node.nvml, store=store, config=settings.health, on_mig_change=rediscovery.request
         )
@@ -211,6 +230,7 @@ async def serve(
             manager=manager,
             rediscovery=rediscovery,
             extras={"discovery_duration_s": discovery_s},
+            readiness=[("discovery", rediscovery.problem)],
         )
         components: list[Component] = [health, rediscovery, manager]
         if node.faults is not None:

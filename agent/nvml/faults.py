@@ -16,9 +16,11 @@
       "gpu"; "code": null clears) — e.g. a driver upgraded under a running agent
 
   A bad line is logged (``fault_line_invalid`` with the file and line number) and skipped; the
-  others still apply. ``poll()`` is the synchronous step (tests, and the simulated node applying the
-  lines already written when it opens); ``run(stop)`` polls every ``poll_interval_s`` (default 20 ms)
-  until ``stop`` is set.
+  others still apply. Lines are bounded: at most ``MAX_LINE_BYTES`` bytes and ``MAX_DEPTH`` levels of
+  nesting (an event is a flat object); a longer line is dropped without being held in memory, a deeper
+  one is refused before it is parsed. ``poll()`` is the synchronous step (tests, and the simulated
+  node applying the lines already written when it opens); ``run(stop)`` polls every
+  ``poll_interval_s`` (default 20 ms), reading at most ``STEP_BYTES`` each time, until ``stop`` is set.
 
 The simulated node (:class:`agent.simnode.SimulatedNode`) owns the follower of its fault file; the
 simulator knows nothing of files.
@@ -58,10 +60,51 @@ FAULT_EVENTS = (
 
 
 _HEAD_BYTES = 64
+MAX_LINE_BYTES = 64 * 1024
+MAX_DEPTH = 8
+READ_CHUNK_BYTES = 1024 * 1024
+STEP_BYTES = 64 * 1024  # what one poll of run() reads, so one step on the event loop stays short
 
 
 class FaultLineError(ValueError):
     pass
+
+
+def decode_line(raw: bytes) -> dict[str, Any]:
+    """One fault line as a JSON object; raises ``FaultLineError`` naming the limit it breaks."""
+    if len(raw) > MAX_LINE_BYTES:
+        raise FaultLineError(f"line longer than {MAX_LINE_BYTES} bytes")
+    depth = _nesting(raw)
+    if depth > MAX_DEPTH:
+        raise FaultLineError(f"JSON nested deeper than {MAX_DEPTH} levels")
+    event = json.loads(raw)
+    if not isinstance(event, dict):
+        raise FaultLineError("not a JSON object")
+    return event
+
+
+def _nesting(raw: bytes) -> int:
+    """The deepest nesting of arrays and objects in ``raw`` (brackets inside strings do not count)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > MAX_DEPTH:
+                return deepest
+        elif byte in (0x5D, 0x7D):  # ] }
+            depth -= 1
+    return deepest
 
 
 def _int_field(event: Mapping[str, Any], key: str) -> int:
@@ -186,9 +229,12 @@ class FaultFollower:
         self._line_no = 0
         self._inode: int | None = None
         self._head = b""  # the file's first bytes, to notice a rewrite of the same length
+        self._skipping = False  # inside a line too long to keep: drop bytes up to its newline
 
-    def poll(self) -> int:
-        """Apply every complete line appended since the last poll; returns how many applied."""
+    def poll(self, max_bytes: int | None = None) -> int:
+        """Apply every complete line appended since the last poll (at most ``max_bytes`` of the file
+        when given; the rest waits for the next poll); returns how many applied."""
+        applied = 0
         try:
             with self.path.open("rb") as fh:
                 stat = os.fstat(fh.fileno())
@@ -196,44 +242,68 @@ class FaultFollower:
                 if stat.st_ino != self._inode or stat.st_size < self._offset or head != self._head:
                     # a new, truncated or rewritten file: start over from its first line
                     self._offset, self._partial, self._line_no = 0, b"", 0
+                    self._skipping = False
                     self._inode = stat.st_ino
                 fh.seek(self._offset)
-                data = fh.read()
+                budget = max_bytes
+                while budget is None or budget > 0:
+                    data = fh.read(READ_CHUNK_BYTES if budget is None else min(budget, READ_CHUNK_BYTES))
+                    if not data:
+                        break
+                    if budget is not None:
+                        budget -= len(data)
+                    if self._offset < _HEAD_BYTES:
+                        self._head = (self._head if self._offset else b"") + data[
+                            : _HEAD_BYTES - self._offset
+                        ]
+                    self._offset += len(data)
+                    applied += self._take(data)
         except FileNotFoundError:
-            return 0
-        if self._offset < _HEAD_BYTES:
-            self._head = (self._head if self._offset else b"") + data[: _HEAD_BYTES - self._offset]
-        self._offset += len(data)
-        data = self._partial + data
-        *lines, self._partial = data.split(b"\n")
+            return applied
+        self.applied += applied
+        return applied
+
+    def _take(self, data: bytes) -> int:
+        """Apply the complete lines of ``data`` (after the partial line kept from before)."""
+        *lines, rest = (self._partial + data).split(b"\n")
         applied = 0
         for raw in lines:
             self._line_no += 1
-            if not raw.strip():
+            if self._skipping:  # the end of a line already reported as too long
+                self._skipping = False
                 continue
-            try:
-                event = json.loads(raw)
-                if not isinstance(event, dict):
-                    raise FaultLineError("not a JSON object")
-                apply_fault(self.sim, event)
-            except (ValueError, SimulationError) as exc:  # JSONDecodeError, FaultLineError are ValueErrors
-                message = f"{self.path}:{self._line_no}: {exc}"
-                self.errors.append(message)
-                log.error(
-                    "fault_line_invalid",
-                    path=str(self.path),
-                    line=self._line_no,
-                    error=str(exc),
-                    action="line skipped; later lines still apply",
-                )
-                continue
-            applied += 1
-        self.applied += applied
+            if raw.strip() and self._apply(raw):
+                applied += 1
+        if len(rest) > MAX_LINE_BYTES:
+            if not self._skipping:
+                self._report(self._line_no + 1, FaultLineError(f"line longer than {MAX_LINE_BYTES} bytes"))
+            self._skipping, rest = True, b""
+        self._partial = rest
         return applied
+
+    def _apply(self, raw: bytes) -> bool:
+        try:
+            apply_fault(self.sim, decode_line(raw))
+        except (ValueError, SimulationError, RecursionError) as exc:  # JSON and FaultLineError: ValueErrors
+            self._report(self._line_no, exc)
+            return False
+        return True
+
+    def _report(self, line: int, exc: Exception) -> None:
+        error = str(exc) if not isinstance(exc, RecursionError) else "JSON nested too deeply"
+        self.errors.append(f"{self.path}:{line}: {error}")
+        del self.errors[:-100]  # the latest problems; the log has them all
+        log.error(
+            "fault_line_invalid",
+            path=str(self.path),
+            line=line,
+            error=error,
+            action="line skipped; later lines still apply",
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
         """Poll until ``stop`` is set."""
         while not stop.is_set():
-            self.poll()
+            self.poll(max_bytes=STEP_BYTES)  # a bounded step on the event loop
             await sleep_until(stop, self.poll_interval_s)
-        self.poll()
+        self.poll(max_bytes=STEP_BYTES)

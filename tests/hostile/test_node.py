@@ -1,0 +1,241 @@
+"""Hostile input and faults on the node side: fault lines, NVML errors during rediscovery, the
+device-plugin folder vanishing, bad config files and settings, and abusive GetPreferredAllocation
+requests. Each test is bounded in time (seconds) and uses loopback and unix sockets only."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from agent.commands.run import RunContext, serve
+from agent.config import RunSettings
+from agent.fakekubelet import FakeKubelet, running_kubelet
+from deviceplugin.config import parse_plugin_config
+
+GPU = "nvidia.com/gpu"
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield
+    root.setLevel(level)
+    root.handlers[:] = handlers
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A device-plugin directory whose socket paths stay under the 107-byte limit."""
+    with tempfile.TemporaryDirectory(prefix="hn", dir="/tmp") as d:
+        yield Path(d)
+
+
+def append(path: Path, *events: object) -> None:
+    with path.open("a", encoding="utf-8") as fh:
+        for event in events:
+            fh.write((event if isinstance(event, str) else json.dumps(event)) + "\n")
+
+
+@dataclass
+class Agent:
+    ctx: RunContext
+    kubelet: FakeKubelet
+    task: asyncio.Task[int]
+
+    def not_ready(self) -> list[str]:
+        return [f"{name}: {why}" for name, check in self.ctx.readiness if (why := check()) is not None]
+
+
+@contextlib.asynccontextmanager
+async def running_agent(
+    kubelet_dir: Path, *, profile: str = "pcie-l40s", faults: Path | None = None, **plugin: object
+) -> AsyncIterator[Agent]:
+    settings = RunSettings(
+        node_name="node-h",
+        kubelet_dir=kubelet_dir,
+        simulate=profile,
+        simulate_faults=faults,
+        no_kube=True,
+        metrics_addr="",
+        rediscover_interval_s=3600.0,
+        plugin=parse_plugin_config(plugin),
+    )
+    seen: list[RunContext] = []
+
+    def capture(ctx: RunContext) -> None:
+        seen.append(ctx)
+
+    async with running_kubelet(kubelet_dir) as kubelet:
+        stop = asyncio.Event()
+        task = asyncio.create_task(serve(settings, stop=stop, factories=(capture,)))
+        try:
+            async with asyncio.timeout(20):
+                while not seen:
+                    await asyncio.sleep(0.01)
+            yield Agent(ctx=seen[0], kubelet=kubelet, task=task)
+        finally:
+            stop.set()
+            assert await asyncio.wait_for(task, 20) == 0
+
+
+async def until(predicate: object, timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():  # type: ignore[operator]
+            await asyncio.sleep(0.02)
+
+
+# --------------------------------------------------------------------------- D2: NVML errors
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        pytest.param({"event": "nvml_error", "code": "LIB_RM_VERSION_MISMATCH"}, id="every-call"),
+        pytest.param({"event": "nvml_error", "code": "UNKNOWN", "call": "device_get_count"}, id="count"),
+    ],
+)
+def test_d2_nvml_error_during_rediscovery_withdraws_nothing(
+    short_dir: Path, error: dict[str, object]
+) -> None:
+    """D2: an NVML error while rediscovering keeps every device advertised, fails readiness with the
+    reason until NVML answers, and an XID 79 during the outage still marks its GPU."""
+    faults = short_dir / "faults.jsonl"
+    faults.write_text("")
+
+    async def body() -> None:
+        async with running_agent(short_dir, faults=faults) as agent:
+            kubelet, ctx = agent.kubelet, agent.ctx
+            await kubelet.wait_for(lambda: len(kubelet.devices.get(GPU, {})) == 4, timeout=20)
+            uuids = sorted(kubelet.devices[GPU])
+            gpu2 = ctx.store.inventory.gpu(2).uuid
+            assert agent.not_ready() == []
+
+            append(faults, error)
+            await asyncio.sleep(0.1)  # the follower applies it
+            ctx.rediscovery.request("test")
+            await until(lambda: ctx.rediscovery.problem() is not None)
+            [line] = agent.not_ready()
+            assert line.startswith("discovery: discovery failed")
+            assert "NVML did not answer" in line
+            assert "VERSION" in line or "Unknown" in line
+            assert len(ctx.store.inventory.gpus) == 4
+            await asyncio.sleep(0.3)
+            assert sorted(kubelet.devices[GPU]) == uuids  # nothing withdrawn
+
+            append(faults, {"event": "xid", "gpu": 2, "xid": 79})
+            await asyncio.sleep(0.2)
+            append(faults, {"event": "nvml_error", "code": None})
+            await kubelet.wait_for(lambda: kubelet.devices[GPU].get(gpu2) == "Unhealthy", timeout=10)
+            await until(lambda: ctx.rediscovery.problem() is None, timeout=15)
+            assert agent.not_ready() == []
+            assert sorted(kubelet.devices[GPU]) == uuids  # the lost GPU stays listed, Unhealthy
+            assert ctx.store.health_of(gpu2).reason is not None
+
+    asyncio.run(body())
+
+
+def test_d2_a_successful_answer_without_a_gpu_withdraws_it(short_dir: Path) -> None:
+    """D2: withdrawal happens only when NVML answers that a device is gone (here a MIG device after a
+    MIG reconfiguration)."""
+    faults = short_dir / "faults.jsonl"
+    faults.write_text("")
+
+    async def body() -> None:
+        async with running_agent(
+            short_dir, profile="dgx-a100-mig", faults=faults, flags={"migStrategy": "mixed"}
+        ) as agent:
+            kubelet, ctx = agent.kubelet, agent.ctx
+            await kubelet.wait_for(lambda: "nvidia.com/mig-1g.10gb" in kubelet.devices, timeout=20)
+            before = len(kubelet.devices.get("nvidia.com/gpu", {}))
+            gpu = next(s.gpu_index for s in ctx.store.inventory.mig if s.current_enabled and s.devices)
+            append(faults, {"event": "mig_reconfig", "gpu": gpu, "profiles": None})
+            await kubelet.wait_for(
+                lambda: len(kubelet.devices.get("nvidia.com/gpu", {})) == before + 1, timeout=15
+            )
+            assert ctx.rediscovery.problem() is None
+
+    asyncio.run(body())
+
+
+# --------------------------------------------------------------------------- D1: fault lines
+
+
+def _follower(tmp_path: Path, *lines: bytes) -> tuple[object, Path]:
+    from agent.nvml.faults import FaultFollower
+    from agent.nvml.simulate import build_simulator, parse_spec
+
+    path = tmp_path / "faults.jsonl"
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    sim = build_simulator(parse_spec("pcie-l40s"))
+    sim.init()
+    return FaultFollower(sim, path), path
+
+
+def test_d1_deeply_nested_fault_line_is_skipped_and_the_rest_applies(tmp_path: Path) -> None:
+    """D1: a line of JSON nested 100,000 deep is one logged error, not a RecursionError; the lines
+    around it still apply, and opening the node on the same file works (no crash loop)."""
+    from agent.nvml.faults import MAX_DEPTH, MAX_LINE_BYTES, FaultFollower
+    from agent.simnode import open_simulated_node
+
+    deep = b"[" * 100_000 + b"]" * 100_000
+    within = b"[" * 30_000 + b"]" * 30_000  # under the line limit, still far too deep
+    nested_obj = b'{"event":"xid","gpu":0,"xid":' + b'{"a":' * 5_000 + b"1" + b"}" * 5_000 + b"}"
+    follower, path = _follower(
+        tmp_path,
+        b'{"event":"xid","gpu":1,"xid":48}',
+        deep,
+        within,
+        nested_obj,
+        b'{"event":"gpu_lost","gpu":2}',
+    )
+    assert isinstance(follower, FaultFollower)
+    assert follower.poll() == 2
+    assert [e.split(": ", 1)[1] for e in follower.errors] == [
+        f"line longer than {MAX_LINE_BYTES} bytes",
+        f"JSON nested deeper than {MAX_DEPTH} levels",
+        f"JSON nested deeper than {MAX_DEPTH} levels",
+    ]
+    with open_simulated_node("pcie-l40s", faults_path=path) as node:
+        assert node.faults is not None
+        assert node.faults.applied == 2
+
+
+def test_d1_a_line_too_long_is_dropped_without_being_kept(tmp_path: Path) -> None:
+    """A line of several MiB without a newline is reported once and never held whole in memory; the
+    next line applies."""
+    from agent.nvml.faults import MAX_LINE_BYTES, FaultFollower
+
+    follower, path = _follower(tmp_path)
+    assert isinstance(follower, FaultFollower)
+    with path.open("ab") as fh:
+        fh.write(b'{"event":"xid","gpu":0,"xid":48,"pad":"' + b"x" * (3 * 1024 * 1024))
+    assert follower.poll() == 0
+    assert len(follower._partial) <= MAX_LINE_BYTES  # the memory bound itself
+    append(path, '"}', {"event": "ecc_dbe", "gpu": 1})
+    assert follower.poll() == 1
+    assert follower.errors == [f"{path}:1: line longer than {MAX_LINE_BYTES} bytes"]
+
+
+def test_d1_strange_numbers_and_types_in_fault_lines_are_errors(tmp_path: Path) -> None:
+    from agent.nvml.faults import FaultFollower
+
+    follower, _ = _follower(
+        tmp_path,
+        b'{"event":"xid","gpu":' + b"9" * 5000 + b',"xid":79}',
+        b'{"event":"xid","gpu":1e400,"xid":79}',
+        b'{"event":"xid","gpu":0,"xid":NaN}',
+        b"\xff\xfe{}",
+        b'"just a string"',
+    )
+    assert isinstance(follower, FaultFollower)
+    assert follower.poll() == 0
+    assert len(follower.errors) == 5
