@@ -32,6 +32,9 @@ _HEADER = re.compile(r"^(vendid|devid|sysimgguid|switchguid|caguid|routerguid)=\
 _QUOTED = re.compile(r'"([^"]*)"')
 
 
+MAX_PORT_DIGITS = 6  # a switch has at most a few hundred ports
+
+
 class IbnetError(ValueError):
     """A line that is not ibnetdiscover output; the message names the source and line."""
 
@@ -146,7 +149,12 @@ def parse_ibnetdiscover(text: str, *, source: str = "<ibnetdiscover>") -> IbFabr
         if m:
             kind = {"Switch": "switch", "Ca": "ca", "Rt": "router"}[m.group(1)]
             guid = _guid(m.group(4), source, lineno)
-            current = IbNode(guid, kind, m.group(5) or "", int(m.group(2)))
+            ports = m.group(2)
+            if len(ports) > MAX_PORT_DIGITS:
+                raise IbnetError(
+                    f"{source}:{lineno}: port count of {len(ports)} digits (the limit is {MAX_PORT_DIGITS})"
+                )
+            current = IbNode(guid, kind, m.group(5) or "", int(ports))
             fabric.merge(IbFabric(nodes={guid: current}))
             continue
         m = _PORT.match(line)
@@ -169,6 +177,10 @@ def parse_ibnetdiscover(text: str, *, source: str = "<ibnetdiscover>") -> IbFabr
 
 
 def _guid(text: str, source: str, lineno: int) -> str:
+    if len(text) > 40:
+        raise IbnetError(
+            f"{source}:{lineno}: not an InfiniBand GUID: {text[:40]!r}... ({len(text)} characters)"
+        )
     try:
         return normalize_guid(text)
     except ValueError as exc:

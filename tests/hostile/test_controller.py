@@ -364,3 +364,29 @@ def test_documents_that_are_not_objects_are_ignored_or_refused_never_a_traceback
         assert err.count("\n") == 1
     else:
         assert code == 0
+
+
+# --------------------------------------------------------------------------- ibnetdiscover
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            f'Switch {"9" * 5000} "S-0002c90300000001"  # "sw1" enhanced port 0 lid 1 lmc 0\n',
+            "fabric.ibnetdiscover:1: port count of 5000 digits (the limit is 6)",
+        ),
+        (
+            f'Switch 36 "S-{"a" * 100_000}"\n',
+            "fabric.ibnetdiscover:1: not an InfiniBand GUID: 'aaaa",
+        ),
+    ],
+    ids=["port-count-digits", "guid-length"],
+)
+def test_an_ibnetdiscover_file_out_of_bounds_is_one_short_line(
+    folder: pathlib.Path, text: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (folder / "fabric.ibnetdiscover").write_text(text, encoding="utf-8")
+    _, err = built(folder, capsys)
+    assert message in err
+    assert max(len(line) for line in err.splitlines()) < 400
