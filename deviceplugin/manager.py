@@ -9,7 +9,8 @@ true while the node and kubelet change underneath.
   get a server and a registration, vanished ones are stopped (kubelet withdraws them), the rest get the
   new device list on their stream.
 - Kubelet restarts: the directory is polled every ``poll_s`` (~100 ms): when ``kubelet.sock`` is
-  recreated, or one of our sockets is gone, every plugin restarts and registers again. Where a
+  recreated, or one of our sockets is gone, every plugin restarts and registers again. A plugin that
+  cannot serve (the whole directory removed, say) is retried every second, never fatal. Where a
   pod-resources check is given, every ``check_interval_s`` kubelet's allocatable devices are compared
   with ours and a resource kubelet lost is registered again.
 - Stop: servers stop with a grace period and their sockets are removed.
@@ -201,6 +202,10 @@ class PluginManager:
             server = PluginServer(
                 state=state, socket_path=self._dir / resource.socket_name, grace_s=self._grace
             )
+            try:
+                self._dir.mkdir(parents=True, exist_ok=True)  # a folder removed under us comes back
+            except OSError as exc:
+                raise PluginError(f"cannot create {self._dir}: {exc.strerror or exc}") from None
             await server.start()
         except PluginError as exc:
             self._unstarted[resource.name] = resource

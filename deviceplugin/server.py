@@ -224,8 +224,16 @@ class PluginServer:
             raise PluginError(f"cannot replace {self.socket_path}: {exc.strerror or exc}") from None
         server = grpc.aio.server()
         pb_grpc.add_DevicePluginServicer_to_server(DevicePluginService(self.state), server)
-        if server.add_insecure_port(f"unix://{self.socket_path}") == 0:
-            raise PluginError(f"cannot listen on {self.socket_path}")
+        try:
+            port = server.add_insecure_port(f"unix://{self.socket_path}")
+        except RuntimeError:  # grpcio raises where older releases returned 0
+            port = 0
+        if port == 0:
+            await server.stop(0)
+            raise PluginError(
+                f"cannot listen on {self.socket_path}: "
+                + ("no such directory" if not self.socket_path.parent.is_dir() else "bind failed")
+            )
         await server.start()
         self._server = server
         try:

@@ -239,3 +239,45 @@ def test_d1_strange_numbers_and_types_in_fault_lines_are_errors(tmp_path: Path) 
     assert isinstance(follower, FaultFollower)
     assert follower.poll() == 0
     assert len(follower.errors) == 5
+
+
+# --------------------------------------------------------------------------- D3: the folder vanishes
+
+
+def test_d3_device_plugin_folder_deleted_while_running(short_dir: Path) -> None:
+    """D3: removing the whole device-plugin folder (kubelet's socket with it) does not stop the agent:
+    the plugins keep retrying and register again once a kubelet serves the folder again."""
+    import shutil
+
+    from agent.runtime import InventoryStore
+    from deviceplugin.manager import PluginManager
+    from tests.deviceplugin.helpers import inventory
+
+    async def body() -> None:
+        store = InventoryStore(inventory("pcie-l40s"))
+        kubelet = FakeKubelet(short_dir)
+        await kubelet.start()
+        manager = PluginManager(
+            store=store, config=parse_plugin_config({}), kubelet_dir=short_dir, grace_s=0.1
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(manager.run(stop))
+        try:
+            await kubelet.wait_for(lambda: len(kubelet.registrations) == 1, timeout=10)
+            await kubelet.stop()
+            shutil.rmtree(short_dir)
+            await asyncio.sleep(1.5)  # several ticks and one start retry with the folder gone
+            assert not task.done()
+            assert not manager.ready()
+            short_dir.mkdir(exist_ok=True)  # the agent may have made it again already
+            kubelet = FakeKubelet(short_dir)
+            await kubelet.start()
+            await kubelet.wait_for(lambda: len(kubelet.registrations) == 1, timeout=10)
+            await kubelet.wait_for(lambda: len(kubelet.devices.get(GPU, {})) == 4, timeout=10)
+            assert manager.ready()
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+            await kubelet.stop()
+
+    asyncio.run(body())
