@@ -38,6 +38,7 @@ ENV_PREFIX = "GPU_NODE_AGENT_"
 CONFIG_VERSION = "v1"
 PLUGIN_SECTIONS = ("flags", "sharing", "cdi")
 HEALTH_SECTION = "health"
+DEFAULT_HEALTH_ADDR = "0.0.0.0:9401"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +58,9 @@ class RunSettings:
     rediscover_interval_s: float = 60.0
     registration_check_s: float = 30.0
     metrics_addr: str = "0.0.0.0:9400"  # HOST:PORT of /metrics, /healthz, /readyz; "" turns them off
+    # HOST:PORT of /healthz, /readyz alone (kubelet's probes); "" turns it off. The command's default is
+    # DEFAULT_HEALTH_ADDR (set in load_settings); settings built in code (tests, the demo) opt in.
+    health_addr: str = ""
     metrics_format: str = "native"
     metrics_interval_s: float = 10.0
     pod_resources_interval_s: float = 10.0
@@ -221,6 +225,15 @@ SETTINGS: tuple[Setting, ...] = (
         "HOST:PORT for /metrics, /healthz, /readyz ('' turns them off; default 0.0.0.0:9400)",
     ),
     Setting(
+        "health_addr",
+        "--health-addr",
+        ENV_PREFIX + "HEALTH_ADDR",
+        "healthAddr",
+        _listen_addr,
+        "HOST:PORT for /healthz, /readyz alone, on their own connections (kubelet's probes); '' turns it "
+        "off (default 0.0.0.0:9401)",
+    ),
+    Setting(
         "metrics_format",
         "--metrics-format",
         ENV_PREFIX + "METRICS_FORMAT",
@@ -350,9 +363,25 @@ def load_settings(args: argparse.Namespace, env: Mapping[str, str]) -> RunSettin
         health = HealthConfig()
     if values.get("simulate_faults") is not None and values.get("simulate") is None:
         problems.append("--simulate-faults: needs --simulate (faults are injected into the simulator)")
+    values.setdefault("health_addr", DEFAULT_HEALTH_ADDR)
+    metrics_addr = values.get("metrics_addr", RunSettings.__dataclass_fields__["metrics_addr"].default)
+    clash = _same_port(metrics_addr, values["health_addr"])
+    if clash:
+        problems.append(f"--health-addr: {clash}; the health listener needs a port of its own")
     if problems:
         raise ConfigError(problems)
     return RunSettings(**values, config_file=config_path, plugin=plugin, health=health)
+
+
+def _same_port(metrics: str, health: str) -> str | None:
+    """Why the two listeners cannot both bind (same port on overlapping addresses), else ``None``."""
+    (m_host, _, m_port), (h_host, _, h_port) = metrics.rpartition(":"), health.rpartition(":")
+    if not metrics or not health or m_port != h_port or int(h_port or 0) == 0:
+        return None
+    wildcard = ("", "0.0.0.0", "[::]", "::")
+    if m_host == h_host or m_host in wildcard or h_host in wildcard:
+        return f"{health} and --metrics-addr {metrics} use the same port"
+    return None
 
 
 def parse_health_config(data: Mapping[str, Any], *, source: str = "config") -> HealthConfig:

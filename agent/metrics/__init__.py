@@ -9,8 +9,9 @@ Layers, pure first:
   (built with ``families``), written as text by ``exposition``;
 - ``procmap``: thin adapter from host PIDs to pods (``/proc/<pid>/cgroup``, ``/var/log/pods``);
 - ``cache``: the background refresher (bulk NVML reads in a worker thread, never during a scrape);
-- ``server``: the asyncio HTTP server; ``exporter``: the component; ``wiring``: builds it from the
-  ``run`` command's context;
+- ``server``: the asyncio HTTP listeners (metrics, and health alone on ``--health-addr`` for kubelet's
+  probes), bounded against slow, idle and malformed clients; ``exporter``: the component; ``wiring``:
+  builds both listeners from the ``run`` command's context;
 - ``bench``: ``gpu-node-agent bench metrics``.
 
 A scrape only renders the last snapshot: it never calls NVML or the kubelet. Must not import the

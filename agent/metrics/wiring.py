@@ -1,5 +1,9 @@
-"""Builds the metrics exporter from the ``run`` command's context (its settings, NVML, inventory store
-and plugin manager), so ``run`` needs one factory line.
+"""Builds the node's HTTP listeners from the ``run`` command's context (its settings, NVML, inventory store
+and plugin manager), so ``run`` needs one factory line: the metrics exporter on ``--metrics-addr``
+(``/metrics``, and ``/healthz``, ``/readyz`` for compatibility) and the health listener on
+``--health-addr`` (``/healthz``, ``/readyz`` only, for kubelet's probes: it has its own connection slots,
+so clients of the metrics port cannot starve the liveness probe). Both answer ``/readyz`` from the same
+checks (:func:`readiness_for_run`, plus NVML's from the metrics cache while the exporter runs).
 
 Inputs taken from the context: the inventory (``store.inventory``, so MIG reconfiguration and hot-plug
 show up at the next refresh), device health (``store.health_of``), XID counts (``store.xid_counts``),
@@ -10,12 +14,14 @@ registration state for ``/readyz`` and the self-metrics (``manager.registered()`
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
 from agent.metrics.cache import CountsXids
 from agent.metrics.exporter import MetricsExporter, MetricsSettings, parse_addr
+from agent.metrics.server import HealthServer, ReadinessCheck
 from agent.metrics.snapshot import AgentStats
 from agent.nvml.protocol import NvmlBackend
 from topology.model import NodeInventory
@@ -32,6 +38,9 @@ class _Settings(Protocol):
 
     @property
     def metrics_addr(self) -> str: ...
+
+    @property
+    def health_addr(self) -> str: ...
 
     @property
     def metrics_format(self) -> str: ...
@@ -89,6 +98,9 @@ class RunContextLike(Protocol):
     @property
     def extras(self) -> dict[str, object]: ...
 
+    @property
+    def readiness(self) -> Sequence[tuple[str, ReadinessCheck]]: ...
+
 
 def metrics_settings(settings: _Settings) -> MetricsSettings | None:
     """The exporter's settings from ``run``'s; ``None`` when ``--metrics-addr ''`` turns it off."""
@@ -107,7 +119,21 @@ def metrics_settings(settings: _Settings) -> MetricsSettings | None:
     )
 
 
-def exporter_for_run(ctx: RunContextLike) -> MetricsExporter | None:
+def readiness_for_run(ctx: RunContextLike) -> tuple[tuple[str, ReadinessCheck], ...]:
+    """The ``/readyz`` checks of both listeners that do not need the metrics cache: plugin registration
+    and the run's own (``ctx.readiness``, e.g. discovery)."""
+    manager = ctx.manager
+
+    def plugins_registered() -> str | None:
+        missing = [name for name, ok in sorted(manager.registered().items()) if not ok]
+        return f"not registered with kubelet: {', '.join(missing)}" if missing else None
+
+    return (("plugins", plugins_registered), *ctx.readiness)
+
+
+def exporter_for_run(
+    ctx: RunContextLike, readiness: tuple[tuple[str, ReadinessCheck], ...] | None = None
+) -> MetricsExporter | None:
     settings = metrics_settings(ctx.settings)
     if settings is None:
         return None
@@ -122,17 +148,58 @@ def exporter_for_run(ctx: RunContextLike) -> MetricsExporter | None:
             kubelet_restarts=manager.kubelet_restarts_seen,
         )
 
-    def plugins_registered() -> str | None:
-        missing = [name for name, ok in sorted(manager.registered().items()) if not ok]
-        return f"not registered with kubelet: {', '.join(missing)}" if missing else None
-
     return MetricsExporter(
         settings=settings,
         backend=ctx.nvml,
         inventory=lambda: store.inventory,
         hostname=ctx.settings.node_name,
-        readiness=(("plugins", plugins_registered),),
+        readiness=readiness_for_run(ctx) if readiness is None else readiness,
         agent_stats=agent_stats,
         device_health=lambda uuid: store.health_of(uuid).healthy,
         xids=CountsXids(store.xid_counts),
     )
+
+
+def health_addr(settings: _Settings) -> tuple[str, int] | None:
+    """``--health-addr`` as ``(host, port)``; ``None`` when ``''`` turns the health listener off."""
+    if not settings.health_addr:
+        return None
+    try:
+        return parse_addr(settings.health_addr)
+    except ValueError:
+        raise ValueError(f"--health-addr: expected HOST:PORT, got {settings.health_addr!r}") from None
+
+
+class Listeners:
+    """Component: the health listener (bound first, so its address problem stops the start) and the
+    metrics exporter, either of which may be off."""
+
+    def __init__(self, *, exporter: MetricsExporter | None, health: HealthServer | None) -> None:
+        self.exporter = exporter
+        self.health = health
+
+    async def run(self, stop: asyncio.Event) -> None:
+        if self.health is not None:
+            await self.health.start()
+        try:
+            if self.exporter is not None:
+                await self.exporter.run(stop)
+            else:
+                await stop.wait()
+        finally:
+            if self.health is not None:
+                await self.health.stop()
+
+
+def listeners_for_run(ctx: RunContextLike) -> Listeners | None:
+    """Both listeners from ``run``'s settings; ``None`` when both addresses are ``''``."""
+    readiness = readiness_for_run(ctx)
+    exporter = exporter_for_run(ctx, readiness)
+    addr = health_addr(ctx.settings)
+    health = None
+    if addr is not None:
+        nvml = (("nvml", exporter.cache.nvml_problem),) if exporter is not None else ()
+        health = HealthServer(host=addr[0], port=addr[1], readiness=(*nvml, *readiness))
+    if exporter is None and health is None:
+        return None
+    return Listeners(exporter=exporter, health=health)

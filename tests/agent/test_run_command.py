@@ -104,6 +104,8 @@ def test_sigterm_stops_the_process_and_removes_sockets(short_dir: Path) -> None:
                 "--no-kube",
                 "--metrics-addr",
                 "",
+                "--health-addr",
+                "",
                 "--log-format",
                 "json",
                 env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},

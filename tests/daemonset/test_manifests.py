@@ -191,3 +191,30 @@ def test_agent_daemonset_least_privilege(deploy_tools: Path) -> None:
     assert {"NODE_NAME"} <= {e["name"] for e in ctr["env"]}
     assert ctr["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert ctr["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+
+def _agent_container(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    ds = by_key(objs)[("DaemonSet", "gpu-system", "gpu-node-agent")]
+    container: dict[str, Any] = ds["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+@pytest.mark.parametrize(
+    ("source", "health_port"),
+    [pytest.param("kustomize", 9401, id="base"), pytest.param("helm", 9555, id="chart-health-port")],
+)
+def test_agent_probes_use_the_health_listener(deploy_tools: Path, source: str, health_port: int) -> None:
+    """kubelet's probes go to the --health-addr listener (its own connections), never the metrics port
+    that any pod can fill (issue 16, D13); it listens on the pod's addresses, where kubelet probes."""
+    objs = (
+        render_kustomize(deploy_tools, DAEMONSET / "base")
+        if source == "kustomize"
+        else render_helm(deploy_tools, f"agent.healthPort={health_port}")
+    )
+    ctr = _agent_container(objs)
+    ports = {p["name"]: p["containerPort"] for p in ctr["ports"]}
+    assert ports == {"metrics": 9400, "health": health_port}
+    assert f"--health-addr=0.0.0.0:{health_port}" in ctr["args"]
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        assert ctr[probe]["httpGet"] == {"path": path, "port": "health"}
+        assert ctr[probe]["timeoutSeconds"] == 1

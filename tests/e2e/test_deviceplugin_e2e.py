@@ -48,6 +48,8 @@ class Agent:
             "--no-kube",
             "--metrics-addr",
             "",
+            "--health-addr",
+            "",
             "--log-format",
             "json",
             *args,

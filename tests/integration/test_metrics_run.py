@@ -141,3 +141,63 @@ def test_run_serves_metrics_readiness_and_xids(short_dir: Path) -> None:
                 task.cancel()
 
     assert asyncio.run(body()) == 0
+
+
+async def _probe(port: int, path: str) -> tuple[int, str]:
+    """kubelet's httpGet probe: a fresh connection, one GET, 1 s for the whole answer."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        head = f"GET {path} HTTP/1.1\r\nHost: x\r\nUser-Agent: kube-probe/1.34\r\nConnection: close\r\n\r\n"
+        writer.write(head.encode())
+        answer = await asyncio.wait_for(reader.read(), 1.0)
+    finally:
+        writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body.decode()
+
+
+def test_run_health_listener_keeps_passing_probes_while_the_metrics_slots_are_held(short_dir: Path) -> None:
+    """D13 on the whole agent: 64 idle and 64 stalled connections to the metrics port; kubelet-style
+    probes of --health-addr keep passing, /metrics still answers, /readyz gives the same reasons."""
+    metrics_port, health_port = _free_port(), _free_port()
+    settings = RunSettings(
+        node_name="node-a",
+        kubelet_dir=short_dir,
+        pod_resources_socket=short_dir / "pod-resources.sock",
+        simulate="pcie-l40s",
+        no_kube=True,
+        metrics_addr=f"127.0.0.1:{metrics_port}",
+        health_addr=f"127.0.0.1:{health_port}",
+    )
+
+    async def body() -> int:
+        stop = asyncio.Event()
+        task = asyncio.create_task(serve(settings, stop=stop))
+        held: list[asyncio.StreamWriter] = []
+        try:
+            await _until(metrics_port, "/metrics", lambda s, _: s == 200)
+            assert (await _probe(health_port, "/healthz")) == (200, "ok\n")
+            assert (await _probe(health_port, "/metrics"))[0] == 404  # health only
+            for send in (b"", b"GET /metrics HTTP/1.1\r\nContent-Length: 1000\r\n\r\n"):
+                for _ in range(64):
+                    _, writer = await asyncio.open_connection("127.0.0.1", metrics_port)
+                    writer.write(send)
+                    held.append(writer)
+            await asyncio.sleep(0.3)
+            for _ in range(5):
+                assert (await _probe(health_port, "/healthz")) == (200, "ok\n")
+                status, reasons = await _probe(health_port, "/readyz")
+                assert (status, reasons) == (503, "plugins: not registered with kubelet: nvidia.com/gpu\n")
+                assert (await _probe(metrics_port, "/readyz")) == (status, reasons)
+                assert (await _probe(metrics_port, "/metrics"))[0] == 200
+                await asyncio.sleep(0.2)
+            stop.set()
+            return await asyncio.wait_for(task, 30)
+        finally:
+            for writer in held:
+                writer.close()
+            stop.set()
+            if not task.done():
+                task.cancel()
+
+    assert asyncio.run(body()) == 0

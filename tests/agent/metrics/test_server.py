@@ -5,7 +5,15 @@ from collections.abc import Callable
 
 import pytest
 
-from agent.metrics.server import METRICS_CONTENT_TYPE, MetricsServer
+from agent.metrics.server import (
+    METRICS_CONTENT_TYPE,
+    HealthServer,
+    MetricsServer,
+    Rejected,
+    Request,
+    Timeouts,
+    parse_head,
+)
 
 
 async def _request(
@@ -91,6 +99,7 @@ def test_readyz_ok_when_every_check_passes() -> None:
         pytest.param(b"POST /metrics HTTP/1.1\r\nContent-Length: 2\r\n\r\nhi", 405, id="post"),
         pytest.param(b"garbage\r\n\r\n", 400, id="bad-request-line"),
         pytest.param(b"GET /metrics HTTP/1.1\r\nContent-Length: x\r\n\r\n", 400, id="bad-content-length"),
+        pytest.param(b"GET /metrics HTTP/1.1\r\nContent-Length: \xb2\r\n\r\n", 400, id="d12-non-ascii-digit"),
         pytest.param(_get("/metrics?x=1"), 200, id="query-ignored"),
     ],
 )
@@ -136,15 +145,144 @@ def test_stop_closes_idle_keep_alive_connections() -> None:
     asyncio.run(main())
 
 
-def test_connections_beyond_the_cap_are_closed_at_once() -> None:
+def test_at_the_cap_the_connection_waiting_longest_makes_room() -> None:
     async def check(server: MetricsServer) -> None:
         first = await asyncio.open_connection("127.0.0.1", server.bound_port)
+        await _request(server.bound_port, _get("/healthz"), reader_writer=first)  # now idle (keep-alive)
         second = await asyncio.open_connection("127.0.0.1", server.bound_port)
-        await _request(server.bound_port, _get("/healthz"), reader_writer=first)  # the first is served
-        assert await asyncio.wait_for(second[0].read(), timeout=5) == b""  # the second was closed
-        status, _, _ = await _request(server.bound_port, _get("/healthz"), reader_writer=first)
-        assert status == 200
+        status, _, _ = await _request(server.bound_port, _get("/healthz"), reader_writer=second)
+        assert status == 200  # the newcomer is served ...
+        assert await asyncio.wait_for(first[0].read(), timeout=5) == b""  # ... the idle one was closed
+        assert server.open_connections == 1
         for _, w in (first, second):
             w.close()
 
     _serve(check, max_connections=1)
+
+
+def test_a_connection_being_answered_is_never_evicted() -> None:
+    big = b"m 1\n" * (8 << 20)  # 32 MiB: more than the socket buffers hold while the client does not read
+
+    async def check(server: MetricsServer) -> None:
+        busy = await asyncio.open_connection("127.0.0.1", server.bound_port)
+        busy[1].write(_get("/metrics"))
+        await busy[1].drain()
+        await asyncio.sleep(0.3)  # the server is now waiting for the client to take the response
+        # the one slot is answering /metrics: a newcomer is refused, the scrape is not cut
+        newcomer = await asyncio.open_connection("127.0.0.1", server.bound_port)
+        assert await asyncio.wait_for(newcomer[0].read(), timeout=5) == b""
+        status, _, body = await _request(server.bound_port, b"", reader_writer=busy)
+        assert (status, len(body)) == (200, len(big))
+        for _, w in (busy, newcomer):
+            w.close()
+
+    async def main() -> None:
+        server = MetricsServer(host="127.0.0.1", port=0, render=lambda: big, max_connections=1)
+        await server.start()
+        try:
+            await check(server)
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
+
+
+def test_default_timeouts_are_short() -> None:
+    """Deliver 4: a head or body gets a few seconds, an idle keep-alive connection well under the old
+    120 s."""
+    t = Timeouts()
+    assert (t.head_s, t.body_s, t.idle_s, t.write_s) == (5.0, 5.0, 15.0, 10.0)
+
+
+def test_timeouts_must_be_positive() -> None:
+    with pytest.raises(ValueError, match=r"Timeouts.idle_s: must be > 0"):
+        Timeouts(idle_s=0)
+
+
+@pytest.mark.parametrize(
+    ("head", "expected"),
+    [
+        pytest.param(b"GET /metrics HTTP/1.1\r\n\r\n", Request("GET", "/metrics", True, 0), id="plain"),
+        pytest.param(
+            b"GET /m?x=1 HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+            Request("GET", "/m", True, 0),
+            id="1.0-ka",
+        ),
+        pytest.param(b"HEAD / HTTP/1.0\r\n\r\n", Request("HEAD", "/", False, 0), id="1.0-closes"),
+        pytest.param(
+            b"GET / HTTP/1.1\r\nConnection: Upgrade, Close\r\n\r\n",
+            Request("GET", "/", False, 0),
+            id="close-token",
+        ),
+        pytest.param(
+            b"POST / HTTP/1.1\r\ncontent-length: 7\r\nContent-Length: 7\r\n\r\n",
+            Request("POST", "/", True, 7),
+            id="same-length-twice",
+        ),
+        pytest.param(b"GET / HTTP/1.1\r\nContent-Length: \xb2\r\n\r\n", 400, id="d12-superscript-two"),
+        pytest.param(
+            b"GET / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", 400, id="two-lengths"
+        ),
+        pytest.param(b"GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 501, id="chunked"),
+        pytest.param(b"GET / HTTP/3\r\n\r\n", 505, id="http3"),
+        pytest.param(b"GET /\x7f HTTP/1.1\r\n\r\n", 400, id="del-in-path"),
+    ],
+)
+def test_parse_head(head: bytes, expected: Request | int) -> None:
+    got = parse_head(head)
+    if isinstance(expected, Request):
+        assert got == expected
+    else:
+        assert isinstance(got, Rejected)
+        assert got.status == expected
+        assert got.reason.isascii()
+
+
+def test_health_server_answers_health_and_readiness_only() -> None:
+    async def main() -> None:
+        server = HealthServer(host="127.0.0.1", port=0, readiness=(("nvml", lambda: "NVML unusable"),))
+        await server.start()
+        try:
+            assert (await _request(server.bound_port, _get("/healthz")))[0] == 200
+            status, _, body = await _request(server.bound_port, _get("/readyz"))
+            assert (status, body) == (503, b"nvml: NVML unusable\n")
+            status, _, body = await _request(server.bound_port, _get("/metrics"))
+            assert (status, body) == (404, b"not found; try /healthz, /readyz\n")
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
+
+
+def test_a_port_in_use_names_the_setting() -> None:
+    async def main() -> None:
+        first = HealthServer(host="127.0.0.1", port=0)
+        await first.start()
+        try:
+            second = HealthServer(host="127.0.0.1", port=first.bound_port)
+            with pytest.raises(
+                RuntimeError, match=rf"^--health-addr 127.0.0.1:{first.bound_port}: cannot listen"
+            ):
+                await second.start()
+        finally:
+            await first.stop()
+
+    asyncio.run(main())
+
+
+def test_a_failing_render_answers_500_and_the_server_keeps_serving(caplog: pytest.LogCaptureFixture) -> None:
+    def render() -> bytes:
+        raise RuntimeError("boom")
+
+    async def main() -> None:
+        server = MetricsServer(host="127.0.0.1", port=0, render=render)
+        await server.start()
+        try:
+            assert (await _request(server.bound_port, _get("/metrics")))[0] == 500
+            assert (await _request(server.bound_port, _get("/healthz")))[0] == 200
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == ["http_route_failed"]
+    assert not [r for r in caplog.records if r.exc_info]
