@@ -17,8 +17,8 @@ config v1 where they mean the same thing::
         failRequestsGreaterThanOne: false       # MPS: true unless set
         resources:
           - name: nvidia.com/gpu
-            replicas: 4
-            rename: nvidia.com/gpu.shared        # optional
+            replicas: 4                          # 2 .. MAX_REPLICAS
+            rename: nvidia.com/gpu.shared        # optional; never a name the node advertises otherwise
             devices: all | <count> | [<index> | "<i>:<j>" | <uuid>, ...]
     cdi:
       enabled: false                           # also implied by deviceListStrategy cdi-cri
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import enum
 import re
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,8 @@ from deviceplugin.preferred import Policy
 
 RESOURCE_PREFIX = "nvidia.com/"
 MAX_RESOURCE_NAME = 63
+MAX_REPLICAS = 1024
+"""The most replicas of one device: beyond it a node lists tens of thousands of devices to kubelet."""
 DEFAULT_CDI_DIR = "/var/run/cdi"
 DEFAULT_CDI_KIND = "gpuagent.dev/gpu"
 
@@ -110,6 +113,13 @@ class ConfigError(ValueError):
 
 
 _RESOURCE_RE = re.compile(r"^nvidia\.com/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+_HEX = "[0-9a-fA-F]"
+_UUID = f"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}"
+_DEVICE_RE = re.compile(
+    rf"^(?:\d{{1,4}}|\d{{1,4}}:\d{{1,4}}|GPU-{_UUID}|MIG-{_UUID}|MIG-GPU-{_UUID}/\d{{1,4}}/\d{{1,4}})$"
+)
+WHOLE_GPU_RESOURCE = "nvidia.com/gpu"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 _CDI_KIND_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _POLICIES = {
     "distributed": Policy.SPREAD,
@@ -134,7 +144,7 @@ class SectionReader:
         if not isinstance(value, Mapping):
             self.problems.append(f"{where}: expected a mapping, got {type(value).__name__}")
             return {}
-        for extra in sorted(set(value) - known):
+        for extra in sorted({_key(k) for k in value} - known):
             self.problems.append(f"{where}.{extra}: unknown key; valid: {', '.join(sorted(known))}")
         return value
 
@@ -146,7 +156,7 @@ class SectionReader:
         value = data[key]
         if isinstance(value, str) and value in valid:
             return valid[value]
-        self.problems.append(f"{where}: {value!r} is not one of {', '.join(valid)}")
+        self.problems.append(f"{where}: {_show(value)} is not one of {', '.join(valid)}")
         return default
 
     def boolean(self, data: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
@@ -154,18 +164,31 @@ class SectionReader:
             return default
         if isinstance(data[key], bool):
             return bool(data[key])
-        self.problems.append(f"{where}: expected true or false, got {data[key]!r}")
+        self.problems.append(f"{where}: expected true or false, got {_show(data[key])}")
         return default
 
     def number(
-        self, data: Mapping[str, Any], key: str, where: str, default: float, *, minimum: float
+        self,
+        data: Mapping[str, Any],
+        key: str,
+        where: str,
+        default: float,
+        *,
+        minimum: float,
+        maximum: float | None = None,
     ) -> float:
         if key not in data or data[key] is None:
             return default
         value = data[key]
-        if isinstance(value, int | float) and not isinstance(value, bool) and value >= minimum:
+        if (
+            isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and value >= minimum
+            and (maximum is None or value <= maximum)
+        ):
             return float(value)
-        self.problems.append(f"{where}: expected a number >= {minimum:g}, got {value!r}")
+        bound = f">= {minimum:g}" if maximum is None else f"from {minimum:g} to {maximum:g}"
+        self.problems.append(f"{where}: expected a number {bound}, got {_show(value)}")
         return default
 
     def string(self, data: Mapping[str, Any], key: str, where: str, default: str) -> str:
@@ -173,7 +196,7 @@ class SectionReader:
             return default
         if isinstance(data[key], str) and data[key]:
             return str(data[key])
-        self.problems.append(f"{where}: expected a non-empty string, got {data[key]!r}")
+        self.problems.append(f"{where}: expected a non-empty string, got {_show(data[key])}")
         return default
 
 
@@ -208,12 +231,12 @@ def parse_plugin_config(data: Mapping[str, Any], *, source: str = "config") -> P
     lists = _list_strategies(plugin.get("deviceListStrategy"), problems)
     mps_root = r.string(flags, "mpsRoot", "flags.mpsRoot", "/run/nvidia/mps")
 
-    sharing = _sharing(r, data)
+    sharing = _sharing(r, data, mig)
     cdi_data = r.section(data, "cdi", "", {"enabled", "specDir", "kind"})
     cdi_enabled = r.boolean(cdi_data, "enabled", "cdi.enabled", False) or ListStrategy.CDI_CRI in lists
     kind = r.string(cdi_data, "kind", "cdi.kind", DEFAULT_CDI_KIND)
     if not _CDI_KIND_RE.match(kind):
-        problems.append(f"cdi.kind: {kind!r} is not <vendor>/<class> (for example gpuagent.dev/gpu)")
+        problems.append(f"cdi.kind: {_show(kind)} is not <vendor>/<class> (for example gpuagent.dev/gpu)")
     cdi = CdiConfig(
         enabled=cdi_enabled,
         spec_dir=r.string(cdi_data, "specDir", "cdi.specDir", DEFAULT_CDI_DIR),
@@ -243,13 +266,14 @@ def _list_strategies(value: Any, problems: list[str]) -> tuple[ListStrategy, ...
     valid = {s.value: s for s in ListStrategy}
     if not isinstance(items, list) or not items or not all(isinstance(i, str) and i in valid for i in items):
         problems.append(
-            f"flags.plugin.deviceListStrategy: {value!r} is not one of {', '.join(valid)} (or a list of them)"
+            f"flags.plugin.deviceListStrategy: {_show(value)} is not one of {', '.join(valid)} "
+            "(or a list of them)"
         )
         return (ListStrategy.ENVVAR,)
     return tuple(dict.fromkeys(valid[i] for i in items))
 
 
-def _sharing(r: SectionReader, data: Mapping[str, Any]) -> Sharing:
+def _sharing(r: SectionReader, data: Mapping[str, Any], mig: MigStrategy) -> Sharing:
     section = r.section(data, "sharing", "", {"timeSlicing", "mps"})
     present = [k for k in ("timeSlicing", "mps") if section.get(k) is not None]
     if len(present) > 1:
@@ -272,16 +296,22 @@ def _sharing(r: SectionReader, data: Mapping[str, Any]) -> Sharing:
         r.problems.append(f"{where}.resources: expected a non-empty list of {{name, replicas}}")
         raw = []
     seen: set[str] = set()
+    names = {
+        item["name"]: i
+        for i, item in reversed(list(enumerate(raw)))
+        if isinstance(item, Mapping) and isinstance(item.get("name"), str)
+    }
+    renamed: dict[str, int] = {}
     for i, item in enumerate(raw):
         at = f"{where}.resources[{i}]"
         if not isinstance(item, Mapping):
             r.problems.append(f"{at}: expected a mapping with name and replicas")
             continue
-        for extra in sorted(set(item) - {"name", "replicas", "rename", "devices"}):
+        for extra in sorted({_key(k) for k in item} - {"name", "replicas", "rename", "devices"}):
             r.problems.append(f"{at}.{extra}: unknown key; valid: devices, name, rename, replicas")
         name = item.get("name")
         if not isinstance(name, str) or not _RESOURCE_RE.match(name):
-            r.problems.append(f"{at}.name: {name!r} is not a resource name like nvidia.com/gpu")
+            r.problems.append(f"{at}.name: {_show(name)} is not a resource name like nvidia.com/gpu")
             continue
         if strategy is SharingStrategy.MPS and name != "nvidia.com/gpu":
             r.problems.append(f"{at}.name: MPS shares whole GPUs only (nvidia.com/gpu), not {name}")
@@ -289,8 +319,10 @@ def _sharing(r: SectionReader, data: Mapping[str, Any]) -> Sharing:
             r.problems.append(f"{at}.name: {name} is listed twice")
         seen.add(name)
         replicas = item.get("replicas")
-        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 2:
-            r.problems.append(f"{at}.replicas: expected an integer >= 2, got {replicas!r}")
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or not 2 <= replicas <= MAX_REPLICAS:
+            r.problems.append(
+                f"{at}.replicas: expected an integer from 2 to {MAX_REPLICAS}, got {_show(replicas)}"
+            )
             continue
         rename = item.get("rename")
         if rename is None and rename_default:
@@ -298,8 +330,16 @@ def _sharing(r: SectionReader, data: Mapping[str, Any]) -> Sharing:
         if rename is not None and (
             not isinstance(rename, str) or not _RESOURCE_RE.match(rename) or len(rename) > MAX_RESOURCE_NAME
         ):
-            r.problems.append(f"{at}.rename: {rename!r} is not a resource name like nvidia.com/gpu.shared")
+            r.problems.append(
+                f"{at}.rename: {_show(rename)} is not a resource name like nvidia.com/gpu.shared"
+            )
             continue
+        if rename is not None:
+            clash = _rename_clash(rename, name, mig, names, renamed)
+            if clash is not None:
+                r.problems.append(f"{at}.rename: {clash}")
+                continue
+            renamed[rename] = i
         devices = _devices(item.get("devices", "all"), f"{at}.devices", r.problems)
         resources.append(SharedResource(name=name, replicas=replicas, rename=rename, devices=devices))
     return Sharing(
@@ -310,16 +350,60 @@ def _sharing(r: SectionReader, data: Mapping[str, Any]) -> Sharing:
     )
 
 
+def _rename_clash(
+    rename: str, name: str, mig: MigStrategy, names: Mapping[Any, int], renamed: Mapping[str, int]
+) -> str | None:
+    """Why ``rename`` would take a name the node advertises otherwise (then its devices would vanish
+    behind the shared ones), or ``None``."""
+    if rename == name:
+        return f"the same as name; leave rename out to share under {name}"
+    if rename == WHOLE_GPU_RESOURCE:
+        return f"{rename} clashes with the whole GPUs' resource {WHOLE_GPU_RESOURCE}; choose another name"
+    if mig is MigStrategy.MIXED and rename.startswith(MIG_RESOURCE_PREFIX):
+        return (
+            f"{rename} clashes with the MIG resources of flags.migStrategy mixed "
+            f"({MIG_RESOURCE_PREFIX}<profile>); choose another name"
+        )
+    if rename in names:
+        return f"{rename} is also the name of resources[{names[rename]}]; choose another name"
+    if rename in renamed:
+        return (
+            f"{rename} is also the rename of resources[{renamed[rename]}]; each shared resource needs a "
+            "name of its own"
+        )
+    return None
+
+
 def _devices(value: Any, where: str, problems: list[str]) -> str | int | tuple[str, ...]:
     if value == "all":
         return "all"
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
-    if (
-        isinstance(value, list)
-        and value
-        and all(isinstance(v, int | str) and not isinstance(v, bool) for v in value)
-    ):
-        return tuple(str(v) for v in value)
-    problems.append(f"{where}: expected all, a positive count or a list of indices/UUIDs, got {value!r}")
-    return "all"
+    if not isinstance(value, list) or not value:
+        problems.append(
+            f"{where}: expected all, a positive count or a list of indices/UUIDs, got {_show(value)}"
+        )
+        return "all"
+    entries: list[str] = []
+    for i, v in enumerate(value):
+        text = str(v) if isinstance(v, int | str) and not isinstance(v, bool) else None
+        if text is None or not _DEVICE_RE.match(text):
+            problems.append(f"{where}[{i}]: {_show(v)} is not a GPU index, '<gpu>:<mig>' or a GPU-/MIG- UUID")
+            continue
+        entries.append(text)
+    return tuple(entries) if entries else "all"
+
+
+def _key(key: Any) -> str:
+    """A mapping key as a message shows it: text, at most 64 characters."""
+    text = key if isinstance(key, str) else _show(key)
+    return text if len(text) <= 64 else text[:61] + "..."
+
+
+def _show(value: Any) -> str:
+    """``repr(value)`` cut short, so a huge or deeply nested value never makes a huge message."""
+    return _REPR.repr(value)
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlist, _REPR.maxdict = 2, 60, 60, 6, 6

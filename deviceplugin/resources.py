@@ -11,6 +11,11 @@
 
 Every device carries its NUMA node (the parent GPU's, for MIG devices and replicas) and the health keys
 (GPU and MIG UUIDs) whose state decides its own.
+
+Limits: one resource lists at most :data:`MAX_DEVICES_PER_RESOURCE` devices (what kubelet's messages
+comfortably carry); a shared resource never takes the name of another resource the node advertises;
+``devices`` entries that name no device of their resource are listed in :attr:`ResourcePlan.unmatched`
+(the agent refuses to start with them, and warns when a later inventory makes an entry stale).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from deviceplugin.preferred import Candidate, DeviceKind
 from topology.model import Gpu, MigDevice, NodeInventory
 
 GPU_RESOURCE = "nvidia.com/gpu"
+MAX_DEVICES_PER_RESOURCE = 16_384
 
 
 class ResourceError(ValueError):
@@ -87,6 +93,7 @@ class Resource:
 class ResourcePlan:
     resources: tuple[Resource, ...]
     warnings: tuple[str, ...] = ()
+    unmatched: tuple[str, ...] = ()  # sharing ``devices`` entries that name no device, one line each
 
     def by_name(self) -> dict[str, Resource]:
         return {r.name: r for r in self.resources}
@@ -132,13 +139,33 @@ def build_plan(inventory: NodeInventory, config: PluginConfig) -> ResourcePlan:
         name: Resource(name=name, devices=tuple(ds)) for name, ds in groups.items()
     }
     sharing = config.sharing
+    unmatched: list[str] = []
     if sharing.strategy is not SharingStrategy.NONE:
-        for shared in sharing.resources:
+        key = "timeSlicing" if sharing.strategy is SharingStrategy.TIME_SLICING else "mps"
+        for i, shared in enumerate(sharing.resources):
             base = resources.get(shared.name)
             if base is None:
                 warnings.append(f"sharing: {shared.name} is not advertised on this node; nothing to share")
                 continue
+            target = shared.rename or shared.name
+            if target != shared.name and target in resources:
+                raise ResourceError(
+                    f"sharing.{key}.resources[{i}].rename: {target} clashes with {target}, which this "
+                    "node advertises; choose another name"
+                )
             picked, rest = _select(base.devices, shared)
+            stale = _unmatched(base.devices, shared)
+            if stale:
+                unmatched.append(
+                    f"sharing.{key}.resources[{i}].devices: {', '.join(stale)} name no device of "
+                    f"{shared.name} on this node"
+                )
+            total = len(picked) * shared.replicas
+            if total > MAX_DEVICES_PER_RESOURCE:
+                raise ResourceError(
+                    f"{target}: {total} devices ({len(picked)} x {shared.replicas} replicas) is more than "
+                    f"{MAX_DEVICES_PER_RESOURCE} for one resource; lower sharing replicas"
+                )
             replicated = Resource(
                 name=shared.rename or shared.name,
                 devices=tuple(_replicas(picked, shared.replicas)),
@@ -165,7 +192,11 @@ def build_plan(inventory: NodeInventory, config: PluginConfig) -> ResourcePlan:
             raise ResourceError(
                 f"{res.name}: device ID {too_long[0]!r} is longer than kubelet's 63 characters"
             )
-    return ResourcePlan(resources=tuple(resources[k] for k in sorted(resources)), warnings=tuple(warnings))
+    return ResourcePlan(
+        resources=tuple(resources[k] for k in sorted(resources)),
+        warnings=tuple(warnings + unmatched),
+        unmatched=tuple(unmatched),
+    )
 
 
 def _gpu_device(gpu: Gpu, inventory: NodeInventory, config: PluginConfig) -> Device:
@@ -217,6 +248,14 @@ def _select(devices: Iterable[Device], shared: SharedResource) -> tuple[list[Dev
         return d.base_uuid in wanted or d.index_id in wanted
 
     return [d for d in items if named(d)], [d for d in items if not named(d)]
+
+
+def _unmatched(devices: Iterable[Device], shared: SharedResource) -> list[str]:
+    """The ``devices`` entries of ``shared`` that name none of ``devices``, as the config wrote them."""
+    if not isinstance(shared.devices, tuple):
+        return []
+    names = {n for d in devices for n in (d.base_uuid, d.index_id)}
+    return [repr(e) if not e.isdigit() else e for e in shared.devices if e not in names]
 
 
 def _replicas(devices: Iterable[Device], replicas: int) -> list[Device]:

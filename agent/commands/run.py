@@ -189,9 +189,12 @@ async def serve(
             inventory, first_failure = exc.inventory, exc
         discovery_s = time.perf_counter() - started
         try:
-            build_plan(inventory, settings.plugin)
+            plan = build_plan(inventory, settings.plugin)
         except ResourceError as exc:
             raise StartupError(f"cannot advertise this node's devices: {exc}") from None
+        if plan.unmatched:
+            where = f"{settings.config_file}: " if settings.config_file is not None else ""
+            raise StartupError(f"{where}{'; '.join(plan.unmatched)}")
         store = InventoryStore(inventory)
 
         def rediscovery_failed(exc: Exception) -> None:

@@ -38,7 +38,13 @@ def test_full_file() -> None:
             "sharing": {
                 "timeSlicing": {
                     "renameByDefault": True,
-                    "resources": [{"name": "nvidia.com/gpu", "replicas": 4, "devices": [0, "GPU-x"]}],
+                    "resources": [
+                        {
+                            "name": "nvidia.com/gpu",
+                            "replicas": 4,
+                            "devices": [0, "GPU-0a1b2c3d-0000-4000-8000-000000000001"],
+                        }
+                    ],
                 }
             },
             "cdi": {"specDir": "/tmp/cdi"},
@@ -48,7 +54,11 @@ def test_full_file() -> None:
     assert config.allocation_policy is Policy.PACK
     assert config.cdi.enabled  # implied by cdi-cri
     shared = config.sharing.resources[0]
-    assert (shared.rename, shared.replicas, shared.devices) == ("nvidia.com/gpu.shared", 4, ("0", "GPU-x"))
+    assert (shared.rename, shared.replicas, shared.devices) == (
+        "nvidia.com/gpu.shared",
+        4,
+        ("0", "GPU-0a1b2c3d-0000-4000-8000-000000000001"),
+    )
     assert not config.sharing.fail_requests_greater_than_one
 
 
@@ -74,7 +84,7 @@ def test_mps_fails_requests_greater_than_one_by_default() -> None:
         ),
         pytest.param(
             {"sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 1}]}}},
-            "sharing.timeSlicing.resources[0].replicas: expected an integer >= 2",
+            "sharing.timeSlicing.resources[0].replicas: expected an integer from 2 to 1024",
             id="replicas",
         ),
         pytest.param(

@@ -8,6 +8,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -21,6 +23,8 @@ from agent.fakekubelet import FakeKubelet, running_kubelet
 from deviceplugin.config import parse_plugin_config
 
 GPU = "nvidia.com/gpu"
+REPO = Path(__file__).resolve().parents[2]
+AGENT = (sys.executable, "-m", "agent.cli", "run", "--no-kube", "--metrics-addr", "")
 
 
 @pytest.fixture(autouse=True)
@@ -281,3 +285,172 @@ def test_d3_device_plugin_folder_deleted_while_running(short_dir: Path) -> None:
             await kubelet.stop()
 
     asyncio.run(body())
+
+
+# --------------------------------------------------------------------------- D6, D7, D9: sharing
+
+
+def _problems(data: dict[str, object]) -> list[str]:
+    from deviceplugin.config import ConfigError, parse_plugin_config
+
+    with pytest.raises(ConfigError) as err:
+        parse_plugin_config(data, source="c.yaml")
+    return err.value.problems
+
+
+def _time_slicing(**resource: object) -> dict[str, object]:
+    return {"sharing": {"timeSlicing": {"resources": [{"name": GPU, "replicas": 4, **resource}]}}}
+
+
+def test_d6_a_billion_replicas_is_refused_naming_the_limit() -> None:
+    """D6: ``replicas: 1000000000`` is one error naming the field and the limit, before anything is
+    built (it used to grow memory without end)."""
+    from deviceplugin.config import MAX_REPLICAS
+
+    assert _problems(_time_slicing(replicas=1_000_000_000)) == [
+        "c.yaml: sharing.timeSlicing.resources[0].replicas: expected an integer from 2 to "
+        f"{MAX_REPLICAS}, got 1000000000"
+    ]
+    parse_plugin_config(_time_slicing(replicas=MAX_REPLICAS))
+
+
+def test_d6_too_many_devices_for_one_resource_is_a_plan_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replicas within the limit still cannot make one resource list more devices than kubelet's
+    messages carry: the plan says how many and the limit."""
+    from deviceplugin import resources
+    from deviceplugin.config import MAX_REPLICAS
+    from deviceplugin.resources import MAX_DEVICES_PER_RESOURCE, ResourceError, build_plan
+    from tests.deviceplugin.helpers import inventory
+
+    inv = inventory("dgx-h100")
+    assert len(inv.gpus) * MAX_REPLICAS <= MAX_DEVICES_PER_RESOURCE  # 8 GPUs x the most replicas fits
+    build_plan(inv, parse_plugin_config(_time_slicing(replicas=MAX_REPLICAS)))
+    monkeypatch.setattr(resources, "MAX_DEVICES_PER_RESOURCE", 1000)
+    with pytest.raises(ResourceError) as err:
+        build_plan(inv, parse_plugin_config(_time_slicing(replicas=200)))
+    assert str(err.value) == (
+        "nvidia.com/gpu: 1600 devices (8 x 200 replicas) is more than 1000 for one resource; "
+        "lower sharing replicas"
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "resources", "expected"),
+    [
+        pytest.param(
+            {"migStrategy": "mixed"},
+            [{"name": GPU, "replicas": 2, "rename": "nvidia.com/mig-1g.10gb"}],
+            "sharing.timeSlicing.resources[0].rename: nvidia.com/mig-1g.10gb clashes with the MIG "
+            "resources of flags.migStrategy mixed (nvidia.com/mig-<profile>); choose another name",
+            id="mig-name-under-mixed",
+        ),
+        pytest.param(
+            {},
+            [{"name": "nvidia.com/mig-1g.10gb", "replicas": 2, "rename": GPU}],
+            "sharing.timeSlicing.resources[0].rename: nvidia.com/gpu clashes with the whole GPUs' "
+            "resource nvidia.com/gpu; choose another name",
+            id="whole-gpu-name",
+        ),
+        pytest.param(
+            {},
+            [{"name": GPU, "replicas": 2, "rename": GPU}],
+            "sharing.timeSlicing.resources[0].rename: the same as name; leave rename out to share "
+            "under nvidia.com/gpu",
+            id="same-as-name",
+        ),
+        pytest.param(
+            {"migStrategy": "mixed"},
+            [
+                {"name": "nvidia.com/mig-1g.10gb", "replicas": 2},
+                {"name": GPU, "replicas": 2, "rename": "nvidia.com/mig-1g.10gb"},
+            ],
+            "sharing.timeSlicing.resources[1].rename: nvidia.com/mig-1g.10gb clashes with the MIG "
+            "resources of flags.migStrategy mixed (nvidia.com/mig-<profile>); choose another name",
+            id="mig-name-listed",
+        ),
+        pytest.param(
+            {"migStrategy": "single"},
+            [
+                {"name": GPU, "replicas": 2, "rename": "nvidia.com/shared"},
+                {"name": "nvidia.com/mig-1g.10gb", "replicas": 2, "rename": "nvidia.com/shared"},
+            ],
+            "sharing.timeSlicing.resources[1].rename: nvidia.com/shared is also the rename of "
+            "resources[0]; each shared resource needs a name of its own",
+            id="two-renames",
+        ),
+    ],
+)
+def test_d7_a_rename_that_clashes_is_a_config_error(
+    flags: dict[str, object], resources: list[object], expected: str
+) -> None:
+    """D7: a rename onto a name the node already advertises (a MIG resource under mixed, the whole
+    GPUs, another shared resource) is refused, naming the clash; it used to make the real MIG devices
+    vanish behind replicas of whole GPUs."""
+    problems = _problems({"flags": flags, "sharing": {"timeSlicing": {"resources": resources}}})
+    assert problems == [f"c.yaml: {expected}"]
+
+
+def test_d7_the_plan_never_lets_a_rename_replace_a_resource() -> None:
+    """Defence in depth: even a config that slipped past validation cannot hide another resource."""
+    from deviceplugin.config import MigStrategy, PluginConfig, SharedResource, Sharing, SharingStrategy
+    from deviceplugin.resources import ResourceError, build_plan
+    from tests.deviceplugin.helpers import inventory
+
+    config = PluginConfig(
+        mig_strategy=MigStrategy.MIXED,
+        sharing=Sharing(
+            strategy=SharingStrategy.TIME_SLICING,
+            resources=(SharedResource(name=GPU, replicas=2, rename="nvidia.com/mig-1g.10gb"),),
+        ),
+    )
+    with pytest.raises(ResourceError, match=r"clashes with nvidia\.com/mig-1g\.10gb"):
+        build_plan(inventory("dgx-a100-mig"), config)
+
+
+def test_d9_device_entries_of_the_wrong_shape_are_config_errors() -> None:
+    """D9: entries that cannot name a device are refused one by one with their position."""
+    assert _problems(_time_slicing(devices=[99, "GPU-nope", "0:9", -1, "x:y", 1.5])) == [
+        "c.yaml: sharing.timeSlicing.resources[0].devices[1]: 'GPU-nope' is not a GPU index, "
+        "'<gpu>:<mig>' or a GPU-/MIG- UUID",
+        "c.yaml: sharing.timeSlicing.resources[0].devices[3]: -1 is not a GPU index, "
+        "'<gpu>:<mig>' or a GPU-/MIG- UUID",
+        "c.yaml: sharing.timeSlicing.resources[0].devices[4]: 'x:y' is not a GPU index, "
+        "'<gpu>:<mig>' or a GPU-/MIG- UUID",
+        "c.yaml: sharing.timeSlicing.resources[0].devices[5]: 1.5 is not a GPU index, "
+        "'<gpu>:<mig>' or a GPU-/MIG- UUID",
+    ]
+
+
+def test_d9_device_entries_that_name_nothing_here_stop_the_start(short_dir: Path) -> None:
+    """D9: ``devices: [99, "GPU-<unknown>", "0:9"]`` on an 8-GPU node is an error naming each entry
+    (exit 1 before anything is served); it used to be silently ignored."""
+    from deviceplugin.resources import build_plan
+    from tests.deviceplugin.helpers import inventory
+
+    unknown = "GPU-00000000-0000-0000-0000-000000000000"
+    config = parse_plugin_config(_time_slicing(devices=[99, unknown, "0:9", 1]))
+    plan = build_plan(inventory("dgx-h100"), config)
+    assert plan.unmatched == (
+        f"sharing.timeSlicing.resources[0].devices: 99, {unknown!r}, '0:9' name no device of "
+        "nvidia.com/gpu on this node",
+    )
+    cfg = short_dir / "c.yaml"
+    cfg.write_text(
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+        f"      - {{name: nvidia.com/gpu, replicas: 2, devices: [99, {unknown}, '0:9']}}\n"
+    )
+    proc = subprocess.run(
+        [*AGENT, "--simulate", "dgx-h100", "--kubelet-dir", str(short_dir), "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=REPO,
+    )
+    err = proc.stderr.strip()
+    assert proc.returncode == 1, err
+    assert err.count("\n") == 0
+    assert "99" in err
+    assert unknown in err
+    assert "'0:9'" in err
+    assert list(short_dir.glob("nvidia-*.sock")) == []
