@@ -6,10 +6,17 @@ FailedNodes, FailedAndUnresolvableNodes, Error}`` out; ``[{"Host", "Score"}]`` f
 ``ExtenderBindingArgs{PodName, PodNamespace, PodUID, Node}`` in, ``{"Error"}`` out for bind.
 
 The server is a small asyncio HTTP/1.1 server (keep-alive, ``Content-Length`` bodies only, bounded
-headers and body). Bad input never stops it: undecodable JSON gets HTTP 400 with ``{"Error": ...}``;
-input that decodes but makes no sense gets HTTP 200 with ``Error`` set, which kube-scheduler treats
-as a failed call for the pod. Bind calls of a gang wait at the barrier (an open request each) until
-the gang completes or its deadline passes.
+headers and body; header, body, idle and write timeouts; a connection cap that evicts the connections
+not answering a request, never-served and longest-waiting first, so idle clients cannot take every
+slot); optionally TLS that requires a client certificate signed by a given CA (kube-scheduler's
+extender ``tlsConfig``). Bad input never stops it: undecodable JSON, JSON nested deeper than
+``MAX_JSON_DEPTH`` or with a number longer than ``MAX_NUMBER_CHARS``, and a body that is not
+``application/json`` get HTTP 400/415 with ``{"Error": ...}``; input that decodes but makes no sense
+gets HTTP 200 with ``Error`` set, which kube-scheduler treats as a failed call for the pod. Bind calls
+of a gang wait at the barrier (an open request each) until the gang completes or its deadline passes.
+
+Nothing here blocks the event loop: every touch of ``ClusterState`` (planning a gang can take
+seconds) runs in a worker thread under the state lock, and large bodies are decoded in one too.
 """
 
 from __future__ import annotations
@@ -17,11 +24,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
+import ssl
 import threading
 import time
+from array import array
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from itertools import accumulate
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 from scheduler_plugin.state import BindDecision, ClusterState, EventRecord
 from topology import logs
@@ -30,17 +42,25 @@ log = logs.get_logger("scheduler_plugin.extender")
 
 MAX_HEADER_BYTES = 16 * 1024
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+MAX_JSON_DEPTH = 64  # a Pod with managedFields nests about 12 deep; json's own recursion fails near 1,000
+MAX_NUMBER_CHARS = 32  # an int64 has 19 digits; Python's int() refuses over 4,300
+INLINE_DECODE_BYTES = 64 * 1024  # larger bodies are decoded in a worker thread
+UNKNOWN_POD_GRACE_S = 0.5  # how long filter waits for the informer to report a pod the scheduler named
+HEALTH_ROUTES = ("healthz", "livez", "readyz")
 _REASONS = {
     200: "OK",
     400: "Bad Request",
     404: "Not Found",
     405: "Method Not Allowed",
+    408: "Request Timeout",
     411: "Length Required",
     413: "Payload Too Large",
+    415: "Unsupported Media Type",
     431: "Request Header Fields Too Large",
     500: "Internal Server Error",
     503: "Service Unavailable",
 }
+T = TypeVar("T")
 
 
 class Cluster(Protocol):
@@ -55,6 +75,61 @@ class BadRequestError(ValueError):
     pass
 
 
+# -- bounded JSON ----------------------------------------------------------------------------------
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_BRACKET_STEP = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")  # +1 opens, -1 (signed) closes
+
+
+def json_depth(body: bytes) -> int:
+    """The deepest nesting of arrays and objects in ``body``, without recursion: string literals are cut
+    out, the brackets left become +1/-1 steps and the running sum's maximum is the depth (C loops)."""
+    steps = _JSON_STRING.sub(b"", body).translate(_BRACKET_STEP, _NOT_BRACKETS)
+    return max(accumulate(array("b", steps)), default=0)
+
+
+def _number(text: str) -> str:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise BadRequestError(
+            f"body: a number of {len(text)} characters is over the limit of {MAX_NUMBER_CHARS}"
+        )
+    return text
+
+
+def _int_literal(text: str) -> int:
+    return int(_number(text))
+
+
+def _float_literal(text: str) -> float:
+    return float(_number(text))
+
+
+def _no_constant(text: str) -> Any:
+    raise BadRequestError(f"body: {text} is not JSON")
+
+
+def decode_json(body: bytes) -> Any:
+    """``body`` as JSON, or ``BadRequestError`` naming the limit: UTF-8 only, nesting at most
+    ``MAX_JSON_DEPTH`` (checked before parsing, so the parser never recurses deeper), numbers at most
+    ``MAX_NUMBER_CHARS`` characters (checked before conversion), no ``NaN``/``Infinity``."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequestError(f"body is not UTF-8: {exc}") from None
+    depth = json_depth(body)
+    if depth > MAX_JSON_DEPTH:
+        raise BadRequestError(f"body: JSON nested {depth} deep is over the limit of {MAX_JSON_DEPTH}")
+    try:
+        return json.loads(
+            text, parse_int=_int_literal, parse_float=_float_literal, parse_constant=_no_constant
+        )
+    except json.JSONDecodeError as exc:
+        raise BadRequestError(f"body is not JSON: {exc}") from None
+    except RecursionError:  # not reachable past the depth check; kept so no input can crash a request
+        raise BadRequestError(f"body: JSON nested over the limit of {MAX_JSON_DEPTH}") from None
+
+
+# -- request fields --------------------------------------------------------------------------------
 def _obj(value: Any, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise BadRequestError(f"{what}: expected a JSON object")
@@ -83,6 +158,8 @@ def _pod(args: Mapping[str, Any]) -> dict[str, Any]:
     meta = pod.get("metadata")
     if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
         raise BadRequestError("Pod.metadata.name: missing")
+    if not isinstance(meta.get("namespace", ""), str | None):
+        raise BadRequestError("Pod.metadata.namespace: expected a string")
     return pod
 
 
@@ -93,7 +170,8 @@ class _Waiter:
 
 
 class Extender:
-    """Request handlers. Every touch of ``state`` holds ``lock`` (informer threads share it)."""
+    """Request handlers. Every touch of ``state`` holds ``lock`` (informer threads share it) and runs in
+    a worker thread, so a long plan never holds up the event loop."""
 
     def __init__(
         self,
@@ -103,21 +181,35 @@ class Extender:
         lock: threading.Lock | None = None,
         clock: Callable[[], float] = time.monotonic,
         ready: Callable[[], bool] = lambda: True,
+        unknown_pod_grace_s: float = UNKNOWN_POD_GRACE_S,
     ) -> None:
         self.state = state
         self.cluster = cluster
         self.lock = lock or threading.Lock()
         self.clock = clock
         self.ready = ready
+        self.unknown_pod_grace_s = unknown_pod_grace_s
+        # waiters at a gang's barrier; registered under the state lock together with the "wait"
+        # decision (in a worker thread), resolved on the loop: this small lock guards the dict only
         self._waiters: dict[str, list[_Waiter]] = {}
+        self._waiters_lock = threading.Lock()
         self._background: set[asyncio.Task[None]] = set()
+
+    async def _locked(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` under the state lock, in a worker thread."""
+
+        def call() -> T:
+            with self.lock:
+                return fn(*args)
+
+        return await asyncio.to_thread(call)
 
     # -- verbs ---------------------------------------------------------------------------------
     async def filter(self, args: Mapping[str, Any]) -> dict[str, Any]:
         pod = _pod(args)
         names, objs = _node_names(args)
-        with self.lock:
-            out = self.state.filter(pod, names, self.clock())
+        await self._await_informer(pod)
+        out = await self._locked(self.state.filter, pod, names, self.clock())
         self._record(out.events)
         passed = set(out.passed)
         result: dict[str, Any] = {
@@ -135,11 +227,20 @@ class Extender:
             }
         return result
 
+    async def _await_informer(self, pod: Mapping[str, Any]) -> None:
+        """kube-scheduler may name a pod a moment before the extender's informer reports it: wait a
+        little (polling, off the loop) so a real pod is not refused for that; a forged one still is."""
+        polls = int(self.unknown_pod_grace_s / 0.05)
+        for _ in range(polls):
+            known, _ = await self._locked(self.state.known_pod, pod)
+            if known is not None:
+                return
+            await asyncio.sleep(0.05)
+
     async def prioritize(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
         pod = _pod(args)
         names, _ = _node_names(args)
-        with self.lock:
-            scores = self.state.prioritize(pod, names, self.clock())
+        scores = await self._locked(self.state.prioritize, pod, names, self.clock())
         return [{"Host": h, "Score": s} for h, s in scores]
 
     async def bind(self, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -152,14 +253,25 @@ class Extender:
         if not fields["PodName"] or not fields["Node"]:
             raise BadRequestError("PodName and Node are required")
         key = f"{fields['PodNamespace'] or 'default'}/{fields['PodName']}"
-        with self.lock:
-            decision = self.state.bind(
-                fields["PodNamespace"], fields["PodName"], fields["PodUID"], fields["Node"], self.clock()
-            )
-        return {"Error": await self._carry_out(decision, key)}
+        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+        def decide() -> BindDecision:
+            with self.lock:
+                decision = self.state.bind(
+                    fields["PodNamespace"], fields["PodName"], fields["PodUID"], fields["Node"], self.clock()
+                )
+                if decision.action == "wait":  # registered before any later call can complete the gang
+                    with self._waiters_lock:
+                        self._waiters.setdefault(decision.gang, []).append(_Waiter(key, fut))
+                return decision
+
+        decision = await asyncio.to_thread(decide)
+        if decision.action == "error":
+            log.warning("bind_refused", pod=key, node=fields["Node"], error=decision.error)
+        return {"Error": await self._carry_out(decision, key, fut)}
 
     # -- the barrier ---------------------------------------------------------------------------
-    async def _carry_out(self, decision: BindDecision, key: str) -> str:
+    async def _carry_out(self, decision: BindDecision, key: str, fut: asyncio.Future[str]) -> str:
         self._record(decision.events)
         if decision.action == "error":  # this pod only; the rest of its gang keeps waiting
             return decision.error
@@ -167,8 +279,6 @@ class Extender:
             errors = await self._bind_all(decision)
             self._resolve(decision.gang, errors, "")
             return errors.get(key, "")
-        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(decision.gang, []).append(_Waiter(key, fut))
         while True:
             timeout = max(0.0, decision.deadline - self.clock())
             try:
@@ -176,8 +286,9 @@ class Extender:
             except TimeoutError:
                 if fut.done():
                     return fut.result()
-                with self.lock:
-                    decision = self.state.barrier_timeout(decision.gang, self.clock())
+                decision = await self._locked(self.state.barrier_timeout, decision.gang, self.clock())
+                if fut.done():  # another waiter's timeout or the last bind resolved it meanwhile
+                    return fut.result()
                 if decision.action == "wait":
                     continue
                 self._record(decision.events)
@@ -200,20 +311,20 @@ class Extender:
         results = await asyncio.gather(*(one(*p) for p in decision.pods))
         errors = {k: e for k, e in results if e}
         if errors:
-            with self.lock:
-                self.state.bind_failed(decision.gang, errors)
+            await self._locked(self.state.bind_failed, decision.gang, errors)
             log.warning("bind_failed", gang=decision.gang, errors=errors)
         else:
             log.info("pods_bound", gang=decision.gang or None, pods=[k for k, _, _ in decision.pods])
         if not decision.gang:
-            with self.lock:
-                for k, _, n in decision.pods:
-                    if k not in errors:
-                        self.state.assume_bound(k, n)
+            for k, _, n in decision.pods:
+                if k not in errors:
+                    await self._locked(self.state.assume_bound, k, n)
         return errors
 
     def _resolve(self, gang: str, errors: Mapping[str, str], error: str) -> None:
-        for w in self._waiters.pop(gang, []) if gang else []:
+        with self._waiters_lock:
+            waiters = self._waiters.pop(gang, []) if gang else []
+        for w in waiters:
             if not w.future.done():
                 w.future.set_result(errors.get(w.key, error))
 
@@ -233,29 +344,52 @@ class Extender:
 
     async def drain(self) -> None:
         """Answer every waiting bind with an error (shutdown) and let pending Events finish."""
-        for gang in list(self._waiters):
+        with self._waiters_lock:
+            gangs = list(self._waiters)
+        for gang in gangs:
             self._resolve(gang, {}, "extender shutting down")
         if self._background:
             await asyncio.wait(list(self._background), timeout=5)
 
     # -- HTTP dispatch -------------------------------------------------------------------------
-    async def dispatch(self, method: str, path: str, body: bytes) -> tuple[int, Any]:
-        route = path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
-        if method == "GET" and route in ("healthz", "livez"):
-            return 200, {"status": "ok"}
-        if method == "GET" and route == "readyz":
+    def _health(self, route: str) -> tuple[int, Any]:
+        if route == "readyz":
             ok = self.ready()
             return (200 if ok else 503), {"status": "ok" if ok else "informers not synced"}
+        return 200, {"status": "ok"}
+
+    async def dispatch_health(
+        self, method: str, path: str, body: bytes, content_type: str = ""
+    ) -> tuple[int, Any]:
+        """The health listener: ``GET /healthz``, ``/livez``, ``/readyz`` and nothing else."""
+        route = path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+        if method == "GET" and route in HEALTH_ROUTES:
+            return self._health(route)
+        return 404, {"Error": f"unknown path {path}; this listener serves GET healthz, livez and readyz"}
+
+    async def dispatch(
+        self, method: str, path: str, body: bytes, content_type: str = "application/json"
+    ) -> tuple[int, Any]:
+        route = path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+        if method == "GET" and route in HEALTH_ROUTES:
+            return self._health(route)
         handlers = {"filter": self.filter, "prioritize": self.prioritize, "bind": self.bind}
         handler = handlers.get(route)
         if handler is None:
             return 404, {"Error": f"unknown path {path}; POST filter, prioritize or bind"}
         if method != "POST":
             return 405, {"Error": f"{route}: POST only"}
+        media = content_type.split(";", 1)[0].strip().lower()
+        if media != "application/json":
+            return 415, {"Error": f"{route}: Content-Type {content_type[:100]!r}; send application/json"}
         try:
-            args = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            return 400, {"Error": f"{route}: body is not JSON: {exc}"}
+            if len(body) > INLINE_DECODE_BYTES:
+                args = await asyncio.to_thread(decode_json, body)
+            else:
+                args = decode_json(body)
+        except BadRequestError as exc:
+            log.warning("bad_request", verb=route, error=str(exc)[:300])
+            return 400, {"Error": f"{route}: {exc}"}
         try:
             return 200, await handler(_obj(args, "body"))
         except BadRequestError as exc:
@@ -273,14 +407,76 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
-class ExtenderServer:
-    """An asyncio HTTP/1.1 server for ``Extender.dispatch``; ``start``/``stop`` for tests and main."""
+# -- TLS -------------------------------------------------------------------------------------------
+def server_tls_context(cert: Path, key: Path, client_ca: Path) -> ssl.SSLContext:
+    """A server context that requires a client certificate signed by ``client_ca`` (TLS 1.2 or newer):
+    the other half of kube-scheduler's extender ``tlsConfig`` (certFile, keyFile, caFile).
+    Raises ``OSError``/``ssl.SSLError`` when a file cannot be read or does not match."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(client_ca))
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    ctx.load_cert_chain(str(cert), str(key))
+    return ctx
 
-    def __init__(self, extender: Extender, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+
+# -- HTTP server -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ServerLimits:
+    """How long a client may take and how many connections there may be.
+
+    ``idle_timeout_s`` is longer than Go's default ``IdleConnTimeout`` (90 s), so kube-scheduler closes
+    its idle keep-alive connections before the server does (a POST on a connection the server just
+    closed is not retried by Go's client). At ``max_connections`` a new connection evicts one that is
+    not answering a request (never-served first, then the longest waiting); only when every one is
+    busy (binds waiting at a barrier) is the new one refused with 503.
+    """
+
+    header_timeout_s: float = 10.0  # a request head, from its first byte (and a new connection's first)
+    body_timeout_s: float = 30.0
+    idle_timeout_s: float = 120.0  # between keep-alive requests
+    write_timeout_s: float = 30.0
+    max_connections: int = 1024
+
+
+@dataclass(eq=False)
+class _Conn:
+    task: asyncio.Task[None] | None
+    since: float  # when it last began waiting for a request
+    served: int = 0
+    busy: bool = False  # a request is being answered: never evicted
+
+    def victim_order(self) -> tuple[bool, float]:
+        return (self.served > 0, self.since)
+
+
+@dataclass
+class _Stats:
+    evicted: int = 0
+    refused: int = 0
+    timeouts: dict[str, int] = field(default_factory=dict)
+
+
+class ExtenderServer:
+    """An asyncio HTTP/1.1 server for ``Extender.dispatch`` (or, ``health_only``, for its health
+    routes alone); ``start``/``stop`` for tests and main."""
+
+    def __init__(
+        self,
+        extender: Extender,
+        *,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        limits: ServerLimits = ServerLimits(),
+        tls: ssl.SSLContext | None = None,
+        health_only: bool = False,
+    ) -> None:
         self.extender = extender
         self.max_body_bytes = max_body_bytes
+        self.limits = limits
+        self.tls = tls
+        self.handler = extender.dispatch_health if health_only else extender.dispatch
+        self.stats = _Stats()
         self._server: asyncio.Server | None = None
-        self._conns: set[asyncio.Task[None]] = set()
+        self._conns: dict[asyncio.Task[None], _Conn] = {}
 
     @property
     def port(self) -> int:
@@ -288,15 +484,30 @@ class ExtenderServer:
         sock = self._server.sockets[0]
         return int(sock.getsockname()[1])
 
+    @property
+    def connections(self) -> int:
+        return len(self._conns)
+
     async def start(self, host: str, port: int) -> None:
-        self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_HEADER_BYTES)
+        self._server = await asyncio.start_server(
+            self._serve,
+            host,
+            port,
+            limit=MAX_HEADER_BYTES,
+            ssl=self.tls,
+            ssl_handshake_timeout=self.limits.header_timeout_s if self.tls else None,
+        )
 
     async def stop(self, grace_s: float = 5.0) -> None:
         if self._server is not None:
             self._server.close()
         await self.extender.drain()
-        if self._conns:
-            _, pending = await asyncio.wait(list(self._conns), timeout=grace_s)
+        for conn in list(self._conns.values()):  # nobody waits on an idle keep-alive connection
+            if not conn.busy and conn.task is not None:
+                conn.task.cancel()
+        tasks = list(self._conns)
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=grace_s)
             for t in pending:
                 t.cancel()
             if pending:
@@ -306,29 +517,74 @@ class ExtenderServer:
                 await asyncio.wait_for(self._server.wait_closed(), 1)
             self._server = None
 
+    def _admit(self) -> bool:
+        """Room for one more connection: evict one that answers nothing if at the cap."""
+        if len(self._conns) < self.limits.max_connections:
+            return True
+        idle = [c for c in self._conns.values() if not c.busy and c.task is not None]
+        if not idle:
+            self.stats.refused += 1
+            return False
+        victim = min(idle, key=_Conn.victim_order)
+        assert victim.task is not None
+        victim.task.cancel()
+        self._conns.pop(victim.task, None)
+        self.stats.evicted += 1
+        if self.stats.evicted in (1, 10, 100) or self.stats.evicted % 1000 == 0:
+            log.warning(
+                "connections_evicted", evicted=self.stats.evicted, max_connections=self.limits.max_connections
+            )
+        return True
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
+        if not self._admit():
+            with contextlib.suppress(Exception):
+                await self._reply(
+                    writer, 503, {"Error": "too many connections answering requests"}, keep=False
+                )
+            writer.close()
+            return
+        conn = _Conn(task=task, since=time.monotonic())
         if task is not None:
-            self._conns.add(task)
+            self._conns[task] = conn
         try:
             while True:
-                keep = await self._one(reader, writer)
+                keep = await self._one(reader, writer, conn)
                 if not keep:
                     break
-        except (ConnectionError, asyncio.IncompleteReadError):
+        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, asyncio.CancelledError):
             pass
         finally:
             if task is not None:
-                self._conns.discard(task)
+                self._conns.pop(task, None)
             writer.close()
             with contextlib.suppress(Exception):
-                await writer.wait_closed()
+                await asyncio.wait_for(writer.wait_closed(), 1)
 
-    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    def _timed_out(self, what: str) -> None:
+        self.stats.timeouts[what] = self.stats.timeouts.get(what, 0) + 1
+
+    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: _Conn) -> bool:
+        lim = self.limits
+        conn.since = time.monotonic()
+        try:  # the first byte: a keep-alive connection may idle, a new one must speak up
+            first = await asyncio.wait_for(
+                reader.readexactly(1), lim.idle_timeout_s if conn.served else lim.header_timeout_s
+            )
+        except TimeoutError:
+            self._timed_out("idle" if conn.served else "header")
+            return False
+        except asyncio.IncompleteReadError:
+            return False
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
+            head = first + await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), lim.header_timeout_s)
         except asyncio.LimitOverrunError:
             await self._reply(writer, 431, {"Error": "request headers too large"}, keep=False)
+            return False
+        except TimeoutError:
+            self._timed_out("header")
+            await self._reply(writer, 408, {"Error": "request headers not received in time"}, keep=False)
             return False
         except asyncio.IncompleteReadError:
             return False
@@ -353,13 +609,11 @@ class ExtenderServer:
                 writer, 411, {"Error": "chunked bodies are not accepted; send Content-Length"}, keep=False
             )
             return False
-        try:
-            length = int(headers.get("content-length", "0"))
-            if length < 0:
-                raise ValueError
-        except ValueError:
+        raw_length = headers.get("content-length", "0")
+        if not (raw_length.isascii() and raw_length.isdigit()) or len(raw_length) > 15:
             await self._reply(writer, 400, {"Error": "bad Content-Length"}, keep=False)
             return False
+        length = int(raw_length)
         if length > self.max_body_bytes:
             await self._reply(
                 writer,
@@ -368,13 +622,22 @@ class ExtenderServer:
                 keep=False,
             )
             return False
-        body = await reader.readexactly(length) if length else b""
-        status, payload = await self.extender.dispatch(method, path, body)
-        await self._reply(writer, status, payload, keep=keep)
+        try:
+            body = await asyncio.wait_for(reader.readexactly(length), lim.body_timeout_s) if length else b""
+        except TimeoutError:
+            self._timed_out("body")
+            await self._reply(writer, 408, {"Error": "request body not received in time"}, keep=False)
+            return False
+        conn.busy = True
+        try:
+            status, payload = await self.handler(method, path, body, headers.get("content-type", ""))
+            await self._reply(writer, status, payload, keep=keep)
+        finally:
+            conn.busy = False
+            conn.served += 1
         return keep
 
-    @staticmethod
-    async def _reply(writer: asyncio.StreamWriter, status: int, payload: Any, *, keep: bool) -> None:
+    async def _reply(self, writer: asyncio.StreamWriter, status: int, payload: Any, *, keep: bool) -> None:
         data = json.dumps(payload, separators=(",", ":")).encode()
         head = (
             f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n"
@@ -383,4 +646,9 @@ class ExtenderServer:
             f"Connection: {'keep-alive' if keep else 'close'}\r\n\r\n"
         )
         writer.write(head.encode("latin-1") + data)
-        await writer.drain()
+        try:
+            await asyncio.wait_for(writer.drain(), self.limits.write_timeout_s)
+        except TimeoutError:  # a client that does not read its answer loses its connection
+            self._timed_out("write")
+            writer.transport.abort()
+            raise ConnectionResetError("client did not read the response in time") from None

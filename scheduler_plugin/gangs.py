@@ -16,7 +16,10 @@ Two sources, both plain dicts as the API serves them:
   annotation) or ``gpuagent.dev/rank``.
 
 Tiers are given by name or by number (1 = the first tier of the cluster). Every contradiction raises
-``GangError`` with a message that names the object and the field.
+``GangError`` with a message that names the object and the field. Sizes are bounded: no count (gang
+size, subgroup size, minimum, rank) may exceed ``MAX_GANG_PODS``, nor may a gang's roles together, so a
+hostile annotation (``gang-size: "1000000000"``) is an error naming the field and the limit, never a plan
+the planner would spend minutes and gigabytes on.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler_plugin.cluster import CPU, GPU, MEMORY, pod_key, pod_requests
-from scheduler_plugin.snapshot import Gang, PodSlot, Role
+from scheduler_plugin.snapshot import MAX_GANG_PODS, Gang, PodSlot, Role
 
 GROUP_NAME = "scheduling.k8s.io/group-name"
 ANN_GANG = "gpuagent.dev/gang"
@@ -91,7 +94,9 @@ def tier_of(value: Any, tiers: Sequence[str], where: str) -> str:
     """A tier by name or number (1-based, as HyperNode ``spec.tier`` counts)."""
     if isinstance(value, bool):
         raise GangError(f"{where}: expected a tier name or number, got {value!r}")
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and _digits(value.strip()):
+        if len(value.strip()) > _MAX_DIGITS:
+            raise GangError(f"{where}: tier {value.strip()[:12]}... is not a cluster tier (1..{len(tiers)})")
         value = int(value.strip())
     if isinstance(value, int):
         if not 1 <= value <= len(tiers):
@@ -102,15 +107,38 @@ def tier_of(value: Any, tiers: Sequence[str], where: str) -> str:
     raise GangError(f"{where}: unknown tier {value!r}; cluster tiers: {', '.join(tiers) or 'none'}")
 
 
+_MAX_DIGITS = len(str(MAX_GANG_PODS))  # a count with more digits is over the limit, whatever it is
+
+
+def _digits(text: str) -> bool:
+    """ASCII digits only (``str.isdigit`` also accepts ``"²"``, which ``int`` refuses)."""
+    return text.isascii() and text.isdigit()
+
+
+def _over(where: str, shown: str) -> GangError:
+    return GangError(f"{where}: {shown} is over the limit of {MAX_GANG_PODS} pods per gang")
+
+
+def _shown(digits: str) -> str:
+    return digits if len(digits) <= 20 else f"{digits[:12]}... ({len(digits)} digits)"
+
+
 def _int(value: Any, where: str, *, minimum: int) -> int:
+    """An integer in ``minimum..MAX_GANG_PODS``; more digits than the limit has never reach ``int()``."""
     if isinstance(value, bool):
         raise GangError(f"{where}: expected an integer >= {minimum}, got {value!r}")
+    text = value.strip().lstrip("+") if isinstance(value, str) else ""
+    if _digits(text) and len(text.lstrip("0")) > _MAX_DIGITS:
+        raise _over(where, _shown(text))
     try:
         n = int(value)
-    except (TypeError, ValueError):
-        raise GangError(f"{where}: expected an integer >= {minimum}, got {value!r}") from None
+    except (TypeError, ValueError, OverflowError):
+        shown = f"{value[:40]!r}..." if isinstance(value, str) and len(value) > 40 else repr(value)
+        raise GangError(f"{where}: expected an integer >= {minimum}, got {shown}") from None
     if n < minimum:
         raise GangError(f"{where}: expected an integer >= {minimum}, got {n}")
+    if n > MAX_GANG_PODS:
+        raise _over(where, str(n))
     return n
 
 
@@ -119,8 +147,11 @@ def pod_rank(pod: Mapping[str, Any]) -> int | None:
     for source in (_labels(pod), _annotations(pod)):
         for key in (COMPLETION_INDEX, ANN_RANK):
             raw = source.get(key)
-            if raw is not None and str(raw).strip().isdigit():
-                return int(str(raw).strip())
+            text = str(raw).strip() if raw is not None else ""
+            if _digits(text):
+                if len(text.lstrip("0")) > _MAX_DIGITS:  # no gang has that many pods
+                    raise _over(f"pod {pod_key(pod)}: {key}", f"rank {_shown(text)}")
+                return int(text)
     return None
 
 
@@ -227,8 +258,15 @@ def gang_from_annotations(key: str, pods: Sequence[Mapping[str, Any]], tiers: Se
         )
         for idx, pod in _order(rpods, role_size, where):
             members[pod_key(pod)] = PodSlot(rname, idx)
+    _bounded(roles, f"gang {key}")
     gang = Gang(name=key, roles=tuple(roles), tier=gang_tier, soft=mode == "soft")
     return GangSpec(key=key, gang=gang, members=members, min_member=_min_member(gang), source="annotations")
+
+
+def _bounded(roles: Sequence[Role], where: str) -> None:
+    total = sum(r.pods for r in roles)
+    if total > MAX_GANG_PODS:
+        raise _over(where, f"its roles' {total} pods")
 
 
 def _min_member(gang: Gang) -> int:
@@ -350,6 +388,8 @@ def gang_from_podgroup(
                 instances, key=lambda vs: tuple((0, int(v)) if v.isdigit() else (1, v) for v in vs)
             )
             count = len(order) * size
+            if count > MAX_GANG_PODS:
+                raise _over(f"{pwhere}.subGroupSize", f"{len(order)} subgroup(s) x {size} = {count} pods")
             for n, values in enumerate(order):
                 inst = instances[values]
                 if len(inst) > size:
@@ -399,6 +439,7 @@ def gang_from_podgroup(
             )
             for idx, pod in _order(rest, count, f"{where} role {DEFAULT_ROLE}"):
                 members[pod_key(pod)] = PodSlot(DEFAULT_ROLE, idx)
+    _bounded(roles, where)
     gang = Gang(name=key, roles=tuple(roles), tier=gang_tier, soft=soft)
     total = sum(r.pods for r in roles)
     if min_member > total:

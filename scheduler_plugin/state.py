@@ -39,6 +39,7 @@ from scheduler_plugin.planner import SnapshotCache, plan
 from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, PodSlot, Role
 
 MAX_PRIORITY = 10  # kube-scheduler's MaxExtenderPriority
+SCHEDULER_NAME = "gpu-topology-scheduler"  # ARCHITECTURE.md: the second kube-scheduler that calls us
 
 
 @dataclass(frozen=True)
@@ -93,9 +94,16 @@ class BindDecision:
 
 
 class ClusterState:
-    def __init__(self, *, reservation_ttl_s: float = 120.0, barrier_timeout_s: float = 20.0) -> None:
+    def __init__(
+        self,
+        *,
+        reservation_ttl_s: float = 120.0,
+        barrier_timeout_s: float = 20.0,
+        scheduler_name: str = SCHEDULER_NAME,
+    ) -> None:
         self.reservation_ttl_s = reservation_ttl_s
         self.barrier_timeout_s = barrier_timeout_s
+        self.scheduler_name = scheduler_name
         self.nodes: dict[str, dict[str, Any]] = {}
         self.pods: dict[str, dict[str, Any]] = {}
         self.hypernodes: dict[str, dict[str, Any]] = {}
@@ -112,6 +120,9 @@ class ClusterState:
         self._uids: dict[str, str] = {}  # pod key -> uid the scheduler gave at bind
         self._alloc: dict[str, int] = {}  # node -> allocatable GPUs, parsed once
         self._excluded: dict[str, set[str]] = {}  # gang -> nodes kube-scheduler ruled out for it
+        # pod key -> (uid, valid until): pods on their own this extender passed in filter, for bind
+        self._filtered: dict[str, tuple[str, float]] = {}
+        self._next_prune = 0.0
 
     # -- informer side ---------------------------------------------------------------------------
     @staticmethod
@@ -140,6 +151,8 @@ class ClusterState:
             self._node_used.clear()
             for k, pod in self.pods.items():
                 self._account(k, pod)
+            for k in [k for k in (*self._last_event, *self._uids, *self._filtered) if k not in self.pods]:
+                self._forget(k)
         if kind in ("nodes", "hypernodes"):
             self._domains_cache = None
             self._alloc.clear()
@@ -156,13 +169,20 @@ class ClusterState:
             self._unaccount(key)
             if event_type != "DELETED":
                 self._account(key, store[key])
-            else:  # a gang whose pods are all gone needs its reservation no more
+            else:  # nothing is kept for a pod that is gone; nor a reservation for a gang all gone
+                self._forget(key)
                 for gang in [g for g, r in self.reservations.items() if key in r.spec.members]:
                     if not any(k in self.pods for k in self.reservations[gang].spec.members):
                         self.reservations.pop(gang)
+                        self._excluded.pop(gang, None)
         if kind in ("nodes", "hypernodes"):
             self._domains_cache = None
             self._alloc.pop(key, None)
+
+    def _forget(self, key: str) -> None:
+        self._last_event.pop(key, None)
+        self._uids.pop(key, None)
+        self._filtered.pop(key, None)
 
     def _account(self, key: str, pod: Mapping[str, Any]) -> None:
         if not holds_resources(pod):
@@ -248,6 +268,10 @@ class ClusterState:
         gone += [k for k, r in self.reservations.items() if r.bound and len(r.bound) >= r.target]
         for k in gone:
             self.reservations.pop(k, None)
+        if now >= self._next_prune:  # decisions of pods that never reached bind (bind checks its own)
+            self._next_prune = now + 10.0
+            for k in [k for k, (_, until) in self._filtered.items() if until <= now]:
+                del self._filtered[k]
         return gone
 
     def _release_hold(self, res: Reservation, planned: PodSlot, node: str) -> None:
@@ -327,12 +351,36 @@ class ClusterState:
         return [EventRecord(pod=pod, reason=reason, message=message, warning=warning)]
 
     # -- filter ----------------------------------------------------------------------------------
+    def known_pod(self, pod: Mapping[str, Any]) -> tuple[Mapping[str, Any] | None, str]:
+        """The informer's copy of the pod a request names, or None and why it gets no decision: unknown
+        to the informer (not seen yet, deleted, or forged), another uid, or another scheduler's pod."""
+        key = pod_key(pod)
+        known = self.pods.get(key)
+        if known is None:
+            return None, (
+                f"pod {key} is not known to the extender's informer (not seen yet, deleted or never "
+                "created); nothing reserved"
+            )
+        asked, have = _uid(pod), _uid(known)
+        if asked and have and asked != have:
+            return (
+                None,
+                f"pod {key} has uid {asked}, the extender's informer knows uid {have}; nothing reserved",
+            )
+        name = _scheduler_of(known)
+        if name != self.scheduler_name:
+            return None, f"pod {key} names scheduler {name!r}, not {self.scheduler_name!r}; nothing reserved"
+        return known, ""
+
     def filter(self, pod: Mapping[str, Any], node_names: Sequence[str], now: float) -> FilterOutcome:
         self.expire(now)
         out = FilterOutcome()
+        known, why = self.known_pod(pod)
+        if known is None:  # no decision and no state for a pod the informer cannot vouch for
+            out.unresolvable = dict.fromkeys(node_names, why)
+            return out
+        pod = known  # decide on the cluster's copy, not the request's
         key = pod_key(pod)
-        if key not in self.pods:  # the scheduler knows it before our informer does
-            self.pods[key] = dict(pod)
         found = gang_key_of(pod)
         if found is None:
             need = pod_requests(pod).get(GPU, 0)
@@ -350,6 +398,8 @@ class ClusterState:
                     out.failed[n] = f"{need} GPU(s) requested; {max(free, 0)} not reserved for a gang"
                 else:
                     out.failed[n] = f"{need} GPU(s) requested; {max(free, 0)} free"
+            if passed:  # the decision bind asks for
+                self._filtered[key] = (_uid(pod), now + self.reservation_ttl_s)
             return out
         gang_name = found[1]
         res = self.reservations.get(gang_name)
@@ -421,6 +471,10 @@ class ClusterState:
         self, pod: Mapping[str, Any], node_names: Sequence[str], now: float
     ) -> list[tuple[str, int]]:
         self.expire(now)
+        known, _ = self.known_pod(pod)
+        if known is None:
+            return [(n, 0) for n in node_names]
+        pod = known
         found = gang_key_of(pod)
         if found is not None:
             res = self.reservations.get(found[1])
@@ -459,12 +513,35 @@ class ClusterState:
 
     # -- bind ------------------------------------------------------------------------------------
     def bind(self, namespace: str, name: str, uid: str, node: str, now: float) -> BindDecision:
+        """Bind only a pod the informer knows, that names our scheduler, to a node the informer knows,
+        after this extender filtered it (a gang's reservation, or a pod's own filter decision)."""
         key = f"{namespace or 'default'}/{name}"
         pod = self.pods.get(key)
         if pod is None:
-            return BindDecision(action="error", error=f"unknown pod {key}")
+            return _refuse(f"pod {key} is not known to the extender's informer; not bound")
+        have = _uid(pod)
+        if uid and have and uid != have:
+            return _refuse(f"pod {key} has uid {have}, not {uid}; not bound")
+        uid = uid or have
+        sched = _scheduler_of(pod)
+        if sched != self.scheduler_name:
+            return _refuse(f"pod {key} names scheduler {sched!r}, not {self.scheduler_name!r}; not bound")
+        bound_to = (pod.get("spec") or {}).get("nodeName")
+        if bound_to:
+            return _refuse(f"pod {key} is already bound to {bound_to}; not bound again")
+        if node not in self.nodes:
+            return _refuse(f"node {node} is not known to the extender's informer; {key} not bound")
         found = gang_key_of(pod)
         if found is None:
+            decided = self._filtered.pop(key, None)
+            if decided is None or decided[1] <= now or (decided[0] and decided[0] != uid):
+                return _refuse(
+                    f"pod {key} was not passed by this extender's filter (or too long ago); not bound"
+                )
+            need = pod_requests(pod).get(GPU, 0)
+            free = self.free_gpus(node)
+            if need > free:
+                return _refuse(f"pod {key} needs {need} GPU(s); {max(free, 0)} free on {node} now; not bound")
             return BindDecision(action="bind", pods=((key, uid, node),))
         gang_name = found[1]
         res = self.reservations.get(gang_name)
@@ -548,6 +625,22 @@ class ClusterState:
                 self.pods[k] = pod
                 self._unaccount(k)
         self.reservations.pop(gang_name, None)
+
+
+def _refuse(error: str) -> BindDecision:
+    return BindDecision(action="error", error=error)
+
+
+def _uid(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata")
+    uid = meta.get("uid") if isinstance(meta, Mapping) else None
+    return uid if isinstance(uid, str) else ""
+
+
+def _scheduler_of(pod: Mapping[str, Any]) -> str:
+    spec = pod.get("spec")
+    name = spec.get("schedulerName") if isinstance(spec, Mapping) else None
+    return name if isinstance(name, str) and name else "default-scheduler"
 
 
 def _matches(node: Mapping[str, Any], selector: Mapping[str, str]) -> bool:

@@ -158,8 +158,12 @@ def bench_extender(requests: int, clients: int, nodes: int) -> None:
     port = server.port
     pod = {
         "metadata": {"name": "solo", "namespace": "default"},
-        "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]},
+        "spec": {
+            "schedulerName": "gpu-topology-scheduler",
+            "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "2"}}}],
+        },
     }
+    state.replace("pods", [pod])  # the extender decides only for pods its informer knows
     body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode()
     per_client = requests // clients
     # clients run in their own processes so that they do not share the server's interpreter lock

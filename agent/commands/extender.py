@@ -5,21 +5,30 @@ informer per kind the extender reads (Nodes, Pods, Volcano HyperNodes and PodGro
 ``ClusterState``, the handlers (bindings and Events through the adapter) and the HTTP server once, and
 configures ``topology.logs``; then runs until SIGTERM/SIGINT. Shutdown order: stop accepting, answer
 waiting binds, stop informers.
+
+Trust: the extender answers kube-scheduler only. By default it listens on loopback, as a container in
+the pod of its own kube-scheduler (``daemonset/base/scheduler-deployment.yaml``). On any other address
+it requires TLS with a client certificate (``--tls-cert``, ``--tls-key``, ``--client-ca``: the server
+side of kube-scheduler's extender ``tlsConfig``) and refuses to start without it (exit 2). Probes reach
+``--health-addr``, a listener that serves ``/healthz``, ``/livez`` and ``/readyz`` and nothing else.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import signal
+import ssl
 import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from scheduler_plugin.extender import Extender, ExtenderServer
-from scheduler_plugin.state import ClusterState
+from scheduler_plugin.extender import Extender, ExtenderServer, ServerLimits, server_tls_context
+from scheduler_plugin.state import SCHEDULER_NAME, ClusterState
 from topology import logs
 from topology.kube import (
     HYPERNODES,
@@ -55,6 +64,41 @@ class Settings:
     watch_timeout_s: int
     log_format: str = "auto"
     log_level: str = "info"
+    scheduler_name: str = SCHEDULER_NAME
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    client_ca: Path | None = None
+    health_host: str | None = None  # None: no separate health listener
+    health_port: int = 0
+    max_connections: int = ServerLimits.max_connections
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name other than localhost may resolve anywhere
+        return False
+
+
+def exposure_error(settings: Settings) -> str | None:
+    """Why these settings must not start, or None: TLS settings come as a set of three, and a
+    listener off loopback needs them (only kube-scheduler, holding a client certificate, may call)."""
+    given = [settings.tls_cert, settings.tls_key, settings.client_ca]
+    if any(given) and not all(given):
+        return "--tls-cert, --tls-key and --client-ca: give all three or none"
+    if not all(given) and not is_loopback(settings.host):
+        return (
+            f"--addr {settings.host}:{settings.port} is not a loopback address: the extender there "
+            "requires TLS with client certificates (--tls-cert, --tls-key, --client-ca), or listen on "
+            "127.0.0.1 in kube-scheduler's pod"
+        )
+    return None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -65,7 +109,33 @@ class _Parser(argparse.ArgumentParser):
 
 def parse_settings(argv: list[str]) -> Settings:
     p = _Parser(prog="gpu-node-agent extender", description="serve the kube-scheduler extender")
-    p.add_argument("--addr", default="0.0.0.0:8888", help="HOST:PORT to listen on (default 0.0.0.0:8888)")
+    p.add_argument(
+        "--addr",
+        default="127.0.0.1:8888",
+        help="HOST:PORT to listen on (default 127.0.0.1:8888: loopback, in kube-scheduler's pod); "
+        "any other address requires --tls-cert, --tls-key and --client-ca",
+    )
+    p.add_argument("--tls-cert", type=Path, help="server certificate (PEM) for TLS")
+    p.add_argument("--tls-key", type=Path, help="its private key (PEM)")
+    p.add_argument(
+        "--client-ca", type=Path, help="CA (PEM) that signed kube-scheduler's client certificate; required"
+    )
+    p.add_argument(
+        "--health-addr",
+        default="",
+        help="HOST:PORT of a listener serving only /healthz, /livez and /readyz (for kubelet probes)",
+    )
+    p.add_argument(
+        "--scheduler-name",
+        default=SCHEDULER_NAME,
+        help=f"spec.schedulerName of the pods this extender places and binds (default {SCHEDULER_NAME})",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=ServerLimits.max_connections,
+        help="open connections at most; idle ones are closed to make room",
+    )
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
     p.add_argument(
         "--barrier-timeout",
@@ -85,9 +155,8 @@ def parse_settings(argv: list[str]) -> Settings:
     p.add_argument("--log-format", choices=logs.FORMATS, default="auto", help="auto: text on a TTY")
     p.add_argument("--log-level", choices=logs.LEVELS, default="info")
     a = p.parse_args(argv)
-    host, sep, port_s = a.addr.rpartition(":")
-    if not sep or not port_s.isdigit() or not 0 <= int(port_s) <= 65535:
-        p.error(f"--addr: expected HOST:PORT, got {a.addr!r}")
+    host, port = _host_port(p, "--addr", a.addr)
+    health_host, health_port = _host_port(p, "--health-addr", a.health_addr) if a.health_addr else (None, 0)
     if a.barrier_timeout <= 0:
         p.error("--barrier-timeout: must be positive")
     if a.reservation_ttl <= 0:
@@ -96,9 +165,13 @@ def parse_settings(argv: list[str]) -> Settings:
         p.error("--max-body-bytes: must be at least 1024")
     if a.watch_timeout < 1:
         p.error("--watch-timeout: must be at least 1")
-    return Settings(
-        host=host.strip("[]") or "0.0.0.0",
-        port=int(port_s),
+    if a.max_connections < 8:
+        p.error("--max-connections: must be at least 8")
+    if not a.scheduler_name:
+        p.error("--scheduler-name: must not be empty")
+    settings = Settings(
+        host=host,
+        port=port,
         kubeconfig=a.kubeconfig,
         barrier_timeout_s=a.barrier_timeout,
         reservation_ttl_s=a.reservation_ttl,
@@ -106,7 +179,25 @@ def parse_settings(argv: list[str]) -> Settings:
         watch_timeout_s=a.watch_timeout,
         log_format=a.log_format,
         log_level=a.log_level,
+        scheduler_name=a.scheduler_name,
+        tls_cert=a.tls_cert,
+        tls_key=a.tls_key,
+        client_ca=a.client_ca,
+        health_host=health_host,
+        health_port=health_port,
+        max_connections=a.max_connections,
     )
+    problem = exposure_error(settings)
+    if problem:
+        p.error(problem)
+    return settings
+
+
+def _host_port(p: _Parser, flag: str, value: str) -> tuple[str, int]:
+    host, sep, port_s = value.rpartition(":")
+    if not sep or not port_s.isascii() or not port_s.isdigit() or not 0 <= int(port_s) <= 65535:
+        p.error(f"{flag}: expected HOST:PORT, got {value!r}")
+    return host.strip("[]") or "0.0.0.0", int(port_s)
 
 
 class KubeCluster:
@@ -152,11 +243,21 @@ class Service:
     """The running extender: informers feeding the state, and the HTTP server. Startable from tests."""
 
     def __init__(self, settings: Settings, api_client: Any) -> None:
+        """Raises ``ValueError`` for settings that must not start (see ``exposure_error``) and
+        ``OSError``/``ssl.SSLError`` for TLS files that cannot be used."""
+        problem = exposure_error(settings)
+        if problem:
+            raise ValueError(problem)
+        tls: ssl.SSLContext | None = None
+        if settings.tls_cert is not None and settings.tls_key is not None and settings.client_ca is not None:
+            tls = server_tls_context(settings.tls_cert, settings.tls_key, settings.client_ca)
         self.settings = settings
         self.lock = threading.Lock()
         self.kube = Kube(api_client)
         self.state = ClusterState(
-            reservation_ttl_s=settings.reservation_ttl_s, barrier_timeout_s=settings.barrier_timeout_s
+            reservation_ttl_s=settings.reservation_ttl_s,
+            barrier_timeout_s=settings.barrier_timeout_s,
+            scheduler_name=settings.scheduler_name,
         )
 
         def reporter(kind: str) -> Callable[[BaseException], None]:
@@ -183,15 +284,31 @@ class Service:
             lock=self.lock,
             ready=lambda: all(i.synced.is_set() for i in self.informers),
         )
-        self.server = ExtenderServer(self.extender, max_body_bytes=settings.max_body_bytes)
+        limits = ServerLimits(max_connections=settings.max_connections)
+        self.server = ExtenderServer(
+            self.extender, max_body_bytes=settings.max_body_bytes, limits=limits, tls=tls
+        )
+        self.health: ExtenderServer | None = None
+        if settings.health_host is not None:
+            self.health = ExtenderServer(self.extender, max_body_bytes=1024, limits=limits, health_only=True)
 
     async def start(self) -> None:
         for inf in self.informers:
             inf.start()
         await self.server.start(self.settings.host, self.settings.port)
-        log.info("extender_listening", host=self.settings.host, port=self.server.port)
+        log.info(
+            "extender_listening",
+            host=self.settings.host,
+            port=self.server.port,
+            tls="client certificates required" if self.settings.tls else "off (loopback)",
+        )
+        if self.health is not None and self.settings.health_host is not None:
+            await self.health.start(self.settings.health_host, self.settings.health_port)
+            log.info("health_listening", host=self.settings.health_host, port=self.health.port)
 
     async def stop(self) -> None:
+        if self.health is not None:
+            await self.health.stop()
         await self.server.stop()
         for inf in self.informers:
             inf.stop_soon()
@@ -204,7 +321,21 @@ async def _run(settings: Settings) -> int:
     except Exception as exc:  # no usable credentials: one line, exit 2
         print(f"extender: cannot load Kubernetes credentials: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
-    service = Service(settings, api_client)
+    try:
+        service = Service(settings, api_client)
+    except ValueError as exc:  # settings that must not start: one line, exit 2
+        print(f"extender: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # unusable TLS files (ssl.SSLError is an OSError): one line, exit 2
+        detail = " ".join(
+            (exc.strerror if exc.strerror and not isinstance(exc, ssl.SSLError) else str(exc)).split()
+        )
+        print(
+            f"extender: cannot use --tls-cert {settings.tls_cert}, --tls-key {settings.tls_key}, "
+            f"--client-ca {settings.client_ca}: {detail}",
+            file=sys.stderr,
+        )
+        return 2
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -212,10 +343,7 @@ async def _run(settings: Settings) -> int:
     try:
         await service.start()
     except OSError as exc:
-        print(
-            f"extender: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}",
-            file=sys.stderr,
-        )
+        print(f"extender: cannot listen: {exc.strerror or exc}", file=sys.stderr)
         await service.stop()
         return 2
     await stop.wait()

@@ -111,6 +111,14 @@ class Running:
 NODES = [f"r{r}-t{t}" for r in range(2) for t in range(4)]
 
 
+def known(fake: FakeKube, ext: Running, p: dict[str, Any]) -> dict[str, Any]:
+    """Create ``p`` in the API and wait until the extender's informer has it (it decides for no other)."""
+    fake.put("pods", p)
+    key = f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+    wait_for(lambda: ext.state(lambda s: key in s.pods), f"informer sees {key}")
+    return p
+
+
 @pytest.fixture
 def fake() -> Iterator[FakeKube]:
     kube = FakeKube()
@@ -151,8 +159,8 @@ def test_single_pod_filter_prioritize_bind(fake: FakeKube, ext: Running) -> None
     assert fake.bindings == [("default/solo", "r0-t1")]
 
 
-def test_filter_with_full_node_objects(ext: Running) -> None:
-    p = pod("solo", 4)
+def test_filter_with_full_node_objects(fake: FakeKube, ext: Running) -> None:
+    p = known(fake, ext, pod("solo", 4))
     status, out = ext.post(
         "filter", {"Pod": p, "Nodes": {"items": [node("r0-t0", 4), node("r1-t0", 4)]}, "NodeNames": None}
     )
@@ -203,7 +211,7 @@ def test_gang_barrier_timeout_binds_nothing(fake: FakeKube) -> None:
         assert ext.state(lambda s: s.reservations) == {}
         wait_for(lambda: any(e.get("reason") == "GangBarrierTimeout" for e in fake.events), "timeout Event")
         # the GPUs are free again: a pod on its own may use the planned nodes
-        assert set(ext.filter(pod("solo", 4), NODES)["NodeNames"]) == set(NODES)
+        assert set(ext.filter(known(fake, ext, pod("solo", 4)), NODES)["NodeNames"]) == set(NODES)
     finally:
         ext.stop()
 
@@ -276,12 +284,12 @@ def test_competing_gangs_never_half_bound(fake: FakeKube, ext: Running) -> None:
     ],
 )
 def test_garbage_is_answered_with_error_and_serving_goes_on(
-    ext: Running, verb: str, raw: bytes, status: int
+    fake: FakeKube, ext: Running, verb: str, raw: bytes, status: int
 ) -> None:
     code, body = ext.post(verb, None, raw=raw)
     assert code == status
     assert body["Error"]
-    ok = ext.filter(pod("solo", 1), NODES)
+    ok = ext.filter(known(fake, ext, pod("solo", 1)), NODES)
     assert set(ok["NodeNames"]) == set(NODES)
 
 
@@ -359,7 +367,7 @@ def test_restart_rebuilds_state_from_bound_pods(fake: FakeKube) -> None:
     second = Running(fake)
     try:
         used = set(planned.values())
-        out = second.filter(pod("solo", 4), NODES)
+        out = second.filter(known(fake, second, pod("solo", 4)), NODES)
         assert set(out["NodeNames"]) == set(NODES) - used
         assert second.state(lambda s: s.reservations) == {}
     finally:
@@ -393,10 +401,12 @@ def test_extender_command_serves_and_stops_on_sigterm(fake: FakeKube, tmp_path: 
                 return False
 
         wait_for(ready, "extender /readyz", timeout_s=30)
+        fake.put("pods", pod("solo", 1))
         req = urllib.request.Request(
             f"http://127.0.0.1:{port}/filter",
             data=json.dumps({"Pod": pod("solo", 1), "NodeNames": NODES}).encode(),
             method="POST",
+            headers={"Content-Type": "application/json"},
         )
         with urllib.request.urlopen(req, timeout=10) as resp:
             assert set(json.loads(resp.read())["NodeNames"]) == set(NODES)

@@ -73,6 +73,12 @@ class Clock:
         return self.now
 
 
+def known(s: ClusterState, p: dict[str, Any]) -> dict[str, Any]:
+    """``p`` as the informer reports it: the extender decides only for pods its informer knows."""
+    s.apply("pods", "ADDED", p)
+    return p
+
+
 def planned_node(s: ClusterState, p: dict[str, Any], now: float) -> str:
     out = s.filter(p, NODES, now)
     assert len(out.passed) == 1, (out.failed, out.unresolvable)
@@ -93,7 +99,7 @@ def test_gang_plan_reserves_and_filters_each_pod_to_its_node() -> None:
     res = s.reservations["default/g"]
     assert sum(h["nvidia.com/gpu"] for h in res.held.values()) == 16
     # a pod on its own cannot take a reserved GPU
-    solo = pod("solo", 1)
+    solo = known(s, pod("solo", 1))
     out = s.filter(solo, NODES, 0.0)
     for n in nodes:
         assert "not reserved for a gang" in out.failed[n]
@@ -114,7 +120,7 @@ def test_bind_on_another_node_than_planned_is_an_error() -> None:
     s = make_state(pods=pods)
     n0 = planned_node(s, pods[0], 0.0)
     other = next(n for n in NODES if n != n0)
-    d = s.bind("default", "w0", "u", other, 0.0)
+    d = s.bind("default", "w0", "uid-default-w0", other, 0.0)
     assert d.action == "error"
     assert f"planned on {n0}" in d.error
 
@@ -123,8 +129,8 @@ def test_barrier_timeout_binds_when_the_elastic_minimum_arrived() -> None:
     pods = [gang_pod(f"w{i}", i, min_subgroups=1) for i in range(4)]
     s = make_state(pods=pods, barrier=5.0)
     nodes = {p["metadata"]["name"]: planned_node(s, p, 0.0) for p in pods}
-    assert s.bind("default", "w0", "u0", nodes["w0"], 1.0).action == "wait"
-    d = s.bind("default", "w1", "u1", nodes["w1"], 2.0)
+    assert s.bind("default", "w0", "uid-default-w0", nodes["w0"], 1.0).action == "wait"
+    d = s.bind("default", "w1", "uid-default-w1", nodes["w1"], 2.0)
     assert d.action == "wait"
     assert s.barrier_timeout("default/g", 3.0).action == "wait"  # not yet
     d = s.barrier_timeout("default/g", 6.0)
@@ -136,7 +142,7 @@ def test_barrier_timeout_below_the_minimum_releases_everything() -> None:
     pods = [gang_pod(f"w{i}", i) for i in range(4)]
     s = make_state(pods=pods)
     nodes = {p["metadata"]["name"]: planned_node(s, p, 0.0) for p in pods}
-    s.bind("default", "w0", "u0", nodes["w0"], 1.0)
+    s.bind("default", "w0", "uid-default-w0", nodes["w0"], 1.0)
     d = s.barrier_timeout("default/g", 100.0)
     assert d.action == "error"
     assert "only 1 of 4" in d.error
@@ -155,11 +161,11 @@ def test_gang_pods_prioritize_their_planned_node() -> None:
 
 def test_solo_scores_prefer_used_domains_and_full_nodes() -> None:
     s = make_state(pods=[pod("busy", 2, node_name="r0-t0")])
-    scores = dict(s.prioritize(pod("solo", 2), NODES, 0.0))
+    scores = dict(s.prioritize(known(s, pod("solo", 2)), NODES, 0.0))
     assert scores["r0-t0"] == max(scores.values())  # fills the half-used node
     assert scores["r0-t1"] > scores["r1-t0"]  # keeps rack 1 whole
     assert all(0 <= v <= 10 for v in scores.values())
-    assert dict(s.prioritize(pod("huge", 8), ["r0-t1"], 0.0)) == {"r0-t1": 0}
+    assert dict(s.prioritize(known(s, pod("huge", 8)), ["r0-t1"], 0.0)) == {"r0-t1": 0}
 
 
 def test_informer_events_update_usage() -> None:
@@ -173,7 +179,7 @@ def test_informer_events_update_usage() -> None:
     s.apply("pods", "DELETED", p)
     assert s.free_gpus("r0-t0") == 4
     s.apply("nodes", "DELETED", node("r0-t0", 4))
-    assert "r0-t0" not in s.filter(pod("y", 1), NODES, 0.0).passed
+    assert "r0-t0" not in s.filter(known(s, pod("y", 1)), NODES, 0.0).passed
 
 
 def test_restart_mid_gang_plans_only_the_unbound_pods() -> None:
@@ -233,7 +239,12 @@ def test_handlers_bind_a_gang_through_the_barrier() -> None:
 
         def args(name: str) -> bytes:
             return json.dumps(
-                {"PodName": name, "PodNamespace": "default", "PodUID": "u", "Node": nodes[name]}
+                {
+                    "PodName": name,
+                    "PodNamespace": "default",
+                    "PodUID": f"uid-default-{name}",
+                    "Node": nodes[name],
+                }
             ).encode()
 
         waiting = [asyncio.create_task(ext.dispatch("POST", "/bind", args(f"w{i}"))) for i in range(3)]
@@ -254,7 +265,7 @@ def test_handlers_report_a_failed_binding() -> None:
     async def scenario() -> dict[str, Any]:
         rec = Recorder(fail={"default/solo"})
         p = pod("solo", 1)
-        state = make_state()
+        state = make_state(pods=[p])
         ext = Extender(state=state, cluster=rec, clock=Clock())
         await ext.dispatch("POST", "/filter", json.dumps({"Pod": p, "NodeNames": NODES}).encode())
         _, out = await ext.dispatch(
@@ -285,7 +296,7 @@ def test_dispatch_routes(method: str, path: str, status: int) -> None:
 
 
 def test_dispatch_prefix_path_and_not_ready() -> None:
-    ext = Extender(state=make_state(), cluster=Recorder(), ready=lambda: False)
+    ext = Extender(state=make_state(pods=[pod("a", 1)]), cluster=Recorder(), ready=lambda: False)
     status, _ = asyncio.run(ext.dispatch("GET", "/readyz", b""))
     assert status == 503
     status, out = asyncio.run(
@@ -431,7 +442,8 @@ def test_interleaved_gangs_are_never_half_bound_or_over_capacity(
             if len(out.passed) == 1:
                 chosen[key] = out.passed[0]
         elif op == "bind" and key in chosen and key not in bound and key not in waiting.get(gang, set()):
-            d = s.bind("default", pod["metadata"]["name"], "u", chosen.pop(key), float(now))
+            uid = pod["metadata"]["uid"]
+            d = s.bind("default", pod["metadata"]["name"], uid, chosen.pop(key), float(now))
             if d.action == "wait":  # held at the barrier
                 waiting.setdefault(gang, set()).add(key)
             elif d.action == "bind":
