@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -9,7 +11,10 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.simnode import open_simulated_node
 from tests.daemonset.conftest import REPO
+from tests.topology.factories import ib_port, nvl72_tray
+from topology.labels import MIG_STRATEGIES, node_labels
 
 DAEMONSET = REPO / "daemonset"
 
@@ -161,18 +166,132 @@ def test_helm_values_reach_the_objects(deploy_tools: Path, values: list[str], ch
 def test_every_agent_write_is_pinned_by_the_admission_policy(deploy_tools: Path) -> None:
     objs = by_key(render_kustomize(deploy_tools, DAEMONSET / "base"))
     role = objs[("ClusterRole", "", "gpu-node-agent")]
-    policy = objs[("ValidatingAdmissionPolicy", "", "gpu-node-agent-own-node-only")]
+    policies = [
+        objs[("ValidatingAdmissionPolicy", "", name)]
+        for name in ("gpu-node-agent-own-node-only", "gpu-node-agent-own-events")
+    ]
     written = {
         res
         for rule in role["rules"]
         if set(rule["verbs"]) & {"create", "update", "patch", "delete"}
-        and not set(rule["resources"]) & {"events"}
         for res in rule["resources"]
     }
     pinned = {
-        res for rule in policy["spec"]["matchConstraints"]["resourceRules"] for res in rule["resources"]
+        res
+        for policy in policies
+        for rule in policy["spec"]["matchConstraints"]["resourceRules"]
+        for res in rule["resources"]
     }
     assert written <= pinned
+    for policy in policies:
+        binding = objs[("ValidatingAdmissionPolicyBinding", "", policy["metadata"]["name"])]
+        assert binding["spec"]["validationActions"] == ["Deny"]
+        assert policy["spec"]["failurePolicy"] == "Fail"
+
+
+def owned_label_pattern() -> re.Pattern[str]:
+    """The policy's ``owned`` variable (a CEL string literal) as the RE2 pattern CEL matches with."""
+    docs = yaml.safe_load_all((DAEMONSET / "base" / "admission-policy.yaml").read_text(encoding="utf-8"))
+    policy = next(d for d in docs if d["metadata"]["name"] == "gpu-node-agent-own-node-only")
+    literal = next(v["expression"] for v in policy["spec"]["variables"] if v["name"] == "owned")
+    assert literal.startswith("'^")
+    assert literal.endswith("$'")
+    return re.compile(literal[1:-1].replace("\\\\", "\\"))
+
+
+def every_published_label_key() -> set[str]:
+    """Every label key the agent's publisher writes, over every simulated machine and setting."""
+    keys: set[str] = set()
+    for spec in ("dgx-h100", "hgx-h200", "gb200-nvl72", "dgx-a100-mig", "dgx1-v100", "pcie-l40s"):
+        with open_simulated_node(spec) as node:
+            node.nvml.init()
+            inventory = node.discover()
+        # one MIG layout per node, so that "single" applies: the GPUs cut into one profile only
+        uniform = [s for s in inventory.mig if len({d.profile for d in s.devices}) == 1 and s.devices]
+        variants = [inventory, dataclasses.replace(inventory, mig=tuple(uniform[:1]))]
+        if spec == "gb200-nvl72":  # ports whose switch is known (the ib-leaf label)
+            port = ib_port("mlx5_0", node_guid="0x0002c90300000001", switch_guid="0x0002c90300000002")
+            variants.append(nvl72_tray("t", ports=(port,)))
+        for inv in variants:
+            for mig in MIG_STRATEGIES:
+                for sharing, replicas in (("none", 1), ("time-slicing", 4), ("mps", 2)):
+                    keys |= set(
+                        node_labels(
+                            inv, node_name="n", mig_strategy=mig, sharing_strategy=sharing, replicas=replicas
+                        )
+                    )
+    return keys
+
+
+def test_the_admission_policy_lets_the_agent_write_every_label_it_publishes() -> None:
+    pattern = owned_label_pattern()
+    keys = every_published_label_key()
+    assert sorted(k for k in keys if not pattern.search(k)) == []
+    # the families are all there (a machine or setting lost from the loop above would hide a key)
+    for key in (
+        "nvidia.com/gpu.clique",
+        "nvidia.com/gpu.slices.gi",
+        "nvidia.com/gpu.multiprocessors",
+        "nvidia.com/mig-1g.10gb.count",
+        "nvidia.com/mig.capable",
+        "nvidia.com/cuda.runtime-version.full",
+        "gpuagent.dev/nvlink-domain",
+        "gpuagent.dev/ib-leaf",
+    ):
+        assert key in keys
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "fabric.topograph.run/tier-0",
+        "accelerator.topograph.run/domain",
+        "network.topology.nvidia.com/leaf",
+        "kubernetes.io/hostname",
+        "node-role.kubernetes.io/control-plane",
+        "node.kubernetes.io/exclude-from-external-load-balancers",
+        "topology.kubernetes.io/zone",
+        "nvidia.com/gpu.deploy.driver",
+        "nvidia.com/mig.config",
+        "nvidia.com/mig.config.state",
+        "nvidia.com/gpu.workload.config",
+        "nvidia.com/gpu.present.extra",
+        "nvidia.com/gpu",
+        "gpuagent.dev/topology-spine",
+        "gpuagent.dev/spine-domain",
+        "gpuagent.dev/reserved-for",
+        "gpuagent.dev/e2e-test",
+        "xgpuagent.dev/nvlink-domain",
+    ],
+)
+def test_the_admission_policy_keeps_the_agent_off_labels_of_other_owners(key: str) -> None:
+    assert owned_label_pattern().search(key) is None
+
+
+def pod_specs(objs: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    out = {}
+    for obj in objs:
+        if obj["kind"] in ("DaemonSet", "Deployment", "StatefulSet", "Job"):
+            out[key(obj)] = obj["spec"]["template"]["spec"]
+        elif obj["kind"] == "Pod":
+            out[key(obj)] = obj["spec"]
+    return out
+
+
+def test_every_pod_runs_with_the_runtime_default_seccomp_profile(deploy_tools: Path) -> None:
+    renders = {
+        "kustomize": render_kustomize(deploy_tools, DAEMONSET / "base"),
+        "helm": render_helm(deploy_tools, "agent.sharedGpuSplit=true", "podMonitor.enabled=true"),
+    }
+    for name, objs in renders.items():
+        pods = pod_specs(objs)
+        # the extender may run in its own Deployment or inside the scheduler's pod
+        assert {k[2] for k in pods} >= {"gpu-node-agent", "gpu-topology-controller", "gpu-topology-scheduler"}
+        for k, pod in pods.items():
+            assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, (name, k)
+            for ctr in pod["containers"] + pod.get("initContainers", []):
+                override = (ctr.get("securityContext") or {}).get("seccompProfile")
+                assert override in (None, {"type": "RuntimeDefault"}), (name, k, ctr["name"])
 
 
 def test_agent_daemonset_least_privilege(deploy_tools: Path) -> None:

@@ -1,11 +1,14 @@
 """The manifests meet the real API server: every object passes server-side dry-run, and the admission
-policy lets an agent write only its own node's GPUNode and labels (token-bound node name)."""
+policies let an agent (a real pod-bound service-account token, so the node name is bound into it) write
+only its own node's GPUNode, only the labels it publishes on its own Node (no taints, no
+``unschedulable``, no labels of other owners) and Events only about its own Node."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,8 @@ from kubernetes.client.rest import ApiException
 from agent import localcluster as cluster
 from agent.simnode import open_simulated_node
 from topology.gpunode import gpunode_object
+from topology.kube import EventRecorder, Kube, KubeError, ObjectRef
+from topology.labels import node_labels
 
 pytestmark = pytest.mark.e2e
 
@@ -114,6 +119,14 @@ def simulated_gpunode(node_name: str) -> dict[str, Any]:
     return gpunode_object(inventory, node_name=node_name)
 
 
+def published_labels(spec: str, node_name: str, **settings: Any) -> dict[str, str]:
+    """The labels the agent's publisher writes for a simulated machine."""
+    with open_simulated_node(spec) as node:
+        node.nvml.init()
+        inventory = node.discover()
+    return node_labels(inventory, node_name=node_name, **settings)
+
+
 def agent_client(api_client: Any, *, pod: str, uid: str) -> k8s.ApiClient:
     """An ApiClient holding the agent ServiceAccount's token bound to ``pod`` (so it carries the node)."""
     core = k8s.CoreV1Api(api_client)
@@ -132,6 +145,29 @@ def agent_client(api_client: Any, *, pod: str, uid: str) -> k8s.ApiClient:
     cfg.ssl_ca_cert = api_client.configuration.ssl_ca_cert
     cfg.api_key = {"authorization": f"Bearer {token}"}
     return k8s.ApiClient(cfg)
+
+
+@contextlib.contextmanager
+def agent_on(api_client: Any, node: str, test_label: str) -> Iterator[k8s.ApiClient]:
+    """A pod of the agent's ServiceAccount bound to ``node`` and an ApiClient with its token."""
+    core = k8s.CoreV1Api(api_client)
+    pod = core.create_namespaced_pod(
+        NAMESPACE,
+        k8s.V1Pod(
+            metadata=k8s.V1ObjectMeta(name=f"agent-{node}", labels={"gpuagent.dev/e2e-test": test_label}),
+            spec=k8s.V1PodSpec(
+                node_name=node,
+                service_account_name=MANAGER,
+                containers=[k8s.V1Container(name="agent", image="gpu-node-agent:0.1.0")],
+            ),
+        ),
+    )
+    agent = agent_client(api_client, pod=pod.metadata.name, uid=pod.metadata.uid)
+    try:
+        yield agent
+    finally:
+        agent.close()
+        core.delete_namespaced_pod(pod.metadata.name, NAMESPACE, grace_period_seconds=0)
 
 
 def status_of(call: Callable[[], Any]) -> tuple[int, str]:
@@ -181,10 +217,13 @@ def test_admission_policy_pins_an_agent_to_its_own_node(
         label = {
             "apiVersion": "v1",
             "kind": "Node",
-            "metadata": {"name": mine, "labels": {"gpuagent.dev/x": "1"}},
+            "metadata": {"name": mine, "labels": {"gpuagent.dev/nvlink-domain": "nvl-1"}},
         }
         assert status_of(lambda: apply(agent_dyn, label))[0] == 200
-        foreign_label = {**label, "metadata": {"name": other, "labels": {"gpuagent.dev/x": "1"}}}
+        foreign_label = {
+            **label,
+            "metadata": {"name": other, "labels": {"gpuagent.dev/nvlink-domain": "nvl-1"}},
+        }
         code, body = status_of(lambda: apply(agent_dyn, foreign_label))
         assert code == 403
         assert "may not modify" in body
@@ -202,3 +241,173 @@ def test_admission_policy_pins_an_agent_to_its_own_node(
                     "metadata": {"name": name},
                 },
             )
+
+
+def node_apply(name: str, *, labels: Mapping[str, str] | None = None, **metadata: Any) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, **metadata}
+    if labels is not None:
+        meta["labels"] = dict(labels)
+    return {"apiVersion": "v1", "kind": "Node", "metadata": meta}
+
+
+def core_event(about: Mapping[str, str], *, namespace: str = "default") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": "e2e.", "namespace": namespace},
+        "involvedObject": dict(about),
+        "reason": "E2E",
+        "message": "admission policy test",
+        "type": "Normal",
+        "source": {"component": MANAGER},
+    }
+
+
+def test_admission_policy_limits_an_agent_to_its_own_labels_and_events(
+    installed: dynamic.DynamicClient,
+    api_client: Any,
+    gpu_nodes: Callable[..., list[str]],
+    e2e_test_label: str,
+) -> None:
+    mine, other = gpu_nodes(["adm-c", "adm-d"], gpus=4)
+    with agent_on(api_client, mine, e2e_test_label) as agent:
+        agent_dyn = dynamic.DynamicClient(agent)
+        core = k8s.CoreV1Api(agent)
+        events_v1 = agent_dyn.resources.get(api_version="events.k8s.io/v1", kind="Event")
+
+        def ssa(obj: dict[str, Any]) -> tuple[int, str]:
+            return status_of(lambda: apply(agent_dyn, obj))
+
+        def patch(name: str, body: dict[str, Any]) -> tuple[int, str]:
+            return status_of(lambda: core.patch_node(name, body))
+
+        def taint_denied() -> bool:
+            return patch(mine, {"spec": {"taints": [{"key": "x", "effect": "NoSchedule"}]}})[0] == 403
+
+        # the policy takes effect once the API server has compiled it
+        cluster.wait_until(taint_denied, what="the admission policy to deny a taint", timeout_s=60)
+
+        def denied(result: tuple[int, str], *needles: str) -> None:
+            code, body = result
+            assert code == 403, body
+            for needle in needles:
+                assert needle in body, body
+
+        # --- its own Node: only the labels it publishes
+        denied(
+            patch(mine, {"spec": {"taints": [{"key": "x", "effect": "NoSchedule"}]}}),
+            f"node {mine} may not change the taints of its Node",
+        )
+        denied(patch(mine, {"spec": {"unschedulable": True}}), "may not change spec.unschedulable")
+        denied(patch(mine, {"spec": {"podCIDR": "10.9.0.0/24"}}), "may not change the spec of its Node")
+        denied(
+            ssa(node_apply(mine, labels={"fabric.topograph.run/x": "leaf-9"})),
+            "may change only the labels it publishes, not fabric.topograph.run/x",
+        )
+        for key in (
+            "node-role.kubernetes.io/control-plane",
+            "nvidia.com/gpu.deploy.driver",
+            "gpuagent.dev/x",
+        ):
+            denied(patch(mine, {"metadata": {"labels": {key: "true"}}}), f"not {key}")
+        denied(
+            patch(mine, {"metadata": {"labels": {"kubernetes.io/hostname": None}}}),
+            "not kubernetes.io/hostname",
+        )
+        denied(
+            patch(mine, {"metadata": {"labels": {"gpuagent.dev/e2e-test": "moved"}}}),
+            "not gpuagent.dev/e2e-test",
+        )
+        denied(
+            patch(mine, {"metadata": {"annotations": {"node.alpha.kubernetes.io/ttl": "0"}}}),
+            "may not change the annotations node.alpha.kubernetes.io/ttl",
+        )
+        denied(
+            patch(mine, {"metadata": {"finalizers": ["example.com/hold"]}}), "ownerReferences or finalizers"
+        )
+        owner = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "name": other,
+            "uid": "6f2b1e33-0000-4000-8000-000000000001",
+        }
+        denied(patch(mine, {"metadata": {"ownerReferences": [owner]}}), "ownerReferences or finalizers")
+        # --- other Nodes, and no new Nodes
+        denied(
+            ssa(node_apply(other, labels={"gpuagent.dev/nvlink-domain": "x"})),
+            f"node {mine} may not modify {other}",
+        )
+        denied(patch(other, {"spec": {"unschedulable": True}}), "may not modify")
+        denied(ssa(node_apply(f"{mine}-twin", labels={})), "forbidden")  # RBAC first; the policy too
+        # --- what the publisher writes is allowed: every label of a MIG machine and of an NVL72 tray,
+        # then (server-side apply drops what the manager stops sending) the switch between them
+        mig = published_labels(
+            "dgx-a100-mig", mine, mig_strategy="mixed", sharing_strategy="time-slicing", replicas=2
+        )
+        tray = published_labels(f"gb200-nvl72:rack=0,tray=2,hostname={mine}", mine)
+        for labels in (mig, tray, {}):
+            assert ssa(node_apply(mine, labels=labels)) == (200, ""), labels
+        assert patch(mine, {"metadata": {"labels": {"gpuagent.dev/nvlink-domain": "nvl-x"}}})[0] == 200
+        node = k8s.CoreV1Api(api_client).read_node(mine)
+        assert node.metadata.labels["gpuagent.dev/nvlink-domain"] == "nvl-x"
+        assert not node.spec.taints
+        assert not node.spec.unschedulable
+
+        # --- Events: only about its own Node (or its GPUNode), in namespace default
+        own = {"apiVersion": "v1", "kind": "Node", "name": mine}
+        assert status_of(lambda: core.create_namespaced_event("default", core_event(own)))[0] == 200
+        denied(
+            status_of(lambda: core.create_namespaced_event("default", core_event({**own, "name": other}))),
+            f"may record Events only about its own Node or GPUNode, not Node {other}",
+        )
+        related = {**core_event(own), "related": {**own, "name": other}}
+        denied(
+            status_of(lambda: core.create_namespaced_event("default", related)), "Events only about its own"
+        )
+        pod_ref = {"apiVersion": "v1", "kind": "Pod", "name": "victim", "namespace": "kube-system"}
+        denied(
+            status_of(
+                lambda: core.create_namespaced_event(
+                    "kube-system", core_event(pod_ref, namespace="kube-system")
+                )
+            ),
+            "not Pod victim",
+        )
+        # an Event about a cluster-scoped object lives in namespace default: the API server's own validation
+        code, body = status_of(
+            lambda: core.create_namespaced_event(NAMESPACE, core_event(own, namespace=NAMESPACE))
+        )
+        assert code == 422, body
+        # events.k8s.io/v1 is the same resource: checked the same way
+        new_api = {
+            "apiVersion": "events.k8s.io/v1",
+            "kind": "Event",
+            "metadata": {"generateName": "e2e-", "namespace": "default"},
+            "eventTime": "2025-01-01T00:00:00.000000Z",
+            "reportingController": "gpuagent.dev/agent",
+            "reportingInstance": mine,
+            "action": "Test",
+            "reason": "E2E",
+            "type": "Normal",
+        }
+        created = status_of(lambda: events_v1.create(body={**new_api, "regarding": own}, namespace="default"))
+        assert created == (200, ""), created
+        denied(
+            status_of(
+                lambda: events_v1.create(
+                    body={**new_api, "regarding": {**own, "name": other}}, namespace="default"
+                )
+            ),
+            f"not Node {other}",
+        )
+        # the product's one Event writer, with the agent's credentials
+        recorder = EventRecorder(Kube(agent), component=MANAGER)
+        recorder.record(ObjectRef("Node", mine), reason="E2E", message="own node")
+        with pytest.raises(KubeError) as refused:
+            recorder.record(ObjectRef("Node", other), reason="E2E", message="another node")
+        assert refused.value.status == 403
+    # the admin is not restricted by the policies
+    assert (
+        status_of(lambda: k8s.CoreV1Api(api_client).patch_node(mine, {"spec": {"unschedulable": True}}))[0]
+        == 200
+    )
