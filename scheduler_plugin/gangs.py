@@ -124,22 +124,29 @@ def _shown(digits: str) -> str:
 
 
 def _int(value: Any, where: str, *, minimum: int) -> int:
-    """An integer in ``minimum..MAX_GANG_PODS``; more digits than the limit has never reach ``int()``."""
-    if isinstance(value, bool):
-        raise GangError(f"{where}: expected an integer >= {minimum}, got {value!r}")
-    text = value.strip().lstrip("+") if isinstance(value, str) else ""
-    if _digits(text) and len(text.lstrip("0")) > _MAX_DIGITS:
-        raise _over(where, _shown(text))
-    try:
-        n = int(value)
-    except (TypeError, ValueError, OverflowError):
-        shown = f"{value[:40]!r}..." if isinstance(value, str) and len(value) > 40 else repr(value)
-        raise GangError(f"{where}: expected an integer >= {minimum}, got {shown}") from None
+    """An integer in ``minimum..MAX_GANG_PODS``: a JSON integer, or a string of ASCII digits (more digits
+    than the limit has never reach ``int()``)."""
+    bad = GangError(f"{where}: expected an integer >= {minimum}, got {_repr(value)}")
+    if isinstance(value, str):
+        text = value.strip().removeprefix("+")
+        if not _digits(text):
+            raise bad
+        if len(text.lstrip("0")) > _MAX_DIGITS:
+            raise _over(where, _shown(text))
+        n = int(text)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        n = value
+    else:
+        raise bad
     if n < minimum:
         raise GangError(f"{where}: expected an integer >= {minimum}, got {n}")
     if n > MAX_GANG_PODS:
-        raise _over(where, str(n))
+        raise _over(where, _shown(str(n)) if n.bit_length() < 10_000 else "a number")
     return n
+
+
+def _repr(value: Any) -> str:
+    return f"{value[:40]!r}..." if isinstance(value, str) and len(value) > 40 else repr(value)[:60]
 
 
 def pod_rank(pod: Mapping[str, Any]) -> int | None:

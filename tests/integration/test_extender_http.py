@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import ssl
 import threading
 import time
 import urllib.error
@@ -20,6 +21,7 @@ from kubernetes import client
 
 from agent.commands.extender import Service, Settings
 from tests.integration.fakekube import FakeKube, hypernode, node, pod
+from tests.integration.pki import ExtenderPki, make_extender_pki
 from tests.kubeconfig import write_token_kubeconfig
 
 GANG = "gpuagent.dev/gang"
@@ -50,7 +52,15 @@ def wait_for(cond: Callable[[], bool], what: str, timeout_s: float = 10.0) -> No
 class Running:
     """The extender service on its own event loop thread."""
 
-    def __init__(self, fake: FakeKube, *, barrier_timeout_s: float = 30.0, max_body: int = 1 << 20) -> None:
+    def __init__(
+        self,
+        fake: FakeKube,
+        *,
+        barrier_timeout_s: float = 30.0,
+        max_body: int = 1 << 20,
+        pki: ExtenderPki | None = None,
+        health: bool = False,
+    ) -> None:
         settings = Settings(
             host="127.0.0.1",
             port=0,
@@ -59,6 +69,10 @@ class Running:
             reservation_ttl_s=60.0,
             max_body_bytes=max_body,
             watch_timeout_s=1,
+            tls_cert=pki.server_cert if pki else None,
+            tls_key=pki.server_key if pki else None,
+            client_ca=pki.ca if pki else None,
+            health_host="127.0.0.1" if health else None,
         )
         self.service = Service(settings, client.ApiClient(client.Configuration(host=fake.url)))
         self.loop = asyncio.new_event_loop()
@@ -66,7 +80,7 @@ class Running:
         self.thread.start()
         asyncio.run_coroutine_threadsafe(self.service.start(), self.loop).result(10)
         wait_for(lambda: all(i.synced.is_set() for i in self.service.informers), "informers")
-        self.url = f"http://127.0.0.1:{self.service.server.port}"
+        self.url = f"{'https' if pki else 'http'}://127.0.0.1:{self.service.server.port}"
 
     def stop(self) -> None:
         asyncio.run_coroutine_threadsafe(self.service.stop(), self.loop).result(15)
@@ -439,3 +453,135 @@ def test_extender_command_rejects_bad_settings(
     err = capsys.readouterr().err
     assert needle in err
     assert err.count("\n") == 1
+
+
+# -- trust: loopback by default, TLS with client certificates when exposed ------------------------------
+
+
+def _tls_client(pki: ExtenderPki, cert: Any = None, key: Any = None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(pki.ca))
+    if cert is not None:
+        ctx.load_cert_chain(str(cert), str(key))
+    return ctx
+
+
+def _get(url: str, ctx: ssl.SSLContext) -> int:
+    with urllib.request.urlopen(url, timeout=5, context=ctx) as resp:
+        return int(resp.status)
+
+
+def test_tls_requires_a_client_certificate_signed_by_the_given_ca(fake: FakeKube, tmp_path: Any) -> None:
+    pki = make_extender_pki(tmp_path / "pki")
+    ext = Running(fake, pki=pki)
+    try:
+        ours = _tls_client(pki, pki.client_cert, pki.client_key)
+        assert _get(f"{ext.url}/readyz", ours) == 200
+        p = pod("solo", 1)
+        fake.put("pods", p)
+        req = urllib.request.Request(
+            f"{ext.url}/filter",
+            data=json.dumps({"Pod": p, "NodeNames": NODES}).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=10, context=ours) as resp:
+            assert set(json.loads(resp.read())["NodeNames"]) == set(NODES)
+        for ctx in (_tls_client(pki), _tls_client(pki, pki.stranger_cert, pki.stranger_key)):
+            with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+                _get(f"{ext.url}/readyz", ctx)
+        with socket.create_connection(("127.0.0.1", ext.service.server.port), timeout=5) as s:
+            s.sendall(b"GET /readyz HTTP/1.1\r\n\r\n")  # plain HTTP to the TLS port: no answer
+            assert not s.recv(100).startswith(b"HTTP/1.1 200")
+        assert _get(f"{ext.url}/healthz", ours) == 200  # still serving
+    finally:
+        ext.stop()
+
+
+def test_health_listener_serves_probes_only(fake: FakeKube) -> None:
+    ext = Running(fake, health=True)
+    try:
+        assert ext.service.health is not None
+        url = f"http://127.0.0.1:{ext.service.health.port}"
+        for path in ("/healthz", "/livez", "/readyz"):
+            with urllib.request.urlopen(url + path, timeout=5) as resp:
+                assert resp.status == 200
+        req = urllib.request.Request(
+            f"{url}/bind",
+            data=b'{"PodName": "x", "Node": "r0-t0"}',
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=5)
+        assert err.value.code == 404
+        err.value.close()
+    finally:
+        ext.stop()
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        pytest.param(["--addr", "0.0.0.0:8888"], "is not a loopback address", id="any-address"),
+        pytest.param(["--addr", ":8888"], "is not a loopback address", id="empty-host"),
+        pytest.param(["--addr", "10.0.0.5:8888"], "requires TLS with client certificates", id="pod-ip"),
+        pytest.param(["--addr", "extender.example:8888"], "is not a loopback address", id="a-name"),
+        pytest.param(
+            ["--addr", "0.0.0.0:8888", "--tls-cert", "c.pem", "--tls-key", "k.pem"],
+            "give all three or none",
+            id="no-client-ca",
+        ),
+        pytest.param(["--health-addr", "nowhere"], "--health-addr: expected HOST:PORT", id="health-addr"),
+    ],
+)
+def test_extender_command_refuses_to_listen_exposed_without_tls(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agent.commands.extender import parse_settings
+
+    with pytest.raises(SystemExit) as exc:
+        parse_settings(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("addr", "tls"),
+    [
+        pytest.param("127.0.0.1:8888", False, id="loopback-v4"),
+        pytest.param("[::1]:8888", False, id="loopback-v6"),
+        pytest.param("localhost:8888", False, id="localhost"),
+        pytest.param("0.0.0.0:8888", True, id="exposed-with-tls"),
+    ],
+)
+def test_extender_command_accepts_loopback_or_tls(addr: str, tls: bool) -> None:
+    from agent.commands.extender import parse_settings
+
+    argv = ["--addr", addr]
+    if tls:
+        argv += ["--tls-cert", "c.pem", "--tls-key", "k.pem", "--client-ca", "ca.pem"]
+    settings = parse_settings(argv)
+    assert settings.tls is tls
+    assert parse_settings([]).host == "127.0.0.1"  # the default is loopback
+
+
+def test_extender_command_with_unusable_tls_files_exits_2_with_one_line(
+    fake: FakeKube, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agent.commands.extender import main
+
+    pki = make_extender_pki(tmp_path / "pki")
+    kubeconfig = write_token_kubeconfig(tmp_path / "k.yaml", fake.url)
+    cases = [
+        (pki.server_cert, pki.client_key, pki.ca, "KEY_VALUES_MISMATCH"),  # a key of another certificate
+        (tmp_path / "missing.pem", pki.server_key, pki.ca, "No such file"),
+    ]
+    for cert, key, ca, needle in cases:
+        argv = ["--addr", "127.0.0.1:0", f"--kubeconfig={kubeconfig}"]
+        argv += ["--tls-cert", str(cert), "--tls-key", str(key), "--client-ca", str(ca)]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert needle in err, err
+        assert err.count("\n") == 1

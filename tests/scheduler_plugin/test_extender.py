@@ -523,3 +523,112 @@ def test_consecutive_gang_plans_reuse_the_unchanged_nodes(monkeypatch: pytest.Mo
     assert len(seen) == 2
     changed = {seen[1].nodes[k].name for k in changed_nodes(seen[0], seen[1]) or []}
     assert changed == held
+
+
+# -- trust: decisions only for pods the informer knows, binds only of what filter decided -----------
+
+
+def test_filter_of_a_pod_the_informer_does_not_know_reserves_and_keeps_nothing() -> None:
+    s = make_state()
+    forged = [gang_pod(f"f{i}", i) for i in range(4)]
+    for p in forged:
+        out = s.filter(p, NODES, 0.0)
+        assert out.passed == []
+        assert set(out.unresolvable) == set(NODES)
+        assert "not known to the extender's informer" in out.unresolvable["r0-t0"]
+        assert out.events == []
+    assert s.reservations == {}
+    assert s.pods == {}
+    assert s.prioritize(forged[0], NODES, 0.0) == [(n, 0) for n in NODES]
+
+
+def test_filter_decides_on_the_informers_copy_and_checks_uid_and_scheduler() -> None:
+    real = pod("solo", 4)
+    theirs = pod("theirs", 1)
+    theirs["spec"]["schedulerName"] = "default-scheduler"
+    s = make_state(pods=[real, theirs])
+    claims_gang = gang_pod("solo", 0)  # same key, forged annotations
+    assert set(s.filter(claims_gang, NODES, 0.0).passed) == set(NODES)
+    assert s.reservations == {}
+    recreated = {**real, "metadata": {**real["metadata"], "uid": "new-uid"}}
+    assert "uid new-uid" in s.filter(recreated, NODES, 0.0).unresolvable["r0-t0"]
+    assert "'default-scheduler'" in s.filter(theirs, NODES, 0.0).unresolvable["r0-t0"]
+    other = ClusterState(scheduler_name="mine")
+    other.replace("nodes", [node(n, 4) for n in NODES])
+    other.replace("pods", [real])
+    assert "not 'mine'" in other.filter(real, NODES, 0.0).unresolvable["r0-t0"]
+
+
+@pytest.mark.parametrize(
+    ("setup", "node_name", "uid", "needle"),
+    [
+        pytest.param("none", "r0-t0", "", "not known to the extender's informer", id="unknown-pod"),
+        pytest.param(
+            "other-scheduler", "r0-t0", "", "names scheduler 'default-scheduler'", id="other-scheduler"
+        ),
+        pytest.param("filtered", "nowhere", "", "node nowhere is not known", id="unknown-node"),
+        pytest.param("known", "r0-t0", "", "not passed by this extender's filter", id="not-filtered"),
+        pytest.param("filtered", "r0-t0", "forged", "not forged", id="wrong-uid"),
+        pytest.param(
+            "filtered-then-full", "r0-t0", "", "needs 4 GPU(s); 0 free on r0-t0", id="no-longer-fits"
+        ),
+        pytest.param("filtered-long-ago", "r0-t0", "", "or too long ago", id="expired-decision"),
+    ],
+)
+def test_bind_binds_only_what_this_extender_filtered(
+    setup: str, node_name: str, uid: str, needle: str
+) -> None:
+    p = pod("solo", 4)
+    if setup == "other-scheduler":
+        p["spec"]["schedulerName"] = "default-scheduler"
+    s = make_state(pods=[] if setup == "none" else [p])
+    now = 0.0
+    if setup.startswith("filtered"):
+        assert "r0-t0" in s.filter(p, NODES, 0.0).passed
+    if setup == "filtered-then-full":
+        s.apply("pods", "ADDED", pod("other", 4, node_name="r0-t0"))
+    if setup == "filtered-long-ago":
+        now = s.reservation_ttl_s + 1
+    d = s.bind("default", "solo", uid, node_name, now)
+    assert d.action == "error"
+    assert needle in d.error
+
+
+def test_bind_after_filter_and_the_decision_is_used_once() -> None:
+    p = pod("solo", 4)
+    s = make_state(pods=[p])
+    s.filter(p, NODES, 0.0)
+    d = s.bind("default", "solo", "uid-default-solo", "r0-t0", 1.0)
+    assert (d.action, d.pods) == ("bind", (("default/solo", "uid-default-solo", "r0-t0"),))
+    assert s.bind("default", "solo", "", "r0-t0", 1.0).action == "error"
+
+
+def test_nothing_is_kept_for_a_pod_once_it_is_deleted() -> None:
+    pods = [gang_pod(f"w{i}", i, size=10) for i in range(10)]  # cannot fit: an Event per pod
+    solo = pod("solo", 1)
+    s = make_state(pods=[*pods, solo])
+    for p in pods:
+        s.filter(p, NODES, 0.0)
+    s.filter(solo, NODES, 0.0)
+    assert s._last_event
+    assert s._filtered
+    for p in [*pods, solo]:
+        s.apply("pods", "DELETED", p)
+    assert (s.pods, s._last_event, s._filtered, s.reservations) == ({}, {}, {}, {})
+
+
+def test_filter_waits_briefly_for_the_informer_to_report_a_pod() -> None:
+    p = pod("late", 1)
+    s = make_state()
+
+    async def scenario() -> dict[str, Any]:
+        ext = Extender(state=s, cluster=Recorder(), unknown_pod_grace_s=1.0)
+        body = json.dumps({"Pod": p, "NodeNames": NODES}).encode()
+        call = asyncio.create_task(ext.dispatch("POST", "/filter", body))
+        await asyncio.sleep(0.2)
+        with ext.lock:  # the informer reports it while filter waits
+            s.apply("pods", "ADDED", p)
+        _, out = await call
+        return out
+
+    assert set(asyncio.run(scenario())["NodeNames"]) == set(NODES)

@@ -15,7 +15,7 @@ from scheduler_plugin.gangs import (
     pod_rank,
     tier_of,
 )
-from scheduler_plugin.snapshot import PodSlot
+from scheduler_plugin.snapshot import MAX_GANG_PODS, PodSlot
 
 TIERS = ("nvlink", "leaf", "spine")
 
@@ -349,3 +349,65 @@ def test_gang_for_pod_with_missing_podgroup() -> None:
 )
 def test_tier_by_name_or_number(value: object, expected: str) -> None:
     assert tier_of(value, TIERS, "x") == expected
+
+
+# -- limits ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        pytest.param(
+            {"gpuagent.dev/gang-size": "1000000000"}, "gpuagent.dev/gang-size: 1000000000 is over", id="size"
+        ),
+        pytest.param(
+            {"gpuagent.dev/gang-size": "10001"}, "gpuagent.dev/gang-size: 10001 is over", id="size-plus-one"
+        ),
+        pytest.param(
+            {"gpuagent.dev/gang-size": "9" * 5000}, "999999999999... (5000 digits) is over", id="digits"
+        ),
+        pytest.param(
+            {"gpuagent.dev/subgroup-size": "20000"}, "gpuagent.dev/subgroup-size: 20000 is over", id="sub"
+        ),
+        pytest.param(
+            {"gpuagent.dev/min-subgroups": "20000"}, "gpuagent.dev/min-subgroups: 20000 is over", id="min"
+        ),
+        pytest.param({"gpuagent.dev/rank": "1" * 30}, "gpuagent.dev/rank: rank 1111", id="rank"),
+    ],
+)
+def test_annotation_sizes_are_bounded_naming_the_annotation_and_limit(
+    extra: dict[str, str], needle: str
+) -> None:
+    p = annotated("w0", None, **extra)
+    with pytest.raises(GangError) as err:
+        gang_from_annotations("ml/job", [p], TIERS)
+    assert needle in str(err.value)
+    assert f"limit of {MAX_GANG_PODS} pods per gang" in str(err.value)
+
+
+def test_the_limit_itself_is_accepted() -> None:
+    spec = gang_from_annotations(
+        "ml/job", [annotated("w0", 0, **{"gpuagent.dev/gang-size": str(MAX_GANG_PODS)})], TIERS
+    )
+    assert spec.gang.roles[0].pods == MAX_GANG_PODS
+
+
+@pytest.mark.parametrize("value", ["²", "٣", "1²"], ids=["superscript", "arabic-indic", "mixed"])
+def test_unicode_digits_are_not_numbers(value: str) -> None:
+    with pytest.raises(GangError, match="expected an integer"):
+        gang_from_annotations("ml/job", [annotated("w0", None, **{"gpuagent.dev/gang-size": value})], TIERS)
+    with pytest.raises(GangError, match="unknown tier"):
+        tier_of(value, TIERS, "where")
+    assert pod_rank(mkpod("p", ann={"gpuagent.dev/rank": value})) is None
+
+
+def test_podgroup_over_the_limit_in_all_its_roles() -> None:
+    spec = {
+        "subGroupPolicy": [
+            {"name": "a", "subGroupSize": 6000, "labelSelector": {"matchLabels": {"r": "a"}}},
+            {"name": "b", "subGroupSize": 6000, "labelSelector": {"matchLabels": {"r": "b"}}},
+        ]
+    }
+    pods = [grouped("a0", labels={"r": "a"}), grouped("b0", labels={"r": "b"})]
+    with pytest.raises(GangError, match="its roles' 12000 pods is over the limit of 10000 pods per gang"):
+        gang_from_podgroup(podgroup(spec), pods, TIERS)
