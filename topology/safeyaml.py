@@ -1,10 +1,11 @@
 """Bounded reading of YAML (and JSON) files that come from outside the program. Pure, except
 :func:`read_text`.
 
-Every file the product reads from an operator, a ConfigMap or another tool goes through here: the
-controller's ``--from`` folder (GPUNode and Node objects, ``mapping.yaml``), its ``--config``, fabric
-ConfigMaps, and the agent's config file. ``yaml.safe_load`` alone refuses to build arbitrary objects but
-not to be made to work without end; this loader adds the limits:
+Files the product reads from an operator, a ConfigMap or another tool go through here: the
+controller's ``--from`` folder (GPUNode and Node objects, ``mapping.yaml``, ``*.ibnetdiscover``), its
+``--config``, ``--mapping`` and ``--ibnetdiscover`` files, and the ``mapping.yaml`` of fabric ConfigMaps
+(the agent's config file and ``plan``'s input files belong here too). ``yaml.safe_load`` alone refuses
+to build arbitrary objects but not to be made to work without end; this loader adds the limits:
 
 - **nesting** deeper than :data:`MAX_DEPTH` levels is refused before PyYAML's recursive composer would
   hit Python's recursion limit (a JSON file ``[[[[...`` 5,000 deep);

@@ -7,7 +7,9 @@ Offline (no cluster)::
 
 ``DIR`` holds GPUNode objects (``*.yaml``/``*.yml``/``*.json``, several per file allowed, as printed by
 ``discover --output gpunode`` or ``kubectl get gpunodes -o yaml``; Node objects there lend their labels),
-``*.ibnetdiscover`` files and an optional ``mapping.yaml``.
+``*.ibnetdiscover`` files and an optional ``mapping.yaml``. A file there that cannot be read (not UTF-8,
+not YAML, beyond the limits of :mod:`topology.safeyaml`) stops the run with one line naming it (exit 2)
+and leaves the last export file as it was; a malformed object in a file is skipped with one line.
 
 In a cluster (kubeconfig or in-cluster service account)::
 
