@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,7 +26,8 @@ HYPERNODES = ("topology.volcano.sh", "v1alpha1", "hypernodes")
 class RunningExtender:
     """``gpu-node-agent extender`` (its ``Service``) on its own event loop thread, against the real API."""
 
-    def __init__(self, kubeconfig: str) -> None:
+    def __init__(self, kubeconfig: str, *, tls: tuple[Path, Path, Path] | None = None) -> None:
+        """``tls``: (server certificate, its key, the CA of kube-scheduler's client certificate)."""
         from kubernetes import config
 
         from agent.commands.extender import Service, Settings
@@ -38,6 +40,9 @@ class RunningExtender:
             reservation_ttl_s=60.0,
             max_body_bytes=32 << 20,
             watch_timeout_s=5,
+            tls_cert=tls[0] if tls else None,
+            tls_key=tls[1] if tls else None,
+            client_ca=tls[2] if tls else None,
         )
         self.service = Service(settings, config.new_client_from_config(config_file=kubeconfig))
         self.loop = asyncio.new_event_loop()
@@ -47,7 +52,7 @@ class RunningExtender:
         cluster.wait_until(
             lambda: all(i.synced.is_set() for i in self.service.informers), what="extender informers synced"
         )
-        self.url = f"http://127.0.0.1:{settings.port}/"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{settings.port}/"
 
     def state(self, fn: Callable[[Any], Any]) -> Any:
         with self.service.lock:
