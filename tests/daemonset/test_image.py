@@ -66,7 +66,8 @@ def test_wheel_from_the_copied_files_has_packages_stubs_protos_and_entry_point(t
         "agent/podresources/api/api_pb2.py",
         "agent/commands/demo.py",
         "agent/nvml/fake.py",
-        "scheduler_plugin/placement/bench.py",
+        "agent/benchmarks/placement.py",
+        "scheduler_plugin/planner/objective.py",
     ):
         assert path in names, path
     entry = next(n for n in names if n.endswith("entry_points.txt"))
