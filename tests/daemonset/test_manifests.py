@@ -337,3 +337,49 @@ def test_agent_probes_use_the_health_listener(deploy_tools: Path, source: str, h
     for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
         assert ctr[probe]["httpGet"] == {"path": path, "port": "health"}
         assert ctr[probe]["timeoutSeconds"] == 1
+
+
+@pytest.mark.parametrize(
+    "values", [[], ["extender.port=9999", "extender.healthPort=9998"]], ids=["base", "ports"]
+)
+def test_extender_runs_beside_kube_scheduler_on_loopback(deploy_tools: Path, values: list[str]) -> None:
+    from urllib.parse import urlparse
+
+    from agent.commands.extender import parse_settings
+
+    objs = by_key(
+        render_kustomize(deploy_tools, DAEMONSET / "base")
+        if not values
+        else render_helm(deploy_tools, *values)
+    )
+    # no Deployment, Service or service account of its own: nothing outside the scheduler pod reaches it
+    assert not [
+        k
+        for k in objs
+        if k[2] == "gpu-topology-extender" and k[0] in ("Deployment", "Service", "ServiceAccount")
+    ]
+    pod = objs[("Deployment", "gpu-system", "gpu-topology-scheduler")]["spec"]["template"]["spec"]
+    ctrs = {c["name"]: c for c in pod["containers"]}
+    assert set(ctrs) == {"kube-scheduler", "extender"}
+    ext = ctrs["extender"]
+    settings = parse_settings(ext["args"][1:])  # the command's own check: loopback, or TLS
+    assert settings.host == "127.0.0.1"
+    assert not settings.tls
+    ports = {p["name"]: p["containerPort"] for p in ext["ports"]}
+    assert ports == {"extender-health": settings.health_port}  # only the health listener is a pod port
+    assert ext["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "extender-health"}
+    assert ext["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "extender-health"}
+    assert ext["securityContext"]["allowPrivilegeEscalation"] is False
+    config = yaml.safe_load(
+        objs[("ConfigMap", "gpu-system", "gpu-topology-scheduler-config")]["data"]["config.yaml"]
+    )
+    (entry,) = config["extenders"]
+    url = urlparse(entry["urlPrefix"])
+    assert (url.scheme, url.hostname, url.port) == ("http", "127.0.0.1", settings.port)
+    assert entry["bindVerb"] == "bind"
+    # its permissions go to the pod's service account
+    binding = objs[("ClusterRoleBinding", "", "gpu-topology-extender")]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "gpu-topology-scheduler", "namespace": "gpu-system"}
+    ]
+    assert pod["serviceAccountName"] == "gpu-topology-scheduler"
