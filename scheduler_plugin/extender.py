@@ -15,8 +15,9 @@ extender ``tlsConfig``). Bad input never stops it: undecodable JSON, JSON nested
 gets HTTP 200 with ``Error`` set, which kube-scheduler treats as a failed call for the pod. Bind calls
 of a gang wait at the barrier (an open request each) until the gang completes or its deadline passes.
 
-Nothing here blocks the event loop: every touch of ``ClusterState`` (planning a gang can take
-seconds) runs in a worker thread under the state lock, and large bodies are decoded in one too.
+Nothing here blocks the event loop: a touch of ``ClusterState`` runs on the loop only when the state
+lock is free at once and the call is bounded by the request (no gang to plan); otherwise (planning a
+gang can take seconds) in a worker thread under the lock. Large bodies are decoded in one too.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import ssl
 import threading
 import time
@@ -76,16 +76,25 @@ class BadRequestError(ValueError):
 
 
 # -- bounded JSON ----------------------------------------------------------------------------------
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_ESCAPES = (b"\\\\", b'\\"')  # an escaped backslash, an escaped quote: neither delimits a string
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'[]{}"')
 _BRACKET_STEP = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")  # +1 opens, -1 (signed) closes
 
 
 def json_depth(body: bytes) -> int:
-    """The deepest nesting of arrays and objects in ``body``, without recursion: string literals are cut
-    out, the brackets left become +1/-1 steps and the running sum's maximum is the depth (C loops)."""
-    steps = _JSON_STRING.sub(b"", body).translate(_BRACKET_STEP, _NOT_BRACKETS)
-    return max(accumulate(array("b", steps)), default=0)
+    """The deepest nesting of arrays and objects in ``body``, without recursion and in C loops.
+
+    Escaped backslashes and quotes go first, so every quote left opens or closes a string; then
+    everything but brackets and quotes; then adjacent quote pairs (the usual case: strings without
+    brackets) and, if quotes remain, every other piece between them (brackets inside strings, and
+    all after a quote left open). The brackets left become +1/-1 steps and the running sum's maximum
+    is the depth. Exact for valid JSON; a body it misjudges is not JSON and fails to parse anyway.
+    """
+    plain = body.replace(_ESCAPES[0], b"").replace(_ESCAPES[1], b"").translate(None, _NOT_STRUCTURE)
+    plain = plain.replace(b'""', b"")
+    if b'"' in plain:
+        plain = b"".join(plain.split(b'"')[::2])
+    return max(accumulate(array("b", plain.translate(_BRACKET_STEP))), default=0)
 
 
 def _number(text: str) -> str:
@@ -116,7 +125,7 @@ def decode_json(body: bytes) -> Any:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BadRequestError(f"body is not UTF-8: {exc}") from None
-    depth = json_depth(body)
+    depth = json_depth(body) if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH else 0
     if depth > MAX_JSON_DEPTH:
         raise BadRequestError(f"body: JSON nested {depth} deep is over the limit of {MAX_JSON_DEPTH}")
     try:
@@ -170,8 +179,8 @@ class _Waiter:
 
 
 class Extender:
-    """Request handlers. Every touch of ``state`` holds ``lock`` (informer threads share it) and runs in
-    a worker thread, so a long plan never holds up the event loop."""
+    """Request handlers. Every touch of ``state`` holds ``lock`` (informer threads share it); one that
+    may plan a gang, or finds the lock busy, runs in a worker thread (see ``_locked``)."""
 
     def __init__(
         self,
@@ -195,8 +204,16 @@ class Extender:
         self._waiters_lock = threading.Lock()
         self._background: set[asyncio.Task[None]] = set()
 
-    async def _locked(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` under the state lock, in a worker thread."""
+    async def _locked(self, fn: Callable[..., T], *args: Any, quick: Callable[[], bool] = lambda: True) -> T:
+        """``fn(*args)`` under the state lock: at once on the loop when the lock is free and ``quick()``
+        (asked under the lock) says the call is bounded by the request's size (a few milliseconds at
+        most); otherwise in a worker thread, so neither a busy lock nor a long plan holds up the loop."""
+        if self.lock.acquire(blocking=False):
+            try:
+                if quick():
+                    return fn(*args)
+            finally:
+                self.lock.release()
 
         def call() -> T:
             with self.lock:
@@ -208,8 +225,18 @@ class Extender:
     async def filter(self, args: Mapping[str, Any]) -> dict[str, Any]:
         pod = _pod(args)
         names, objs = _node_names(args)
-        await self._await_informer(pod)
-        out = await self._locked(self.state.filter, pod, names, self.clock())
+
+        def quick() -> bool:
+            return not self.state.may_plan(pod)
+
+        out = await self._locked(self.state.filter, pod, names, self.clock(), quick=quick)
+        # kube-scheduler may name a pod a moment before the extender's informer reports it: ask again
+        # for a little while (off the loop) so a real pod is not refused for that; a forged one still is
+        for _ in range(int(self.unknown_pod_grace_s / 0.05) if out.unseen else 0):
+            await asyncio.sleep(0.05)
+            out = await self._locked(self.state.filter, pod, names, self.clock(), quick=quick)
+            if not out.unseen:
+                break
         self._record(out.events)
         passed = set(out.passed)
         result: dict[str, Any] = {
@@ -227,20 +254,12 @@ class Extender:
             }
         return result
 
-    async def _await_informer(self, pod: Mapping[str, Any]) -> None:
-        """kube-scheduler may name a pod a moment before the extender's informer reports it: wait a
-        little (polling, off the loop) so a real pod is not refused for that; a forged one still is."""
-        polls = int(self.unknown_pod_grace_s / 0.05)
-        for _ in range(polls):
-            known, _ = await self._locked(self.state.known_pod, pod)
-            if known is not None:
-                return
-            await asyncio.sleep(0.05)
-
     async def prioritize(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
         pod = _pod(args)
         names, _ = _node_names(args)
-        scores = await self._locked(self.state.prioritize, pod, names, self.clock())
+        scores = await self._locked(
+            self.state.prioritize, pod, names, self.clock(), quick=self.state.domains_known
+        )
         return [{"Host": h, "Score": s} for h, s in scores]
 
     async def bind(self, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -255,17 +274,16 @@ class Extender:
         key = f"{fields['PodNamespace'] or 'default'}/{fields['PodName']}"
         fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
-        def decide() -> BindDecision:
-            with self.lock:
-                decision = self.state.bind(
-                    fields["PodNamespace"], fields["PodName"], fields["PodUID"], fields["Node"], self.clock()
-                )
-                if decision.action == "wait":  # registered before any later call can complete the gang
-                    with self._waiters_lock:
-                        self._waiters.setdefault(decision.gang, []).append(_Waiter(key, fut))
-                return decision
+        def decide() -> BindDecision:  # under the state lock
+            decision = self.state.bind(
+                fields["PodNamespace"], fields["PodName"], fields["PodUID"], fields["Node"], self.clock()
+            )
+            if decision.action == "wait":  # registered before any later call can complete the gang
+                with self._waiters_lock:
+                    self._waiters.setdefault(decision.gang, []).append(_Waiter(key, fut))
+            return decision
 
-        decision = await asyncio.to_thread(decide)
+        decision = await self._locked(decide)
         if decision.action == "error":
             log.warning("bind_refused", pod=key, node=fields["Node"], error=decision.error)
         return {"Error": await self._carry_out(decision, key, fut)}
@@ -569,16 +587,16 @@ class ExtenderServer:
         lim = self.limits
         conn.since = time.monotonic()
         try:  # the first byte: a keep-alive connection may idle, a new one must speak up
-            first = await asyncio.wait_for(
-                reader.readexactly(1), lim.idle_timeout_s if conn.served else lim.header_timeout_s
-            )
+            async with asyncio.timeout(lim.idle_timeout_s if conn.served else lim.header_timeout_s):
+                first = await reader.readexactly(1)
         except TimeoutError:
             self._timed_out("idle" if conn.served else "header")
             return False
         except asyncio.IncompleteReadError:
             return False
         try:
-            head = first + await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), lim.header_timeout_s)
+            async with asyncio.timeout(lim.header_timeout_s):
+                head = first + await reader.readuntil(b"\r\n\r\n")
         except asyncio.LimitOverrunError:
             await self._reply(writer, 431, {"Error": "request headers too large"}, keep=False)
             return False
@@ -623,7 +641,8 @@ class ExtenderServer:
             )
             return False
         try:
-            body = await asyncio.wait_for(reader.readexactly(length), lim.body_timeout_s) if length else b""
+            async with asyncio.timeout(lim.body_timeout_s):
+                body = await reader.readexactly(length) if length else b""
         except TimeoutError:
             self._timed_out("body")
             await self._reply(writer, 408, {"Error": "request body not received in time"}, keep=False)
@@ -647,7 +666,8 @@ class ExtenderServer:
         )
         writer.write(head.encode("latin-1") + data)
         try:
-            await asyncio.wait_for(writer.drain(), self.limits.write_timeout_s)
+            async with asyncio.timeout(self.limits.write_timeout_s):
+                await writer.drain()
         except TimeoutError:  # a client that does not read its answer loses its connection
             self._timed_out("write")
             writer.transport.abort()

@@ -59,6 +59,7 @@ class FilterOutcome:
     unresolvable: dict[str, str] = field(default_factory=dict)
     error: str = ""
     events: list[EventRecord] = field(default_factory=list)
+    unseen: bool = False  # the informer does not have this pod (or its uid) yet: worth asking again
 
 
 @dataclass
@@ -254,6 +255,10 @@ class ClusterState:
             self._domains_cache = (snap.tiers, {n.name: dict(n.domains) for n in snap.nodes})
         return self._domains_cache
 
+    def domains_known(self) -> bool:
+        """Whether the tier-1 domains are worked out (else the next prioritize reads every node)."""
+        return self._domains_cache is not None
+
     def tiers(self) -> tuple[str, ...]:
         return self._domains()[0]
 
@@ -372,12 +377,24 @@ class ClusterState:
             return None, f"pod {key} names scheduler {name!r}, not {self.scheduler_name!r}; nothing reserved"
         return known, ""
 
+    def may_plan(self, pod: Mapping[str, Any]) -> bool:
+        """Whether ``filter`` of this pod may plan a gang (seconds, for a large one): a gang pod the
+        informer knows whose gang has no reservation holding a place for it. Otherwise filter costs
+        one pass over the candidate nodes."""
+        known, _ = self.known_pod(pod)
+        found = gang_key_of(known) if known is not None else None
+        if found is None:
+            return False
+        res = self.reservations.get(found[1])
+        return res is None or pod_key(pod) not in res.spec.members
+
     def filter(self, pod: Mapping[str, Any], node_names: Sequence[str], now: float) -> FilterOutcome:
         self.expire(now)
         out = FilterOutcome()
         known, why = self.known_pod(pod)
         if known is None:  # no decision and no state for a pod the informer cannot vouch for
             out.unresolvable = dict.fromkeys(node_names, why)
+            out.unseen = pod_key(pod) not in self.pods or _uid(self.pods[pod_key(pod)]) != _uid(pod)
             return out
         pod = known  # decide on the cluster's copy, not the request's
         key = pod_key(pod)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from scheduler_plugin import state as state_module
 from scheduler_plugin.cluster import snapshot_from_objects
-from scheduler_plugin.extender import Extender
+from scheduler_plugin.extender import Extender, json_depth
 from scheduler_plugin.planner import SnapshotCache
 from scheduler_plugin.snapshot import ClusterSnapshot, Gang, PlanResult, PodSlot, changed_nodes
 from scheduler_plugin.state import ClusterState
@@ -632,3 +632,28 @@ def test_filter_waits_briefly_for_the_informer_to_report_a_pod() -> None:
         return out
 
     assert set(asyncio.run(scenario())["NodeNames"]) == set(NODES)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(alphabet='[]{}"\\ab\n'),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.text(alphabet='[]{}"\\a', max_size=3), inner, max_size=3)
+    ),
+    max_leaves=30,
+)
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    return 0
+
+
+@given(json_values)
+def test_json_depth_is_the_nesting_depth_whatever_the_strings_hold(value: Any) -> None:
+    body = json.dumps(value).encode()
+    assert json_depth(body) == _depth(value)
+    assert json_depth(json.dumps(value, ensure_ascii=False, indent=1).encode()) == _depth(value)
