@@ -13,7 +13,12 @@ node's ``health`` section, parsed here into :class:`~agent.healthbook.HealthConf
 
 Every problem is reported as one line naming the setting and where it came
 from (``--kubelet-dir``, ``env GPU_NODE_AGENT_KUBELET_DIR``, ``config.yaml: kubeletDir``); the command
-prints them and exits 2.
+prints them and exits 2, before anything starts.
+
+Limits: the file is read through :mod:`topology.safeyaml` (UTF-8, bounded nesting, alias expansion
+and integer digits) and may be at most ``MAX_CONFIG_BYTES``; every interval and duration has a range
+(``SECONDS``); a listen address must be ``HOST:PORT`` with an IP address this host can listen on, or a
+host name (``[ADDR]:PORT`` for IPv6; an empty host listens everywhere).
 
 To add a setting: add a :class:`Setting` row to ``SETTINGS`` and a field to :class:`RunSettings`; the
 CLI flag, the env var and the file key come from the row.
@@ -22,22 +27,37 @@ CLI flag, the env var and the file key come from the row.
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import math
+import re
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from agent.healthbook import DEFAULT_IGNORED_XIDS, HealthConfig
 from deviceplugin.config import ConfigError, MigStrategy, PluginConfig, SectionReader, parse_plugin_config
+from topology import safeyaml
 from topology.logs import FORMATS, LEVELS
 
 ENV_PREFIX = "GPU_NODE_AGENT_"
 CONFIG_VERSION = "v1"
 PLUGIN_SECTIONS = ("flags", "sharing", "cdi")
 HEALTH_SECTION = "health"
+MAX_CONFIG_BYTES = 1024 * 1024
+SECONDS: dict[str, tuple[float, float]] = {
+    # RunSettings field: (least, most) seconds
+    "shutdown_grace_s": (0.1, 300.0),
+    "rediscover_interval_s": (1.0, 86400.0),
+    "registration_check_s": (1.0, 3600.0),
+    "metrics_interval_s": (0.1, 3600.0),
+    "pod_resources_interval_s": (0.1, 3600.0),
+}
+HEALTH_SECONDS: dict[str, tuple[float, float]] = {
+    "recoveryQuietSeconds": (0.0, 86400.0),
+    "probeIntervalSeconds": (0.01, 3600.0),
+}
 DEFAULT_HEALTH_ADDR = "0.0.0.0:9401"
 
 
@@ -76,11 +96,19 @@ def _path(text: str) -> Path:
     return Path(text)
 
 
-def _positive(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise ValueError(f"expected a number > 0, got {text}")
-    return value
+def _seconds(field: str) -> Callable[[str], float]:
+    least, most = SECONDS[field]
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not least <= value <= most:  # NaN fails too
+            raise ValueError(f"expected seconds from {least:g} to {most:g}, got {text[:40]}")
+        return value
+
+    return parse
 
 
 def _choice(valid: Sequence[str]) -> Callable[[str], str]:
@@ -114,11 +142,51 @@ def _nonempty(text: str) -> str:
     return text.strip()
 
 
+_HOST_LABEL = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?$")
+
+
 def _listen_addr(text: str) -> str:
-    _host, sep, port = text.strip().rpartition(":")
-    if text.strip() and (not sep or not port.isdigit() or int(port) > 65535):
-        raise ValueError(f"expected HOST:PORT (or '' to turn it off), got {text!r}")
-    return text.strip()
+    """``HOST:PORT`` to listen on, checked now so a bad one stops the start before anything runs: an IP
+    address must be one this host can listen on; a host name must be well formed (it is resolved when
+    the listener starts)."""
+    text = text.strip()
+    if not text:
+        return ""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or len(port) > 5 or int(port) > 65535:
+        raise ValueError(f"expected HOST:PORT (or '' to turn it off), got {text[:80]!r}")
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ip: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise ValueError(f"{host[1:-1][:60]!r} is not an IPv6 address") from None
+    elif ":" in host:
+        raise ValueError(f"an IPv6 address needs brackets: [{host[:60]}]:{port}")
+    elif not host:
+        return text
+    elif all(part.isdigit() for part in host.split(".")):
+        try:
+            ip = ipaddress.IPv4Address(host)
+        except ValueError:
+            raise ValueError(f"{host[:60]} is not an IPv4 address") from None
+    else:
+        labels = host.rstrip(".").split(".")
+        if len(host) > 253 or not all(_HOST_LABEL.match(label) for label in labels):
+            raise ValueError(f"{host[:60]!r} is not an IP address or host name")
+        return text
+    if not ip.is_unspecified:  # 0.0.0.0 and [::] listen everywhere; nothing to check
+        _can_listen(ip)
+    return text
+
+
+def _can_listen(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> None:
+    """Bind a throw-away socket to ``ip`` (any port): an address of another host fails here, at once."""
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((str(ip), 0))
+    except OSError as exc:
+        raise ValueError(f"cannot listen on {ip}: {exc.strerror or exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +265,7 @@ SETTINGS: tuple[Setting, ...] = (
         "--shutdown-grace",
         ENV_PREFIX + "SHUTDOWN_GRACE",
         "shutdownGraceSeconds",
-        _positive,
+        _seconds("shutdown_grace_s"),
         "seconds servers get to finish on stop",
     ),
     Setting(
@@ -205,7 +273,7 @@ SETTINGS: tuple[Setting, ...] = (
         "--rediscover-interval",
         ENV_PREFIX + "REDISCOVER_INTERVAL",
         "rediscoverIntervalSeconds",
-        _positive,
+        _seconds("rediscover_interval_s"),
         "seconds between periodic rediscoveries",
     ),
     Setting(
@@ -213,7 +281,7 @@ SETTINGS: tuple[Setting, ...] = (
         "--registration-check-interval",
         ENV_PREFIX + "REGISTRATION_CHECK_INTERVAL",
         "registrationCheckSeconds",
-        _positive,
+        _seconds("registration_check_s"),
         "seconds between pod-resources checks that kubelet lists our devices",
     ),
     Setting(
@@ -246,7 +314,7 @@ SETTINGS: tuple[Setting, ...] = (
         "--metrics-interval",
         ENV_PREFIX + "METRICS_INTERVAL",
         "metricsIntervalSeconds",
-        _positive,
+        _seconds("metrics_interval_s"),
         "seconds between NVML refreshes of the metrics cache (default 10)",
     ),
     Setting(
@@ -254,7 +322,7 @@ SETTINGS: tuple[Setting, ...] = (
         "--pod-resources-interval",
         ENV_PREFIX + "POD_RESOURCES_INTERVAL",
         "podResourcesIntervalSeconds",
-        _positive,
+        _seconds("pod_resources_interval_s"),
         "seconds between pod-resources refreshes for metric pod labels (default 10)",
     ),
     Setting(
@@ -297,15 +365,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_file(path: Path) -> dict[str, Any]:
-    """Read a v1 config file; raises :class:`ConfigError` with one line for an unreadable or wrong file."""
+    """Read a v1 config file; raises :class:`ConfigError` with one line for an unreadable or wrong file
+    (not UTF-8, not YAML, beyond the limits of :mod:`topology.safeyaml` or ``MAX_CONFIG_BYTES``)."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError([f"{path}:{where} not valid YAML: {getattr(exc, 'problem', exc)}"]) from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError([f"{path}: larger than {MAX_CONFIG_BYTES} bytes (the limit)"])
+    try:
+        data = safeyaml.load(safeyaml.decode(raw, source=str(path)), source=str(path))
+    except safeyaml.InputError as exc:
+        raise ConfigError([str(exc)]) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -335,6 +407,11 @@ def load_settings(args: argparse.Namespace, env: Mapping[str, str]) -> RunSettin
             raw, where = env[s.env], f"env {s.env}"
         if raw is None and s.key in data and data[s.key] is not None:
             raw, where = data[s.key], f"{source}: {s.key}"
+            if isinstance(raw, list | dict):
+                problems.append(
+                    f"{where}: expected one value, got a {'list' if isinstance(raw, list) else 'mapping'}"
+                )
+                continue
             raw = str(raw).lower() if isinstance(raw, bool) else str(raw)
         if raw is None:
             continue
@@ -410,16 +487,17 @@ def parse_health_config(data: Mapping[str, Any], *, source: str = "config") -> H
         fabric_unhealthy_marks_gpu=r.boolean(
             body, "fabricUnhealthyMarksGpu", "health.fabricUnhealthyMarksGpu", False
         ),
-        recovery_quiet_s=r.number(
-            body, "recoveryQuietSeconds", "health.recoveryQuietSeconds", 120.0, minimum=0
-        ),
-        probe_interval_s=r.number(
-            body, "probeIntervalSeconds", "health.probeIntervalSeconds", 5.0, minimum=0.01
-        ),
+        recovery_quiet_s=_health_seconds(r, body, "recoveryQuietSeconds", 120.0),
+        probe_interval_s=_health_seconds(r, body, "probeIntervalSeconds", 5.0),
     )
     if problems:
         raise ConfigError([f"{source}: {p}" for p in problems])
     return health
+
+
+def _health_seconds(r: SectionReader, body: Mapping[str, Any], key: str, default: float) -> float:
+    least, most = HEALTH_SECONDS[key]
+    return r.number(body, key, f"health.{key}", default, minimum=least, maximum=most)
 
 
 def _xids(body: Mapping[str, Any], key: str, problems: list[str]) -> frozenset[int] | None:

@@ -24,7 +24,8 @@ from deviceplugin.config import parse_plugin_config
 
 GPU = "nvidia.com/gpu"
 REPO = Path(__file__).resolve().parents[2]
-AGENT = (sys.executable, "-m", "agent.cli", "run", "--no-kube", "--metrics-addr", "")
+AGENT = (sys.executable, "-m", "agent.cli", "run", "--no-kube")
+NO_HTTP = ("--metrics-addr", "", "--health-addr", "")
 
 
 @pytest.fixture(autouse=True)
@@ -158,9 +159,10 @@ def test_d2_a_successful_answer_without_a_gpu_withdraws_it(short_dir: Path) -> N
             short_dir, profile="dgx-a100-mig", faults=faults, flags={"migStrategy": "mixed"}
         ) as agent:
             kubelet, ctx = agent.kubelet, agent.ctx
-            await kubelet.wait_for(lambda: "nvidia.com/mig-1g.10gb" in kubelet.devices, timeout=20)
-            before = len(kubelet.devices.get("nvidia.com/gpu", {}))
-            gpu = next(s.gpu_index for s in ctx.store.inventory.mig if s.current_enabled and s.devices)
+            mig_on = [s.gpu_index for s in ctx.store.inventory.mig if s.current_enabled and s.devices]
+            before = len(ctx.store.inventory.gpus) - len(mig_on)
+            await kubelet.wait_for(lambda: len(kubelet.devices.get(GPU, {})) == before, timeout=20)
+            gpu = mig_on[0]
             append(faults, {"event": "mig_reconfig", "gpu": gpu, "profiles": None})
             await kubelet.wait_for(
                 lambda: len(kubelet.devices.get("nvidia.com/gpu", {})) == before + 1, timeout=15
@@ -440,7 +442,7 @@ def test_d9_device_entries_that_name_nothing_here_stop_the_start(short_dir: Path
         f"      - {{name: nvidia.com/gpu, replicas: 2, devices: [99, {unknown}, '0:9']}}\n"
     )
     proc = subprocess.run(
-        [*AGENT, "--simulate", "dgx-h100", "--kubelet-dir", str(short_dir), "--config", str(cfg)],
+        [*AGENT, "--simulate", "dgx-h100", "--kubelet-dir", str(short_dir), "--config", str(cfg), *NO_HTTP],
         capture_output=True,
         text=True,
         timeout=60,
@@ -454,3 +456,184 @@ def test_d9_device_entries_that_name_nothing_here_stop_the_start(short_dir: Path
     assert unknown in err
     assert "'0:9'" in err
     assert list(short_dir.glob("nvidia-*.sock")) == []
+
+
+# --------------------------------------------------------------------------- D8, D10, D11: settings
+
+
+def _run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    from agent.commands import run as run_command
+
+    code = run_command.main(argv)
+    return code, capsys.readouterr().err.strip()
+
+
+def _settings_problems(argv: list[str], env: dict[str, str] | None = None) -> list[str]:
+    import argparse
+
+    from agent.config import add_arguments, load_settings
+    from deviceplugin.config import ConfigError
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with pytest.raises(ConfigError) as err:
+        load_settings(parser.parse_args(argv), env or {})
+    return err.value.problems
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        pytest.param(
+            b"version: v1\nnodeName: caf\xe9\n", "not UTF-8 text (byte 0xe9 at offset 25)", id="latin1"
+        ),
+        pytest.param(b"\xff\xfev\x00e\x00r\x00", "not UTF-8 text (byte 0xff at offset 0)", id="utf16"),
+        pytest.param(b"version: v1\nflags: " + b"[" * 5000 + b"]" * 5000 + b"\n", "nested deeper", id="deep"),
+        pytest.param(
+            b"version: v1\na: &a [x, x, x, x, x, x, x, x, x, x]\n"
+            b"b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+            b"c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\n"
+            b"d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
+            b"nodeName: [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\n",
+            "aliases repeat more than",
+            id="laughs",
+        ),
+        pytest.param(b"version: v1\nreplicas: " + b"9" * 5000 + b"\n", "digits", id="long-int"),
+    ],
+)
+def test_d8_a_config_file_that_cannot_be_read_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, expected: str
+) -> None:
+    """D8: a config file that is not UTF-8 (or nested too deep, or a billion laughs) is one line naming
+    the file and what is wrong, exit 2, before anything starts; it used to be a traceback and exit 1."""
+    path = tmp_path / "agent.yaml"
+    path.write_bytes(content)
+    code, err = _run_main(["--config", str(path), "--simulate", "pcie-l40s", "--no-kube"], capsys)
+    assert code == 2
+    assert err.count("\n") == 0, err
+    assert str(path) in err
+    assert expected in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "file", "expected"),
+    [
+        pytest.param(
+            [],
+            {},
+            "metricsIntervalSeconds: 1e-300",
+            "metricsIntervalSeconds: expected seconds from 0.1 to 3600, got 1e-300",
+            id="file-tiny",
+        ),
+        pytest.param(
+            ["--metrics-interval", "1e-300"],
+            {},
+            "",
+            "--metrics-interval: expected seconds from 0.1 to 3600, got 1e-300",
+            id="cli-tiny",
+        ),
+        pytest.param(
+            [],
+            {"GPU_NODE_AGENT_REDISCOVER_INTERVAL": "inf"},
+            "",
+            "env GPU_NODE_AGENT_REDISCOVER_INTERVAL: expected seconds from 1 to 86400, got inf",
+            id="env-inf",
+        ),
+        pytest.param(
+            ["--pod-resources-interval", "nan"],
+            {},
+            "",
+            "--pod-resources-interval: expected seconds from 0.1 to 3600, got nan",
+            id="nan",
+        ),
+        pytest.param(
+            [],
+            {},
+            "shutdownGraceSeconds: 1e9",
+            "shutdownGraceSeconds: expected seconds from 0.1 to 300, got 1e9",
+            id="grace",
+        ),
+        pytest.param(
+            [],
+            {},
+            "registrationCheckSeconds: 0.001",
+            "registrationCheckSeconds: expected seconds from 1 to 3600, got 0.001",
+            id="check",
+        ),
+        pytest.param(
+            [],
+            {},
+            "health: {probeIntervalSeconds: 1.0e+300}",
+            "health.probeIntervalSeconds: expected a number from 0.01 to 3600, got 1e+300",
+            id="probe",
+        ),
+        pytest.param(
+            [],
+            {},
+            "health: {recoveryQuietSeconds: .inf}",
+            "health.recoveryQuietSeconds: expected a number from 0 to 86400, got inf",
+            id="quiet",
+        ),
+    ],
+)
+def test_d10_every_interval_is_bounded(
+    tmp_path: Path, argv: list[str], env: dict[str, str], file: str, expected: str
+) -> None:
+    """D10: a tiny (or infinite, or NaN) interval is refused naming the setting and its range; it used
+    to keep a core busy forever."""
+    path = tmp_path / "agent.yaml"
+    path.write_text(f"version: v1\n{file}\n")
+    [problem] = _settings_problems([*argv, "--config", str(path)], env)
+    assert problem.endswith(expected), problem
+
+
+@pytest.mark.parametrize(
+    ("addr", "why"),
+    [
+        pytest.param("999.1.1.1:80", "999.1.1.1 is not an IPv4 address", id="octet"),
+        pytest.param("1.2.3:80", "1.2.3 is not an IPv4 address", id="short"),
+        pytest.param("my_host:80", "'my_host' is not an IP address or host name", id="underscore"),
+        pytest.param("::1:80", "an IPv6 address needs brackets: [::1]:80", id="v6-bare"),
+        pytest.param("[fe80::zz]:80", "'fe80::zz' is not an IPv6 address", id="v6-bad"),
+        pytest.param("127.0.0.1:99999", "expected HOST:PORT", id="port"),
+        pytest.param("192.0.2.1:9400", "cannot listen on 192.0.2.1", id="not-local"),
+    ],
+)
+def test_d11_listen_addresses_are_checked_at_settings_time(tmp_path: Path, addr: str, why: str) -> None:
+    """D11: a listen address that cannot work is a settings problem naming the key and why."""
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(f"version: v1\nmetricsAddr: '{addr}'\nhealthAddr: ''\n")
+    [problem] = _settings_problems(["--config", str(cfg)])
+    assert problem.startswith(f"{cfg}: metricsAddr: "), problem
+    assert why in problem
+
+
+def test_d11_a_bad_address_exits_2_before_any_plugin_registers(short_dir: Path) -> None:
+    """D11: ``metricsAddr: 999.1.1.1:80`` is exit 2 with one line and no socket ever made; it used to
+    exit 1 only after the plugins had registered."""
+    cfg = short_dir / "agent.yaml"
+    cfg.write_text("version: v1\nmetricsAddr: 999.1.1.1:80\n")
+    proc = subprocess.run(
+        [*AGENT, "--simulate", "pcie-l40s", "--kubelet-dir", str(short_dir), "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=REPO,
+    )
+    err = proc.stderr.strip()
+    assert proc.returncode == 2, err
+    assert err == f"gpu-node-agent run: {cfg}: metricsAddr: 999.1.1.1 is not an IPv4 address"
+    assert list(short_dir.glob("*.sock")) == []
+
+
+@pytest.mark.parametrize("addr", ["127.0.0.1:0", "[::]:9400", "localhost:9400", ":9400", "0.0.0.0:9400", ""])
+def test_d11_good_listen_addresses_pass(addr: str) -> None:
+    import argparse
+
+    from agent.config import add_arguments, load_settings
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--metrics-addr", addr, "--health-addr", ""])
+    assert load_settings(args, {}).metrics_addr == addr

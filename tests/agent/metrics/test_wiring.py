@@ -90,5 +90,5 @@ def test_health_addr_from_env_and_file_and_off(tmp_path: Path) -> None:
     assert health_addr(_load(["--node-name", "n", "--config", str(config)])) == ("::", 9411)
     assert health_addr(_load(["--node-name", "n", "--health-addr", ""])) is None
     # a different address on the same port does not clash
-    s = _load(["--node-name", "n", "--metrics-addr", "127.0.0.1:9400", "--health-addr", "10.1.2.3:9400"])
-    assert health_addr(s) == ("10.1.2.3", 9400)
+    s = _load(["--node-name", "n", "--metrics-addr", "127.0.0.1:9400", "--health-addr", "127.0.0.2:9400"])
+    assert health_addr(s) == ("127.0.0.2", 9400)
