@@ -21,13 +21,18 @@ GPUs already most used (``pack``). **MIG devices** prefer one parent GPU: the pa
 whole request (the one already named in ``must_include``, else the one with the fewest free slices, else
 by name); otherwise parents with the most free devices first.
 
-Unknown and unhealthy devices among the available ones are skipped, never an error.
+Unknown and unhealthy devices among the available ones are skipped, never an error; a ``must_include``
+device the resource does not have is an error (:class:`PreferenceError`, naming it).
+
+Work is linear in the devices for shared and MIG devices (each pick costs the number of GPUs), so a
+request for thousands of replicas answers in milliseconds.
 """
 
 from __future__ import annotations
 
 import enum
 import itertools
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -40,6 +45,14 @@ PCIE_CLOSENESS: Mapping[LinkLevel, int] = {
     LinkLevel.NODE: 1,
     LinkLevel.SYS: 0,
 }
+
+
+class PreferenceError(ValueError):
+    """A request that cannot be answered (``must_include`` names devices the resource does not have)."""
+
+    def __init__(self, message: str, *, unknown: Sequence[str]) -> None:
+        super().__init__(message)
+        self.unknown = tuple(unknown)
 
 
 class Policy(enum.StrEnum):
@@ -278,10 +291,17 @@ def preferred_allocation(
     or unhealthy device from ``available``.
     """
     must = list(dict.fromkeys(must_include))
+    unknown = [d for d in must if d not in candidates]
+    if unknown:
+        shown = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        raise PreferenceError(
+            f"must_include names devices this resource does not have: {shown}", unknown=unknown
+        )
     if size <= len(must):
         return tuple(must[: max(size, 0)])
+    held = set(must)
     avail = [
-        d for d in dict.fromkeys(available) if d in candidates and candidates[d].healthy and d not in must
+        d for d in dict.fromkeys(available) if d in candidates and candidates[d].healthy and d not in held
     ]
     need = size - len(must)
     kinds = {candidates[d].kind for d in avail} | {candidates[d].kind for d in must if d in candidates}
@@ -343,28 +363,34 @@ def _replica_pick(
     policy: Policy,
     topology: Topology,
 ) -> list[str]:
-    free: dict[str, list[str]] = {}
+    free: dict[str, deque[str]] = {}
     for d in sorted(avail):
-        free.setdefault(candidates[d].gpu, []).append(d)
+        free.setdefault(candidates[d].gpu, deque()).append(d)
     picked_gpus = [candidates[d].gpu for d in must if d in candidates]
     load = dict(used)
     for g in picked_gpus:
         load[g] = load.get(g, 0) + 1
+    # each GPU's NVLinks to the GPUs this request holds so far (one count per device held), kept up to
+    # date per pick instead of summed again over every pick
+    links = {g: _links_to(topology, g, picked_gpus) for g in free}
+    index = {g: topology.index(g) for g in free if g in topology.gpus}
     out: list[str] = []
-    while len(out) < need and any(free.values()):
+    while len(out) < need:
         options = [g for g, ds in free.items() if ds]
+        if not options:
+            break
         if policy is Policy.SPREAD:
             # fewest in use first; among equals, the GPU best linked to what this request already has
-            def spread_key(g: str) -> tuple[int, int, str]:
-                return (load.get(g, 0), -_links_to(topology, g, picked_gpus), g)
-
-            gpu = min(options, key=spread_key)
+            gpu = min(options, key=lambda g: (load.get(g, 0), -links[g], g))
         else:
             gpu = min(options, key=lambda g: (-load.get(g, 0), g))
-        device = free[gpu].pop(0)
-        out.append(device)
-        picked_gpus.append(gpu)
+        out.append(free[gpu].popleft())
         load[gpu] = load.get(gpu, 0) + 1
+        if gpu in topology.gpus:
+            row = topology.nvlinks[topology.index(gpu)]
+            for g, i in index.items():
+                if g != gpu:
+                    links[g] += row[i]
     return out
 
 

@@ -21,7 +21,7 @@ comfortably carry); a shared resource never takes the name of another resource t
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from deviceplugin.config import (
     DeviceIdStrategy,
@@ -68,17 +68,18 @@ class Resource:
     sharing: SharingStrategy = SharingStrategy.NONE
     replicas: int = 1
     fail_requests_greater_than_one: bool = False
+    _by_id: Mapping[str, Device] = field(init=False, repr=False, compare=False)  # devices by ID
 
     @property
     def socket_name(self) -> str:
         """``nvidia-<name after nvidia.com/>.sock`` in the device-plugin directory."""
         return f"nvidia-{self.name.split('/', 1)[1]}.sock"
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_id", {d.id: d for d in self.devices})
+
     def device(self, device_id: str) -> Device | None:
-        for d in self.devices:
-            if d.id == device_id:
-                return d
-        return None
+        return self._by_id.get(device_id)
 
     def candidates(self, healthy: Mapping[str, bool]) -> dict[str, Candidate]:
         return {

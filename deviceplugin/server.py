@@ -23,7 +23,7 @@ from deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
 from deviceplugin.config import PluginConfig
 from deviceplugin.container import AllocationError, allocate
 from deviceplugin.node import DeviceHealthSource
-from deviceplugin.preferred import Topology, preferred_allocation
+from deviceplugin.preferred import PreferenceError, Topology, preferred_allocation
 from deviceplugin.resources import Resource
 from deviceplugin.unixgrpc import unix_channel
 from topology import logs
@@ -144,21 +144,42 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
     async def GetPreferredAllocation(  # noqa: N802
         self, request: pb.PreferredAllocationRequest, context: Any
     ) -> pb.PreferredAllocationResponse:
+        """Health is read here, on the event loop; the choice itself runs in a worker thread, so a
+        request for thousands of devices never holds the loop (health probes, other plugins)."""
         state = self.state
         unhealthy = state.unhealthy
         healthy = {d.id: d.id not in unhealthy for d in state.resource.devices}
         candidates = state.resource.candidates(healthy)
-        responses = []
-        for req in request.container_requests:
-            ids = preferred_allocation(
-                candidates=candidates,
-                topology=state.topology,
-                available=list(req.available_deviceIDs),
-                must_include=list(req.must_include_deviceIDs),
-                size=int(req.allocation_size),
-                policy=state.config.allocation_policy,
+        topology, policy = state.topology, state.config.allocation_policy
+        asks = [
+            (list(req.available_deviceIDs), list(req.must_include_deviceIDs), int(req.allocation_size))
+            for req in request.container_requests
+        ]
+
+        def choose() -> list[tuple[str, ...]]:
+            return [
+                preferred_allocation(
+                    candidates=candidates,
+                    topology=topology,
+                    available=available,
+                    must_include=must,
+                    size=size,
+                    policy=policy,
+                )
+                for available, must, size in asks
+            ]
+
+        try:
+            chosen = await asyncio.to_thread(choose)
+        except PreferenceError as exc:
+            shown = ", ".join(exc.unknown[:5]) + (
+                f" and {len(exc.unknown) - 5} more" if len(exc.unknown) > 5 else ""
             )
-            responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=list(ids)))
+            message = f"must_include names devices {state.resource.name} does not have: {shown}"
+            self._log.warning("preferred_allocation_refused", reason=message)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+            raise  # abort raises; this keeps type checkers and readers sure of it
+        responses = [pb.ContainerPreferredAllocationResponse(deviceIDs=list(ids)) for ids in chosen]
         return pb.PreferredAllocationResponse(container_responses=responses)
 
     async def Allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:  # noqa: N802

@@ -637,3 +637,196 @@ def test_d11_good_listen_addresses_pass(addr: str) -> None:
     add_arguments(parser)
     args = parser.parse_args(["--metrics-addr", addr, "--health-addr", ""])
     assert load_settings(args, {}).metrics_addr == addr
+
+
+# --------------------------------------------------------------------------- D4, D5: preferred allocation
+
+
+@contextlib.asynccontextmanager
+async def serving(short_dir: Path, config: dict[str, object], resource: str = GPU) -> AsyncIterator[object]:
+    """One resource's plugin server on a unix socket, and a stub to call it."""
+    import grpc.aio
+
+    from deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
+    from deviceplugin.preferred import topology_from_inventory
+    from deviceplugin.resources import build_plan
+    from deviceplugin.server import PluginServer, PluginState
+    from tests.deviceplugin.helpers import inventory
+    from tests.deviceplugin.test_node import Node
+
+    node = Node(inventory("dgx-h100"))
+    plugin = parse_plugin_config(config)
+    state = PluginState(
+        resource=build_plan(node.inventory, plugin).by_name()[resource],
+        topology=topology_from_inventory(node.inventory),
+        config=plugin,
+        health=node,
+    )
+    server = PluginServer(state=state, socket_path=short_dir / "p.sock", grace_s=0.1)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{short_dir / 'p.sock'}") as channel:
+            yield pb_grpc.DevicePluginStub(channel)
+    finally:
+        await server.stop()
+
+
+def _preferred(available: list[str], must: list[str], size: int) -> object:
+    from deviceplugin.api import deviceplugin_pb2 as pb
+
+    return pb.PreferredAllocationRequest(
+        container_requests=[
+            pb.ContainerPreferredAllocationRequest(
+                available_deviceIDs=available, must_include_deviceIDs=must, allocation_size=size
+            )
+        ]
+    )
+
+
+def test_d4_preferred_allocation_with_an_unknown_must_include_is_invalid_argument(short_dir: Path) -> None:
+    """D4: ``must_include: ["GPU-bogus"]`` is refused with INVALID_ARGUMENT naming the ID; it used to
+    come back as if it were a device of the resource."""
+    import grpc
+
+    async def body() -> None:
+        async with serving(short_dir, {}) as stub:
+            ids = sorted(d for d in [g.uuid for g in (await _inventory_gpus())])
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.GetPreferredAllocation(  # type: ignore[attr-defined]
+                    _preferred([*ids, "GPU-bogus"], ["GPU-bogus", ids[0]], 2), timeout=5
+                )
+            assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert err.value.details() == "must_include names devices nvidia.com/gpu does not have: GPU-bogus"
+            ok = await stub.GetPreferredAllocation(_preferred([*ids, "GPU-bogus"], [ids[0]], 2), timeout=5)  # type: ignore[attr-defined]
+            [answer] = ok.container_responses
+            assert len(answer.deviceIDs) == 2
+            assert answer.deviceIDs[0] == ids[0]
+            assert "GPU-bogus" not in answer.deviceIDs  # unknown available IDs are still just skipped
+
+    asyncio.run(body())
+
+
+async def _inventory_gpus() -> tuple[object, ...]:
+    from tests.deviceplugin.helpers import inventory
+
+    return inventory("dgx-h100").gpus  # type: ignore[return-value]
+
+
+def test_d5_a_huge_preferred_allocation_never_stalls_the_event_loop(short_dir: Path) -> None:
+    """D5: size 2,000 over 8,000 replicas answers quickly and the event loop keeps ticking meanwhile
+    (it used to spend 4.9 s on the loop)."""
+    import time
+
+    async def body() -> None:
+        config = _time_slicing(replicas=1000)
+        async with serving(short_dir, config) as stub:
+            gpus = [g.uuid for g in await _inventory_gpus()]  # type: ignore[attr-defined]
+            ids = [f"{g}::{n}" for g in gpus for n in range(1000)]
+            worst = 0.0
+            done = asyncio.Event()
+
+            async def ticker() -> None:
+                nonlocal worst
+                last = time.perf_counter()
+                while not done.is_set():
+                    await asyncio.sleep(0.01)
+                    now = time.perf_counter()
+                    worst = max(worst, now - last - 0.01)
+                    last = now
+
+            tick = asyncio.create_task(ticker())
+            started = time.perf_counter()
+            reply = await stub.GetPreferredAllocation(_preferred(ids, ids[:5], 2000), timeout=30)  # type: ignore[attr-defined]
+            took = time.perf_counter() - started
+            done.set()
+            await tick
+            [answer] = reply.container_responses
+            assert len(answer.deviceIDs) == 2000
+            assert list(answer.deviceIDs[:5]) == ids[:5]
+            per_gpu = {g: sum(1 for d in answer.deviceIDs if d.startswith(g)) for g in gpus}
+            assert max(per_gpu.values()) - min(per_gpu.values()) <= 5  # spread evenly
+            assert took < 2.0, took
+            assert worst < 0.2, worst
+
+            started = time.perf_counter()
+            allocated = await stub.Allocate(  # type: ignore[attr-defined]
+                pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids[:2000])]),
+                timeout=30,
+            )
+            assert time.perf_counter() - started < 1.0
+            assert allocated.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"].count("GPU-") == 2
+
+    from deviceplugin.api import deviceplugin_pb2 as pb
+
+    asyncio.run(body())
+
+
+def _old_replica_pick(
+    candidates: dict[str, object],
+    *,
+    avail: list[str],
+    must: list[str],
+    need: int,
+    used: dict[str, int],
+    policy: object,
+    topology: object,
+) -> list[str]:
+    """The replica choice as it was before D5 (quadratic), the reference the faster one must match."""
+    from deviceplugin.preferred import Policy, _links_to
+
+    free: dict[str, list[str]] = {}
+    for d in sorted(avail):
+        free.setdefault(candidates[d].gpu, []).append(d)  # type: ignore[attr-defined]
+    picked = [candidates[d].gpu for d in must if d in candidates]  # type: ignore[attr-defined]
+    load = dict(used)
+    for g in picked:
+        load[g] = load.get(g, 0) + 1
+    out: list[str] = []
+    while len(out) < need and any(free.values()):
+        options = [g for g, ds in free.items() if ds]
+        if policy is Policy.SPREAD:
+            gpu = min(options, key=lambda g: (load.get(g, 0), -_links_to(topology, g, picked), g))  # type: ignore[arg-type]
+        else:
+            gpu = min(options, key=lambda g: (-load.get(g, 0), g))
+        out.append(free[gpu].pop(0))
+        picked.append(gpu)
+        load[gpu] = load.get(gpu, 0) + 1
+    return out
+
+
+@pytest.mark.parametrize("profile", ["dgx1-v100", "pcie-l40s", "dgx-h100"])
+def test_d5_replica_choices_are_those_of_before_for_normal_sizes(profile: str) -> None:
+    """D5: the faster replica choice answers exactly as before on every request of a seeded sample."""
+    import random
+
+    from deviceplugin.preferred import Candidate, DeviceKind, Policy, _replica_pick, topology_from_inventory
+    from tests.deviceplugin.helpers import inventory
+
+    inv = inventory(profile)
+    topo = topology_from_inventory(inv)
+    rng = random.Random(16)
+    for _ in range(150):
+        replicas = rng.randint(2, 6)
+        cands = {
+            f"{g.uuid}::{n}": Candidate(id=f"{g.uuid}::{n}", gpu=g.uuid, kind=DeviceKind.REPLICA)
+            for g in inv.gpus
+            for n in range(replicas)
+        }
+        ids = sorted(cands)
+        avail = rng.sample(ids, rng.randint(1, len(ids)))
+        must = rng.sample(avail, rng.randint(0, min(2, len(avail))))
+        rest = [d for d in avail if d not in must]
+        need = rng.randint(1, len(ids))
+        used = {g.uuid: rng.randint(0, 3) for g in inv.gpus}
+        policy = rng.choice([Policy.SPREAD, Policy.PACK])
+        assert _replica_pick(
+            cands, avail=rest, must=must, need=need, used=dict(used), policy=policy, topology=topo
+        ) == _old_replica_pick(
+            cands,  # type: ignore[arg-type]
+            avail=rest,
+            must=must,
+            need=need,
+            used=used,
+            policy=policy,
+            topology=topo,
+        )
