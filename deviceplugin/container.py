@@ -64,7 +64,7 @@ def validate(resource: Resource, ids: Sequence[str], *, unhealthy: Mapping[str, 
         device = resource.device(device_id)
         if device is None:
             raise AllocationError(
-                f"{resource.name}: device {device_id!r} is unknown (not advertised by this plugin)",
+                f"{resource.name}: device {device_id[:80]!r} is unknown (not advertised by this plugin)",
                 device=device_id,
             )
         if device_id in unhealthy:
@@ -78,7 +78,8 @@ def validate(resource: Resource, ids: Sequence[str], *, unhealthy: Mapping[str, 
         and len(ids) > 1
     ):
         raise AllocationError(
-            f"{resource.name}: {len(ids)} shared devices requested ({', '.join(ids)}) but at most 1 "
+            f"{resource.name}: {len(ids)} shared devices requested ({', '.join(ids[:4])}"
+            f"{', ...' if len(ids) > 4 else ''}) but at most 1 "
             "is allowed per container (failRequestsGreaterThanOne)",
             device=ids[1],
         )
