@@ -2,6 +2,10 @@
 
 Every error is a ``FormatError`` whose message starts with the path of the bad field, for example
 ``gang.roles[0].pods: expected a positive integer``.
+
+Limits: a gang has at most :data:`~scheduler_plugin.snapshot.MAX_GANG_PODS` pods, all its roles
+together (the planner's time and memory grow with them); the error names the role's ``pods`` field and
+the limit.
 """
 
 from __future__ import annotations
@@ -9,7 +13,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, NodeState, PlanResult, Role
+from scheduler_plugin.snapshot import (
+    MAX_GANG_PODS,
+    ClusterSnapshot,
+    Gang,
+    Infeasible,
+    NodeState,
+    PlanResult,
+    Role,
+)
 
 _NODE_KEYS = {"name", "gpus", "free", "domains", "resources", "free_resources", "schedulable"}
 _ROLE_KEYS = {"name", "pods", "gpus_per_pod", "subgroup_size", "subgroup_tier", "min_subgroups", "resources"}
@@ -25,7 +37,7 @@ def _mapping(value: Any, path: str) -> Mapping[str, Any]:
         raise FormatError(f"{path}: expected a mapping")
     for k in value:
         if not isinstance(k, str):
-            raise FormatError(f"{path}: keys must be strings, got {k!r}")
+            raise FormatError(f"{path}: keys must be strings, got {repr(k)[:60]}")
     return value
 
 
@@ -58,7 +70,7 @@ def _nonneg(value: Any, path: str) -> int:
 def _unknown(data: Mapping[str, Any], allowed: set[str], path: str) -> None:
     extra = sorted(set(data) - allowed)
     if extra:
-        raise FormatError(f"{path}.{extra[0]}: unknown field; valid: {', '.join(sorted(allowed))}")
+        raise FormatError(f"{path}.{extra[0][:60]}: unknown field; valid: {', '.join(sorted(allowed))}")
 
 
 def _resources(value: Any, path: str) -> dict[str, int]:
@@ -74,7 +86,7 @@ def _tier(value: Any, path: str, tiers: tuple[str, ...] | None) -> str:
         return tiers[value - 1]
     name = _str(value, path)
     if tiers is not None and name not in tiers:
-        raise FormatError(f"{path}: unknown tier {name!r}; cluster tiers: {', '.join(tiers) or 'none'}")
+        raise FormatError(f"{path}: unknown tier {name[:60]!r}; cluster tiers: {', '.join(tiers) or 'none'}")
     return name
 
 
@@ -93,7 +105,7 @@ def snapshot_from_data(data: Any, path: str = "cluster") -> ClusterSnapshot:
         _unknown(n, _NODE_KEYS, npath)
         name = _str(n.get("name"), f"{npath}.name")
         if name in seen:
-            raise FormatError(f"{npath}.name: duplicate node {name!r}")
+            raise FormatError(f"{npath}.name: duplicate node {name[:60]!r}")
         seen.add(name)
         gpus = _nonneg(n.get("gpus"), f"{npath}.gpus")
         free = _nonneg(n.get("free", gpus), f"{npath}.free")
@@ -139,6 +151,7 @@ def gang_from_data(data: Any, tiers: tuple[str, ...] | None = None, path: str = 
         raise FormatError(f"{path}.soft: expected true or false")
     roles: list[Role] = []
     names: set[str] = set()
+    total_pods = 0
     roles_raw = _list(doc.get("roles"), f"{path}.roles")
     if not roles_raw:
         raise FormatError(f"{path}.roles: expected at least one role")
@@ -148,9 +161,19 @@ def gang_from_data(data: Any, tiers: tuple[str, ...] | None = None, path: str = 
         _unknown(r, _ROLE_KEYS, rpath)
         rname = _str(r.get("name", "worker" if len(roles_raw) == 1 else None), f"{rpath}.name")
         if rname in names:
-            raise FormatError(f"{rpath}.name: duplicate role {rname!r}")
+            raise FormatError(f"{rpath}.name: duplicate role {rname[:60]!r}")
         names.add(rname)
         pods = _pos(r.get("pods"), f"{rpath}.pods")
+        if pods > MAX_GANG_PODS:
+            raise FormatError(
+                f"{rpath}.pods: {pods} is more than {MAX_GANG_PODS}, the most pods one gang may have"
+            )
+        total_pods += pods
+        if total_pods > MAX_GANG_PODS:
+            raise FormatError(
+                f"{rpath}.pods: the gang's roles have {total_pods} pods together, more than "
+                f"{MAX_GANG_PODS}, the most pods one gang may have"
+            )
         gpus = _nonneg(r.get("gpus_per_pod"), f"{rpath}.gpus_per_pod")
         size = (
             _pos(r["subgroup_size"], f"{rpath}.subgroup_size") if r.get("subgroup_size") is not None else None

@@ -3,7 +3,9 @@
 ``--cluster C.yaml`` reads a snapshot file; ``--from-cluster [--kubeconfig K]`` reads the live API
 (nodes' allocatable ``nvidia.com/gpu``, bound pods' requests, HyperNodes, node-label fallback).
 Exit 0 with ``{"feasible": ...}`` whether the gang fits or not; exit 2 with one line naming the
-field for invalid input.
+field for invalid input. Files are read within limits (``MAX_FILE_BYTES``, and
+:mod:`topology.safeyaml`'s: UTF-8, nesting, aliases, integer digits); a gang has at most
+``MAX_GANG_PODS`` pods.
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ import json
 import sys
 from typing import Any
 
-import yaml
-
 from scheduler_plugin.formats import FormatError, gang_from_data, result_to_data, snapshot_from_data
 from scheduler_plugin.planner import plan
 from scheduler_plugin.snapshot import ClusterSnapshot
-from topology import logs
+from topology import logs, safeyaml
+
+MAX_FILE_BYTES = 64 * 1024 * 1024
 
 
 class _Parser(argparse.ArgumentParser):
@@ -29,14 +31,16 @@ class _Parser(argparse.ArgumentParser):
 
 def _load(path: str, what: str) -> Any:
     try:
-        with open(path, encoding="utf-8") as fh:
-            return yaml.safe_load(fh)
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise FormatError(f"{what}: cannot read {path}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        raise FormatError(f"{what}: {path}{where}: not valid YAML") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise FormatError(f"{what}: {path}: larger than {MAX_FILE_BYTES} bytes (the limit)")
+    try:
+        return safeyaml.load(safeyaml.decode(raw, source=path), source=path)
+    except safeyaml.InputError as exc:
+        raise FormatError(f"{what}: {exc}") from None
 
 
 def _live_snapshot(kubeconfig: str | None) -> ClusterSnapshot:

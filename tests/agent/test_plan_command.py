@@ -233,7 +233,7 @@ def test_yaml_syntax_error_and_missing_file(tmp_path: Path, capsys: pytest.Captu
     )
     assert code == 2
     assert "cluster:" in err
-    assert "not valid YAML" in err
+    assert "not YAML" in err
     code, _, err = run(
         capsys, ["--cluster", str(tmp_path / "nope.yaml"), "--gang", write(tmp_path, "g.yaml", GANG)]
     )
