@@ -19,6 +19,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -650,6 +651,556 @@ def start_device_manager_harness(
     return harness
 
 
+# ------------------------------------------------------------------------------------ hollow GPU nodes
+
+HOLLOW_NODE = "hollownode"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+AGENT_COMMAND: tuple[str, ...] = (sys.executable, "-m", "agent.cli")
+"""How a node agent is started: this interpreter, with the repository on ``PYTHONPATH``."""
+AGENT_ENV: Mapping[str, str] = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT)}
+"""The agent's whole environment: nothing of the caller's (no ``KUBECONFIG``, no ``GPU_NODE_AGENT_*``)."""
+
+
+def read_json_lines(path: Path) -> list[dict[str, Any]]:
+    """Every complete JSON-object line of ``path`` (``[]`` when it is absent). A last line without its
+    newline is being written and is left for the next read; blank lines are skipped."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    out: list[dict[str, Any]] = []
+    for line in text.splitlines(keepends=True):
+        if not line.endswith("\n") or not line.strip():
+            continue
+        obj = json.loads(line)
+        if not isinstance(obj, dict):
+            raise ValueError(f"{path}: a line is not a JSON object: {line[:80]!r}")
+        out.append(obj)
+    return out
+
+
+def group_rss_bytes(pid: int, *, proc_root: Path = Path("/proc")) -> int:
+    """Resident memory (VmRSS) of every process in the process group that ``pid`` leads, in bytes."""
+    total = 0
+    for entry in proc_root.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, so cut at the last ')'
+            if int(stat.rpartition(")")[2].split()[2]) != pid:
+                continue
+            status = (entry / "status").read_text()
+        except (OSError, IndexError, ValueError):
+            continue  # exited meanwhile, or not ours to read
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+def _socket_identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_ctime_ns  # the inode number alone may be reused at once
+
+
+def hollow_node_argv(
+    binary: Path,
+    *,
+    name: str,
+    kubeconfig: Path,
+    root_dir: Path,
+    device_plugins_dir: Path,
+    record: Path,
+    kubelet_port: int,
+    labels: Mapping[str, str] | None = None,
+    max_pods: int = 110,
+    status_update_s: float = 1.0,
+    cpus: int | None = None,
+    memory: str | None = None,
+    verbosity: int = 2,
+) -> list[str]:
+    """The ``hollownode`` command line for one node (flags of ``counterparts/hollownode/main.go``)."""
+    for key, value in (labels or {}).items():
+        if "," in key or "," in value or "=" in key:
+            raise ValueError(f"hollow node {name}: label {key}={value} cannot be passed in --node-labels")
+    argv = [
+        str(binary),
+        f"--name={name}",
+        f"--kubeconfig={kubeconfig}",
+        f"--root-dir={root_dir}",
+        f"--device-plugins-dir={device_plugins_dir}",
+        f"--record={record}",
+        f"--kubelet-port={kubelet_port}",
+        f"--max-pods={max_pods}",
+        f"--node-status-update-frequency={int(status_update_s * 1000)}ms",
+    ]
+    if labels:
+        argv.append("--node-labels=" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())))
+    if cpus is not None:
+        argv.append(f"--cpus={cpus}")
+    if memory is not None:
+        argv.append(f"--memory={memory}")
+    argv.append(f"-v={verbosity}")
+    return argv
+
+
+@dataclass
+class HollowNode:
+    """One hollow GPU node: the kubelet's code with the real device manager, on folders of its own.
+
+    ``device_plugins_dir`` is what a DaemonSet mounts as ``/var/lib/kubelet/device-plugins`` (kubelet.sock,
+    the plugins' sockets, the device checkpoint); ``pod_resources_socket`` is the kubelet's pod-resources
+    API; ``record_path`` has one JSON line per CRI ``CreateContainer`` (see :meth:`records`). ``stop`` and
+    ``start`` keep the folders, so a restart finds the checkpoint as a restarted kubelet does."""
+
+    name: str
+    argv: tuple[str, ...]
+    workdir: Path
+    kubelet_port: int
+    apiserver: ApiServer
+    log_path: Path
+    process: ManagedProcess | None = None
+    starts: int = 0
+
+    @property
+    def root_dir(self) -> Path:
+        return self.workdir / "root"
+
+    @property
+    def device_plugins_dir(self) -> Path:
+        return self.workdir / "dp"
+
+    @property
+    def record_path(self) -> Path:
+        return self.workdir / "containers.jsonl"
+
+    @property
+    def kubelet_socket(self) -> Path:
+        return self.device_plugins_dir / "kubelet.sock"
+
+    @property
+    def pod_resources_socket(self) -> Path:
+        return self.root_dir / "pod-resources" / "kubelet.sock"
+
+    def launch(self) -> tuple[int, int] | None:
+        """Start the process; returns the identity of the kubelet.sock it replaces (for wait_ready)."""
+        if self.process is not None and self.process.alive():
+            raise RuntimeError(f"hollow node {self.name} is already running")
+        before = _socket_identity(self.kubelet_socket)
+        self.process = ManagedProcess(f"hollownode[{self.name}]", self.argv, self.log_path).start()
+        self.starts += 1
+        return before
+
+    def wait_ready(
+        self, old_socket: tuple[int, int] | None = None, *, timeout_s: float = START_TIMEOUT_S
+    ) -> None:
+        """Until the device manager serves a new kubelet.sock, pod-resources is up and the Node is Ready."""
+        proc = self.process
+        wait_until(
+            lambda: _socket_identity(self.kubelet_socket) not in (None, old_socket),
+            what=f"hollow node {self.name}: kubelet.sock",
+            process=proc,
+            timeout_s=timeout_s,
+            interval_s=0.05,
+        )
+        wait_until(
+            self.pod_resources_socket.exists,
+            what=f"hollow node {self.name}: pod-resources socket",
+            process=proc,
+            timeout_s=timeout_s,
+            interval_s=0.05,
+        )
+        wait_until(
+            self.ready, what=f"Node {self.name} Ready", process=proc, timeout_s=timeout_s, interval_s=0.1
+        )
+
+    def start(self, *, timeout_s: float = START_TIMEOUT_S) -> HollowNode:
+        old = self.launch()
+        try:
+            self.wait_ready(old, timeout_s=timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        if self.process is not None:
+            self.process.stop(grace_s)
+            self.process = None
+
+    def restart(self, *, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Stop and start again on the same folders and port (a kubelet restart)."""
+        self.stop()
+        self.start(timeout_s=timeout_s)
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.alive()
+
+    def records(self, *, pod: str | None = None, namespace: str | None = None) -> list[dict[str, Any]]:
+        """The CreateContainer requests the kubelet sent, oldest first (keys: ``node``, ``namespace``,
+        ``pod``, ``pod_uid``, ``container``, ``attempt``, ``envs``, ``devices``, ``mounts``,
+        ``cdi_devices``, ``annotations``, ``container_id``, ``error``, ...), optionally of one pod."""
+        return [
+            r
+            for r in read_json_lines(self.record_path)
+            if (pod is None or r.get("pod") == pod) and (namespace is None or r.get("namespace") == namespace)
+        ]
+
+    def node(self) -> dict[str, Any] | None:
+        """The Node object as the API server has it (``None`` while it does not exist)."""
+        status, body = self.apiserver.get(f"/api/v1/nodes/{self.name}")
+        if status == 404:
+            return None
+        if status != 200:
+            raise RuntimeError(f"GET node {self.name}: HTTP {status}: {body[:200]!r}")
+        return dict(json.loads(body))
+
+    def ready(self) -> bool:
+        node = self.node()
+        conditions = ((node or {}).get("status") or {}).get("conditions") or []
+        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+    def capacity(self) -> dict[str, str]:
+        return dict((((self.node() or {}).get("status") or {}).get("capacity")) or {})
+
+    def allocatable(self) -> dict[str, str]:
+        return dict((((self.node() or {}).get("status") or {}).get("allocatable")) or {})
+
+    def pod_resources(self, *, timeout_s: float = 5.0) -> Any:
+        """The kubelet's pod-resources ``List`` and ``GetAllocatableResources`` now: an
+        ``agent.podresources.model.PodResourcesSnapshot`` (raises ``PodResourcesError`` when it cannot)."""
+        import asyncio
+
+        from agent.podresources.client import PodResourcesClient
+
+        async def snapshot() -> Any:
+            client = PodResourcesClient(str(self.pod_resources_socket), timeout_s=timeout_s)
+            try:
+                return await client.snapshot()
+            finally:
+                await client.close()
+
+        return asyncio.run(snapshot())
+
+    def rss_bytes(self) -> int:
+        return group_rss_bytes(self.process.pid) if self.process is not None else 0
+
+
+def _new_hollow_node(
+    counterparts: Counterparts,
+    workdir: Path,
+    *,
+    apiserver: ApiServer,
+    name: str,
+    kubelet_port: int | None = None,
+    **options: Any,
+) -> HollowNode:
+    binary = counterparts.binary(HOLLOW_NODE)
+    node_dir = workdir / "nodes" / name
+    node_dir.mkdir(parents=True, exist_ok=True)
+    port = kubelet_port or free_port()
+    argv = hollow_node_argv(
+        binary,
+        name=name,
+        kubeconfig=apiserver.kubeconfig,
+        root_dir=node_dir / "root",
+        device_plugins_dir=node_dir / "dp",
+        record=node_dir / "containers.jsonl",
+        kubelet_port=port,
+        **options,
+    )
+    return HollowNode(
+        name, tuple(argv), node_dir, port, apiserver, workdir / "logs" / f"hollownode-{name}.log"
+    )
+
+
+def start_hollow_node(
+    counterparts: Counterparts,
+    workdir: Path,
+    *,
+    apiserver: ApiServer,
+    name: str,
+    timeout_s: float = START_TIMEOUT_S,
+    **options: Any,
+) -> HollowNode:
+    """Start one hollow GPU node registered with ``apiserver``; returns once its Node is Ready.
+
+    ``options`` go to :func:`hollow_node_argv` (``labels``, ``max_pods``, ``status_update_s``, ``cpus``,
+    ``memory``, ``verbosity``) and ``kubelet_port`` (default: a free port). Needs root: the kubelet's
+    device-plugin folder is a constant, so the node bind-mounts its own in a private mount namespace."""
+    nodes = start_hollow_nodes(
+        counterparts, workdir, apiserver=apiserver, names=[name], timeout_s=timeout_s, **options
+    )
+    return nodes[0]
+
+
+def start_hollow_nodes(
+    counterparts: Counterparts,
+    workdir: Path,
+    *,
+    apiserver: ApiServer,
+    names: Sequence[str],
+    timeout_s: float = START_TIMEOUT_S,
+    **options: Any,
+) -> list[HollowNode]:
+    """Start hollow nodes side by side (each its own folders and kubelet port); all Ready, or none left."""
+    if len(set(names)) != len(names):
+        raise ValueError(f"hollow node names repeat: {sorted(names)}")
+    nodes = [_new_hollow_node(counterparts, workdir, apiserver=apiserver, name=n, **options) for n in names]
+    try:
+        olds = [node.launch() for node in nodes]
+        for node, old in zip(nodes, olds, strict=True):
+            node.wait_ready(old, timeout_s=timeout_s)
+    except BaseException:
+        for node in nodes:
+            node.stop()
+        raise
+    return nodes
+
+
+def node_agent_argv(
+    *,
+    node_name: str,
+    simulate: str,
+    device_plugins_dir: Path,
+    pod_resources_socket: Path,
+    kubeconfig: Path | None,
+    metrics_addr: str,
+    config_path: Path | None = None,
+    faults_path: Path | None = None,
+    command: Sequence[str] = AGENT_COMMAND,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """``gpu-node-agent run`` for one node, as the DaemonSet runs it (``kubeconfig`` None: ``--no-kube``)."""
+    argv = [
+        *command,
+        "run",
+        "--node-name",
+        node_name,
+        "--simulate",
+        simulate,
+        "--kubelet-dir",
+        str(device_plugins_dir),
+        "--pod-resources-socket",
+        str(pod_resources_socket),
+        "--metrics-addr",
+        metrics_addr,
+        "--health-addr",
+        "",
+        "--log-format",
+        "json",
+        # pod labels on metrics follow pod-resources within a second (the DaemonSet's default is 10 s)
+        "--pod-resources-interval",
+        "1",
+        "--metrics-interval",
+        "1",
+    ]
+    argv += ["--kubeconfig", str(kubeconfig)] if kubeconfig is not None else ["--no-kube"]
+    if config_path is not None:
+        argv += ["--config", str(config_path)]
+    if faults_path is not None:
+        argv += ["--simulate-faults", str(faults_path)]
+    return [*argv, *extra_args]
+
+
+@dataclass
+class NodeAgent:
+    """``gpu-node-agent run`` for one hollow node, with its fault file and ``/metrics``."""
+
+    node_name: str
+    argv: tuple[str, ...]
+    log_path: Path
+    metrics_port: int | None
+    faults_path: Path | None
+    config_path: Path | None
+    env: Mapping[str, str] = field(default_factory=lambda: dict(AGENT_ENV))
+    process: ManagedProcess | None = None
+    starts: int = 0
+
+    def launch(self) -> None:
+        if self.process is not None and self.process.alive():
+            raise RuntimeError(f"agent of {self.node_name} is already running")
+        self.process = ManagedProcess(f"gpu-node-agent[{self.node_name}]", self.argv, self.log_path, self.env)
+        self.process.start()
+        self.starts += 1
+
+    def wait_ready(self, *, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Until ``/readyz`` answers 200: every plugin registered with the kubelet (needs ``/metrics`` on)."""
+        if self.metrics_port is None:
+            return
+        url = f"http://127.0.0.1:{self.metrics_port}/readyz"
+        what = f"agent of {self.node_name}: /readyz"
+        wait_until(lambda: _http_ok(url), what=what, process=self.process, timeout_s=timeout_s)
+
+    def start(self, *, timeout_s: float = START_TIMEOUT_S) -> NodeAgent:
+        self.launch()
+        try:
+            self.wait_ready(timeout_s=timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        if self.process is not None:
+            self.process.stop(grace_s)
+            self.process = None
+
+    def restart(self, *, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Stop and start the same command (a DaemonSet pod replaced on the node)."""
+        self.stop()
+        self.start(timeout_s=timeout_s)
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.alive()
+
+    def fault(self, **event: Any) -> None:
+        """Append one event to the simulator's fault file, e.g. ``fault(event="xid", gpu=3, xid=79)``."""
+        if self.faults_path is None:
+            raise RuntimeError(f"agent of {self.node_name} was started without a fault file")
+        with self.faults_path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(event) + "\n")
+
+    def metrics(self) -> str:
+        """The ``/metrics`` text (Prometheus exposition format)."""
+        if self.metrics_port is None:
+            raise RuntimeError(f"agent of {self.node_name} was started without /metrics")
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as resp:
+            return str(resp.read().decode("utf-8"))
+
+    def rss_bytes(self) -> int:
+        return group_rss_bytes(self.process.pid) if self.process is not None else 0
+
+
+def new_node_agent(
+    node: HollowNode,
+    *,
+    simulate: str,
+    kubeconfig: Path | None,
+    config: Mapping[str, Any] | None = None,
+    faults: Sequence[Mapping[str, Any]] | None = None,
+    metrics: bool = True,
+    command: Sequence[str] = AGENT_COMMAND,
+    extra_args: Sequence[str] = (),
+) -> NodeAgent:
+    """A (not yet started) agent for ``node``: ``config`` is written as its ``version: v1`` file; ``faults``
+    (even empty) creates its fault file with these events already in it (applied when it starts)."""
+    d = node.workdir / "agent"
+    d.mkdir(parents=True, exist_ok=True)
+    config_path = faults_path = None
+    if config is not None:
+        config_path = d / "agent.yaml"
+        config_path.write_text(yaml.safe_dump({"version": "v1", **dict(config)}, sort_keys=False))
+    if faults is not None:
+        faults_path = d / "faults.jsonl"
+        faults_path.write_text("".join(json.dumps(dict(e)) + "\n" for e in faults), encoding="utf-8")
+    port = free_port() if metrics else None
+    argv = node_agent_argv(
+        node_name=node.name,
+        simulate=simulate,
+        device_plugins_dir=node.device_plugins_dir,
+        pod_resources_socket=node.pod_resources_socket,
+        kubeconfig=kubeconfig,
+        metrics_addr=f"127.0.0.1:{port}" if port is not None else "",
+        config_path=config_path,
+        faults_path=faults_path,
+        command=command,
+        extra_args=extra_args,
+    )
+    log_path = node.log_path.with_name(f"agent-{node.name}.log")
+    return NodeAgent(node.name, tuple(argv), log_path, port, faults_path, config_path)
+
+
+@dataclass(frozen=True)
+class GpuNodeSpec:
+    """One simulated GPU node: a hollow node and its agent."""
+
+    name: str
+    simulate: str  # PROFILE[:k=v,...], as --simulate takes it
+    config: Mapping[str, Any] | None = None  # the agent's config file (version: v1 is added)
+    faults: Sequence[Mapping[str, Any]] | None = None  # None: no fault file
+    labels: Mapping[str, str] = field(default_factory=dict)  # the Node's registration labels
+
+
+@dataclass
+class HollowGpuNode:
+    """A hollow node with its agent; ``stop`` stops both (the agent first, as a drained node would)."""
+
+    spec: GpuNodeSpec
+    node: HollowNode
+    agent: NodeAgent
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    def stop(self) -> None:
+        self.agent.stop()
+        self.node.stop()
+
+
+def start_hollow_gpu_nodes(
+    counterparts: Counterparts,
+    workdir: Path,
+    *,
+    apiserver: ApiServer,
+    specs: Sequence[GpuNodeSpec],
+    publish: bool = True,
+    timeout_s: float = START_TIMEOUT_S,
+    **node_options: Any,
+) -> list[HollowGpuNode]:
+    """Start a hollow node per spec, then one ``gpu-node-agent run`` per node against that node's folders
+    (publishing labels and its GPUNode to ``apiserver`` unless ``publish`` is false); returns once every
+    agent's plugins are registered with their kubelet. ``node_options`` go to every hollow node. On any
+    failure everything started here is stopped."""
+    by_name = {s.name: s for s in specs}
+    if len(by_name) != len(specs):
+        raise ValueError(f"GPU node names repeat: {sorted(s.name for s in specs)}")
+    started: list[HollowGpuNode] = []
+    agents: list[NodeAgent] = []
+    nodes: list[HollowNode] = []
+    try:
+        common_labels = dict(node_options.pop("labels", None) or {})
+        nodes = [
+            _new_hollow_node(
+                counterparts,
+                workdir,
+                apiserver=apiserver,
+                name=s.name,
+                labels={**common_labels, **s.labels},
+                **node_options,
+            )
+            for s in specs
+        ]
+        olds = [node.launch() for node in nodes]
+        for node, old in zip(nodes, olds, strict=True):
+            node.wait_ready(old, timeout_s=timeout_s)
+        for spec, node in zip(specs, nodes, strict=True):
+            agent = new_node_agent(
+                node,
+                simulate=spec.simulate,
+                kubeconfig=apiserver.kubeconfig if publish else None,
+                config=spec.config,
+                faults=spec.faults,
+            )
+            agents.append(agent)
+            agent.launch()
+        for agent in agents:
+            agent.wait_ready(timeout_s=timeout_s)
+        started = [HollowGpuNode(s, n, a) for s, n, a in zip(specs, nodes, agents, strict=True)]
+    except BaseException:
+        for agent in agents:
+            agent.stop()
+        for node in nodes:
+            node.stop()
+        raise
+    return started
+
+
 # ------------------------------------------------------------------------------------- cluster objects
 
 
@@ -753,39 +1304,66 @@ def delete_nodes(api_client: Any, names: Iterable[str]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m agent.localcluster [--rounds N]``: start etcd, kube-apiserver, kube-scheduler and
-    vc-scheduler from the built binaries N times (each round in a fresh folder, everything stopped after),
-    and print how long each took to become ready, with the machine."""
+    """``python -m agent.localcluster [--rounds N] [--hollow-nodes N [--profile P]]``: start etcd,
+    kube-apiserver, kube-scheduler and vc-scheduler from the built binaries N times (each round in a fresh
+    folder, everything stopped after), and print how long each took to become ready, with the machine.
+    With ``--hollow-nodes``, each round then starts that many hollow GPU nodes side by side, one agent on
+    each, and prints the times to Node Ready and to GPU capacity in Node.status and each process's VmRSS."""
     import argparse
+    import statistics
     import tempfile
 
     from agent.benchmarks.machine import describe_ms, machine_summary
 
     parser = argparse.ArgumentParser(prog="python -m agent.localcluster", description=main.__doc__)
     parser.add_argument("--rounds", type=int, default=3, help="start-up rounds (default 3)")
+    parser.add_argument(
+        "--hollow-nodes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="then start N hollow GPU nodes with one agent each and print their start-up times and memory",
+    )
+    parser.add_argument("--profile", default="dgx1-v100", help="--simulate of the agents (default dgx1-v100)")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    if args.hollow_nodes < 0:
+        parser.error("--hollow-nodes must not be negative")
     counterparts = locate_counterparts()
     try:
-        counterparts.check()
+        counterparts.check((*BINARIES, HOLLOW_NODE) if args.hollow_nodes else BINARIES)
         crds = load_yaml_documents(counterparts.volcano_crds())
     except MissingCounterpartError as e:
         print(f"error: {e}")
         return 1
     figures: dict[str, list[float]] = {}
+    memory: dict[str, list[float]] = {}
     for _ in range(args.rounds):
         with tempfile.TemporaryDirectory(prefix="gpu-node-agent-e2e-") as tmp:
-            _timed_round(counterparts, Path(tmp), crds, figures)
+            hollow = (args.hollow_nodes, args.profile)
+            _timed_round(counterparts, Path(tmp), crds, figures, hollow=hollow, memory=memory)
     print(f"start-up until ready, {args.rounds} round(s), binaries from {counterparts.root}")
+    if args.hollow_nodes:
+        print(
+            f"(then {args.hollow_nodes} hollow GPU node(s) with agents --simulate {args.profile} each round)"
+        )
     for label, values in figures.items():
-        print(f"  {label:<18} {describe_ms(values)}")
+        print(f"  {label:<26} {describe_ms(values)}")
+    for label, mib in memory.items():
+        print(f"  {label:<26} median {statistics.median(mib):.1f} MiB, max {max(mib):.1f} MiB (n={len(mib)})")
     print(machine_summary())
     return 0
 
 
 def _timed_round(
-    counterparts: Counterparts, workdir: Path, crds: list[dict[str, Any]], figures: dict[str, list[float]]
+    counterparts: Counterparts,
+    workdir: Path,
+    crds: list[dict[str, Any]],
+    figures: dict[str, list[float]],
+    *,
+    hollow: tuple[int, str] = (0, ""),
+    memory: dict[str, list[float]] | None = None,
 ) -> None:
     """Start everything once in ``workdir``, adding each component's time to ready to ``figures``."""
     running: list[Any] = []
@@ -811,9 +1389,83 @@ def _timed_round(
             timed("vc-scheduler", start_volcano_scheduler, counterparts, workdir, apiserver=apiserver)
         )
         figures.setdefault("all, in sequence", []).append(time.perf_counter() - t0)
+        if hollow[0]:
+            memory = memory if memory is not None else {}
+            _hollow_round(
+                counterparts,
+                workdir,
+                apiserver,
+                hollow=hollow,
+                figures=figures,
+                running=running,
+                memory=memory,
+            )
     finally:
         for component in reversed(running):
             component.stop()
+
+
+def _times_until(
+    checks: Mapping[str, Callable[[], bool]], since: Mapping[str, float], what: str
+) -> dict[str, float]:
+    """Poll every check together; seconds from ``since[key]`` until each first held."""
+    pending = dict(checks)
+    done: dict[str, float] = {}
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while pending:
+        for key, check in list(pending.items()):
+            with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
+                if check():
+                    done[key] = time.monotonic() - since[key]
+                    del pending[key]
+        if pending and time.monotonic() > deadline:
+            raise StartupError(f"{what}: not after {START_TIMEOUT_S:.0f}s for {', '.join(sorted(pending))}")
+        time.sleep(0.02)
+    return done
+
+
+def _hollow_round(
+    counterparts: Counterparts,
+    workdir: Path,
+    apiserver: ApiServer,
+    *,
+    hollow: tuple[int, str],
+    figures: dict[str, list[float]],
+    running: list[Any],
+    memory: dict[str, list[float]],
+) -> None:
+    """Hollow nodes side by side, then an agent on each: times to Ready and to capacity, and VmRSS."""
+    count, profile = hollow
+    with apiserver.api_client() as api:
+        apply_crds(api, load_yaml_documents([REPO_ROOT / "daemonset" / "crds" / "gpunode.yaml"]))
+    nodes = [
+        _new_hollow_node(counterparts, workdir, apiserver=apiserver, name=f"hollow-{i}") for i in range(count)
+    ]
+    launched: dict[str, float] = {}
+    for node in nodes:
+        launched[node.name] = time.monotonic()
+        node.launch()
+        running.append(node)
+    ready = _times_until({n.name: n.ready for n in nodes}, launched, "hollow nodes Ready")
+    figures.setdefault("hollow node start → Ready", []).extend(ready.values())
+    agents = {n.name: new_node_agent(n, simulate=profile, kubeconfig=apiserver.kubeconfig) for n in nodes}
+    started: dict[str, float] = {}
+    for name, agent in agents.items():
+        started[name] = time.monotonic()
+        agent.launch()
+        running.append(agent)
+
+    def has_gpus(node: HollowNode) -> Callable[[], bool]:
+        return lambda: any(k.startswith("nvidia.com/") and v != "0" for k, v in node.allocatable().items())
+
+    capacity = _times_until({n.name: has_gpus(n) for n in nodes}, started, "GPU capacity in Node.status")
+    figures.setdefault("agent start → GPU capacity", []).extend(capacity.values())
+    figures.setdefault("node start → GPU capacity", []).extend(
+        started[k] - launched[k] + v for k, v in capacity.items()
+    )
+    time.sleep(2.0)  # past the first metrics refresh
+    memory.setdefault("hollownode VmRSS", []).extend(n.rss_bytes() / 2**20 for n in nodes)
+    memory.setdefault("agent VmRSS", []).extend(a.rss_bytes() / 2**20 for a in agents.values())
 
 
 if __name__ == "__main__":
