@@ -5,15 +5,17 @@ field names): ``ExtenderArgs{Pod, Nodes, NodeNames}`` in, ``ExtenderFilterResult
 FailedNodes, FailedAndUnresolvableNodes, Error}`` out; ``[{"Host", "Score"}]`` for prioritize;
 ``ExtenderBindingArgs{PodName, PodNamespace, PodUID, Node}`` in, ``{"Error"}`` out for bind.
 
-The server is a small asyncio HTTP/1.1 server (keep-alive, ``Content-Length`` bodies only, bounded
-headers and body; header, body, idle and write timeouts; a connection cap that evicts the connections
-not answering a request, never-served and longest-waiting first, so idle clients cannot take every
-slot); optionally TLS that requires a client certificate signed by a given CA (kube-scheduler's
-extender ``tlsConfig``). Bad input never stops it: undecodable JSON, JSON nested deeper than
+The HTTP connection handling (keep-alive, ``Content-Length`` bodies only, bounded heads and bodies;
+head, body, idle and write timeouts; a connection cap that evicts the connections not answering a
+request, never-served and longest-waiting first, so idle clients cannot take every slot; optionally TLS
+that requires a client certificate signed by a given CA, kube-scheduler's extender ``tlsConfig``) is
+``topology.httpserver``'s; this module keeps the routes, verbs and JSON limits, and answers errors as
+``{"Error": ...}``. Bad input never stops it: undecodable JSON, JSON nested deeper than
 ``MAX_JSON_DEPTH`` or with a number longer than ``MAX_NUMBER_CHARS``, and a body that is not
-``application/json`` get HTTP 400/415 with ``{"Error": ...}``; input that decodes but makes no sense
-gets HTTP 200 with ``Error`` set, which kube-scheduler treats as a failed call for the pod. Bind calls
-of a gang wait at the barrier (an open request each) until the gang completes or its deadline passes.
+``application/json`` get HTTP 400/415; input that decodes but makes no sense gets HTTP 200 with
+``Error`` set, which kube-scheduler treats as a failed call for the pod. Bind calls of a gang wait at
+the barrier (an open request each) until the gang completes or its deadline passes; a connection
+answering a request is never evicted, so neither is a bind waiting there.
 
 Nothing here blocks the event loop: a touch of ``ClusterState`` runs on the loop only when the state
 lock is free at once and the call is bounded by the request (no gang to plan); otherwise (planning a
@@ -23,43 +25,29 @@ gang can take seconds) in a worker thread under the lock. Large bodies are decod
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import ssl
 import threading
 import time
 from array import array
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from scheduler_plugin.state import BindDecision, ClusterState, EventRecord
 from topology import logs
+from topology.httpserver import ConnectionStats, HttpServer, Limits, Request, Response
 
 log = logs.get_logger("scheduler_plugin.extender")
 
-MAX_HEADER_BYTES = 16 * 1024
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 MAX_JSON_DEPTH = 64  # a Pod with managedFields nests about 12 deep; json's own recursion fails near 1,000
 MAX_NUMBER_CHARS = 32  # an int64 has 19 digits; Python's int() refuses over 4,300
 INLINE_DECODE_BYTES = 64 * 1024  # larger bodies are decoded in a worker thread
 UNKNOWN_POD_GRACE_S = 0.5  # how long filter waits for the informer to report a pod the scheduler named
 HEALTH_ROUTES = ("healthz", "livez", "readyz")
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    408: "Request Timeout",
-    411: "Length Required",
-    413: "Payload Too Large",
-    415: "Unsupported Media Type",
-    431: "Request Header Fields Too Large",
-    500: "Internal Server Error",
-    503: "Service Unavailable",
-}
 T = TypeVar("T")
 
 
@@ -440,7 +428,8 @@ def server_tls_context(cert: Path, key: Path, client_ca: Path) -> ssl.SSLContext
 # -- HTTP server -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ServerLimits:
-    """How long a client may take and how many connections there may be.
+    """How long a client may take and how many connections there may be (the connection handling
+    itself is ``topology.httpserver``'s).
 
     ``idle_timeout_s`` is longer than Go's default ``IdleConnTimeout`` (90 s), so kube-scheduler closes
     its idle keep-alive connections before the server does (a POST on a connection the server just
@@ -449,34 +438,25 @@ class ServerLimits:
     busy (binds waiting at a barrier) is the new one refused with 503.
     """
 
-    header_timeout_s: float = 10.0  # a request head, from its first byte (and a new connection's first)
+    header_timeout_s: float = 10.0  # a request head, from connect (a kept-alive one: its first byte)
     body_timeout_s: float = 30.0
     idle_timeout_s: float = 120.0  # between keep-alive requests
     write_timeout_s: float = 30.0
     max_connections: int = 1024
 
 
-@dataclass(eq=False)
-class _Conn:
-    task: asyncio.Task[None] | None
-    since: float  # when it last began waiting for a request
-    served: int = 0
-    busy: bool = False  # a request is being answered: never evicted
-
-    def victim_order(self) -> tuple[bool, float]:
-        return (self.served > 0, self.since)
+def _json_response(status: int, payload: Any) -> Response:
+    return Response(status, "application/json", json.dumps(payload, separators=(",", ":")).encode())
 
 
-@dataclass
-class _Stats:
-    evicted: int = 0
-    refused: int = 0
-    timeouts: dict[str, int] = field(default_factory=dict)
+def _json_error(status: int, reason: str) -> Response:
+    return _json_response(status, {"Error": reason})
 
 
 class ExtenderServer:
-    """An asyncio HTTP/1.1 server for ``Extender.dispatch`` (or, ``health_only``, for its health
-    routes alone); ``start``/``stop`` for tests and main."""
+    """``Extender.dispatch`` (or, ``health_only``, its health routes alone) over a
+    ``topology.httpserver.HttpServer``; errors are answered as ``{"Error": ...}``. ``start``/``stop``
+    for tests and main."""
 
     def __init__(
         self,
@@ -488,187 +468,46 @@ class ExtenderServer:
         health_only: bool = False,
     ) -> None:
         self.extender = extender
-        self.max_body_bytes = max_body_bytes
         self.limits = limits
-        self.tls = tls
         self.handler = extender.dispatch_health if health_only else extender.dispatch
-        self.stats = _Stats()
-        self._server: asyncio.Server | None = None
-        self._conns: dict[asyncio.Task[None], _Conn] = {}
+        self._http = HttpServer(
+            name="health" if health_only else "extender",
+            handler=self._handle,
+            limits=Limits(
+                head_s=limits.header_timeout_s,
+                body_s=limits.body_timeout_s,
+                idle_s=limits.idle_timeout_s,
+                write_s=limits.write_timeout_s,
+                max_connections=limits.max_connections,
+                max_body_bytes=max_body_bytes,
+            ),
+            log=log,
+            error_response=_json_error,
+            tls=tls,
+            answer_when_full=True,
+        )
 
     @property
     def port(self) -> int:
-        assert self._server is not None
-        sock = self._server.sockets[0]
-        return int(sock.getsockname()[1])
+        return self._http.port
 
     @property
     def connections(self) -> int:
-        return len(self._conns)
+        return self._http.open_connections
+
+    @property
+    def stats(self) -> ConnectionStats:
+        return self._http.stats
 
     async def start(self, host: str, port: int) -> None:
-        self._server = await asyncio.start_server(
-            self._serve,
-            host,
-            port,
-            limit=MAX_HEADER_BYTES,
-            ssl=self.tls,
-            ssl_handshake_timeout=self.limits.header_timeout_s if self.tls else None,
-        )
+        await self._http.start(host, port)
 
     async def stop(self, grace_s: float = 5.0) -> None:
-        if self._server is not None:
-            self._server.close()
+        """Stop accepting, answer every bind waiting at a barrier (shutdown), then close connections,
+        giving those still answering ``grace_s``."""
+        self._http.stop_accepting()
         await self.extender.drain()
-        for conn in list(self._conns.values()):  # nobody waits on an idle keep-alive connection
-            if not conn.busy and conn.task is not None:
-                conn.task.cancel()
-        tasks = list(self._conns)
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=grace_s)
-            for t in pending:
-                t.cancel()
-            if pending:
-                await asyncio.wait(pending, timeout=1)
-        if self._server is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 1)
-            self._server = None
+        await self._http.stop(grace_s)
 
-    def _admit(self) -> bool:
-        """Room for one more connection: evict one that answers nothing if at the cap."""
-        if len(self._conns) < self.limits.max_connections:
-            return True
-        idle = [c for c in self._conns.values() if not c.busy and c.task is not None]
-        if not idle:
-            self.stats.refused += 1
-            return False
-        victim = min(idle, key=_Conn.victim_order)
-        assert victim.task is not None
-        victim.task.cancel()
-        self._conns.pop(victim.task, None)
-        self.stats.evicted += 1
-        if self.stats.evicted in (1, 10, 100) or self.stats.evicted % 1000 == 0:
-            log.warning(
-                "connections_evicted", evicted=self.stats.evicted, max_connections=self.limits.max_connections
-            )
-        return True
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if not self._admit():
-            with contextlib.suppress(Exception):
-                await self._reply(
-                    writer, 503, {"Error": "too many connections answering requests"}, keep=False
-                )
-            writer.close()
-            return
-        conn = _Conn(task=task, since=time.monotonic())
-        if task is not None:
-            self._conns[task] = conn
-        try:
-            while True:
-                keep = await self._one(reader, writer, conn)
-                if not keep:
-                    break
-        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, asyncio.CancelledError):
-            pass
-        finally:
-            if task is not None:
-                self._conns.pop(task, None)
-            writer.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(writer.wait_closed(), 1)
-
-    def _timed_out(self, what: str) -> None:
-        self.stats.timeouts[what] = self.stats.timeouts.get(what, 0) + 1
-
-    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: _Conn) -> bool:
-        lim = self.limits
-        conn.since = time.monotonic()
-        try:  # the first byte: a keep-alive connection may idle, a new one must speak up
-            async with asyncio.timeout(lim.idle_timeout_s if conn.served else lim.header_timeout_s):
-                first = await reader.readexactly(1)
-        except TimeoutError:
-            self._timed_out("idle" if conn.served else "header")
-            return False
-        except asyncio.IncompleteReadError:
-            return False
-        try:
-            async with asyncio.timeout(lim.header_timeout_s):
-                head = first + await reader.readuntil(b"\r\n\r\n")
-        except asyncio.LimitOverrunError:
-            await self._reply(writer, 431, {"Error": "request headers too large"}, keep=False)
-            return False
-        except TimeoutError:
-            self._timed_out("header")
-            await self._reply(writer, 408, {"Error": "request headers not received in time"}, keep=False)
-            return False
-        except asyncio.IncompleteReadError:
-            return False
-        lines = head.decode("latin-1").split("\r\n")
-        parts = lines[0].split(" ")
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            await self._reply(writer, 400, {"Error": "malformed request line"}, keep=False)
-            return False
-        method, path, version = parts
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            if not line:
-                continue
-            name, sep, value = line.partition(":")
-            if not sep:
-                await self._reply(writer, 400, {"Error": "malformed header"}, keep=False)
-                return False
-            headers[name.strip().lower()] = value.strip()
-        keep = headers.get("connection", "").lower() != "close" and version == "HTTP/1.1"
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            await self._reply(
-                writer, 411, {"Error": "chunked bodies are not accepted; send Content-Length"}, keep=False
-            )
-            return False
-        raw_length = headers.get("content-length", "0")
-        if not (raw_length.isascii() and raw_length.isdigit()) or len(raw_length) > 15:
-            await self._reply(writer, 400, {"Error": "bad Content-Length"}, keep=False)
-            return False
-        length = int(raw_length)
-        if length > self.max_body_bytes:
-            await self._reply(
-                writer,
-                413,
-                {"Error": f"body of {length} bytes is over the {self.max_body_bytes}-byte limit"},
-                keep=False,
-            )
-            return False
-        try:
-            async with asyncio.timeout(lim.body_timeout_s):
-                body = await reader.readexactly(length) if length else b""
-        except TimeoutError:
-            self._timed_out("body")
-            await self._reply(writer, 408, {"Error": "request body not received in time"}, keep=False)
-            return False
-        conn.busy = True
-        try:
-            status, payload = await self.handler(method, path, body, headers.get("content-type", ""))
-            await self._reply(writer, status, payload, keep=keep)
-        finally:
-            conn.busy = False
-            conn.served += 1
-        return keep
-
-    async def _reply(self, writer: asyncio.StreamWriter, status: int, payload: Any, *, keep: bool) -> None:
-        data = json.dumps(payload, separators=(",", ":")).encode()
-        head = (
-            f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n"
-            "Content-Type: application/json\r\n"
-            f"Content-Length: {len(data)}\r\n"
-            f"Connection: {'keep-alive' if keep else 'close'}\r\n\r\n"
-        )
-        writer.write(head.encode("latin-1") + data)
-        try:
-            async with asyncio.timeout(self.limits.write_timeout_s):
-                await writer.drain()
-        except TimeoutError:  # a client that does not read its answer loses its connection
-            self._timed_out("write")
-            writer.transport.abort()
-            raise ConnectionResetError("client did not read the response in time") from None
+    async def _handle(self, request: Request, body: bytes) -> Response:
+        return _json_response(*await self.handler(request.method, request.path, body, request.content_type))

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from agent.metrics.server import MAX_BODY_BYTES, MAX_HEAD_BYTES, HealthServer, MetricsServer, Timeouts
+from agent.metrics.server import MAX_BODY_BYTES, HealthServer, MetricsServer, Timeouts
+from topology.httpserver import MAX_HEAD_BYTES
 
 FAST = Timeouts(head_s=1.0, body_s=1.0, idle_s=1.5, write_s=1.0)
 DEADLINE_S = 8.0

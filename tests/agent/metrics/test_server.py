@@ -5,15 +5,7 @@ from collections.abc import Callable
 
 import pytest
 
-from agent.metrics.server import (
-    METRICS_CONTENT_TYPE,
-    HealthServer,
-    MetricsServer,
-    Rejected,
-    Request,
-    Timeouts,
-    parse_head,
-)
+from agent.metrics.server import METRICS_CONTENT_TYPE, HealthServer, MetricsServer, Timeouts
 
 
 async def _request(
@@ -197,45 +189,6 @@ def test_default_timeouts_are_short() -> None:
 def test_timeouts_must_be_positive() -> None:
     with pytest.raises(ValueError, match=r"Timeouts.idle_s: must be > 0"):
         Timeouts(idle_s=0)
-
-
-@pytest.mark.parametrize(
-    ("head", "expected"),
-    [
-        pytest.param(b"GET /metrics HTTP/1.1\r\n\r\n", Request("GET", "/metrics", True, 0), id="plain"),
-        pytest.param(
-            b"GET /m?x=1 HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
-            Request("GET", "/m", True, 0),
-            id="1.0-ka",
-        ),
-        pytest.param(b"HEAD / HTTP/1.0\r\n\r\n", Request("HEAD", "/", False, 0), id="1.0-closes"),
-        pytest.param(
-            b"GET / HTTP/1.1\r\nConnection: Upgrade, Close\r\n\r\n",
-            Request("GET", "/", False, 0),
-            id="close-token",
-        ),
-        pytest.param(
-            b"POST / HTTP/1.1\r\ncontent-length: 7\r\nContent-Length: 7\r\n\r\n",
-            Request("POST", "/", True, 7),
-            id="same-length-twice",
-        ),
-        pytest.param(b"GET / HTTP/1.1\r\nContent-Length: \xb2\r\n\r\n", 400, id="d12-superscript-two"),
-        pytest.param(
-            b"GET / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", 400, id="two-lengths"
-        ),
-        pytest.param(b"GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 501, id="chunked"),
-        pytest.param(b"GET / HTTP/3\r\n\r\n", 505, id="http3"),
-        pytest.param(b"GET /\x7f HTTP/1.1\r\n\r\n", 400, id="del-in-path"),
-    ],
-)
-def test_parse_head(head: bytes, expected: Request | int) -> None:
-    got = parse_head(head)
-    if isinstance(expected, Request):
-        assert got == expected
-    else:
-        assert isinstance(got, Rejected)
-        assert got.status == expected
-        assert got.reason.isascii()
 
 
 def test_health_server_answers_health_and_readiness_only() -> None:
