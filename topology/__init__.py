@@ -10,7 +10,9 @@ REST over an injected ``ApiClient``, server-side apply, the list/watch ``Informe
 pod binding, the Lease elector; used by the controller, ``agent.publisher`` and the extender),
 ``controller`` (informers into stores, debounced reconcile). ``logs`` is the one logging style
 (bound loggers, snake_case events; configured once by each command's composition root); ``lifecycle``
-the stop-aware waits every long-running component uses.
+the stop-aware waits every long-running component uses; ``httpserver`` the one hardened HTTP/1.1 server
+(bounded heads and bodies, timeouts, a connection cap that evicts idle clients, optional TLS) under the
+metrics and health listeners and the extender; ``safeyaml`` the bounded loader for untrusted YAML/JSON.
 
 Must not import ``agent``, ``deviceplugin`` or ``scheduler_plugin``; ``topology.model`` imports nothing
 of ours.
