@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the real counterparts the e2e tests start on loopback, once per machine:
 #   kube-apiserver, kube-scheduler (k8s.io/kubernetes), etcd (go.etcd.io/etcd/server/v3),
-#   dmharness (ours: the kubelet's device manager behind a small HTTP API) -- one `go build`;
+#   dmharness (ours: the kubelet's device manager behind a small HTTP API), hollownode (ours: kubemark's
+#   hollow kubelet with the kubelet's real device manager) -- one `go build`;
 #   vc-scheduler (volcano.sh/volcano, its own module in volcano/) and Volcano's CRD YAMLs.
 # Output: ${XDG_CACHE_HOME:-$HOME/.cache}/gpu-node-agent/<hash of versions.env>/{bin,crd}.
 # Go's own caches stay where Go keeps them (go env GOCACHE GOMODCACHE).
@@ -158,11 +159,11 @@ export CGO_ENABLED=0
 total_started=$SECONDS
 
 # Group 1: one `go build` for every binary of the Kubernetes module, so shared packages compile once.
-k8s_hash=$(inputs_hash versions.env go.mod go.sum dmharness/*.go)
-if fresh "$out/.stamp-k8s" "$k8s_hash" kube-apiserver kube-scheduler etcd dmharness; then
-  step "kube-apiserver, kube-scheduler, etcd, dmharness: up to date in $bin"
+k8s_hash=$(inputs_hash versions.env go.mod go.sum dmharness/*.go hollownode/*.go)
+if fresh "$out/.stamp-k8s" "$k8s_hash" kube-apiserver kube-scheduler etcd dmharness hollownode; then
+  step "kube-apiserver, kube-scheduler, etcd, dmharness, hollownode: up to date in $bin"
 else
-  step "building kube-apiserver kube-scheduler ($K8S_VERSION), etcd ($ETCD_VERSION), dmharness into $bin"
+  step "building kube-apiserver kube-scheduler ($K8S_VERSION), etcd ($ETCD_VERSION), dmharness, hollownode into $bin"
   step "(a cold build takes long on few cores; log: $out/logs/k8s.log)"
   started=$SECONDS
   tmp="$out/.tmp-k8s"; rm -rf "$tmp"; mkdir -p "$tmp"
@@ -172,13 +173,13 @@ else
   ldflags="$ldflags -X $vpkg.gitTreeState=clean -X $vpkg.buildDate=1970-01-01T00:00:00Z"
   run_logged "$out/logs/k8s.log" "$GO" build -trimpath -ldflags="$ldflags" -o "$tmp/" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler \
-    go.etcd.io/etcd/server/v3 ./dmharness
+    go.etcd.io/etcd/server/v3 ./dmharness ./hollownode
   # `go build` names the etcd main package after its import path's last non-version element.
   mv "$tmp/server" "$bin/etcd"
-  mv "$tmp/kube-apiserver" "$tmp/kube-scheduler" "$tmp/dmharness" "$bin/"
+  mv "$tmp/kube-apiserver" "$tmp/kube-scheduler" "$tmp/dmharness" "$tmp/hollownode" "$bin/"
   rmdir "$tmp"
   echo "$k8s_hash" >"$out/.stamp-k8s"
-  step "built kube-apiserver kube-scheduler etcd dmharness in $((SECONDS - started))s"
+  step "built kube-apiserver kube-scheduler etcd dmharness hollownode in $((SECONDS - started))s"
 fi
 
 # Group 2: Volcano's scheduler and CRDs, from their own module.
