@@ -50,6 +50,7 @@ when that cannot be known right now."""
 class _Plugin:
     server: PluginServer
     registered_with: tuple[int, int] | None = None  # identity of the kubelet.sock we registered with
+    registered_at: float = 0.0  # clock of the last accepted registration
     next_try: float = 0.0
     backoff: float = 0.1
 
@@ -319,6 +320,7 @@ class PluginManager:
                 raise result
             else:
                 p.registered_with = identity
+                p.registered_at = self._clock()
                 p.backoff = 0.1
                 self.registrations += 1
                 self._log.info("registered", resource=name, endpoint=p.server.socket_path.name)
@@ -334,11 +336,21 @@ class PluginManager:
             return
         if listed is None:
             return
+        now = self._clock()
         for name, plugin in self._plugins.items():
             state = plugin.server.state
             unhealthy = state.unhealthy
             healthy = {d.id for d in state.resource.devices if d.id not in unhealthy}
-            if plugin.registered_with is not None and healthy and not healthy & listed.get(name, frozenset()):
+            # A registration younger than one check interval is left alone: kubelet lists a resource's
+            # devices only after its ListAndWatch stream delivered them, and kubelet 1.37 refuses a second
+            # registration of a socket it is connected to ("device plugin already connected"), forever.
+            settled = now - plugin.registered_at >= self._check_interval
+            if (
+                plugin.registered_with is not None
+                and settled
+                and healthy
+                and not healthy & listed.get(name, frozenset())
+            ):
                 self._log.warning(
                     "kubelet_lost_resource",
                     resource=name,

@@ -320,6 +320,29 @@ def test_kubelet_missing_our_devices_triggers_reregistration(short_dir: Path) ->
     run(body())
 
 
+def test_a_fresh_registration_gets_a_check_interval_before_it_counts_as_lost(short_dir: Path) -> None:
+    """Kubelet lists devices only after ListAndWatch delivered them; a check right after registering must
+    not register again (kubelet 1.37 refuses a second registration of a connected socket, forever)."""
+    checks = 0
+
+    async def check() -> Mapping[str, frozenset[str]] | None:
+        nonlocal checks
+        checks += 1
+        return {}  # not listed yet
+
+    async def body() -> None:
+        async with (
+            running_kubelet(short_dir) as kubelet,
+            agent(short_dir, allocatable_check=check, check_interval_s=60.0) as a,
+        ):
+            await kubelet.wait_for(lambda: len(kubelet.registrations) >= 1, timeout=3)
+            await wait_until(lambda: checks >= 1 and a.manager.ready())
+            await asyncio.sleep(0.3)
+            assert len(kubelet.registrations) == 1
+
+    run(body())
+
+
 def test_stop_removes_sockets(short_dir: Path) -> None:
     async def body() -> None:
         async with (
