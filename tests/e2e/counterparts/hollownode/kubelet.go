@@ -102,6 +102,8 @@ func kubeletSettings(o *nodeOptions) (*options.KubeletFlags, *kubeletconfig.Kube
 	c.RegistryPullQPS = 5
 	c.RegistryBurst = 10
 	c.MaxOpenFiles = 4096 // the kubelet sets the process's limit to this
+	// The fake runtime has no log files to rotate; its log manager would only complain every 10 s.
+	c.ContainerLogMonitorInterval.Duration = time.Hour
 	c.KubeAPIQPS = int32(o.apiQPS)
 	c.KubeAPIBurst = int32(o.apiBurst)
 	return f, c, nil
