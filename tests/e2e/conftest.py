@@ -34,6 +34,14 @@ The pattern for a new e2e test (follow it in later features)
    - ``device_manager`` -- the kubelet device manager on a private socket folder
      (``device_manager.socket_dir``): point a device plugin at it, then read ``resources()``,
      ``allocate(...)``, ``restart()``.
+   - ``hollow_gpu_nodes`` -- module-scoped: ``hollow_gpu_nodes(cluster.GpuNodeSpec("hn-1", "dgx1-v100",
+     config={...}, faults=()))`` starts real kubelets (``counterparts/hollownode``, needs root) with one
+     ``gpu-node-agent run --simulate ...`` each, publishing to the shared API server, and returns once
+     the agents' plugins are registered: ``node.node`` (``allocatable()``, ``records()``,
+     ``pod_resources()``, ``restart()``), ``node.agent`` (``fault(...)``, ``metrics()``, ``restart()``).
+     Use them for anything about what a node offers, instead of ``gpu_nodes``; pin pods with
+     ``nodeSelector: {kubernetes.io/hostname: <node>}``. ``module_kube_scheduler`` binds them (one
+     ``default-scheduler`` per module). Example: ``test_hollow_nodes.py``.
 3. Wait for outcomes with ``cluster.wait_until(predicate, what=...)`` (it polls and names what it
    waited for); never assert on elapsed time.
 4. Anything your test starts itself (a helper server, a plugin) is stopped in a ``finally`` or by a
@@ -224,3 +232,88 @@ def gpu_nodes(api_client: Any, e2e_test_label: str) -> Iterator[Callable[..., li
 @pytest.fixture
 def gpunode_crd_path() -> Path:
     return REPO_ROOT / "daemonset" / "crds" / "gpunode.yaml"
+
+
+# ------------------------------------------------------------------------------ hollow GPU nodes (issue 17)
+
+
+@pytest.fixture(scope="session")
+def gpunode_crd_installed(api_client: Any) -> list[str]:
+    """Our GPUNode CRD in the shared API server (agents publish into it)."""
+    return cluster.apply_crds(
+        api_client, cluster.load_yaml_documents([REPO_ROOT / "daemonset" / "crds" / "gpunode.yaml"])
+    )
+
+
+@pytest.fixture(scope="module")
+def module_kube_scheduler(
+    counterparts: cluster.Counterparts,
+    control_plane: cluster.ControlPlane,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[cluster.Scheduler]:
+    """One ``default-scheduler`` for every test of a module (started once, stopped after the module)."""
+    _require(counterparts, "kube-scheduler")
+    sched = cluster.start_kube_scheduler(
+        counterparts, tmp_path_factory.mktemp("sched"), apiserver=control_plane.apiserver
+    )
+    try:
+        yield sched
+    finally:
+        sched.stop()
+
+
+@pytest.fixture(scope="module")
+def hollow_gpu_nodes(
+    request: pytest.FixtureRequest,
+    counterparts: cluster.Counterparts,
+    control_plane: cluster.ControlPlane,
+    api_client: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Callable[..., list[cluster.HollowGpuNode]]]:
+    """``start(spec, ...)`` -> hollow GPU nodes (a real kubelet each, ``counterparts/hollownode``) with one
+    ``gpu-node-agent run`` per node publishing to the shared API server; returns once every agent's plugins
+    are registered. Module-scoped: share the nodes across a module's tests. At the end of the module every
+    agent and node is stopped and their Node and GPUNode objects are deleted. Each Node carries
+    ``gpuagent.dev/e2e-test=hollow-<module>`` and ``gpuagent.dev/hollow=true``; select it by
+    ``kubernetes.io/hostname``. Needs root (each node's own mount namespace)."""
+    _require(counterparts, "hollownode")
+    if os.geteuid() != 0:
+        _unavailable(
+            "hollow nodes need root: each bind-mounts its device-plugin folder in its own mount namespace"
+        )
+    request.getfixturevalue("gpunode_crd_installed")  # the agents publish their GPUNode into it
+    module = re.sub(r"[^a-z0-9]+", "-", request.module.__name__.rsplit(".", 1)[-1].lower()).strip("-")
+    labels = {"gpuagent.dev/e2e-test": f"hollow-{module}"[:63].rstrip("-"), "gpuagent.dev/hollow": "true"}
+    workdir = tmp_path_factory.mktemp("hollow")
+    started: list[cluster.HollowGpuNode] = []
+
+    def start(*specs: cluster.GpuNodeSpec, **node_options: Any) -> list[cluster.HollowGpuNode]:
+        nodes = cluster.start_hollow_gpu_nodes(
+            counterparts,
+            workdir,
+            apiserver=control_plane.apiserver,
+            specs=specs,
+            labels={**labels, **dict(node_options.pop("labels", None) or {})},
+            **node_options,
+        )
+        started.extend(nodes)
+        return nodes
+
+    try:
+        yield start
+    finally:
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        for node in reversed(started):
+            node.stop()
+        custom = client.CustomObjectsApi(api_client)
+        for node in started:
+            try:
+                custom.delete_cluster_custom_object(
+                    "topology.gpuagent.dev", "v1alpha1", "gpunodes", node.name
+                )
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+        cluster.delete_nodes(api_client, [n.name for n in started])
