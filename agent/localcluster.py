@@ -1460,9 +1460,8 @@ def _hollow_round(
 
     capacity = _times_until({n.name: has_gpus(n) for n in nodes}, started, "GPU capacity in Node.status")
     figures.setdefault("agent start → GPU capacity", []).extend(capacity.values())
-    figures.setdefault("node start → GPU capacity", []).extend(
-        started[k] - launched[k] + v for k, v in capacity.items()
-    )
+    # a node's own time to Ready plus its agent's time to capacity (not the wait for the other nodes)
+    figures.setdefault("both, one after the other", []).extend(ready[k] + v for k, v in capacity.items())
     time.sleep(2.0)  # past the first metrics refresh
     memory.setdefault("hollownode VmRSS", []).extend(n.rss_bytes() / 2**20 for n in nodes)
     memory.setdefault("agent VmRSS", []).extend(a.rss_bytes() / 2**20 for a in agents.values())

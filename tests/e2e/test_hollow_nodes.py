@@ -509,3 +509,28 @@ def test_agent_restart_keeps_the_running_pod_s_devices(v100: cluster.HollowGpuNo
     assert held(v100, pod="steady", namespace=pods.namespace)[GPU] == before
     assert len(v100.node.records(pod="steady")) == records_before  # the container was left alone
     _nothing_allocated_twice(v100, pods, "steady", before)
+
+
+# ------------------------------------------------------------------------------------------ many nodes
+
+
+@pytest.mark.slow
+def test_eight_trays_side_by_side_each_offer_only_their_own_gpus(
+    hollow_gpu_nodes: Callable[..., list[cluster.HollowGpuNode]],
+) -> None:
+    """Eight hollow nodes on one host (``pytest -m slow tests/e2e/test_hollow_nodes.py``, ~1.5 GiB): each
+    kubelet's device manager sees only its own agent (its own device-plugin folder in its own mount
+    namespace), so every Node offers exactly its tray's four GPUs and carries its own NVLink clique."""
+    specs = [cluster.GpuNodeSpec(f"hn-tray-{t}", f"gb200-nvl72:rack=0,tray={t}") for t in range(8)]
+    nodes = hollow_gpu_nodes(*specs)
+    assert len({n.node.kubelet_port for n in nodes}) == len(nodes)
+    for spec, node in zip(specs, nodes, strict=True):
+        wait_status(node, {GPU: 4})
+        assert advertised_in_kubelet(node) == Simulated(spec).advertised()
+    cluster.wait_until(
+        lambda: all("nvidia.com/gpu.clique" in ((n.node.node() or {})["metadata"]["labels"]) for n in nodes),
+        what="clique labels on every tray",
+        timeout_s=WAIT_S,
+    )
+    cliques = {(n.node.node() or {})["metadata"]["labels"]["nvidia.com/gpu.clique"] for n in nodes}
+    assert len(cliques) == 1  # one rack: one NVLink domain
