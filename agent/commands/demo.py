@@ -15,6 +15,14 @@ What it starts, all in this process:
 
 It prints the domain tree, the placement, where metrics are served and how to stop; ``--once`` stops
 after one pass (for scripts and tests).
+
+When the control plane and the hollow GPU node are built (``tests/e2e/counterparts/build.sh``; root, for
+the nodes' mount namespaces), the nodes are real instead: each a hollow kubelet (the kubelet's code with its
+real device manager) with one ``gpu-node-agent run`` process beside it, so ``Node.status`` GPU capacity
+comes from our plugins through the kubelets; kube-scheduler with our extender binds the sample job into
+one NVLink domain, the kubelets admit its pods with the devices our plugins chose, and the demo shows
+each pod ``Running`` with its device IDs and the agents' metrics labelled with the pods (see
+:func:`run_hollow_demo`; a smaller cluster by default: racks of 4 trays).
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import shutil
 import signal
 import socket
@@ -55,6 +64,9 @@ from topology.model import Health, NodeInventory
 
 GPU_RESOURCE = "nvidia.com/gpu"
 START_TIMEOUT_S = 60.0
+TRAYS = 18  # trays per rack with in-process nodes
+HOLLOW_TRAYS = 4  # trays per rack with hollow nodes (a real kubelet and an agent process each)
+DEMO_NAMESPACE = "demo"
 
 
 class DemoError(RuntimeError):
@@ -296,6 +308,8 @@ class DemoOptions:
     out: Path | None = None
     control_plane: str = "auto"  # auto | on | off
     busy_trays: int = 2  # trays of rack 0 shown as running another job
+    trays: int | None = None  # per rack; None: TRAYS, or HOLLOW_TRAYS on hollow nodes
+    hollow: str = "auto"  # auto (when built, with the control plane) | on | off
 
 
 @dataclass
@@ -366,8 +380,24 @@ def write_objects(
     (out / "hypernodes.yaml").write_text(yaml.safe_dump_all(hypernodes, sort_keys=False))
 
 
+def hollow_unavailable(options: DemoOptions) -> str | None:
+    """Why this run does not use hollow nodes, or None when it does (raises :class:`DemoError` when
+    ``hollow`` is ``on`` and they cannot run here)."""
+    if options.control_plane == "off" or options.hollow == "off":
+        return "--control-plane off" if options.control_plane == "off" else "--hollow off"
+    from agent import localcluster  # noqa: PLC0415
+    from agent.benchmarks.cluster import unavailable_reason  # noqa: PLC0415
+
+    why = unavailable_reason(localcluster.locate_counterparts(), volcano=False)
+    if why is not None and options.hollow == "on":
+        raise DemoError(f"no hollow nodes: {why}")
+    return why
+
+
 async def run_demo(options: DemoOptions, *, stop: asyncio.Event, out: TextIO) -> int:
-    layout = cluster_layout(racks=options.racks, dgx=options.dgx)
+    if hollow_unavailable(options) is None:
+        return await run_hollow_demo(options, stop=stop, out=out)
+    layout = cluster_layout(racks=options.racks, dgx=options.dgx, trays=options.trays or TRAYS)
     base = Path(tempfile.mkdtemp(prefix="gna-demo-"))
     out_dir = options.out if options.out is not None else Path(tempfile.mkdtemp(prefix="gna-demo-out-"))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -449,7 +479,8 @@ async def run_demo(options: DemoOptions, *, stop: asyncio.Event, out: TextIO) ->
         (out_dir / "fabric.ibnetdiscover").write_text(fabric)
         busy = {n.name: 4 for n in layout if n.rack == 0 and n.name.endswith(("-t03", "-t11"))}
         busy = dict(list(busy.items())[: options.busy_trays])
-        gang = sample_gang()
+        per_rack = options.trays or TRAYS
+        gang = sample_gang(pods=per_rack, subgroup=per_rack)
         problems: list[str] = []
         if api is not None:
             published = api
@@ -576,6 +607,252 @@ def _print_picture(
     p("Stop: Ctrl-C (or run with --once to exit after one pass)", file=out, flush=True)
 
 
+# --------------------------------------------------------------------------- on hollow nodes
+
+
+@dataclass
+class HollowPod:
+    name: str
+    node: str
+    phase: str
+    devices: tuple[str, ...]  # the IDs the kubelet gave the container (its CreateContainer request)
+
+
+@dataclass
+class HollowPicture:
+    gpus: dict[str, int]  # node -> allocatable nvidia.com/gpu in Node.status
+    busy: dict[str, str]  # pod of another job -> its node
+    pods: list[HollowPod]
+    running_s: float
+    labelled: dict[str, int]  # pod -> GPUs whose metrics carry its labels
+    example: str  # one metric sample line labelled with a pod
+    gpunodes: int
+
+
+def _visible_devices(node: Any, pod: str) -> tuple[str, ...]:
+    """``NVIDIA_VISIBLE_DEVICES`` of the pod's last recorded ``CreateContainer`` (container ``main``)."""
+    records = [
+        r for r in node.node.records(pod=pod, namespace=DEMO_NAMESPACE) if r.get("container") == "main"
+    ]
+    if not records:
+        return ()
+    value = str((records[-1].get("envs") or {}).get("NVIDIA_VISIBLE_DEVICES", ""))
+    return tuple(v for v in value.split(",") if v)
+
+
+def _has_devices(node: Any, pod: str) -> bool:
+    return bool(_visible_devices(node, pod))
+
+
+def pod_labelled_gpus(metrics_text: str, pod: str) -> tuple[set[str], str]:
+    """GPU UUIDs whose samples carry ``pod``'s labels, and one such sample line."""
+    uuids: set[str] = set()
+    example = ""
+    want = (f'pod="{pod}"', f'namespace="{DEMO_NAMESPACE}"')
+    for line in metrics_text.splitlines():
+        if line.startswith("#") or not all(w in line for w in want):
+            continue
+        start = line.find('uuid="')
+        if start < 0:
+            continue
+        uuids.add(line[start + 6 : line.index('"', start + 6)])
+        if not example and "allocation_info" not in line:
+            example = line
+    return uuids, example
+
+
+def _allocatable(client: Any) -> dict[str, int]:
+    from topology.kube import NODES, Kube  # noqa: PLC0415
+
+    return {
+        n["metadata"]["name"]: int(((n.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE, "0"))
+        for n in Kube(client).list(NODES)[0]
+    }
+
+
+def hollow_pass(
+    cluster: Any, layout: Sequence[DemoNode], options: DemoOptions, out_dir: Path
+) -> HollowPicture:
+    """Create the other job's pods and the sample job on the hollow cluster; wait until they run and the
+    agents label their GPUs' metrics with them (blocking; run it in a thread)."""
+    from agent import localcluster  # noqa: PLC0415
+    from agent.benchmarks import cluster as hollow  # noqa: PLC0415
+    from topology.kube import GPUNODES, Kube  # noqa: PLC0415
+
+    client = cluster.client
+    hollow.ensure_namespace(client, DEMO_NAMESPACE)
+    per_rack = options.trays or HOLLOW_TRAYS
+    # another job holds whole trays of rack 0, bound straight to them (admitted by their kubelets)
+    busy_nodes = [n.name for n in layout if n.rack == 0 and n.name.endswith(("-t03", "-t11"))]
+    busy = {f"other-job-{i}": node for i, node in enumerate(busy_nodes[: options.busy_trays])}
+    hollow.create_pods(
+        client,
+        DEMO_NAMESPACE,
+        [
+            hollow.gpu_pod(p, scheduler=hollow.EXTENDER_SCHEDULER, gpus=4, node_name=n)
+            for p, n in busy.items()
+        ],
+    )
+    if busy:
+        localcluster.wait_until(
+            lambda: all(
+                v.phase == "Running" for v in hollow.list_pods(client, DEMO_NAMESPACE, "other-job-").values()
+            ),
+            what="the other job's pods Running",
+            timeout_s=hollow.WAIT_S,
+        )
+        ext = cluster.extender
+
+        def seen() -> bool:
+            with ext.service.lock:
+                return all(f"{DEMO_NAMESPACE}/{p}" in ext.service.state.pods for p in busy)
+
+        localcluster.wait_until(seen, what="the extender to see the other job")
+    free_racks = {n.rack for n in layout if n.rack is not None} - {
+        n.rack for n in layout if n.name in busy.values()
+    }
+    if not free_racks:  # the extender would leave the whole gang pending; say so instead of waiting
+        return HollowPicture(_allocatable(client), busy, [], 0.0, {}, "", len(Kube(client).list(GPUNODES)[0]))
+    gang = sample_gang(pods=per_rack, subgroup=per_rack)
+    pods = hollow.extender_gang(gang.name, per_rack)
+    names = [p["metadata"]["name"] for p in pods]
+    timing = hollow.time_pods(
+        client, DEMO_NAMESPACE, names, lambda: hollow.create_pods(client, DEMO_NAMESPACE, pods)
+    )
+    shown: list[HollowPod] = []
+    for name in names:
+        node = cluster.node(timing.nodes[name])
+        localcluster.wait_until(
+            functools.partial(_has_devices, node, name), what=f"the CreateContainer record of {name}"
+        )
+        shown.append(HollowPod(name, node.name, "Running", _visible_devices(node, name)))
+    labelled: dict[str, int] = {}
+    example = ""
+
+    def all_labelled() -> bool:
+        nonlocal example
+        for pod in shown:
+            uuids, line = pod_labelled_gpus(cluster.node(pod.node).agent.metrics(), pod.name)
+            labelled[pod.name] = len(uuids & set(pod.devices))
+            example = example or line
+        return all(labelled[p.name] == len(p.devices) for p in shown)
+
+    localcluster.wait_until(all_labelled, what="the pods' labels on their GPUs' metrics", timeout_s=60)
+    gpus = _allocatable(client)
+    gpunodes = Kube(client).list(GPUNODES)[0]
+    (out_dir / "gpunodes").mkdir(parents=True, exist_ok=True)
+    for obj in gpunodes:
+        (out_dir / "gpunodes" / f"{obj['metadata']['name']}.yaml").write_text(
+            yaml.safe_dump(obj, sort_keys=False)
+        )
+    (out_dir / "hypernodes.yaml").write_text(
+        yaml.safe_dump_all(list(desired_objects(cluster.tree).values()), sort_keys=False)
+    )
+    return HollowPicture(gpus, busy, shown, timing.running_s, labelled, example, len(gpunodes))
+
+
+async def run_hollow_demo(options: DemoOptions, *, stop: asyncio.Event, out: TextIO) -> int:
+    """The demo on hollow GPU nodes (see the module's docstring)."""
+    from agent import localcluster  # noqa: PLC0415
+    from agent.benchmarks import cluster as hollow  # noqa: PLC0415
+
+    layout = cluster_layout(racks=options.racks, dgx=options.dgx, trays=options.trays or HOLLOW_TRAYS)
+    base = Path(tempfile.mkdtemp(prefix="gna-demo-"))
+    out_dir = options.out if options.out is not None else Path(tempfile.mkdtemp(prefix="gna-demo-out-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cluster: Any = None
+    try:
+        cluster = await asyncio.to_thread(
+            hollow.start_hollow_cluster,
+            base,
+            specs=[localcluster.GpuNodeSpec(n.name, n.simulate) for n in layout],
+            extender=True,
+            announce=lambda m: print(m, file=out, flush=True),
+        )
+        picture = await asyncio.to_thread(hollow_pass, cluster, layout, options, out_dir)
+        _print_hollow_picture(out, cluster=cluster, layout=layout, picture=picture, out_dir=out_dir)
+        if not options.once:
+            print("\nRunning. Press Ctrl-C to stop.", file=out, flush=True)
+            await stop.wait()
+        return 0
+    except (localcluster.StartupError, TimeoutError, hollow.ClusterUnavailableError) as exc:
+        raise DemoError(str(exc).splitlines()[0]) from exc
+    finally:
+        if cluster is not None:
+            await asyncio.to_thread(cluster.stop)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _print_hollow_picture(
+    out: TextIO, *, cluster: Any, layout: Sequence[DemoNode], picture: HollowPicture, out_dir: Path
+) -> None:
+    p = print
+    trays = [n for n in layout if n.rack is not None]
+    racks = len({n.rack for n in trays})
+    api = cluster.plane.apiserver
+    total = sum(picture.gpus.get(n.name, 0) for n in layout)
+    p("", file=out)
+    p(
+        f"Cluster: {len(layout)} hollow nodes ({len(trays)} gb200-nvl72 trays in {racks} NVL72 "
+        f"rack{'s' * (racks != 1)}, {len(layout) - len(trays)} dgx-h100): each a kubelet (real device "
+        "manager, fake container runtime) with one gpu-node-agent",
+        file=out,
+    )
+    p(
+        f"Node.status from the kubelets: {GPU_RESOURCE} allocatable {total} on "
+        f"{sum(1 for n in layout if picture.gpus.get(n.name))} Nodes, advertised by our device plugins",
+        file=out,
+    )
+    p(
+        f"Published to the local kube-apiserver {api.url}: {picture.gpunodes} GPUNodes and node labels "
+        f"by the agents, {cluster.hypernode_writes} HyperNodes by the controller "
+        f"(also written to {out_dir})\n"
+        f"  kubectl --kubeconfig {api.kubeconfig} get nodes,gpunodes,hypernodes,pods -A",
+        file=out,
+    )
+    p("", file=out)
+    p(f"HyperNode tree ({len(cluster.tree.hypernodes)} HyperNodes):", file=out)
+    for line in render_tree(cluster.tree, picture.gpus):
+        p(line, file=out)
+    p("", file=out)
+    for other, node in picture.busy.items():
+        p(f"Already running (another job, bound to its node): {other} on {node} (4 GPUs)", file=out)
+    n = len(picture.pods)
+    if not n:
+        p(
+            f'Sample job "llm-pretrain": not placed: no NVL72 rack has {len(trays) // max(racks, 1)} free '
+            "trays (every nvlink domain holds part of another job, or there is none)",
+            file=out,
+        )
+        p("Stop: Ctrl-C (or run with --once to exit after one pass)", file=out, flush=True)
+        return
+    p(
+        f'Sample job "llm-pretrain": {n} pods x 4 GPUs, all {n} inside one nvlink domain; bound by '
+        f"kube-scheduler + our extender, admitted by the kubelets: all Running {picture.running_s:.1f} s "
+        "after creation",
+        file=out,
+    )
+    domain = {
+        m: name for name, h in cluster.tree.hypernodes.items() if h.tier_name == "nvlink" for m in h.members
+    }
+    nodes = sorted({pod.node for pod in picture.pods})
+    p(f"  subgroup 0 -> {', '.join(sorted({domain.get(x, x) for x in nodes}))}: on {_span(nodes)}", file=out)
+    width = max(len(pod.name) for pod in picture.pods)
+    for pod in picture.pods:
+        p(f"  {pod.name:<{width}}  {pod.phase}  {pod.node}  {','.join(pod.devices)}", file=out)
+    p("", file=out)
+    gpus = sum(picture.labelled.values())
+    p(f"Metrics: {gpus} GPUs of the job carry their pod's labels (namespace, pod, container), e.g.", file=out)
+    p(f"  {picture.example}", file=out)
+    first, last = cluster.nodes[0], cluster.nodes[-1]
+    p(
+        f"  http://127.0.0.1:{first.agent.metrics_port}/metrics ({first.name}) ... "
+        f"http://127.0.0.1:{last.agent.metrics_port}/metrics ({last.name})",
+        file=out,
+    )
+    p("Stop: Ctrl-C (or run with --once to exit after one pass)", file=out, flush=True)
+
+
 # --------------------------------------------------------------------------- command
 
 
@@ -586,12 +863,25 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _tray_count(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= TRAYS:
+        raise argparse.ArgumentTypeError(f"expected 1..{TRAYS}, got {text}")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpu-node-agent demo", description=__doc__.splitlines()[0])
     p.add_argument(
         "--racks", type=_positive_int, default=2, help="GB200 NVL72 racks (18 trays each; default 2)"
     )
     p.add_argument("--dgx", type=_positive_int, default=2, help="DGX H100 nodes (default 2)")
+    p.add_argument(
+        "--trays",
+        type=_tray_count,
+        default=None,
+        help=f"trays per rack, 1-18 (default {TRAYS}; {HOLLOW_TRAYS} on hollow nodes)",
+    )
     p.add_argument("--once", action="store_true", help="exit after one pass")
     p.add_argument("--out", type=Path, default=None, help="folder for the objects the demo would apply")
     p.add_argument(
@@ -599,6 +889,12 @@ def parser() -> argparse.ArgumentParser:
         choices=("auto", "on", "off"),
         default="auto",
         help="publish to the locally built etcd + kube-apiserver (auto: when built)",
+    )
+    p.add_argument(
+        "--hollow",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="hollow GPU nodes (real kubelets) with the control plane (auto: when built and root)",
     )
     return p
 
@@ -610,7 +906,13 @@ def main(argv: list[str]) -> int:
         return 2
     logs.configure("auto", "error")
     options = DemoOptions(
-        racks=args.racks, dgx=args.dgx, once=args.once, out=args.out, control_plane=args.control_plane
+        racks=args.racks,
+        dgx=args.dgx,
+        once=args.once,
+        out=args.out,
+        control_plane=args.control_plane,
+        trays=args.trays,
+        hollow=args.hollow,
     )
 
     async def body() -> int:

@@ -6,9 +6,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
-from agent.commands.demo import DemoOptions, cluster_layout, run_demo, sample_gang
+from agent.commands.demo import (
+    DemoOptions,
+    cluster_layout,
+    hollow_unavailable,
+    pod_labelled_gpus,
+    run_demo,
+    sample_gang,
+)
 
 
 def test_layout_names_and_specs() -> None:
@@ -58,3 +66,41 @@ def test_demo_command_rejects_an_empty_cluster() -> None:
     )
     assert done.returncode == 2
     assert "nothing to simulate" in done.stderr
+
+
+def test_demo_command_rejects_a_tray_count_beyond_a_rack() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "demo", "--trays", "19", "--once"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "--trays" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("control_plane", "hollow", "why"),
+    [
+        pytest.param("off", "auto", "--control-plane off", id="no-control-plane"),
+        pytest.param("auto", "off", "--hollow off", id="hollow-off"),
+    ],
+)
+def test_in_process_nodes_when_asked(control_plane: str, hollow: str, why: str) -> None:
+    assert hollow_unavailable(DemoOptions(control_plane=control_plane, hollow=hollow)) == why
+
+
+def testpod_labelled_gpus_reads_the_exposition_text() -> None:
+    text = "\n".join(
+        [
+            "# HELP gpuagent_gpu_temperature_celsius x",
+            'gpuagent_device_allocation_info{gpu="0",uuid="GPU-a",namespace="demo",pod="p",container="c"} 1',
+            'gpuagent_gpu_temp{gpu="0",uuid="GPU-a",namespace="demo",pod="p",container="c"} 40',
+            'gpuagent_gpu_temp{gpu="1",uuid="GPU-b",namespace="demo",pod="q",container="c"} 41',
+            'gpuagent_gpu_temp{gpu="2",uuid="GPU-c"} 42',
+        ]
+    )
+    uuids, example = pod_labelled_gpus(text, "p")
+    assert uuids == {"GPU-a"}
+    assert example.startswith("gpuagent_gpu_temp{")

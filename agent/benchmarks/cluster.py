@@ -1,0 +1,697 @@
+"""``gpu-node-agent bench cluster``: scheduling on hollow GPU nodes, end to end.
+
+Every node is a hollow kubelet (``counterparts/hollownode``: the kubelet's code with its real device
+manager) with one ``gpu-node-agent run`` beside it, so GPU capacity reaches ``Node.status`` through our
+plugins and every pod is admitted by a kubelet that calls our ``Allocate``. On one control plane
+(etcd + kube-apiserver), with the topology controller's HyperNodes, it measures side by side:
+
+1. a gang (one NVL72 rack's worth: ``--trays`` pods x 4 GPUs, all inside one NVLink domain), from
+   creating it to every pod ``Running``: kube-scheduler + our extender (``gpuagent.dev/*`` annotations)
+   and Volcano's vc-scheduler (a PodGroup with ``networkTopology`` hard at tier 1, on our HyperNodes);
+2. the extender's cost per pod: independent 1-GPU pods through kube-scheduler alone and through
+   kube-scheduler with the extender, to bound and to ``Running``.
+
+Aims: the extender adds under 20% per pod; a 72-GPU gang on 2 racks is ``Running`` in under 10 s with
+either path. The cluster machinery (:func:`start_hollow_cluster`) is shared with ``demo``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent import localcluster
+from agent.benchmarks.machine import machine_summary
+
+GPU = "nvidia.com/gpu"
+EXTENDER_SCHEDULER = "gpu-topology-scheduler"
+PLAIN_SCHEDULER = "default-scheduler"
+VOLCANO_SCHEDULER = "volcano"
+POD_IMAGE = "registry.k8s.io/pause:3.10"
+GPUS_PER_PROFILE = {"gb200-nvl72": 4, "dgx-h100": 8}
+PODGROUPS = ("scheduling.volcano.sh", "v1beta1", "podgroups")
+BUILD_COMMAND = "bash tests/e2e/counterparts/build.sh"
+WAIT_S = 180.0
+
+
+class ClusterUnavailableError(RuntimeError):
+    """Hollow nodes cannot run here (a binary not built, not root); one line for the user."""
+
+
+# ------------------------------------------------------------------------------------------ the cluster
+
+
+def tray_specs(*, racks: int, trays: int, dgx: int = 0) -> list[localcluster.GpuNodeSpec]:
+    """GB200 trays ``gb200-r<rack>-t<tray>`` (the demo's names), then ``dgx`` DGX H100 nodes."""
+    specs = [
+        localcluster.GpuNodeSpec(
+            f"gb200-r{r}-t{t:02d}", f"gb200-nvl72:rack={r},tray={t},hostname=gb200-r{r}-t{t:02d}"
+        )
+        for r in range(racks)
+        for t in range(trays)
+    ]
+    specs += [
+        localcluster.GpuNodeSpec(f"dgx-h100-{i}", f"dgx-h100:su=0,node={i},hostname=dgx-h100-{i}")
+        for i in range(dgx)
+    ]
+    return specs
+
+
+def unavailable_reason(counterparts: localcluster.Counterparts, *, volcano: bool) -> str | None:
+    """Why hollow nodes cannot run here, or None."""
+    names = ["etcd", "kube-apiserver", "kube-scheduler", localcluster.HOLLOW_NODE]
+    if volcano:
+        names.append("vc-scheduler")
+    try:
+        counterparts.check(names)
+        counterparts.volcano_crds()
+    except localcluster.MissingCounterpartError as exc:
+        return f"{exc} (build: {BUILD_COMMAND})"
+    if os.geteuid() != 0:
+        return "hollow nodes need root (each bind-mounts its device-plugin folder in its own mount namespace)"
+    return None
+
+
+class RunningExtender:
+    """``gpu-node-agent extender`` (its ``Service``) on an event loop thread of its own."""
+
+    def __init__(self, kubeconfig: Path) -> None:
+        from agent.commands.extender import Service, Settings  # noqa: PLC0415
+        from topology.kube import api_client_from  # noqa: PLC0415
+
+        settings = Settings(
+            host="127.0.0.1",
+            port=localcluster.free_port(),
+            kubeconfig=str(kubeconfig),
+            barrier_timeout_s=15.0,
+            reservation_ttl_s=60.0,
+            max_body_bytes=32 << 20,
+            watch_timeout_s=5,
+            log_level="error",
+        )
+        self.service = Service(settings, api_client_from(str(kubeconfig)))
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="extender")
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self.service.start(), self.loop).result(30)
+        localcluster.wait_until(
+            lambda: all(i.synced.is_set() for i in self.service.informers), what="extender informers synced"
+        )
+        self.url = f"http://127.0.0.1:{settings.port}/"
+
+    def scheduler_entry(self) -> dict[str, Any]:
+        """kube-scheduler's ``extenders`` entry for it."""
+        return {
+            "urlPrefix": self.url,
+            "filterVerb": "filter",
+            "prioritizeVerb": "prioritize",
+            "bindVerb": "bind",
+            "weight": 5,
+            "nodeCacheCapable": True,
+            "httpTimeout": "30s",
+            "ignorable": False,
+            "managedResources": [{"name": GPU, "ignoredByScheduler": False}],
+        }
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.service.stop(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+@dataclass
+class HollowCluster:
+    """A control plane, hollow GPU nodes with their agents, HyperNodes, and the schedulers asked for."""
+
+    workdir: Path
+    plane: localcluster.ControlPlane
+    client: Any  # kubernetes ApiClient (admin)
+    nodes: list[localcluster.HollowGpuNode] = field(default_factory=list)
+    tree: Any = None  # topology.builder.Tree
+    hypernode_writes: int = 0
+    extender: RunningExtender | None = None
+    schedulers: list[localcluster.Scheduler] = field(default_factory=list)
+
+    def node(self, name: str) -> localcluster.HollowGpuNode:
+        return next(n for n in self.nodes if n.name == name)
+
+    def stop(self) -> None:
+        for sched in reversed(self.schedulers):
+            sched.stop()
+        if self.extender is not None:
+            self.extender.stop()
+        for node in reversed(self.nodes):
+            node.stop()
+        self.client.close()
+        self.plane.stop()
+
+
+def _core(client: Any) -> Any:
+    """CoreV1Api, untyped: the objects here are plain dicts and the answers are read loosely."""
+    from kubernetes import client as k  # noqa: PLC0415
+
+    return k.CoreV1Api(client)
+
+
+def _custom(client: Any) -> Any:
+    from kubernetes import client as k  # noqa: PLC0415
+
+    return k.CustomObjectsApi(client)
+
+
+def _gpu_allocatable(client: Any) -> dict[str, int]:
+    return {
+        n.metadata.name: int((n.status.allocatable or {}).get(GPU, "0"))
+        for n in _core(client).list_node().items
+    }
+
+
+def start_hollow_cluster(
+    workdir: Path,
+    *,
+    specs: Sequence[localcluster.GpuNodeSpec],
+    extender: bool = True,
+    plain_scheduler: bool = False,
+    volcano: bool = False,
+    announce: Callable[[str], None] = lambda _: None,
+) -> HollowCluster:
+    """Start everything (raises :class:`ClusterUnavailableError` when it cannot run here); returns once every
+    Node offers its GPUs, the HyperNodes are applied and the schedulers are up."""
+    from agent.nvml.sim_sysfs import ibnetdiscover_sample  # noqa: PLC0415
+    from agent.nvml.simulate import parse_spec  # noqa: PLC0415
+    from topology.gpunode import gpunode_crd  # noqa: PLC0415
+
+    counterparts = localcluster.locate_counterparts()
+    why = unavailable_reason(counterparts, volcano=volcano)
+    if why is not None:
+        raise ClusterUnavailableError(why)
+    announce("Starting the local control plane (etcd + kube-apiserver) ...")
+    plane = localcluster.start_control_plane(counterparts, workdir)
+    cluster = HollowCluster(workdir, plane, plane.apiserver.api_client())
+    try:
+        crds = localcluster.load_yaml_documents(counterparts.volcano_crds())
+        localcluster.apply_crds(
+            cluster.client, [gpunode_crd(), *(d for d in crds if d.get("kind") == "CustomResourceDefinition")]
+        )
+        announce(
+            f"Starting {len(specs)} hollow GPU nodes (the kubelet's code with its real device manager) "
+            "and one gpu-node-agent run per node ..."
+        )
+        cluster.nodes = localcluster.start_hollow_gpu_nodes(
+            counterparts,
+            workdir,
+            apiserver=plane.apiserver,
+            specs=specs,
+            labels={"gpuagent.dev/hollow": "true"},
+            cpus=16,
+            memory="64Gi",
+            status_update_s=1.0,
+        )
+        want = {s.name: GPUS_PER_PROFILE.get(parse_spec(s.simulate).profile, 1) for s in specs}
+        localcluster.wait_until(
+            lambda: all(_gpu_allocatable(cluster.client).get(n, 0) == g for n, g in want.items()),
+            what="every Node's allocatable nvidia.com/gpu from its device plugin",
+            timeout_s=WAIT_S,
+            interval_s=0.2,
+        )
+        _untaint(cluster.client, [s.name for s in specs])
+        fabric = ibnetdiscover_sample([parse_spec(s.simulate) for s in specs])
+        localcluster.wait_until(
+            lambda: _count_gpunodes(cluster.client) >= len(specs),
+            what="every agent's GPUNode",
+            timeout_s=WAIT_S,
+        )
+        cluster.tree, cluster.hypernode_writes = apply_hypernodes(plane.apiserver.kubeconfig, fabric)
+        if extender:
+            cluster.extender = RunningExtender(plane.apiserver.kubeconfig)
+        schedulers: list[tuple[str, Callable[[], localcluster.Scheduler]]] = []
+        if cluster.extender is not None:
+            entry = cluster.extender.scheduler_entry()
+            schedulers.append(
+                (
+                    "kube-scheduler with the extender",
+                    lambda: localcluster.start_kube_scheduler(
+                        counterparts,
+                        workdir,
+                        apiserver=plane.apiserver,
+                        scheduler_name=EXTENDER_SCHEDULER,
+                        extenders=[entry],
+                    ),
+                )
+            )
+        if plain_scheduler:
+            schedulers.append(
+                (
+                    "kube-scheduler",
+                    lambda: localcluster.start_kube_scheduler(
+                        counterparts, workdir, apiserver=plane.apiserver, scheduler_name=PLAIN_SCHEDULER
+                    ),
+                )
+            )
+        if volcano:
+            schedulers.append(
+                (
+                    "vc-scheduler",
+                    lambda: localcluster.start_volcano_scheduler(
+                        counterparts, workdir, apiserver=plane.apiserver, scheduler_name=VOLCANO_SCHEDULER
+                    ),
+                )
+            )
+        if schedulers:
+            announce(f"Starting {', '.join(what for what, _ in schedulers)} ...")
+        for _, start in schedulers:
+            cluster.schedulers.append(start())
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def _untaint(client: Any, names: Sequence[str]) -> None:
+    """No node controller runs here to lift the not-ready taint a new Node may carry."""
+    core = _core(client)
+    for n in core.list_node().items:
+        if n.metadata.name in names and n.spec.taints:
+            core.patch_node(n.metadata.name, {"spec": {"taints": None}})
+
+
+def _count_gpunodes(client: Any) -> int:
+    from topology.kube import GPUNODES, Kube  # noqa: PLC0415
+
+    items, _ = Kube(client).list(GPUNODES)
+    return len(items)
+
+
+def apply_hypernodes(kubeconfig: Path, fabric: str) -> tuple[Any, int]:
+    """The topology controller, once: returns its tree and the writes it made."""
+    from topology.builder import FabricPolicy  # noqa: PLC0415
+    from topology.controller import ControllerSettings, TopologyController  # noqa: PLC0415
+    from topology.kube import Kube, api_client_from  # noqa: PLC0415
+
+    controller = TopologyController(
+        kube=Kube(api_client_from(str(kubeconfig))),
+        settings=ControllerSettings(
+            policy=FabricPolicy.ISOLATE,
+            namespace="default",
+            leader_elect=False,
+            identity="gpu-node-agent-local",
+            static_ibnet=(("simulated fabric", fabric),),
+        ),
+    )
+    d = controller.reconcile_once()
+    return controller.last_tree, len(d.apply)
+
+
+# ----------------------------------------------------------------------------------------------- pods
+
+
+def ensure_namespace(client: Any, name: str) -> None:
+    from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+
+    try:
+        _core(client).create_namespace({"metadata": {"name": name}})
+    except ApiException as e:
+        if e.status != 409:
+            raise
+
+
+def gpu_pod(
+    name: str,
+    *,
+    scheduler: str,
+    gpus: int,
+    annotations: Mapping[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
+    node_name: str | None = None,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "schedulerName": scheduler,
+        "terminationGracePeriodSeconds": 0,
+        "nodeSelector": {"gpuagent.dev/hollow": "true"},
+        "containers": [
+            {
+                "name": "main",
+                "image": POD_IMAGE,
+                "resources": {
+                    "requests": {"cpu": "100m", "memory": "64Mi"},
+                    "limits": {GPU: str(gpus), "cpu": "100m", "memory": "64Mi"},
+                },
+            }
+        ],
+    }
+    if node_name is not None:
+        spec["nodeName"] = node_name
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": dict(annotations or {}), "labels": dict(labels or {})},
+        "spec": spec,
+    }
+
+
+def extender_gang(gang: str, pods: int, *, gpus: int = 4) -> list[dict[str, Any]]:
+    """A gang for our extender: every pod in one NVLink domain, ranks in order."""
+    return [
+        gpu_pod(
+            f"{gang}-{i}",
+            scheduler=EXTENDER_SCHEDULER,
+            gpus=gpus,
+            annotations={
+                "gpuagent.dev/gang": gang,
+                "gpuagent.dev/gang-size": str(pods),
+                "gpuagent.dev/subgroup-size": str(pods),
+                "gpuagent.dev/subgroup-tier": "nvlink",
+                "gpuagent.dev/rank": str(i),
+            },
+        )
+        for i in range(pods)
+    ]
+
+
+def volcano_podgroup(gang: str, pods: int) -> dict[str, Any]:
+    """A Volcano PodGroup: all ``pods`` or none, inside one tier-1 (NVLink) HyperNode."""
+    return {
+        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "kind": "PodGroup",
+        "metadata": {"name": gang},
+        "spec": {
+            "minMember": pods,
+            "queue": "default",
+            "networkTopology": {"mode": "hard", "highestTierAllowed": 1},
+        },
+    }
+
+
+def volcano_gang(gang: str, pods: int, *, gpus: int = 4) -> list[dict[str, Any]]:
+    return [
+        gpu_pod(
+            f"{gang}-{i}",
+            scheduler=VOLCANO_SCHEDULER,
+            gpus=gpus,
+            annotations={"scheduling.k8s.io/group-name": gang},
+        )
+        for i in range(pods)
+    ]
+
+
+def create_pods(client: Any, namespace: str, pods: Sequence[Mapping[str, Any]]) -> None:
+    core = _core(client)
+    for p in pods:
+        core.create_namespaced_pod(namespace, p)
+
+
+@dataclass(frozen=True)
+class PodView:
+    name: str
+    node: str | None
+    phase: str | None
+
+
+def list_pods(client: Any, namespace: str, prefix: str = "") -> dict[str, PodView]:
+    return {
+        p.metadata.name: PodView(p.metadata.name, p.spec.node_name, p.status.phase if p.status else None)
+        for p in _core(client).list_namespaced_pod(namespace).items
+        if p.metadata.name.startswith(prefix)
+    }
+
+
+@dataclass(frozen=True)
+class Timing:
+    bound_s: float
+    running_s: float
+    nodes: dict[str, str]  # pod -> node
+
+
+def time_pods(
+    client: Any,
+    namespace: str,
+    names: Sequence[str],
+    create: Callable[[], None],
+    *,
+    timeout_s: float = WAIT_S,
+) -> Timing:
+    """Run ``create`` and poll until every pod in ``names`` is bound, then ``Running``: seconds from
+    before ``create`` to each."""
+    wanted = set(names)
+    t0 = time.monotonic()
+    create()
+    bound_s: float | None = None
+    deadline = t0 + timeout_s
+    while True:
+        pods = {n: v for n, v in list_pods(client, namespace).items() if n in wanted}
+        now = time.monotonic()
+        if bound_s is None and len(pods) == len(wanted) and all(v.node for v in pods.values()):
+            bound_s = now - t0
+        if len(pods) == len(wanted) and all(v.phase == "Running" for v in pods.values()):
+            return Timing(
+                bound_s if bound_s is not None else now - t0,
+                now - t0,
+                {n: str(v.node) for n, v in pods.items()},
+            )
+        if now > deadline:
+            waiting = sorted(n for n in wanted if n not in pods or pods[n].phase != "Running")
+            raise TimeoutError(
+                f"after {timeout_s:.0f} s {len(waiting)} of {len(wanted)} pods are not Running "
+                f"(e.g. {waiting[:3]}; bound: {sum(1 for v in pods.values() if v.node)})"
+            )
+        time.sleep(0.02)
+
+
+def delete_pods(client: Any, namespace: str, *, timeout_s: float = WAIT_S) -> None:
+    """Delete every pod of ``namespace`` and wait until the kubelets have let them go."""
+    _core(client).delete_collection_namespaced_pod(namespace, grace_period_seconds=1)
+    localcluster.wait_until(
+        lambda: not list_pods(client, namespace), what=f"pods of {namespace} gone", timeout_s=timeout_s
+    )
+
+
+def delete_podgroups(client: Any, namespace: str) -> None:
+    _custom(client).delete_collection_namespaced_custom_object(
+        PODGROUPS[0], PODGROUPS[1], namespace, PODGROUPS[2]
+    )
+
+
+# ------------------------------------------------------------------------------------------ benchmark
+
+
+@dataclass
+class Results:
+    nodes: int
+    gpus: int
+    gang_pods: int
+    independent_pods: int
+    gang: dict[str, list[Timing]] = field(default_factory=dict)  # path -> runs
+    independent: dict[str, list[Timing]] = field(default_factory=dict)
+    gang_domains: dict[str, list[int]] = field(default_factory=dict)  # path -> NVLink domains used
+
+
+def _domain_of(tree: Any) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name, h in tree.hypernodes.items():
+        if h.tier_name == "nvlink":
+            for member in h.members:
+                out[member] = name
+    return out
+
+
+def _gang_creator(client: Any, ns: str, path: str, gang: str, pods: int) -> Callable[[], None]:
+    """What creates one gang: its pods (extender), or its PodGroup and then its pods (Volcano)."""
+    if path == "extender":
+        extender_pods = extender_gang(gang, pods)
+        return lambda: create_pods(client, ns, extender_pods)
+    volcano_pods = volcano_gang(gang, pods)
+
+    def create() -> None:
+        _custom(client).create_namespaced_custom_object(
+            PODGROUPS[0], PODGROUPS[1], ns, PODGROUPS[2], volcano_podgroup(gang, pods)
+        )
+        create_pods(client, ns, volcano_pods)
+
+    return create
+
+
+def run_bench(cluster: HollowCluster, *, gang_pods: int, independent_pods: int, runs: int) -> Results:
+    client = cluster.client
+    ns = "bench"
+    ensure_namespace(client, ns)
+    gpus = sum(_gpu_allocatable(client).values())
+    res = Results(len(cluster.nodes), gpus, gang_pods, independent_pods)
+    domain_of = _domain_of(cluster.tree)
+    for run in range(runs):
+        paths = ["extender", "volcano"] if run % 2 == 0 else ["volcano", "extender"]
+        for path in paths:
+            gang = f"{path[:3]}-gang-{run}"
+            names = [f"{gang}-{i}" for i in range(gang_pods)]
+            create = _gang_creator(client, ns, path, gang, gang_pods)
+            t = time_pods(client, ns, names, create)
+            res.gang.setdefault(path, []).append(t)
+            res.gang_domains.setdefault(path, []).append(len({domain_of.get(n, n) for n in t.nodes.values()}))
+            delete_pods(client, ns)
+            if path == "volcano":
+                delete_podgroups(client, ns)
+        order = ["plain", "extender"] if run % 2 == 0 else ["extender", "plain"]
+        for path in order:
+            scheduler = PLAIN_SCHEDULER if path == "plain" else EXTENDER_SCHEDULER
+            prefix = f"{path[:3]}-one-{run}"
+            pods = [gpu_pod(f"{prefix}-{i}", scheduler=scheduler, gpus=1) for i in range(independent_pods)]
+            t = time_pods(
+                client,
+                ns,
+                [p["metadata"]["name"] for p in pods],
+                functools.partial(create_pods, client, ns, pods),
+            )
+            res.independent.setdefault(path, []).append(t)
+            delete_pods(client, ns)
+    return res
+
+
+def summary(res: Results) -> dict[str, Any]:
+    def med(ts: list[Timing], attr: str) -> float:
+        return float(statistics.median(getattr(t, attr) for t in ts))
+
+    out: dict[str, Any] = {
+        "nodes": res.nodes,
+        "gpus": res.gpus,
+        "gang": {"pods": res.gang_pods, "gpus": res.gang_pods * 4},
+        "independent_pods": res.independent_pods,
+    }
+    for path, ts in res.gang.items():
+        out["gang"][path] = {
+            "running_s": [round(t.running_s, 3) for t in ts],
+            "bound_s": [round(t.bound_s, 3) for t in ts],
+            "median_running_s": round(med(ts, "running_s"), 3),
+            "max_running_s": round(max(t.running_s for t in ts), 3),
+            "nvlink_domains_used": res.gang_domains[path],
+        }
+    per_pod: dict[str, dict[str, float]] = {}
+    for path, ts in res.independent.items():
+        per_pod[path] = {
+            "ms_per_pod_bound": round(1000 * med(ts, "bound_s") / res.independent_pods, 2),
+            "ms_per_pod_running": round(1000 * med(ts, "running_s") / res.independent_pods, 2),
+            "pods_per_s_bound": round(res.independent_pods / med(ts, "bound_s"), 1),
+            "pods_per_s_running": round(res.independent_pods / med(ts, "running_s"), 1),
+        }
+    out["independent"] = per_pod
+    if "plain" in per_pod and "extender" in per_pod:
+        for key in ("bound", "running"):
+            base = per_pod["plain"][f"ms_per_pod_{key}"]
+            out[f"extender_overhead_{key}_pct"] = round(
+                100 * (per_pod["extender"][f"ms_per_pod_{key}"] / base - 1), 1
+            )
+    return out
+
+
+def render(s: dict[str, Any], *, racks: int, trays: int) -> list[str]:
+    g = s["gang"]
+    lines = [
+        f"cluster bench: {s['nodes']} hollow GPU nodes ({racks} NVL72 rack{'s' * (racks != 1)} x {trays} "
+        f"gb200-nvl72 trays), {s['gpus']} GPUs, one gpu-node-agent each",
+        f"gang: {g['pods']} pods x 4 GPUs ({g['gpus']} GPUs) in one NVLink domain, create -> all Running",
+    ]
+    names = {"extender": "kube-scheduler + extender", "volcano": "Volcano (PodGroup, HyperNodes)"}
+    for path in ("extender", "volcano"):
+        if path not in g:
+            continue
+        d = g[path]
+        runs = ", ".join(f"{x:.2f}" for x in d["running_s"])
+        aim = "met" if d["max_running_s"] < 10 else "NOT met"
+        lines.append(
+            f"  {names[path]:<32} median {d['median_running_s']:.2f} s, max {d['max_running_s']:.2f} s "
+            f"(runs: {runs}; bound: {', '.join(f'{x:.2f}' for x in d['bound_s'])}); "
+            f"NVLink domains used {d['nvlink_domains_used']}; aim < 10 s: {aim}"
+        )
+    lines.append(f"independent 1-GPU pods: {s['independent_pods']} per run, median of runs")
+    for path, label in (("plain", "kube-scheduler alone"), ("extender", "kube-scheduler + extender")):
+        if path in s["independent"]:
+            d = s["independent"][path]
+            lines.append(
+                f"  {label:<32} to bound {d['ms_per_pod_bound']:.1f} ms/pod "
+                f"({d['pods_per_s_bound']:.1f} pods/s), "
+                f"to Running {d['ms_per_pod_running']:.1f} ms/pod ({d['pods_per_s_running']:.1f} pods/s)"
+            )
+    if "extender_overhead_bound_pct" in s:
+        aim = "met" if s["extender_overhead_bound_pct"] < 20 else "NOT met"
+        lines.append(
+            f"  extender adds {s['extender_overhead_bound_pct']:+.1f}% per pod to bound, "
+            f"{s['extender_overhead_running_pct']:+.1f}% to Running; aim < 20%: {aim}"
+        )
+    return lines
+
+
+def _int_in(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected {low}..{high}, got {value}")
+        return value
+
+    return parse
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpu-node-agent bench cluster", description=__doc__.splitlines()[0])
+    p.add_argument("--racks", type=_int_in(1, 8), default=2, help="NVL72 racks of hollow trays (default 2)")
+    p.add_argument("--trays", type=_int_in(1, 18), default=18, help="trays per rack = gang pods (default 18)")
+    p.add_argument("--runs", type=_int_in(1, 20), default=3, help="runs of each measurement (default 3)")
+    p.add_argument(
+        "--pods",
+        type=_int_in(1, 1000),
+        default=None,
+        help="independent 1-GPU pods per run (default: GPUs / 2)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    from topology import logs  # noqa: PLC0415
+
+    logs.configure("auto", "error")
+    gpus = args.racks * args.trays * 4
+    independent = args.pods if args.pods is not None else max(1, gpus // 2)
+    if independent > gpus:
+        print(f"bench cluster: --pods {independent} exceeds the cluster's {gpus} GPUs", file=sys.stderr)
+        return 2
+    say: Callable[[str], None] = (lambda _: None) if args.json else (lambda m: print(m, flush=True))
+    with tempfile.TemporaryDirectory(prefix="gna-bench-cluster-") as tmp:
+        try:
+            cluster = start_hollow_cluster(
+                Path(tmp),
+                specs=tray_specs(racks=args.racks, trays=args.trays),
+                extender=True,
+                plain_scheduler=True,
+                volcano=True,
+                announce=say,
+            )
+        except ClusterUnavailableError as exc:
+            print(f"bench cluster: cannot run here: {exc}", file=sys.stderr)
+            return 1
+        try:
+            res = run_bench(cluster, gang_pods=args.trays, independent_pods=independent, runs=args.runs)
+        finally:
+            cluster.stop()
+    s = summary(res)
+    if args.json:
+        print(json.dumps({"machine": machine_summary(), **s}, sort_keys=True))
+    else:
+        print(machine_summary())
+        for line in render(s, racks=args.racks, trays=args.trays):
+            print(line)
+    return 0
