@@ -144,6 +144,11 @@ class ManagedProcess:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once it has exited (``None`` while it runs or before it started)."""
+        return self._proc.poll() if self._proc is not None else None
+
     def log_tail(self, lines: int = 30) -> str:
         try:
             text = self.log_path.read_text(errors="replace")
@@ -654,6 +659,7 @@ def start_device_manager_harness(
 # ------------------------------------------------------------------------------------ hollow GPU nodes
 
 HOLLOW_NODE = "hollownode"
+BUILD_COMMAND = "tests/e2e/counterparts/build.sh"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 AGENT_COMMAND: tuple[str, ...] = (sys.executable, "-m", "agent.cli")
 """How a node agent is started: this interpreter, with the repository on ``PYTHONPATH``."""
@@ -791,22 +797,39 @@ class HollowNode:
         if self.process is not None and self.process.alive():
             raise RuntimeError(f"hollow node {self.name} is already running")
         before = _socket_identity(self.kubelet_socket)
-        self.process = ManagedProcess(f"hollownode[{self.name}]", self.argv, self.log_path).start()
+        try:
+            self.process = ManagedProcess(f"hollownode[{self.name}]", self.argv, self.log_path).start()
+        except OSError as e:  # e.g. a truncated or foreign binary: "Exec format error"
+            raise MissingCounterpartError(
+                f"{HOLLOW_NODE}: cannot run {self.argv[0]} ({e.strerror or e}); "
+                f"rebuild it with {BUILD_COMMAND}"
+            ) from None
         self.starts += 1
         return before
 
     def wait_ready(
         self, old_socket: tuple[int, int] | None = None, *, timeout_s: float = START_TIMEOUT_S
     ) -> None:
-        """Until the device manager serves a new kubelet.sock, pod-resources is up and the Node is Ready."""
+        """Until the device manager serves a new kubelet.sock, pod-resources is up and the Node is Ready.
+        A node that refuses its command line (exit 2: a binary older than its source) is one line naming the
+        build command."""
         proc = self.process
-        wait_until(
-            lambda: _socket_identity(self.kubelet_socket) not in (None, old_socket),
-            what=f"hollow node {self.name}: kubelet.sock",
-            process=proc,
-            timeout_s=timeout_s,
-            interval_s=0.05,
-        )
+        try:
+            wait_until(
+                lambda: _socket_identity(self.kubelet_socket) not in (None, old_socket),
+                what=f"hollow node {self.name}: kubelet.sock",
+                process=proc,
+                timeout_s=timeout_s,
+                interval_s=0.05,
+            )
+        except StartupError:
+            if proc is None or proc.returncode != 2:
+                raise
+            said = proc.log_tail(1).strip()[:200]
+            raise MissingCounterpartError(
+                f"{HOLLOW_NODE}: {self.argv[0]} refused its command line ({said}); "
+                f"rebuild it with {BUILD_COMMAND}"
+            ) from None
         wait_until(
             self.pod_resources_socket.exists,
             what=f"hollow node {self.name}: pod-resources socket",

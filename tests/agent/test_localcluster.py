@@ -169,3 +169,41 @@ def test_group_rss_sums_the_process_group(tmp_path: Path) -> None:
     (tmp_path / "self").mkdir()
     assert cluster.group_rss_bytes(100, proc_root=tmp_path) == 1024 * 1024
     assert cluster.group_rss_bytes(300, proc_root=tmp_path) == 0
+
+
+def _node_running(tmp_path: Path, binary: Path) -> cluster.HollowNode:
+    apiserver: Any = None  # not reached: the node fails before it would register
+    node_dir = tmp_path / "nodes" / "hn-2"
+    return cluster.HollowNode("hn-2", (str(binary), "--name=hn-2"), node_dir, 1, apiserver,
+                              tmp_path / "logs" / "hollownode-hn-2.log")  # fmt: skip
+
+
+def test_a_binary_that_refuses_its_flags_is_one_line_naming_the_build_command(tmp_path: Path) -> None:
+    old = tmp_path / "hollownode"
+    old.write_text("#!/bin/sh\necho 'hollownode: flag provided but not defined: -record' >&2\nexit 2\n")
+    old.chmod(0o755)
+    node = _node_running(tmp_path, old)
+    with pytest.raises(cluster.MissingCounterpartError) as err:
+        node.start(timeout_s=30)
+    message = str(err.value)
+    assert "\n" not in message
+    assert "flag provided but not defined: -record" in message
+    assert message.endswith("rebuild it with tests/e2e/counterparts/build.sh")
+    assert node.process is None  # stopped
+
+
+def test_a_binary_that_cannot_run_is_one_line_naming_the_build_command(tmp_path: Path) -> None:
+    garbage = tmp_path / "hollownode"
+    garbage.write_bytes(b"\x7fELF truncated")
+    garbage.chmod(0o755)
+    with pytest.raises(cluster.MissingCounterpartError, match=r"cannot run .*build\.sh$") as err:
+        _node_running(tmp_path, garbage).start(timeout_s=30)
+    assert "\n" not in str(err.value)
+
+
+def test_a_node_that_crashes_otherwise_shows_its_log(tmp_path: Path) -> None:
+    crash = tmp_path / "hollownode"
+    crash.write_text("#!/bin/sh\necho 'hollownode: bind-mount failed' >&2\nexit 1\n")
+    crash.chmod(0o755)
+    with pytest.raises(cluster.StartupError, match="bind-mount failed"):
+        _node_running(tmp_path, crash).start(timeout_s=30)
