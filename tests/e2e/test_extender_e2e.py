@@ -1,7 +1,12 @@
 """Our extender with the REAL kube-scheduler and kube-apiserver: an 18-pod x 4-GPU gang lands in one
 NVL72 domain (by annotations, and by a Volcano PodGroup), an impossible gang binds nothing, two gangs
 competing for one domain never end half-bound (the second gets the domain once the first leaves),
-and ``plan --from-cluster`` reads the live cluster."""
+and ``plan --from-cluster`` reads the live cluster.
+
+These are the extender's scheduling decisions on hand-made ``Node`` objects (36 of them cost nothing):
+the full 2 racks x 18 trays, a PodGroup source, ``plan --from-cluster``. The same gang claims on real
+kubelets -- capacity from our plugins, domains from the agents and our topology controller, every bound
+pod admitted and ``Running`` with its devices -- are ``test_hollow_scheduling.py``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""The real Volcano scheduler places gangs by the HyperNodes it is given (deployment.md §7)."""
+"""The real Volcano scheduler places gangs by the HyperNodes it is given (deployment.md §7).
+
+Scheduling decisions only, on hand-made ``Node`` objects and hand-made domains of 2 and 3 nodes (shapes
+no simulated machine makes). Subgroups inside the NVLink domains our topology controller builds from
+the agents of real (hollow) kubelets, with every pod ``Running`` with its devices, are in
+``test_hollow_scheduling.py``."""
 
 from __future__ import annotations
 
