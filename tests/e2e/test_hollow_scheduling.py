@@ -33,7 +33,7 @@ import asyncio
 import os
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ import pytest
 from agent import localcluster as cluster
 from agent.nvml.sim_sysfs import ibnetdiscover_sample
 from agent.nvml.simulate import parse_spec
+from agent.podresources.client import PodResourcesError
 from tests.agent.metrics.running import prometheus_query
 from tests.e2e.conftest import _require, _unavailable
 from tests.e2e.test_extender_e2e import RunningExtender
@@ -276,7 +277,9 @@ def idle_trays(request: pytest.FixtureRequest) -> None:
     racks: Racks = request.getfixturevalue("racks")
     for node in racks.by_name().values():
         cluster.wait_until(
-            lambda node=node: not held(node), what=f"no devices held on {node.name}", timeout_s=WAIT_S
+            settled(lambda node=node: not held(node)),
+            what=f"no devices held on {node.name}",
+            timeout_s=WAIT_S,
         )
 
 
@@ -369,6 +372,18 @@ def held(node: cluster.HollowGpuNode, *, pod: str | None = None, namespace: str 
         and (pod is None or row.pod == pod)
         and (namespace is None or row.namespace == namespace)
     }
+
+
+def settled(predicate: Callable[[], bool]) -> Callable[[], bool]:
+    """``predicate`` for ``wait_until``: a failing pod-resources call (a busy kubelet) counts as not yet."""
+
+    def check() -> bool:
+        try:
+            return predicate()
+        except PodResourcesError:
+            return False
+
+    return check
 
 
 def node_gpus(node: cluster.HollowGpuNode) -> set[str]:
@@ -487,8 +502,10 @@ def test_competing_gangs_never_half_bound(
     )
     for node in racks.nodes[0]:  # its kubelets let its GPUs go (the second gang may hold them already)
         cluster.wait_until(
-            lambda node=node: (
-                not any(r.pod.startswith(first + "-") for r in node.node.pod_resources().assignments)
+            settled(
+                lambda node=node: (
+                    not any(r.pod.startswith(first + "-") for r in node.node.pod_resources().assignments)
+                )
             ),
             what=f"{first} gone from {node.name}'s pod-resources",
             timeout_s=WAIT_S,
