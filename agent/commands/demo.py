@@ -820,8 +820,8 @@ def _print_hollow_picture(
     n = len(picture.pods)
     if not n:
         p(
-            f'Sample job "llm-pretrain": not placed: no NVL72 rack has {len(trays) // max(racks, 1)} free '
-            "trays (every nvlink domain holds part of another job, or there is none)",
+            'Sample job "llm-pretrain": not placed: no NVL72 rack is free (each nvlink domain holds part '
+            "of another job, or there is none)",
             file=out,
         )
         p("Stop: Ctrl-C (or run with --once to exit after one pass)", file=out, flush=True)
