@@ -454,6 +454,29 @@ def kube_scheduler_config(
     return cfg
 
 
+def extender_entry(
+    url: str, *, managed_resource: str | None = "nvidia.com/gpu", tls: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """kube-scheduler's ``extenders`` entry for our extender at ``url`` (filter, prioritize and bind;
+    ``tls``: the ``tlsConfig`` client side, ``certFile``/``keyFile``/``caFile``, with ``enableHTTPS``)."""
+    entry: dict[str, Any] = {
+        "urlPrefix": url,
+        "filterVerb": "filter",
+        "prioritizeVerb": "prioritize",
+        "bindVerb": "bind",
+        "weight": 5,
+        "nodeCacheCapable": True,
+        "httpTimeout": "30s",
+        "ignorable": False,
+    }
+    if tls is not None:
+        entry["enableHTTPS"] = True
+        entry["tlsConfig"] = dict(tls)
+    if managed_resource is not None:
+        entry["managedResources"] = [{"name": managed_resource, "ignoredByScheduler": False}]
+    return entry
+
+
 def start_kube_scheduler(
     counterparts: Counterparts,
     workdir: Path,

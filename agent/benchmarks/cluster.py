@@ -116,28 +116,13 @@ class RunningExtender:
 
     def scheduler_entry(self) -> dict[str, Any]:
         """kube-scheduler's ``extenders`` entry for it."""
-        return extender_entry(self.url)
+        return localcluster.extender_entry(self.url)
 
     def stop(self) -> None:
         asyncio.run_coroutine_threadsafe(self.service.stop(), self.loop).result(30)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         self.loop.close()
-
-
-def extender_entry(url: str) -> dict[str, Any]:
-    """kube-scheduler's ``extenders`` entry for our extender at ``url``."""
-    return {
-        "urlPrefix": url,
-        "filterVerb": "filter",
-        "prioritizeVerb": "prioritize",
-        "bindVerb": "bind",
-        "weight": 5,
-        "nodeCacheCapable": True,
-        "httpTimeout": "30s",
-        "ignorable": False,
-        "managedResources": [{"name": GPU, "ignoredByScheduler": False}],
-    }
 
 
 def _answers_200(url: str) -> bool:
@@ -185,7 +170,7 @@ class ExtenderProcess:
         self.url = f"http://127.0.0.1:{port}/"
 
     def scheduler_entry(self) -> dict[str, Any]:
-        return extender_entry(self.url)
+        return localcluster.extender_entry(self.url)
 
     def stop(self) -> None:
         self.process.stop()

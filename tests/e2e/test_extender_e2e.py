@@ -135,19 +135,7 @@ def extender(
     try:
         kube_scheduler_factory(
             scheduler_name=SCHEDULER,
-            extenders=[
-                {
-                    "urlPrefix": ext.url,
-                    "filterVerb": "filter",
-                    "prioritizeVerb": "prioritize",
-                    "bindVerb": "bind",
-                    "weight": 5,
-                    "nodeCacheCapable": True,
-                    "httpTimeout": "30s",
-                    "ignorable": False,
-                    "managedResources": [{"name": "nvidia.com/gpu", "ignoredByScheduler": False}],
-                }
-            ],
+            extenders=[cluster.extender_entry(ext.url)],
         )
         yield ext
     finally:

@@ -63,23 +63,14 @@ def tls_extender(
         kube_scheduler_factory(
             scheduler_name=SCHEDULER,
             extenders=[
-                {
-                    "urlPrefix": ext.url,
-                    "filterVerb": "filter",
-                    "prioritizeVerb": "prioritize",
-                    "bindVerb": "bind",
-                    "weight": 5,
-                    "nodeCacheCapable": True,
-                    "httpTimeout": "30s",
-                    "ignorable": False,
-                    "enableHTTPS": True,
-                    "tlsConfig": {
+                cluster.extender_entry(
+                    ext.url,
+                    tls={
                         "certFile": str(pki.client_cert),
                         "keyFile": str(pki.client_key),
                         "caFile": str(pki.ca),
                     },
-                    "managedResources": [{"name": "nvidia.com/gpu", "ignoredByScheduler": False}],
-                }
+                )
             ],
         )
         yield ext

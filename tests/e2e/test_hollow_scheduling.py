@@ -247,19 +247,7 @@ def extender(
             tmp_path_factory.mktemp("sched-ext"),
             apiserver=control_plane.apiserver,
             scheduler_name=SCHEDULER,
-            extenders=[
-                {
-                    "urlPrefix": ext.url,
-                    "filterVerb": "filter",
-                    "prioritizeVerb": "prioritize",
-                    "bindVerb": "bind",
-                    "weight": 5,
-                    "nodeCacheCapable": True,
-                    "httpTimeout": "30s",
-                    "ignorable": False,
-                    "managedResources": [{"name": GPU, "ignoredByScheduler": False}],
-                }
-            ],
+            extenders=[cluster.extender_entry(ext.url, managed_resource=GPU)],
         )
         yield ext
     finally:
