@@ -26,7 +26,7 @@ import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import yaml
 
@@ -777,8 +777,44 @@ def hollow_node_argv(
     return argv
 
 
+class _Restartable:
+    """Start, stop and restart of a handle over one :class:`ManagedProcess`: ``launch`` starts it and
+    returns what ``_wait_started`` needs to tell the new process ready from the old one."""
+
+    process: ManagedProcess | None
+
+    def launch(self) -> object:
+        raise NotImplementedError
+
+    def _wait_started(self, token: object, timeout_s: float) -> None:
+        raise NotImplementedError
+
+    def start(self, *, timeout_s: float = START_TIMEOUT_S) -> Self:
+        token = self.launch()
+        try:
+            self._wait_started(token, timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        if self.process is not None:
+            self.process.stop(grace_s)
+            self.process = None
+
+    def restart(self, *, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Stop and start the same command again on the same folders and ports (a kubelet restart, or
+        a DaemonSet pod replaced on the node)."""
+        self.stop()
+        self.start(timeout_s=timeout_s)
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.alive()
+
+
 @dataclass
-class HollowNode:
+class HollowNode(_Restartable):
     """One hollow GPU node: the kubelet's code with the real device manager, on folders of its own.
 
     ``device_plugins_dir`` is what a DaemonSet mounts as ``/var/lib/kubelet/device-plugins`` (kubelet.sock,
@@ -864,27 +900,8 @@ class HollowNode:
             self.ready, what=f"Node {self.name} Ready", process=proc, timeout_s=timeout_s, interval_s=0.1
         )
 
-    def start(self, *, timeout_s: float = START_TIMEOUT_S) -> HollowNode:
-        old = self.launch()
-        try:
-            self.wait_ready(old, timeout_s=timeout_s)
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def stop(self, grace_s: float = 10.0) -> None:
-        if self.process is not None:
-            self.process.stop(grace_s)
-            self.process = None
-
-    def restart(self, *, timeout_s: float = START_TIMEOUT_S) -> None:
-        """Stop and start again on the same folders and port (a kubelet restart)."""
-        self.stop()
-        self.start(timeout_s=timeout_s)
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.alive()
+    def _wait_started(self, token: object, timeout_s: float) -> None:
+        self.wait_ready(token if isinstance(token, tuple) else None, timeout_s=timeout_s)
 
     def records(self, *, pod: str | None = None, namespace: str | None = None) -> list[dict[str, Any]]:
         """The CreateContainer requests the kubelet sent, oldest first (keys: ``node``, ``namespace``,
@@ -1054,7 +1071,7 @@ def node_agent_argv(
 
 
 @dataclass
-class NodeAgent:
+class NodeAgent(_Restartable):
     """``gpu-node-agent run`` for one hollow node, with its fault file and ``/metrics``."""
 
     node_name: str
@@ -1082,27 +1099,8 @@ class NodeAgent:
         what = f"agent of {self.node_name}: /readyz"
         wait_until(lambda: _http_ok(url), what=what, process=self.process, timeout_s=timeout_s)
 
-    def start(self, *, timeout_s: float = START_TIMEOUT_S) -> NodeAgent:
-        self.launch()
-        try:
-            self.wait_ready(timeout_s=timeout_s)
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def stop(self, grace_s: float = 10.0) -> None:
-        if self.process is not None:
-            self.process.stop(grace_s)
-            self.process = None
-
-    def restart(self, *, timeout_s: float = START_TIMEOUT_S) -> None:
-        """Stop and start the same command (a DaemonSet pod replaced on the node)."""
-        self.stop()
-        self.start(timeout_s=timeout_s)
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.alive()
+    def _wait_started(self, token: object, timeout_s: float) -> None:
+        self.wait_ready(timeout_s=timeout_s)
 
     def fault(self, **event: Any) -> None:
         """Append one event to the simulator's fault file, e.g. ``fault(event="xid", gpu=3, xid=79)``."""
