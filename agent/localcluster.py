@@ -15,6 +15,7 @@ import hashlib
 import http.client
 import json
 import os
+import random
 import signal
 import socket
 import ssl
@@ -103,9 +104,41 @@ def locate_counterparts(environ: Mapping[str, str] = os.environ) -> Counterparts
 # ------------------------------------------------------------------------------------------- processes
 
 
+_PORTS_LOW, _PORTS_HIGH = 20000, 32767  # below Linux's default ephemeral range (32768-60999)
+_handed_out: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2]
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A TCP port on 127.0.0.1 that was free a moment ago, outside the kernel's ephemeral range.
+
+    A port the kernel handed out for ``bind(0)`` comes from the same range it takes source ports of
+    outgoing connections from, so with many clients (agents, kubelets, informers) one of their
+    connections may take it before the process it was meant for binds it ("address already in use").
+    Ports below that range are never taken that way; a random start and the ports this process has
+    handed out already keep two callers apart."""
+    low, high = _ephemeral_range()
+    top = min(_PORTS_HIGH, low - 1) if low > _PORTS_LOW + 1000 else _PORTS_HIGH
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randint(_PORTS_LOW, top)
+        if port in _handed_out or low <= port <= high:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # a crowded host: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 

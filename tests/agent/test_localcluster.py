@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -207,3 +208,14 @@ def test_a_node_that_crashes_otherwise_shows_its_log(tmp_path: Path) -> None:
     crash.chmod(0o755)
     with pytest.raises(cluster.StartupError, match="bind-mount failed"):
         _node_running(tmp_path, crash).start(timeout_s=30)
+
+
+def test_free_port_is_outside_the_ephemeral_range_and_never_handed_out_twice() -> None:
+    # a port from the kernel's ephemeral range can be taken by any outgoing connection's source port
+    # before the process it was meant for binds it; ours come from below that range
+    low, high = cluster._ephemeral_range()
+    ports = [cluster.free_port() for _ in range(50)]
+    assert len(set(ports)) == 50
+    assert not [p for p in ports if low <= p <= high]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[-1]))
