@@ -1,7 +1,20 @@
-"""Gangs from Kubernetes objects: a Volcano ``PodGroup`` or our CRD-free pod annotations. Pure.
+"""Gangs from Kubernetes objects: Volcano and native PodGroups, KubeRay RayClusters, our annotations. Pure.
 
-Two sources, both plain dicts as the API serves them:
+Four sources, all plain dicts as the API serves them. A pod's gang is the first that applies
+(``gang_key_of``), so an explicit declaration wins over KubeRay's labels:
 
+- **Native PodGroup** (``scheduling.k8s.io/v1beta1``, Kubernetes 1.37, gate ``GenericWorkload``): pods
+  that name it in ``spec.schedulingGroup.podGroupName`` (same namespace) are the gang. The PodGroup is
+  read as kube-scheduler reads it: ``schedulingPolicy.gang.minCount`` is the minimum (``basic``: 1);
+  fewer live pods than that wait (as kube-scheduler's PreEnqueue does, also while the PodGroup does not
+  exist yet); more start elastically, the minimum all-or-nothing. ``schedulingConstraints.topology[0].key``
+  (a node-label key) puts the whole group inside one domain of our tier of that label:
+  ``gpuagent.dev/nvlink-domain`` or ``nvidia.com/gpu.clique`` -> ``nvlink``, ``gpuagent.dev/ib-leaf`` ->
+  ``leaf``, ``gpuagent.dev/<tier>-domain`` -> ``<tier>``; any other key is an error (the extender
+  places by its tiers, not by arbitrary labels). The role is named after ``workloadRef.templateName``; a
+  ``Workload`` the extender knows must have that template. Pods of different requests in one group
+  become roles ``<template>-0``, ``-1``, ... planned whole, with ``minCount`` as the barrier's minimum.
+  A CompositePodGroup parent (v1alpha3) is not read: each PodGroup is its own gang.
 - **Volcano PodGroup** (``scheduling.volcano.sh/v1beta1``), joined to pods by the pod annotation
   ``scheduling.k8s.io/group-name`` (same namespace). ``minMember`` is the gang minimum;
   ``networkTopology{mode, highestTierAllowed | highestTierName}`` bounds the whole gang;
@@ -14,21 +27,39 @@ Two sources, both plain dicts as the API serves them:
   ``gpuagent.dev/min-subgroups``, ``gpuagent.dev/topology-mode`` (``hard``/``soft``) and
   ``gpuagent.dev/role``; the rank comes from ``batch.kubernetes.io/job-completion-index`` (label or
   annotation) or ``gpuagent.dev/rank``.
+- **KubeRay RayCluster** (``ray.io/v1``): the head and worker pods KubeRay labels ``ray.io/cluster``
+  (with ``ray.io/node-type`` ``head``/``worker`` and ``ray.io/group``) form the gang ``<ns>/<cluster>``.
+  The RayCluster object, not its pods, gives the shape: the role ``headgroup`` (one pod) and one role
+  per worker group, named by ``groupName``, of replicas x ``numOfHosts`` pods (replicas clamped to
+  ``minReplicas..maxReplicas`` as KubeRay does; a suspended group has none). The user writes the
+  topology as annotations: on a worker group's pod template (``metadata.annotations``, which KubeRay
+  copies to the pods), else on the RayCluster for every worker group, ``gpuagent.dev/subgroup-tier``
+  (each subgroup inside one domain of that tier) and ``gpuagent.dev/subgroup-size`` (pods per
+  subgroup; with a tier and no size the whole worker group is one subgroup); on the RayCluster,
+  ``gpuagent.dev/gang-tier`` and ``gpuagent.dev/topology-mode`` for the whole cluster. Minimum: every
+  desired pod (KubeRay's own Volcano ``minMember``); with ``enableInTreeAutoscaling: true`` the head and
+  ``minReplicas`` x ``numOfHosts`` per worker group, in whole subgroups (size 1 without a subgroup
+  size; a group that is one subgroup starts whole). A worker's rank is KubeRay's multi-host index
+  (``ray.io/worker-group-replica-index`` x hosts + ``ray.io/replica-host-index``) where set, else by
+  pod name. A suspended cluster, an unknown RayCluster and more pods than the spec wants (the operator
+  scaling down) wait; other pod types (``redis-cleanup``) are pods on their own.
 
 Tiers are given by name or by number (1 = the first tier of the cluster). Every contradiction raises
-``GangError`` with a message that names the object and the field. Sizes are bounded: no count (gang
-size, subgroup size, minimum, rank) may exceed ``MAX_GANG_PODS``, nor may a gang's roles together, so a
-hostile annotation (``gang-size: "1000000000"``) is an error naming the field and the limit, never a plan
-the planner would spend minutes and gigabytes on.
+``GangError`` with a message that names the object and the field; what more pods or objects will
+resolve raises ``GangIncompleteError`` (wait). Sizes are bounded: no count (gang size, subgroup size,
+minimum, rank, a worker group's replicas x hosts) may exceed ``MAX_GANG_PODS``, nor may a gang's roles
+together, so a hostile annotation (``gang-size: "1000000000"``) or ``replicas: 2147483647`` is an error
+naming the field and the limit, never a plan the planner would spend minutes and gigabytes on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
-from scheduler_plugin.cluster import CPU, GPU, MEMORY, pod_key, pod_requests
+from scheduler_plugin.cluster import CPU, GPU, LABEL_FALLBACK, MEMORY, pod_key, pod_requests
 from scheduler_plugin.snapshot import MAX_GANG_PODS, Gang, PodSlot, Role
 
 GROUP_NAME = "scheduling.k8s.io/group-name"
@@ -61,7 +92,7 @@ class GangSpec:
     gang: Gang
     members: Mapping[str, PodSlot]  # pod key "<ns>/<name>" -> its role and index
     min_member: int  # pods that must bind together (the gang barrier)
-    source: str  # "podgroup" or "annotations"
+    source: str  # "podgroup", "annotations", "raycluster" or "workload"
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -80,13 +111,27 @@ def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
 
 
 def gang_key_of(pod: Mapping[str, Any]) -> tuple[str, str] | None:
-    """``(source, "<ns>/<name>")`` of the gang a pod belongs to, or None for a pod on its own."""
+    """``(source, "<ns>/<name>")`` of the gang a pod belongs to, or None for a pod on its own.
+
+    The first that applies: ``spec.schedulingGroup.podGroupName`` (``workload``), the Volcano group
+    annotation (``podgroup``), ``gpuagent.dev/gang`` (``annotations``), KubeRay's ``ray.io/cluster`` on a
+    head or worker (``raycluster``).
+    """
     ns = _meta(pod).get("namespace") or "default"
+    spec = pod.get("spec")
+    group = spec.get("schedulingGroup") if isinstance(spec, Mapping) else None
+    native = group.get("podGroupName") if isinstance(group, Mapping) else None
+    if isinstance(native, str) and native:
+        return "workload", f"{ns}/{native}"
     ann = _annotations(pod)
     if ann.get(GROUP_NAME):
         return "podgroup", f"{ns}/{ann[GROUP_NAME]}"
     if ann.get(ANN_GANG):
         return "annotations", f"{ns}/{ann[ANN_GANG]}"
+    labels = _labels(pod)
+    ray = labels.get(RAY_CLUSTER)
+    if isinstance(ray, str) and ray and labels.get(RAY_NODE_TYPE) in RAY_NODE_TYPES:
+        return "raycluster", f"{ns}/{ray}"
     return None
 
 
@@ -166,7 +211,10 @@ def _shape(pods: Sequence[Mapping[str, Any]], where: str) -> tuple[int, dict[str
     """GPUs and other requests per pod; the pods of one role must agree."""
     shapes: dict[tuple[int, tuple[tuple[str, int], ...]], str] = {}
     for pod in pods:
-        req = pod_requests(pod)
+        try:
+            req = pod_requests(pod)
+        except (AttributeError, TypeError) as exc:  # containers or resources of the wrong type
+            raise GangError(f"{where}: pod {pod_key(pod)}: malformed spec.containers ({exc})") from None
         shape = (req.get(GPU, 0), tuple(sorted((k, v) for k, v in req.items() if k in (CPU, MEMORY) and v)))
         shapes.setdefault(shape, pod_key(pod))
     if len(shapes) > 1:
@@ -181,12 +229,17 @@ def _shape(pods: Sequence[Mapping[str, Any]], where: str) -> tuple[int, dict[str
     return gpus, dict(rest)
 
 
-def _order(pods: Iterable[Mapping[str, Any]], size: int, where: str) -> list[tuple[int, Mapping[str, Any]]]:
+def _order(
+    pods: Iterable[Mapping[str, Any]],
+    size: int,
+    where: str,
+    rank: Callable[[Mapping[str, Any]], int | None] = pod_rank,
+) -> list[tuple[int, Mapping[str, Any]]]:
     """Index each pod: ranked pods at their rank, the rest (by name) in the free indices."""
     ranked: dict[int, Mapping[str, Any]] = {}
     unranked: list[Mapping[str, Any]] = []
     for pod in pods:
-        r = pod_rank(pod)
+        r = rank(pod)
         if r is None:
             unranked.append(pod)
             continue
@@ -463,18 +516,393 @@ def gang_from_podgroup(
     )
 
 
+# -- shared by the RayCluster and native PodGroup sources ----------------------------------------
+
+
+def _mapping(value: Any, where: str, *, optional: bool = False) -> Mapping[str, Any]:
+    if value is None and optional:
+        return {}
+    if not isinstance(value, Mapping):
+        raise GangError(f"{where}: expected a mapping, got {_repr(value)}")
+    return value
+
+
+def _live(pods: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Pods that still count: not being deleted, not finished (a replacement may already exist)."""
+    out = []
+    for pod in pods:
+        status = pod.get("status")
+        phase = status.get("phase") if isinstance(status, Mapping) else None
+        if _meta(pod).get("deletionTimestamp") or phase in ("Succeeded", "Failed"):
+            continue
+        out.append(pod)
+    return out
+
+
+def _template_pod(template: Mapping[str, Any], namespace: str, name: str) -> Mapping[str, Any]:
+    """A pod template as a pod, to read its requests before any of its pods exists."""
+    return {"metadata": {"namespace": namespace, "name": name}, "spec": template.get("spec")}
+
+
+def _int32(value: Any, where: str, default: int) -> int:
+    """A Kubernetes ``int32`` field: absent gives ``default``; a JSON integer in 0..2^31-1, else an error."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise GangError(f"{where}: expected an integer, got {_repr(value)}")
+    if not 0 <= value <= _INT32_MAX:
+        shown = str(value) if value.bit_length() < 256 else "a number"
+        raise GangError(f"{where}: {shown} is outside 0..{_INT32_MAX}")
+    return value
+
+
+_INT32_MAX = 2**31 - 1
+
+
+# -- KubeRay RayCluster --------------------------------------------------------------------------
+
+RAY_CLUSTER = "ray.io/cluster"
+RAY_GROUP = "ray.io/group"
+RAY_NODE_TYPE = "ray.io/node-type"
+RAY_HEAD_GROUP = "headgroup"  # the ray.io/group KubeRay gives the head; the head's role
+RAY_REPLICA_INDEX = "ray.io/worker-group-replica-index"  # KubeRay's alpha RayMultiHostIndexing
+RAY_HOST_INDEX = "ray.io/replica-host-index"
+RAY_NODE_TYPES = ("head", "worker")  # other types (redis-cleanup) are pods on their own
+
+
+def _ray_setting(
+    template: Mapping[str, Any], raycluster: Mapping[str, Any], key: str, gwhere: str, where: str
+) -> tuple[str | None, str]:
+    """An annotation of the worker group's pod template, else of the RayCluster; and where it came from."""
+    value = _annotations(template).get(key)
+    if value is not None:
+        return str(value), f"{gwhere}.template.metadata.annotations[{key}]"
+    value = _annotations(raycluster).get(key)
+    return (str(value) if value is not None else None), f"{where}: metadata.annotations[{key}]"
+
+
+def _ray_worker_counts(group: Mapping[str, Any], gwhere: str) -> tuple[int, int, int]:
+    """``(pods, minimum pods, hosts per replica)`` of a worker group, replicas clamped as KubeRay does."""
+    suspend = group.get("suspend")
+    if suspend is not None and not isinstance(suspend, bool):
+        raise GangError(f"{gwhere}.suspend: expected true or false, got {_repr(suspend)}")
+    replicas_raw = group.get("replicas")
+    replicas = None if replicas_raw is None else _int32(replicas_raw, f"{gwhere}.replicas", 0)
+    low = _int32(group.get("minReplicas"), f"{gwhere}.minReplicas", 0)
+    high = _int32(group.get("maxReplicas"), f"{gwhere}.maxReplicas", _INT32_MAX)
+    hosts = _int32(group.get("numOfHosts"), f"{gwhere}.numOfHosts", 1) or 1  # 0 is omitted, then defaulted
+    if suspend:
+        return 0, 0, hosts
+    if low > high:
+        desired = high
+    elif replicas is None or replicas < low:
+        desired = low
+    else:
+        desired = min(replicas, high)
+    pods = desired * hosts
+    if pods > MAX_GANG_PODS:
+        raise _over(gwhere, f"{desired} replica(s) x {hosts} host(s) = {pods} pods")
+    return pods, min(low, high) * hosts, hosts
+
+
+def _ray_rank(hosts: int) -> Callable[[Mapping[str, Any]], int | None]:
+    """A worker's rank from KubeRay's multi-host index labels (replica x hosts + host), else ``pod_rank``."""
+
+    def rank(pod: Mapping[str, Any]) -> int | None:
+        labels = _labels(pod)
+        rep, host = str(labels.get(RAY_REPLICA_INDEX, "")), str(labels.get(RAY_HOST_INDEX, ""))
+        if _digits(rep) and _digits(host) and max(len(rep), len(host)) <= _MAX_DIGITS:
+            return int(rep) * hosts + int(host)
+        return pod_rank(pod)
+
+    return rank
+
+
+def gang_from_raycluster(
+    raycluster: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], tiers: Sequence[str]
+) -> GangSpec:
+    """The gang of a KubeRay ``RayCluster`` (``ray.io/v1``) and its live pods (joined by ``ray.io/cluster``).
+
+    Roles: ``headgroup`` (one pod), then one per worker group in spec order, named by ``groupName``, of
+    replicas x ``numOfHosts`` pods (replicas clamped to ``minReplicas..maxReplicas`` as KubeRay does; a
+    suspended group has none). Requests come from the pods, or from the group's template before any pod
+    exists.
+    """
+    meta = _meta(raycluster)
+    ns = meta.get("namespace") or "default"
+    key = f"{ns}/{meta.get('name', '')}"
+    where = f"RayCluster {key}"
+    spec = _mapping(raycluster.get("spec"), f"{where}: spec")
+    if spec.get("suspend") is True:
+        raise GangIncompleteError(f"{where}: spec.suspend is true; its pods wait until it is resumed")
+    auto = spec.get("enableInTreeAutoscaling")
+    if auto is not None and not isinstance(auto, bool):
+        raise GangError(f"{where}: spec.enableInTreeAutoscaling: expected true or false, got {_repr(auto)}")
+    ann = _annotations(raycluster)
+    mode = str(ann.get(ANN_MODE) or "hard")
+    if mode not in ("hard", "soft"):
+        raise GangError(
+            f"{where}: metadata.annotations[{ANN_MODE}]: expected hard or soft, got {_repr(mode)}"
+        )
+    gang_tier_raw = ann.get(ANN_GANG_TIER)
+    gang_tier = (
+        tier_of(str(gang_tier_raw), tiers, f"{where}: metadata.annotations[{ANN_GANG_TIER}]")
+        if gang_tier_raw
+        else None
+    )
+    head = _mapping(spec.get("headGroupSpec"), f"{where}: spec.headGroupSpec")
+    head_template = _mapping(head.get("template"), f"{where}: spec.headGroupSpec.template")
+    groups = spec.get("workerGroupSpecs")
+    if groups is None:
+        groups = []
+    if not isinstance(groups, list):
+        raise GangError(f"{where}: spec.workerGroupSpecs: expected a list, got {_repr(groups)}")
+    if len(groups) > MAX_GANG_PODS:
+        raise _over(f"{where}: spec.workerGroupSpecs", f"{len(groups)} worker groups")
+
+    by_group: dict[str, list[Mapping[str, Any]]] = {}
+    for pod in pods:
+        labels = _labels(pod)
+        node_type, group = labels.get(RAY_NODE_TYPE), labels.get(RAY_GROUP)
+        if node_type == "head" and group != RAY_HEAD_GROUP:
+            raise GangError(
+                f"{where}: pod {pod_key(pod)} is the head ({RAY_NODE_TYPE}=head) but its {RAY_GROUP} is "
+                f"{_repr(group)}, not {RAY_HEAD_GROUP!r}"
+            )
+        if node_type == "worker" and group == RAY_HEAD_GROUP:
+            raise GangError(f"{where}: pod {pod_key(pod)} is a worker with {RAY_GROUP}={RAY_HEAD_GROUP}")
+        if not isinstance(group, str) or not group:
+            raise GangError(f"{where}: pod {pod_key(pod)} has no {RAY_GROUP} label")
+        by_group.setdefault(group, []).append(pod)
+
+    roles: list[Role] = []
+    members: dict[str, PodSlot] = {}
+    heads = by_group.pop(RAY_HEAD_GROUP, [])
+    if len(heads) > 1:
+        raise GangIncompleteError(
+            f"{where}: {len(heads)} head pods ({', '.join(sorted(pod_key(p) for p in heads))}); "
+            "waiting for the operator to keep one"
+        )
+    hwhere = f"{where} role {RAY_HEAD_GROUP}"
+    gpus, res = _shape(heads or [_template_pod(head_template, ns, f"{key} head template")], hwhere)
+    roles.append(Role(name=RAY_HEAD_GROUP, pods=1, gpus_per_pod=gpus, resources_per_pod=res))
+    for idx, pod in _order(heads, 1, hwhere, rank=lambda _: None):
+        members[pod_key(pod)] = PodSlot(RAY_HEAD_GROUP, idx)
+
+    seen = {RAY_HEAD_GROUP}
+    for i, raw in enumerate(groups):
+        gwhere = f"{where}: spec.workerGroupSpecs[{i}]"
+        spec_group = _mapping(raw, gwhere)
+        name = spec_group.get("groupName")
+        if not isinstance(name, str) or not name:
+            raise GangError(f"{gwhere}.groupName: expected a non-empty name, got {_repr(name)}")
+        if name in seen:
+            raise GangError(f"{gwhere}.groupName: {name!r} is used twice or is the head's ({RAY_HEAD_GROUP})")
+        seen.add(name)
+        template = _mapping(spec_group.get("template"), f"{gwhere}.template")
+        count, minimum, hosts = _ray_worker_counts(spec_group, gwhere)
+        gpods = by_group.pop(name, [])
+        if len(gpods) > count:
+            raise GangIncompleteError(
+                f"{where}: worker group {name} has {len(gpods)} pod(s), more than the {count} its spec "
+                "wants; waiting for the operator to remove the rest"
+            )
+        if count == 0:
+            continue
+        rwhere = f"{where} worker group {name}"
+        tier_raw, tier_field = _ray_setting(template, raycluster, ANN_SUBGROUP_TIER, gwhere, where)
+        sub_tier = tier_of(tier_raw, tiers, tier_field) if tier_raw else None
+        size_raw, size_field = _ray_setting(template, raycluster, ANN_SUBGROUP_SIZE, gwhere, where)
+        size = _int(size_raw, size_field, minimum=1) if size_raw is not None else None
+        if sub_tier is not None and size is None:
+            size = count  # the whole worker group inside one domain
+        min_sg = None
+        if auto and minimum < count:  # the autoscaler's minimum: the rest start when they fit
+            size = size or 1
+            if size < count:
+                min_sg = -(-minimum // size)
+        gpus, res = _shape(gpods or [_template_pod(template, ns, f"{key} {name} template")], rwhere)
+        roles.append(
+            Role(
+                name=name,
+                pods=count,
+                gpus_per_pod=gpus,
+                subgroup_size=size,
+                subgroup_tier=sub_tier,
+                min_subgroups=min_sg,
+                resources_per_pod=res,
+            )
+        )
+        _bounded(roles, where)
+        for idx, pod in _order(gpods, count, rwhere, rank=_ray_rank(hosts)):
+            members[pod_key(pod)] = PodSlot(name, idx)
+    for group_name, stray in sorted(by_group.items()):
+        raise GangError(
+            f"{where}: pod {pod_key(stray[0])} has {RAY_GROUP}={group_name!r}, which is not a worker group "
+            "of spec.workerGroupSpecs"
+        )
+    gang = Gang(name=key, roles=tuple(roles), tier=gang_tier, soft=mode == "soft")
+    return GangSpec(key=key, gang=gang, members=members, min_member=_min_member(gang), source="raycluster")
+
+
+# -- native scheduling.k8s.io Workload / PodGroup ------------------------------------------------
+
+
+def _label_tier(key: Any, tiers: Sequence[str], where: str) -> str:
+    """Our tier for a node-label key: the labels the snapshot reads per tier (``gpuagent.dev/nvlink-domain``,
+    ``nvidia.com/gpu.clique``, ``gpuagent.dev/ib-leaf``, ...) or ``gpuagent.dev/<tier>-domain``."""
+    if not isinstance(key, str) or not key:
+        raise GangError(f"{where}: expected a node-label key, got {_repr(key)}")
+    name = next((tier for tier, keys in LABEL_FALLBACK.items() if key in keys), None)
+    prefix, suffix = "gpuagent.dev/", "-domain"
+    if name is None and key.startswith(prefix) and key.endswith(suffix) and len(key) > len(prefix + suffix):
+        name = key[len(prefix) : -len(suffix)]
+    if name is None:
+        known = sorted({k for keys in LABEL_FALLBACK.values() for k in keys})
+        raise GangError(
+            f"{where}: node label {_repr(key)} is not a topology label the extender places by "
+            f"(one of {', '.join(known)}, or gpuagent.dev/<tier>-domain)"
+        )
+    return tier_of(name, tiers, f"{where} ({key})")
+
+
+def _workload_templates(workload: Mapping[str, Any], depth: int = 0) -> set[str]:
+    """Names of a Workload's pod-group templates, composite templates included (the API nests <= 4)."""
+    spec = workload.get("spec") if depth == 0 else workload
+    if not isinstance(spec, Mapping) or depth > 8:
+        return set()
+    names: set[str] = set()
+    for t in spec.get("podGroupTemplates") or []:
+        if isinstance(t, Mapping) and isinstance(t.get("name"), str):
+            names.add(t["name"])
+    for c in spec.get("compositePodGroupTemplates") or []:
+        if isinstance(c, Mapping):
+            names |= _workload_templates(c, depth + 1)
+    return names
+
+
+def gang_from_workload_podgroup(
+    podgroup: Mapping[str, Any],
+    pods: Sequence[Mapping[str, Any]],
+    tiers: Sequence[str],
+    workloads: Mapping[str, Mapping[str, Any]] = MappingProxyType({}),
+) -> GangSpec:
+    """The gang of a native ``scheduling.k8s.io/v1beta1`` PodGroup and the live pods that name it in
+    ``spec.schedulingGroup.podGroupName``.
+
+    ``gang.minCount`` is the minimum (``basic``: 1); the pods that exist are the gang (fewer than
+    ``minCount``: wait for the rest); ``schedulingConstraints.topology[0].key`` (a node-label key) puts
+    the whole group inside one domain of our tier of that label. The role is named after
+    ``workloadRef.templateName``; a Workload the extender knows must have that template.
+    """
+    meta = _meta(podgroup)
+    ns = meta.get("namespace") or "default"
+    key = f"{ns}/{meta.get('name', '')}"
+    where = f"PodGroup {key} (scheduling.k8s.io)"
+    spec = _mapping(podgroup.get("spec"), f"{where}: spec")
+    policy = _mapping(spec.get("schedulingPolicy"), f"{where}: spec.schedulingPolicy")
+    basic, gang_policy = policy.get("basic"), policy.get("gang")
+    if (basic is None) == (gang_policy is None):
+        raise GangError(f"{where}: spec.schedulingPolicy: set exactly one of basic and gang")
+    if gang_policy is not None:
+        gang_policy = _mapping(gang_policy, f"{where}: spec.schedulingPolicy.gang")
+        min_field = f"{where}: spec.schedulingPolicy.gang.minCount"
+        minimum = _int(gang_policy.get("minCount"), min_field, minimum=1)
+    else:
+        _mapping(basic, f"{where}: spec.schedulingPolicy.basic")
+        minimum = 1
+    tier = None
+    constraints = _mapping(
+        spec.get("schedulingConstraints"), f"{where}: spec.schedulingConstraints", optional=True
+    )
+    topology = constraints.get("topology")
+    topo_field = f"{where}: spec.schedulingConstraints.topology"
+    if topology is not None:
+        if not isinstance(topology, list):
+            raise GangError(f"{topo_field}: expected a list, got {_repr(topology)}")
+        if len(topology) > 1:
+            raise GangError(f"{topo_field}: at most one constraint, got {len(topology)}")
+        if topology:
+            first = _mapping(topology[0], f"{topo_field}[0]")
+            tier = _label_tier(first.get("key"), tiers, f"{topo_field}[0].key")
+    role_name = DEFAULT_ROLE
+    ref = spec.get("workloadRef")
+    if ref is not None:
+        ref = _mapping(ref, f"{where}: spec.workloadRef")
+        workload_name, template = ref.get("workloadName"), ref.get("templateName")
+        ref_field = f"{where}: spec.workloadRef"
+        if not isinstance(workload_name, str) or not workload_name:
+            raise GangError(f"{ref_field}.workloadName: expected a name, got {_repr(workload_name)}")
+        if not isinstance(template, str) or not template:
+            raise GangError(f"{ref_field}.templateName: expected a name, got {_repr(template)}")
+        role_name = template
+        workload = workloads.get(f"{ns}/{workload_name}")
+        if workload is not None:
+            names = _workload_templates(workload)
+            if template not in names:
+                raise GangError(
+                    f"{ref_field}.templateName: Workload {ns}/{workload_name} has no template "
+                    f"{template!r} (it has: {', '.join(sorted(names)) or 'none'})"
+                )
+    if len(pods) > MAX_GANG_PODS:
+        raise _over(where, f"its {len(pods)} pods")
+    if len(pods) < minimum:
+        raise GangIncompleteError(
+            f"{where}: spec.schedulingPolicy.gang.minCount is {minimum}; {len(pods)} pod(s) name it so far"
+        )
+    by_shape: dict[tuple[int, tuple[tuple[str, int], ...]], list[Mapping[str, Any]]] = {}
+    for pod in pods:
+        gpus, res = _shape([pod], where)
+        by_shape.setdefault((gpus, tuple(sorted(res.items()))), []).append(pod)
+    roles: list[Role] = []
+    members: dict[str, PodSlot] = {}
+    shapes = sorted(by_shape, key=lambda s: (-s[0], s[1]))
+    for k, shape in enumerate(shapes):
+        rpods = by_shape[shape]
+        name = role_name if len(shapes) == 1 else f"{role_name}-{k}"
+        elastic = len(shapes) == 1 and minimum < len(rpods)  # the rest start when they fit
+        roles.append(
+            Role(
+                name=name,
+                pods=len(rpods),
+                gpus_per_pod=shape[0],
+                subgroup_size=1 if elastic else None,
+                min_subgroups=minimum if elastic else None,
+                resources_per_pod=dict(shape[1]),
+            )
+        )
+        for idx, pod in _order(rpods, len(rpods), f"{where} role {name}"):
+            members[pod_key(pod)] = PodSlot(name, idx)
+    gang = Gang(name=key, roles=tuple(roles), tier=tier)
+    return GangSpec(key=key, gang=gang, members=members, min_member=minimum, source="workload")
+
+
+# -- which source ----------------------------------------------------------------------------------
+
+
+_NONE: Mapping[str, Mapping[str, Any]] = MappingProxyType({})
+
+
 def gang_for_pod(
     pod: Mapping[str, Any],
     pods: Iterable[Mapping[str, Any]],
     podgroups: Mapping[str, Mapping[str, Any]],
     tiers: Sequence[str],
+    *,
+    rayclusters: Mapping[str, Mapping[str, Any]] = _NONE,
+    workload_podgroups: Mapping[str, Mapping[str, Any]] = _NONE,
+    workloads: Mapping[str, Mapping[str, Any]] = _NONE,
 ) -> GangSpec | None:
-    """The gang of ``pod`` (None for a pod on its own); ``podgroups`` is keyed ``"<ns>/<name>"``."""
+    """The gang of ``pod`` (None for a pod on its own). The objects are keyed ``"<ns>/<name>"``:
+    ``podgroups`` Volcano's, ``workload_podgroups`` and ``workloads`` the native ``scheduling.k8s.io``
+    ones, ``rayclusters`` KubeRay's."""
     found = gang_key_of(pod)
     if found is None:
         return None
     source, key = found
     mates = [p for p in pods if gang_key_of(p) == found]
+    if source in ("workload", "raycluster"):
+        mates = _live(mates)
     if pod_key(pod) not in {pod_key(p) for p in mates}:
         mates.append(pod)
     if source == "podgroup":
@@ -482,4 +910,19 @@ def gang_for_pod(
         if pg is None:
             raise GangError(f"pod {pod_key(pod)}: PodGroup {key} ({GROUP_NAME}) does not exist")
         return gang_from_podgroup(pg, mates, tiers)
+    if source == "workload":
+        native = workload_podgroups.get(key)
+        if native is None:  # the API lets pods come first; kube-scheduler waits for the group too
+            raise GangIncompleteError(
+                f"pod {pod_key(pod)}: PodGroup {key} (spec.schedulingGroup.podGroupName) does not exist yet"
+            )
+        return gang_from_workload_podgroup(native, mates, tiers, workloads)
+    if source == "raycluster":
+        raycluster = rayclusters.get(key)
+        if raycluster is None:
+            raise GangIncompleteError(
+                f"pod {pod_key(pod)}: RayCluster {key} ({RAY_CLUSTER}) is not known yet (not created, or "
+                "the ray.io/v1 API is not served)"
+            )
+        return gang_from_raycluster(raycluster, mates, tiers)
     return gang_from_annotations(key, mates, tiers)

@@ -1,9 +1,11 @@
 """The extender's view of the cluster and its decisions: filter, prioritize, the bind barrier. Pure.
 
 Fed by informer events (plain API dicts) and by the scheduler's calls; the clock is an argument
-(``now``, seconds) so every decision can be replayed in a test. Nothing here talks to the network:
-the decisions come back as values (which nodes pass, which pods to bind, which Events to record) and
-``scheduler_plugin.extender`` carries them out.
+(``now``, seconds) so every decision can be replayed in a test. Kinds kept: ``nodes``, ``pods``,
+``hypernodes``, and the gang sources (``scheduler_plugin.gangs``) ``podgroups`` (Volcano),
+``rayclusters`` (KubeRay), ``workloads`` and ``workload_podgroups`` (``scheduling.k8s.io``).
+Nothing here talks to the network: the decisions come back as values (which nodes pass, which pods
+to bind, which Events to record) and ``scheduler_plugin.extender`` carries them out.
 
 Gangs: the first pod of a gang to reach filter makes a plan for the whole gang (``planner.plan``) on
 the nodes its pods' ``nodeSelector`` allows, minus other gangs' reservations, and the plan becomes
@@ -39,6 +41,8 @@ from scheduler_plugin.planner import SnapshotCache, plan
 from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, PodSlot, Role
 
 MAX_PRIORITY = 10  # kube-scheduler's MaxExtenderPriority
+# kinds keyed "<namespace>/<name>"; the rest (nodes, hypernodes) are cluster-scoped
+_NAMESPACED = frozenset({"pods", "podgroups", "rayclusters", "workloads", "workload_podgroups"})
 SCHEDULER_NAME = "gpu-topology-scheduler"  # ARCHITECTURE.md: the second kube-scheduler that calls us
 
 
@@ -109,6 +113,10 @@ class ClusterState:
         self.pods: dict[str, dict[str, Any]] = {}
         self.hypernodes: dict[str, dict[str, Any]] = {}
         self.podgroups: dict[str, dict[str, Any]] = {}
+        # gang sources beside Volcano's PodGroups: KubeRay RayClusters, native scheduling.k8s.io ones
+        self.rayclusters: dict[str, dict[str, Any]] = {}
+        self.workloads: dict[str, dict[str, Any]] = {}
+        self.workload_podgroups: dict[str, dict[str, Any]] = {}
         self.reservations: dict[str, Reservation] = {}
         self._usage: dict[str, tuple[str, dict[str, int]]] = {}  # pod key -> (node, requests) held
         self._node_used: dict[str, dict[str, int]] = {}
@@ -129,7 +137,7 @@ class ClusterState:
     @staticmethod
     def _key(kind: str, obj: Mapping[str, Any]) -> str:
         meta = obj.get("metadata") or {}
-        if kind in ("pods", "podgroups"):
+        if kind in _NAMESPACED:
             return f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}"
         return str(meta.get("name", ""))
 
@@ -139,6 +147,9 @@ class ClusterState:
             "pods": self.pods,
             "hypernodes": self.hypernodes,
             "podgroups": self.podgroups,
+            "rayclusters": self.rayclusters,
+            "workloads": self.workloads,
+            "workload_podgroups": self.workload_podgroups,
         }[kind]
 
     def replace(self, kind: str, items: Iterable[Mapping[str, Any]]) -> None:
@@ -423,7 +434,15 @@ class ClusterState:
         spec: GangSpec | None = None
         if res is None or key not in res.spec.members:
             try:
-                spec = gang_for_pod(pod, self.pods.values(), self.podgroups, self.tiers())
+                spec = gang_for_pod(
+                    pod,
+                    self.pods.values(),
+                    self.podgroups,
+                    self.tiers(),
+                    rayclusters=self.rayclusters,
+                    workload_podgroups=self.workload_podgroups,
+                    workloads=self.workloads,
+                )
             except GangIncompleteError as exc:  # more pods to come: not a placement failure yet
                 msg = f"waiting for the rest of the gang: {exc}"
                 out.failed = dict.fromkeys(node_names, msg)

@@ -1,10 +1,13 @@
 """``gpu-node-agent extender``: serve the kube-scheduler extender (filter / prioritize / bind).
 
 The composition root: builds the API client and the one Kubernetes adapter (``topology.kube``), an
-informer per kind the extender reads (Nodes, Pods, Volcano HyperNodes and PodGroups) feeding the pure
-``ClusterState``, the handlers (bindings and Events through the adapter) and the HTTP server once, and
-configures ``topology.logs``; then runs until SIGTERM/SIGINT. Shutdown order: stop accepting, answer
-waiting binds, stop informers.
+informer per kind the extender reads (Nodes, Pods, Volcano HyperNodes and PodGroups, KubeRay
+RayClusters, ``scheduling.k8s.io`` Workloads and PodGroups) feeding the pure ``ClusterState``, the
+handlers (bindings and Events through the adapter) and the HTTP server once, and configures
+``topology.logs``; then runs until SIGTERM/SIGINT. Shutdown order: stop accepting, answer waiting
+binds, stop informers. Every kind but Nodes and Pods is optional: an API that is not served (404, a CRD
+not installed, ``scheduling.k8s.io/v1beta1`` off) is that gang source off, logged once
+(``source_off``), counted as empty and looked for again.
 
 Trust: the extender answers kube-scheduler only. By default it listens on loopback, as a container in
 the pod of its own kube-scheduler (``daemonset/base/scheduler-deployment.yaml``). On any other address
@@ -45,12 +48,45 @@ from topology.kube import (
 log = logs.get_logger("agent.commands.extender")
 
 COMPONENT = "gpu-topology-extender"  # Events' source.component / reportingComponent
-SOURCES = (  # (ClusterState kind, collection, optional: a CRD that may not be installed)
+RAYCLUSTERS = "/apis/ray.io/v1/rayclusters"  # KubeRay, every namespace
+WORKLOADS = "/apis/scheduling.k8s.io/v1beta1/workloads"  # Kubernetes 1.37, gate GenericWorkload
+WORKLOAD_PODGROUPS = "/apis/scheduling.k8s.io/v1beta1/podgroups"
+SOURCES = (  # (ClusterState kind, collection, optional: an API that may not be served)
     ("nodes", NODES, False),
     ("pods", PODS, False),
     ("hypernodes", HYPERNODES, True),
     ("podgroups", PODGROUPS, True),
+    ("rayclusters", RAYCLUSTERS, True),
+    ("workloads", WORKLOADS, True),
+    ("workload_podgroups", WORKLOAD_PODGROUPS, True),
 )
+
+
+class SourceInformer(Informer):
+    """An informer that says once when its optional kind is not served (404: the CRD is not installed or
+    the API group is off), so the operator knows that source is off, and once when it comes back."""
+
+    def __init__(self, kube: Kube, path: str, sink: Any, *, kind: str, **options: Any) -> None:
+        super().__init__(kube, path, sink, **options)
+        self.kind = kind
+        self.served: bool | None = None  # unknown until the first list
+
+    def list_once(self) -> str | None:
+        rv = super().list_once()
+        served = rv is not None
+        if served != self.served:
+            if not served:
+                log.info(
+                    "source_off",
+                    kind=self.kind,
+                    path=self.path,
+                    detail="the API answers 404 (CRD not installed or API group off); counted as empty "
+                    "and looked for again with backoff",
+                )
+            elif self.served is not None:
+                log.info("source_on", kind=self.kind, path=self.path)
+            self.served = served
+        return rv
 
 
 @dataclass(frozen=True)
@@ -267,10 +303,11 @@ class Service:
             return report
 
         self.informers = [
-            Informer(
+            SourceInformer(
                 self.kube,
                 path,
                 _StateFeed(kind, self.state, self.lock),
+                kind=kind,
                 optional=optional,
                 watch_timeout_s=settings.watch_timeout_s,
                 retry_s=1.0,
