@@ -149,7 +149,7 @@ def tier_of(value: Any, tiers: Sequence[str], where: str) -> str:
         return tiers[value - 1]
     if isinstance(value, str) and value in tiers:
         return value
-    raise GangError(f"{where}: unknown tier {value!r}; cluster tiers: {', '.join(tiers) or 'none'}")
+    raise GangError(f"{where}: unknown tier {_repr(value)}; cluster tiers: {', '.join(tiers) or 'none'}")
 
 
 _MAX_DIGITS = len(str(MAX_GANG_PODS))  # a count with more digits is over the limit, whatever it is
@@ -184,14 +184,22 @@ def _int(value: Any, where: str, *, minimum: int) -> int:
     else:
         raise bad
     if n < minimum:
-        raise GangError(f"{where}: expected an integer >= {minimum}, got {n}")
+        raise GangError(f"{where}: expected an integer >= {minimum}, got {_repr(n)}")
     if n > MAX_GANG_PODS:
         raise _over(where, _shown(str(n)) if n.bit_length() < 10_000 else "a number")
     return n
 
 
 def _repr(value: Any) -> str:
-    return f"{value[:40]!r}..." if isinstance(value, str) and len(value) > 40 else repr(value)[:60]
+    """A value for a message: long strings cut, a huge integer not printed (Python refuses to print
+    one of more than 4300 digits, and nobody needs to read it)."""
+    if isinstance(value, str) and len(value) > 40:
+        return f"{value[:40]!r}..."
+    if isinstance(value, int) and value.bit_length() > 256:
+        return f"an integer of {value.bit_length()} bits"
+    if isinstance(value, (Mapping, list)):
+        return type(value).__name__  # never render a hostile structure
+    return repr(value)[:60]
 
 
 def pod_rank(pod: Mapping[str, Any]) -> int | None:
