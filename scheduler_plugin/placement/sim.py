@@ -24,6 +24,25 @@ its reservation until it starts or the reservation time passes. The policy's cal
 reservations are not counted in the plan-time figures (those time placement decisions). Non-gang
 policies (kube default) keep the count rule: a partly placed job has no whole plan to reserve.
 
+Queues of their own (``queue=``; ``backfill`` above stays the like-for-like choice):
+
+- ``greedy``: jobs in priority order (PriorityClass value, then arrival); every job the policy places
+  now starts, and nothing is held for a job that does not fit (Volcano's allocate action with the gang
+  plugin, Kueue's BestEffortFIFO, KAI's allocate action, kube-scheduler's queue).
+- ``core``: ``scheduler_plugin.queue.decide``, the extender's queue itself, with the policy's ``place``
+  as its planner: reservations for the head chosen by what frees earliest and blocks least, backfill
+  by time limit, and gang preemption inside one domain (``preempt="core"``). Time limits are the
+  runtimes (known exactly). Every planner call the queue makes (placement, reservations, victim
+  searches) is timed in the plan-time figures.
+- ``count`` and ``reserve`` as above, in priority order.
+
+Preemption (``preempt=``): ``none``; ``core`` (inside ``decide``: whole lower-priority gangs inside one
+domain, least GPU-time lost, after ``QueueConfig.preempt_after_s``); ``kai`` (KAI's preempt action:
+a waiting job evicts running jobs of lower priority, lowest priority first and the latest started
+first, whole jobs, adding victims until its policy places it, anywhere in the cluster). An evicted
+job loses the GPU-time it ran (``preempted_gpu_s``) and goes back to the queue under its arrival time;
+``half_preempted`` marks a job that lost some of its pods but not all (whole-gang eviction never does).
+
 Bounded work per pass: a job is not offered to the policy when fewer GPUs are free than it needs, or
 when a job of the same shape already failed in this pass (placements only remove capacity). After an
 arrival only the new jobs are tried; after a completion the whole queue is.
@@ -38,18 +57,23 @@ Figures are time-weighted over the measured window [warm-up, last arrival], the 
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from operator import itemgetter
 
+from scheduler_plugin import queue as gang_queue
 from scheduler_plugin.placement.policies.base import Policy, units
 from scheduler_plugin.placement.shapes import Cluster
 from scheduler_plugin.placement.workloads import Job
-from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, NodeState, PodSlot, Role
+from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, NodeState, PlanResult, PodSlot, Role
 
 BACKFILL: tuple[str, ...] = ("count", "reserve")
+QUEUES: tuple[str, ...] = ("count", "reserve", "greedy", "core")
+PREEMPT: tuple[str, ...] = ("none", "core", "kai")
+KAI_PREEMPT_TRIES = 8  # planner calls per waiting job and pass in the KAI preemption model
 
 Reservation = tuple[float, dict[int, int]]  # (time the head can start, GPUs claimed per node index)
 
@@ -69,6 +93,10 @@ class JobRecord:
     tier1_subgroups: int = 0  # subgroups that require one tier-1 domain
     tier1_local: int = 0  # ... and got one
     partial: bool = False  # held some pods while waiting for the rest
+    priority: int = 0
+    preemptions: int = 0  # times it was evicted
+    preempted_gpu_s: float = 0.0  # GPU-time its evictions threw away
+    half_preempted: bool = False  # lost some pods but not all in one eviction
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +129,7 @@ class _Live:
     nodes_by_role: dict[str, list[int]] = field(default_factory=dict)  # placed pods in index order
     min_unit: tuple[int, int] = (1, 1)  # (pods, gpus per pod) of its smallest subgroup/unit
     shape: tuple[object, ...] = ()
+    seq: int = -1  # its entry in the running heap (-1: not running)
 
     @property
     def gpus_left(self) -> int:
@@ -206,6 +235,9 @@ def simulate(
     timeline_points: int = 1500,
     warmup: float = 0.25,
     backfill: str = "count",
+    queue: str | None = None,
+    preempt: str = "none",
+    queue_config: gang_queue.QueueConfig | None = None,
 ) -> SimResult:
     """Run ``jobs`` (sorted by arrival) through ``policy`` on ``cluster``.
 
@@ -216,14 +248,29 @@ def simulate(
         raise ValueError(f"warmup must be in [0, 1), got {warmup}")
     if backfill not in BACKFILL:
         raise ValueError(f"backfill must be one of {', '.join(BACKFILL)}, got {backfill!r}")
-    topological = backfill == "reserve" and policy.gang
+    mode = backfill if queue is None else queue
+    if mode not in QUEUES:
+        raise ValueError(f"queue must be one of {', '.join(QUEUES)}, got {mode!r}")
+    if preempt not in PREEMPT:
+        raise ValueError(f"preempt must be one of {', '.join(PREEMPT)}, got {preempt!r}")
+    if preempt == "core" and mode != "core":
+        raise ValueError("preempt='core' is the core queue's own preemption: it needs queue='core'")
+    if mode == "core" and not policy.gang:
+        raise ValueError(f"queue 'core' plans whole gangs; policy {policy.name} places pods")
+    topological = mode == "reserve" and policy.gang
+    greedy = mode == "greedy"
+    config = queue_config or gang_queue.QueueConfig(preempt_after_s=None if preempt != "core" else 600.0)
+    if preempt != "core":
+        config = gang_queue.QueueConfig(
+            preempt_after_s=None, exact_victims=config.exact_victims, max_plans=config.max_plans
+        )
     state = _Cluster(cluster)
     tier1 = cluster.tiers[0]
     window_end = jobs[-1].arrival_s if jobs else 0.0
     window_start = warmup * window_end
     window = window_end - window_start
     records: list[JobRecord] = []
-    queue: list[_Live] = []
+    pending: list[_Live] = []
     running: list[tuple[float, int, _Live]] = []
     plan_times: list[float] = []
     seq = 0
@@ -237,6 +284,25 @@ def simulate(
     deadlocked = False
     free_domains_at_start = state.free_domains
     upper_acc: dict[str, float] = {}
+    waiting_by_name: dict[str, _Live] = {}
+    running_by_name: dict[str, _Live] = {}
+    core_running: dict[str, gang_queue.Running] = {}
+    core_waiting: dict[str, gang_queue.Waiting] = {}
+    core_resv: Mapping[str, gang_queue.Reservation] = {}
+    wake = math.inf
+
+    def rank(live: _Live) -> tuple[float, float, str]:
+        return (-live.job.priority, live.job.arrival_s, live.job.name)
+
+    def enqueue(live: _Live) -> None:
+        """Into the queue in priority order (then arrival), and into the core queue's view."""
+        bisect.insort(pending, live, key=rank)
+        waiting_by_name[live.job.name] = live
+        if mode == "core":
+            job = live.job
+            core_waiting[job.name] = gang_queue.Waiting(
+                job.name, job.gang, job.priority, job.arrival_s, job.runtime_s
+            )
 
     def release(live: _Live) -> None:
         for node, g in live.held:
@@ -246,6 +312,17 @@ def simulate(
     def start(live: _Live, now: float) -> None:
         nonlocal seq
         live.record.start_s = now
+        waiting_by_name.pop(live.job.name, None)
+        running_by_name[live.job.name] = live
+        if mode == "core":
+            core_waiting.pop(live.job.name, None)
+            claims: dict[str, int] = {}
+            for node, g in live.held:
+                name = state.spec.nodes[node].name
+                claims[name] = claims.get(name, 0) + g
+            core_running[live.job.name] = gang_queue.Running(
+                live.job.name, live.job.priority, now, now + live.job.runtime_s, claims
+            )
         rec = live.record
         for role in live.job.gang.roles:
             if role.subgroup_tier != tier1 or not role.subgroup_size:
@@ -258,7 +335,28 @@ def simulate(
                     rec.tier1_local += 1
         end = now + live.job.runtime_s
         seq += 1
+        live.seq = seq
         heapq.heappush(running, (end, seq, live))
+
+    def finish(live: _Live) -> None:
+        running_by_name.pop(live.job.name, None)
+        core_running.pop(live.job.name, None)
+        live.seq = -1
+
+    def evict(live: _Live, now: float) -> None:
+        """Evict every pod of a running job (a whole gang) and queue it again under its arrival time."""
+        rec = live.record
+        held_pods = len(live.held)
+        all_pods = sum(r.pods for r in live.job.gang.roles)
+        rec.preemptions += 1
+        rec.preempted_gpu_s += sum(g for _, g in live.held) * max(0.0, now - (rec.start_s or now))
+        rec.half_preempted = rec.half_preempted or 0 < held_pods < all_pods
+        release(live)
+        finish(live)  # its heap entry is skipped when it comes up
+        rec.start_s = None
+        live.left = {r.name: r.pods for r in live.job.gang.roles}
+        live.nodes_by_role.clear()
+        enqueue(live)
 
     def apply(live: _Live, placement: Mapping[PodSlot, str]) -> int:
         """Take the GPUs of a plan's pods (in pod order); returns pods placed."""
@@ -386,14 +484,16 @@ def simulate(
         head_seen = False
         resv: Reservation | None = None
         kept: list[_Live] = []
-        for live in queue:
+        for live in pending:
             tried = fresh is None or live.job.name in fresh
             started = False
             need = live.gpus_left
             min_pod = min(r.gpus_per_pod for r in live.job.gang.roles if live.left[r.name] > 0)
             held: Reservation | None = None  # the reservation this job must leave alone
             shape_key: tuple[object, ...] = live.shape
-            if resv is not None:
+            if greedy:
+                allowed = True
+            elif resv is not None:
                 allowed = True
                 if now + live.job.runtime_s > resv[0]:
                     held = resv
@@ -426,12 +526,93 @@ def simulate(
                         )
             if not started:
                 kept.append(live)
-                if not head_seen:
+                if not head_seen and not greedy:
                     head_seen = True
                     shadow_t, spare = shadow(live, now)
                     if topological and running:
                         resv = reserve(live, now)
-        queue[:] = kept
+        pending[:] = kept
+
+    def timed_place(snapshot: ClusterSnapshot, gang: Gang) -> PlanResult:
+        t0 = clock()
+        result = policy.place(snapshot, gang)
+        plan_times.append(max(0.0, clock() - t0))
+        return result
+
+    def schedule_core(now: float, fresh: set[str] | None) -> None:
+        """One pass of the extender's queue (``scheduler_plugin.queue.decide``), applied here."""
+        nonlocal core_resv, wake
+        decision = gang_queue.decide(
+            now,
+            state.snapshot(),
+            core_running,
+            core_waiting.values(),
+            core_resv,
+            place=timed_place,
+            config=config,
+            only=fresh,
+        )
+        core_resv = decision.reservations
+        wake = decision.wake_s
+        for st in decision.starts:
+            live = waiting_by_name[st.gang]
+            apply(live, st.plan.placement)
+            if sum(live.left.values()):
+                raise SimulationError(f"{policy.name}: queue start of {st.gang} left pods unplaced")
+            start(live, now)
+        for pre in decision.preemptions:
+            for victim in pre.victims:
+                evict(running_by_name[victim], now)
+            live = waiting_by_name[pre.gang]
+            apply(live, pre.plan.placement)
+            if sum(live.left.values()):
+                raise SimulationError(f"{policy.name}: preemption plan of {pre.gang} left pods unplaced")
+            start(live, now)
+        if decision.starts or decision.preemptions:
+            pending[:] = [lv for lv in pending if lv.job.name in waiting_by_name]
+
+    def preempt_kai(now: float) -> None:
+        """KAI's preempt action (module docstring): for each waiting job in order, whole lower-priority
+        jobs, lowest priority and latest started first, until its policy places it."""
+        failed: set[tuple[object, ...]] = set()  # shapes no eviction placed in this pass
+        for live in list(pending):
+            if live.job.name not in waiting_by_name or (live.shape, live.job.priority) in failed:
+                continue
+            prio = live.job.priority
+            victims = sorted(
+                (v for v in running_by_name.values() if v.job.priority < prio),
+                key=lambda v: (v.job.priority, -(v.record.start_s or 0.0), v.job.name),
+            )
+            if not victims:
+                continue
+            free = list(state.free)
+            total = state.free_total
+            need = live.gpus_left
+            chosen: list[_Live] = []
+            tries = 0
+            for v in victims:
+                chosen.append(v)
+                for node, g in v.held:
+                    free[node] += g
+                    total += g
+                if total < need:
+                    continue
+                tries += 1
+                if tries > KAI_PREEMPT_TRIES:
+                    break
+                result = policy.place(with_free(free), remaining_gang(live))
+                if isinstance(result, Infeasible):
+                    continue
+                for victim in chosen:
+                    evict(victim, now)
+                apply(live, result.placement)
+                if sum(live.left.values()):
+                    raise SimulationError(f"{policy.name}: preemption plan of {live.job.name} left pods")
+                start(live, now)
+                break
+            else:
+                failed.add((live.shape, prio))
+        pending[:] = [lv for lv in pending if lv.job.name in waiting_by_name]
 
     def account(until: float) -> None:
         nonlocal max_alloc
@@ -444,7 +625,7 @@ def simulate(
             acc["free_dom"] += state.free_domains * dt
             for tier, count in state.upper_free.items():
                 upper_acc[tier] = upper_acc.get(tier, 0.0) + count * dt
-            if queue:
+            if pending:
                 acc["sat"] += allocated * dt
                 acc["sat_s"] += dt
                 acc["stranded"] += stranded_now * dt
@@ -452,15 +633,19 @@ def simulate(
     while True:
         t_arr = jobs[next_arrival].arrival_s if next_arrival < len(jobs) else math.inf
         t_end = running[0][0] if running else math.inf
-        t_next = min(t_arr, t_end)
+        t_next = min(t_arr, t_end, wake)
         if t_next == math.inf:
-            deadlocked = bool(queue)
+            deadlocked = bool(pending)
             break
         account(t_next)
         t = t_next
-        released = False
+        released = t >= wake
+        wake = math.inf
         while running and running[0][0] <= t:
-            _, _, live = heapq.heappop(running)
+            _, entry, live = heapq.heappop(running)
+            if live.seq != entry:
+                continue  # evicted: its GPUs went back then
+            finish(live)
             release(live)
             live.record.end_s = t
             finished += 1
@@ -469,11 +654,17 @@ def simulate(
         while next_arrival < len(jobs) and jobs[next_arrival].arrival_s <= t:
             job = jobs[next_arrival]
             next_arrival += 1
-            rec = JobRecord(name=job.name, source=job.source, gpus=job.gpus, arrival_s=job.arrival_s)
+            rec = JobRecord(
+                name=job.name,
+                source=job.source,
+                gpus=job.gpus,
+                arrival_s=job.arrival_s,
+                priority=job.priority,
+            )
             records.append(rec)
             unit_list = units(job.gang)
             smallest = min(unit_list, key=lambda u: (u.gpus, u.pods))
-            queue.append(
+            enqueue(
                 _Live(
                     job=job,
                     record=rec,
@@ -483,9 +674,14 @@ def simulate(
                 )
             )
             fresh.add(job.name)
-        schedule(t, None if released else fresh)
-        if queue:
-            unit = min((lv.min_unit for lv in queue), key=lambda u: (u[0] * u[1], u[0]))
+        if mode == "core":
+            schedule_core(t, None if released else fresh)
+        else:
+            schedule(t, None if released else fresh)
+            if preempt == "kai" and pending:
+                preempt_kai(t)
+        if pending:
+            unit = min((lv.min_unit for lv in pending), key=lambda u: (u[0] * u[1], u[0]))
             stranded_now = state.stranded(unit)
         else:
             stranded_now = 0
@@ -493,7 +689,7 @@ def simulate(
         timeline.append((t, state.total - state.free_total, state.free_domains))
         if progress is not None:
             progress(finished, len(jobs))
-    for live in queue:  # deadlock: give back what partial gangs held
+    for live in pending:  # deadlock: give back what partial gangs held
         release(live)
     released_all = state.free == state.capacity and state.free_total == state.total
     if len(timeline) > timeline_points:

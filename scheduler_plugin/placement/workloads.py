@@ -27,6 +27,11 @@ becomes ``leaf``.
 
 ``mixed``: both streams, each at half the target load, cut to the shorter arrival span.
 
+Priorities (``high_priority``, default 0): that share of the jobs, drawn per job from a seeded stream of
+its own (the jobs, runtimes and arrivals stay those of the same seed without it), get the PriorityClass
+value ``HIGH_PRIORITY`` (a non-preemptible class in KAI's defaults, where 100 and above is not
+preemptible); the rest 0 (preemptible).
+
 Arrivals: the stream's own gaps (Philly) or unit exponential gaps (nvl72) are scaled so that the
 offered load, sum(GPUs x runtime) / (cluster GPUs x arrival span), equals ``load``.
 """
@@ -47,6 +52,7 @@ JOBS_FILE = "philly-jobs-seed0.tsv"
 RUNTIMES_FILE = "philly-runtimes.csv"
 PHILLY_RUNTIME_CLAMP = (60.0, 86400.0)
 NVL72_RUNTIME_CLAMP = (120.0, 7 * 86400.0)
+HIGH_PRIORITY = 1000
 
 # (gpus, share, subgroup nodes or 0) for the small classes of the nvl72 mix
 NVL72_SMALL: tuple[tuple[int, float, int], ...] = ((8, 0.22, 0), (16, 0.16, 0), (32, 0.14, 4), (64, 0.12, 4))
@@ -71,6 +77,7 @@ class Job:
     runtime_s: float
     gang: Gang
     source: str  # "philly" or "nvl72"
+    priority: int = 0  # PriorityClass value: HIGH_PRIORITY for the high class, 0 otherwise
 
     @property
     def gpus(self) -> int:
@@ -279,8 +286,11 @@ def build(
     tier_gpus: Mapping[str, int] | None = None,
     fits: Callable[[Gang], bool] | None = None,
     philly: PhillyData | None = None,
+    high_priority: float = 0.0,
 ) -> list[Job]:
-    """The job stream, sorted by (arrival, name)."""
+    """The job stream, sorted by (arrival, name); ``high_priority``: the share of jobs in the high class."""
+    if not 0.0 <= high_priority <= 1.0:
+        raise WorkloadError(f"--high-priority must be in [0, 1], got {high_priority}")
     if workload == "nvl72":
         jobs = nvl72_jobs(
             count=count,
@@ -325,4 +335,8 @@ def build(
             jobs = [j for j in a + b if j.arrival_s <= end]
     else:
         raise WorkloadError(f"--workload: unknown {workload!r}; valid: {', '.join(WORKLOADS)}")
-    return sorted(jobs, key=lambda j: (j.arrival_s, j.name))
+    ordered = sorted(jobs, key=lambda j: (j.arrival_s, j.name))
+    if high_priority > 0:
+        rng = random.Random(f"priority-{seed}")
+        ordered = [replace(j, priority=HIGH_PRIORITY if rng.random() < high_priority else 0) for j in ordered]
+    return ordered

@@ -1,0 +1,802 @@
+"""The gang queue: which waiting gang starts, what is held back for the head, and gang preemption.
+
+Pure: no I/O, no clock (``now`` is passed in), no randomness; ties broken by name. The planner
+(``scheduler_plugin.planner.plan``, or any function of the same shape passed as ``place``) decides
+where a gang goes; this module decides *when* and *what is held for whom*. The extender calls
+``decide`` once per scheduling pass with what the API shows; the placement simulator
+(``scheduler_plugin.placement.sim``, queue ``core``) calls the very same function.
+
+Order
+    Waiting gangs are taken by PriorityClass value (higher first), then creation time, then name
+    (``order``).
+
+Reservation
+    The first gang in that order that cannot start now (the *head*) gets a reservation if it has none:
+    the nodes it will get and the time it is expected to start. The time is the first moment, judged
+    from the running work's time limits (work without one counts as never ending), at which the planner
+    places the gang on the cluster as it will be then (completion times are searched by bisection;
+    feasibility grows with time since only running work is counted). Among the domains of the gang's
+    scope tier (its gang tier, else its highest subgroup tier) where the planner places it at that
+    time, the reservation takes the one whose holding blocks the least other work: the fewest
+    GPU-seconds of capacity that is free before that time and held idle for the gang
+    (``Reservation.held_idle_gpu_s``); ties go to the planner's own choice on the whole cluster, then
+    to the domain name.
+
+Backfill
+    Any other gang may start now on the cluster with every reservation it could delay held back: a
+    reservation whose expected start is before the gang's own end (now + its time limit; never for a
+    gang without one) keeps, on each of its nodes, its claim plus what running work still holds at that
+    start. A gang that ends before a reservation's start may use its nodes freely.
+
+Following the cluster
+    Each pass re-checks every reservation (``_still_valid``): it is dropped and planned again when a
+    node it holds is gone, unschedulable or too small, when running work it waited for ended early
+    (an earlier start may now exist), or when its start has passed and the gang still cannot start.
+    A reservation is released when its gang starts or is no longer waiting (deleted).
+
+No starvation, by design
+    A reservation is never given away: no gang of the same or lower priority may use reserved capacity
+    unless it ends before the reservation's start, so the head's start is bounded by the time limits
+    of the work running when it was planned; then the next gang becomes the head. Within one priority
+    class every gang therefore starts after finitely many others. Higher-priority gangs are planned
+    around existing reservations too; only preemption (below) takes capacity from lower priority.
+
+Preemption
+    A gang that has waited ``QueueConfig.preempt_after_s`` since its creation and still cannot start
+    evicts **whole** running gangs of lower priority, never part of one, all inside one domain of its
+    scope tier (tier 1 when it has none): per domain, the set of victims whose eviction lets the
+    planner place the gang there with the least GPU-time lost (GPUs x time run, the work a restart
+    loses); exactly by enumeration in cost order when a domain has at most ``exact_victims``
+    candidates, else greedily (cheapest per GPU first) and then pruned. The domain with the least loss
+    wins. The preemptor then holds the planned nodes (a reservation starting now) until the victims'
+    pods are gone and it starts.
+
+Restart-safe
+    The only state between passes is the reservations, and each is visible on its nodes
+    (``gpuagent.dev/reserved-for``). ``rebuild`` turns pods and node annotations back into the inputs
+    of ``decide`` after an extender restart.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from itertools import combinations
+
+from scheduler_plugin.planner import SnapshotCache, plan
+from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, NodeState, Plan, PlanResult, PodSlot
+
+__all__ = [
+    "LIMIT_ANNOTATIONS",
+    "RESERVED_FOR",
+    "Decision",
+    "PodFacts",
+    "Preemption",
+    "QueueConfig",
+    "QueueError",
+    "QueueState",
+    "Reservation",
+    "Running",
+    "Start",
+    "Waiting",
+    "decide",
+    "order",
+    "planner_place",
+    "rebuild",
+    "time_limit",
+]
+
+RESERVED_FOR = "gpuagent.dev/reserved-for"
+TIME_LIMIT = "gpuagent.dev/time-limit"
+KUEUE_MAX_EXEC = "kueue.x-k8s.io/max-exec-time-seconds"
+LIMIT_ANNOTATIONS: tuple[str, ...] = (TIME_LIMIT, KUEUE_MAX_EXEC)
+
+Place = Callable[[ClusterSnapshot, Gang], PlanResult]
+
+
+class QueueError(ValueError):
+    """Bad queue input; the message names the field and the object."""
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A gang not yet started. ``name`` is ``<namespace>/<gang>``; ``limit_s`` its declared time limit
+    (None: none, it counts as never ending)."""
+
+    name: str
+    gang: Gang
+    priority: int
+    created_s: float
+    limit_s: float | None = None
+
+    @property
+    def gpus(self) -> int:
+        return sum(r.pods * r.gpus_per_pod for r in self.gang.roles)
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """A started gang: GPUs it holds per node, when it started and when its limit ends (``math.inf``
+    without a limit)."""
+
+    name: str
+    priority: int
+    started_s: float
+    ends_s: float
+    claims: Mapping[str, int]
+
+    @property
+    def gpus(self) -> int:
+        return sum(self.claims.values())
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Nodes held for a waiting gang: GPUs claimed per node, the expected start, the domain of its scope
+    tier (None without one), the running work it waits for (name -> the end it was judged from) and the
+    GPU-seconds of free capacity the hold keeps idle until the start."""
+
+    gang: str
+    start_s: float
+    claims: Mapping[str, int]
+    domain: str | None = None
+    waits_for: Mapping[str, float] = field(default_factory=dict)
+    held_idle_gpu_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    """``preempt_after_s``: how long a gang waits before it may evict lower-priority gangs (None:
+    never); ``exact_victims``: candidates per domain up to which the victim choice is exact;
+    ``max_plans``: planner calls the exact victim search may make per domain before it falls back
+    to the greedy choice."""
+
+    preempt_after_s: float | None = 600.0
+    exact_victims: int = 10
+    max_plans: int = 64
+
+    def __post_init__(self) -> None:
+        if self.preempt_after_s is not None and not (self.preempt_after_s >= 0):
+            raise QueueError(f"preempt_after_s must be >= 0 or None, got {self.preempt_after_s}")
+        if self.exact_victims < 0 or self.max_plans < 1:
+            raise QueueError("exact_victims must be >= 0 and max_plans >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    gang: str
+    plan: Plan
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    """Evict every pod of each victim (whole gangs), then place ``gang`` by ``plan`` inside ``domain``
+    of ``tier``; ``lost_gpu_s`` is the GPU-time the victims lose."""
+
+    gang: str
+    victims: tuple[str, ...]
+    tier: str
+    domain: str
+    lost_gpu_s: float
+    plan: Plan
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One pass: gangs to start (in order, each plan on the cluster as the earlier starts left it),
+    gangs to preempt for, the reservations held after the pass (new, kept or planned again), the gangs
+    whose reservation of the previous pass is not held any more (started, deleted, or dropped as no
+    longer valid and not planned again), and when to run the next pass at the latest (a preemption
+    wait ending; ``math.inf``: on events only)."""
+
+    starts: tuple[Start, ...]
+    preemptions: tuple[Preemption, ...]
+    reservations: Mapping[str, Reservation]
+    released: tuple[str, ...]
+    wake_s: float = math.inf
+
+
+def planner_place(cache: SnapshotCache | None = None) -> Place:
+    """Our planner as ``place``, with a snapshot cache of its own (consecutive snapshots of one cluster
+    are prepared from each other)."""
+    own = cache if cache is not None else SnapshotCache()
+
+    def place(snapshot: ClusterSnapshot, gang: Gang) -> PlanResult:
+        return plan(snapshot, gang, cache=own)
+
+    return place
+
+
+def order(waiting: Iterable[Waiting]) -> list[Waiting]:
+    """The queue order: PriorityClass value (higher first), then creation time, then name."""
+    return sorted(waiting, key=_order_key)
+
+
+def _order_key(w: Waiting) -> tuple[float, float, str]:
+    return (-w.priority, w.created_s, w.name)
+
+
+def scope_tier(snapshot: ClusterSnapshot, gang: Gang) -> str | None:
+    """The tier inside one domain of which the whole gang must sit: its gang tier, else the highest
+    subgroup tier of its roles (None without either)."""
+    if gang.tier is not None:
+        return gang.tier
+    subs = [r.subgroup_tier for r in gang.roles if r.subgroup_tier and r.subgroup_size]
+    if not subs:
+        return None
+    tiers = snapshot.tiers
+    known = [t for t in subs if t in tiers]
+    if not known:
+        return None
+    one_block = all(r.subgroup_size and r.subgroup_size >= r.pods for r in gang.roles if r.subgroup_tier)
+    return max(known, key=tiers.index) if one_block else None
+
+
+def _claims(gang: Gang, placement: Mapping[PodSlot, str]) -> dict[str, int]:
+    """GPUs per node a plan of ``gang`` takes."""
+    per = {r.name: r.gpus_per_pod for r in gang.roles}
+    out: dict[str, int] = {}
+    for pod, node in placement.items():
+        out[node] = out.get(node, 0) + per[pod.role]
+    return out
+
+
+class _Cluster:
+    """The pass's working view: free GPUs per node (changed as gangs start) and what running work holds
+    per node, with snapshots that keep unchanged ``NodeState`` objects (planner caches diff by them)."""
+
+    def __init__(self, snapshot: ClusterSnapshot, running: Mapping[str, Running]) -> None:
+        self.snapshot = snapshot
+        self.tiers = snapshot.tiers
+        self.index = {n.name: i for i, n in enumerate(snapshot.nodes)}
+        self.nodes = list(snapshot.nodes)
+        self.running = dict(running)
+        self._held: dict[str, list[tuple[float, int]]] | None = None
+
+    def free(self, i: int) -> int:
+        n = self.nodes[i]
+        return max(0, min(n.free, n.gpus)) if n.schedulable else 0
+
+    def held(self) -> dict[str, list[tuple[float, int]]]:
+        """node -> (end, GPUs) of the running work on it."""
+        if self._held is None:
+            out: dict[str, list[tuple[float, int]]] = {}
+            for r in self.running.values():
+                for node, g in r.claims.items():
+                    out.setdefault(node, []).append((r.ends_s, g))
+            self._held = out
+        return self._held
+
+    def busy_at(self, node: str, t: float) -> int:
+        """GPUs of ``node`` running work still holds at ``t`` (its limit ends after ``t``)."""
+        return sum(g for end, g in self.held().get(node, ()) if end > t)
+
+    def take(self, w: Waiting, p: Plan, now: float) -> None:
+        claims = _claims(w.gang, p.placement)
+        for node, g in claims.items():
+            i = self.index[node]
+            n = self.nodes[i]
+            self.nodes[i] = replace(n, free=n.free - g)
+        self.snapshot = ClusterSnapshot(tiers=self.tiers, nodes=tuple(self.nodes))
+        ends = now + w.limit_s if w.limit_s is not None else math.inf
+        self.running[w.name] = Running(w.name, w.priority, now, ends, claims)
+        self._held = None
+
+    def with_free(self, free: Mapping[int, int], base: Sequence[NodeState] | None = None) -> ClusterSnapshot:
+        nodes = list(self.nodes if base is None else base)
+        for i, f in free.items():
+            n = nodes[i]
+            if n.free != f:
+                nodes[i] = replace(n, free=f)
+        return ClusterSnapshot(tiers=self.tiers, nodes=tuple(nodes))
+
+
+def _held_back(cl: _Cluster, resvs: Sequence[Reservation]) -> ClusterSnapshot:
+    """The cluster as a gang that may delay ``resvs`` sees it: on each reserved node, only what is left
+    at the earliest of their starts beyond the claims and what running work still holds then."""
+    if not resvs:
+        return cl.snapshot
+    claims: dict[str, int] = {}
+    first: dict[str, float] = {}
+    for r in resvs:
+        for node, g in r.claims.items():
+            claims[node] = claims.get(node, 0) + g
+            first[node] = min(first.get(node, math.inf), r.start_s)
+    free: dict[int, int] = {}
+    for node, g in claims.items():
+        i = cl.index.get(node)
+        if i is None:
+            continue
+        n = cl.nodes[i]
+        free[i] = max(0, min(cl.free(i), n.gpus - cl.busy_at(node, first[node]) - g))
+    return cl.with_free(free)
+
+
+def _ends(w: Waiting, now: float) -> float:
+    return now + w.limit_s if w.limit_s is not None else math.inf
+
+
+def _still_valid(r: Reservation, cl: _Cluster, now: float) -> bool:
+    if r.start_s <= now:
+        return False  # its start has come and the gang did not start: plan again
+    for name, end in r.waits_for.items():
+        if name not in cl.running and now < end:
+            return False  # ended early: an earlier start may exist
+    for node, g in r.claims.items():
+        i = cl.index.get(node)
+        if i is None:
+            return False
+        n = cl.nodes[i]
+        if not n.schedulable or n.gpus - cl.busy_at(node, r.start_s) < g:
+            return False
+    return True
+
+
+def _restricted(
+    cl: _Cluster,
+    base: Sequence[NodeState],
+    members: Collection[int],
+    zeros: dict[int, NodeState] | None = None,
+) -> ClusterSnapshot:
+    """``base`` with every node outside ``members`` full (``zeros``: full copies made so far, reused)."""
+    inside = set(members)
+    made = zeros if zeros is not None else {}
+    nodes = []
+    for i, n in enumerate(base):
+        if i in inside or n.free == 0:
+            nodes.append(n)
+            continue
+        z = made.get(i)
+        if z is None or z.name != n.name or z.gpus != n.gpus:
+            z = made[i] = replace(n, free=0)
+        nodes.append(z)
+    return ClusterSnapshot(tiers=cl.tiers, nodes=tuple(nodes))
+
+
+def _domains(cl: _Cluster, tier: str) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for i, n in enumerate(cl.nodes):
+        d = n.domains.get(tier)
+        if d is not None:
+            out.setdefault(d, []).append(i)
+    return dict(sorted(out.items()))
+
+
+def _reserve(  # noqa: PLR0917 -- private helper, called in two places
+    w: Waiting,
+    cl: _Cluster,
+    others: Sequence[Reservation],
+    now: float,
+    place: Place,
+    allowed: Collection[int] | None = None,
+) -> Reservation | None:
+    """The head's reservation (module docstring), or None when it never fits on what will free.
+    ``allowed``: only these nodes (by index) may be reserved (rebuilding a reservation)."""
+    need = w.gpus
+    n_nodes = len(cl.nodes)
+    inside = set(allowed) if allowed is not None else None
+    held_by_others: dict[int, int] = {}
+    for r in others:  # other reservations stay held, conservatively from now on
+        for node, g in r.claims.items():
+            i = cl.index.get(node)
+            if i is not None:
+                held_by_others[i] = held_by_others.get(i, 0) + g
+
+    def usable(i: int) -> bool:
+        return (inside is None or i in inside) and cl.nodes[i].schedulable
+
+    base = [cl.free(i) if usable(i) else 0 for i in range(n_nodes)]
+    ends = sorted(
+        ((r.ends_s, r.name, r) for r in cl.running.values() if math.isfinite(r.ends_s) and r.ends_s > now),
+        key=lambda e: (e[0], e[1]),
+    )
+
+    def net(i: int, f: int) -> int:
+        return max(0, f - held_by_others.get(i, 0))
+
+    points: list[tuple[float, int]] = []  # (time, running gangs ended by then, in ``ends`` order)
+    free = list(base)
+    total = sum(net(i, f) for i, f in enumerate(free))
+    if total >= need:
+        points.append((now, 0))
+    k = 0
+    while k < len(ends):
+        at = ends[k][0]
+        while k < len(ends) and ends[k][0] == at:
+            for node, g in ends[k][2].claims.items():
+                i = cl.index.get(node)
+                if i is None or not usable(i):
+                    continue
+                before = net(i, free[i])
+                free[i] = min(cl.nodes[i].gpus, free[i] + g)
+                total += net(i, free[i]) - before
+            k += 1
+        if total >= need:
+            points.append((at, k))
+
+    def future(upto: int) -> ClusterSnapshot:
+        fr = list(base)
+        for _, _, r in ends[:upto]:
+            for node, g in r.claims.items():
+                i = cl.index.get(node)
+                if i is not None and usable(i):
+                    fr[i] = min(cl.nodes[i].gpus, fr[i] + g)
+        return cl.with_free({i: net(i, f) for i, f in enumerate(fr)})
+
+    lo, hi = 0, len(points)
+    found: tuple[float, ClusterSnapshot, Plan] | None = None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        at, upto = points[mid]
+        snap = future(upto)
+        tried = place(snap, w.gang)
+        if isinstance(tried, Infeasible):
+            lo = mid + 1
+        else:
+            found, hi = (at, snap, tried), mid
+    if found is None:
+        return None
+    at, snap, first_plan = found
+    tier = scope_tier(cl.snapshot, w.gang)
+    candidates: list[tuple[float, int, str | None, Plan]] = []
+    first_domain: str | None = None
+    if tier is not None:
+        first_domain = _domain_of(cl, first_plan, tier)
+        zeros: dict[int, NodeState] = {}
+        for name, members in _domains(cl, tier).items():
+            if sum(snap.nodes[i].free for i in members) < need:
+                continue
+            if name == first_domain:
+                res: PlanResult = first_plan
+            else:
+                res = place(_restricted(cl, snap.nodes, members, zeros), w.gang)
+            if isinstance(res, Infeasible):
+                continue
+            idle = _held_idle(cl, w.gang, res, at, now)
+            candidates.append((idle, 0 if name == first_domain else 1, name, res))
+    if candidates:
+        idle, _, dom, chosen = min(candidates, key=lambda c: (c[0], c[1], c[2] or ""))
+    else:
+        dom, chosen = first_domain, first_plan
+        idle = _held_idle(cl, w.gang, chosen, at, now)
+    claims = _claims(w.gang, chosen.placement)
+    waits = {
+        r.name: r.ends_s
+        for r in cl.running.values()
+        if now < r.ends_s <= at and any(n in claims for n in r.claims)
+    }
+    return Reservation(w.name, at, claims, dom, waits, idle)
+
+
+def _domain_of(cl: _Cluster, p: Plan, tier: str) -> str | None:
+    doms = {cl.nodes[cl.index[n]].domains.get(tier) for n in p.placement.values()}
+    return doms.pop() if len(doms) == 1 else None
+
+
+def _held_idle(cl: _Cluster, gang: Gang, p: Plan, at: float, now: float) -> float:
+    """GPU-seconds of capacity a hold of ``p`` until ``at`` keeps idle: per node, each claimed GPU from
+    the time it frees (now if free now) until ``at``."""
+    out = 0.0
+    for node, g in _claims(gang, p.placement).items():
+        i = cl.index[node]
+        avail = cl.free(i)
+        take_now = min(avail, g)
+        out += take_now * (at - now)
+        left = g - take_now
+        for end, held in sorted(cl.held().get(node, ())):
+            if left <= 0 or end > at:
+                break
+            used = min(left, held)
+            out += used * (at - end)
+            left -= used
+    return out
+
+
+def _preempt(  # noqa: PLR0917 -- private helper, called once
+    w: Waiting, cl: _Cluster, view: ClusterSnapshot, now: float, place: Place, config: QueueConfig
+) -> Preemption | None:
+    """The cheapest whole-gang eviction inside one domain of ``w``'s scope tier (module docstring)."""
+    tier = scope_tier(cl.snapshot, w.gang) or (cl.tiers[0] if cl.tiers else None)
+    if tier is None:
+        return None
+    need = w.gpus
+    domains = _domains(cl, tier)
+    dom_of = {cl.nodes[i].name: d for d, members in domains.items() for i in members}
+    by_domain: dict[str, list[Running]] = {}
+    for r in cl.running.values():
+        if r.priority < w.priority:
+            for d in sorted({dom_of[n] for n in r.claims if n in dom_of}):
+                by_domain.setdefault(d, []).append(r)
+    best: Preemption | None = None
+    zeros: dict[int, NodeState] = {}
+    for dom, victims in sorted(by_domain.items()):
+        members = domains[dom]
+        victims.sort(key=lambda r: (_lost(r, now), r.name))
+        room = sum(view.nodes[i].free for i in members if view.nodes[i].schedulable)
+        freed = {r.name: sum(g for n, g in r.claims.items() if dom_of.get(n) == dom) for r in victims}
+        if room + sum(freed.values()) < need:
+            continue
+
+        def feasible(chosen: Sequence[Running], members: list[int] = members) -> Plan | None:
+            add: dict[int, int] = {}
+            for r in chosen:
+                for node, g in r.claims.items():
+                    i = cl.index.get(node)
+                    if i is not None:
+                        add[i] = add.get(i, 0) + g
+            snap = cl.with_free(
+                {i: min(view.nodes[i].gpus, view.nodes[i].free + a) for i, a in add.items()}, view.nodes
+            )
+            res = place(_restricted(cl, snap.nodes, members, zeros), w.gang)
+            return None if isinstance(res, Infeasible) else res
+
+        found = _choose_victims(victims, freed, room, need, feasible, now, config)
+        if found is None:
+            continue
+        chosen, p = found
+        lost = sum(_lost(r, now) for r in chosen)
+        cand = Preemption(w.name, tuple(sorted(r.name for r in chosen)), tier, dom, lost, p)
+        if best is None or (lost, len(cand.victims), dom) < (best.lost_gpu_s, len(best.victims), best.domain):
+            best = cand
+    return best
+
+
+def _lost(r: Running, now: float) -> float:
+    return r.gpus * max(0.0, now - r.started_s)
+
+
+def _choose_victims(  # noqa: PLR0917 -- private helper, called once
+    victims: Sequence[Running],
+    freed: Mapping[str, int],
+    room: int,
+    need: int,
+    feasible: Callable[[Sequence[Running]], Plan | None],
+    now: float,
+    config: QueueConfig,
+) -> tuple[list[Running], Plan] | None:
+    """The victims (whole gangs) of least lost GPU-time whose eviction lets the gang be placed."""
+    if len(victims) <= config.exact_victims:
+        subsets: list[tuple[float, int, tuple[str, ...], tuple[Running, ...]]] = []
+        for k in range(1, len(victims) + 1):
+            for combo in combinations(victims, k):
+                if room + sum(freed[r.name] for r in combo) < need:
+                    continue
+                cost = sum(_lost(r, now) for r in combo)
+                subsets.append((cost, k, tuple(r.name for r in combo), combo))
+        subsets.sort(key=lambda s: (s[0], s[1], s[2]))
+        for _, _, _, combo in subsets[: config.max_plans]:
+            exact = feasible(combo)
+            if exact is not None:
+                return list(combo), exact
+        if len(subsets) <= config.max_plans:
+            return None
+    # greedy: cheapest per GPU freed here first, until the gang fits; then drop what is not needed
+    ranked = sorted(victims, key=lambda r: (_lost(r, now) / max(1, freed[r.name]), r.name))
+    chosen: list[Running] = []
+    got = room
+    p: Plan | None = None
+    for r in ranked:
+        chosen.append(r)
+        got += freed[r.name]
+        if got >= need:
+            p = feasible(chosen)
+            if p is not None:
+                break
+    if p is None:
+        return None
+    for r in sorted(chosen, key=lambda r: (-_lost(r, now), r.name)):
+        trial = [x for x in chosen if x is not r]
+        if trial and room + sum(freed[x.name] for x in trial) >= need:
+            q = feasible(trial)
+            if q is not None:
+                chosen, p = trial, q
+    return chosen, p
+
+
+def _shape(g: Gang) -> tuple[object, ...]:
+    return (
+        g.tier,
+        g.soft,
+        tuple(
+            (
+                r.pods,
+                r.gpus_per_pod,
+                r.subgroup_size,
+                r.subgroup_tier,
+                r.min_subgroups,
+                tuple(r.resources_per_pod.items()),
+            )
+            for r in g.roles
+        ),
+    )
+
+
+def decide(
+    now: float,
+    snapshot: ClusterSnapshot,
+    running: Mapping[str, Running],
+    waiting: Iterable[Waiting],
+    reservations: Mapping[str, Reservation],
+    *,
+    place: Place,
+    config: QueueConfig = QueueConfig(),
+    only: Collection[str] | None = None,
+) -> Decision:
+    """One scheduling pass (module docstring).
+
+    ``snapshot``: the cluster now (free GPUs per node); ``running``: started gangs by name;
+    ``waiting``: gangs not started (any order); ``reservations``: what the previous pass held (by gang
+    name); ``place``: the planner. ``only``: try only these gangs (None: all) -- a caller that knows
+    nothing but new arrivals changed since the last pass may pass their names; reservations are kept
+    and checked either way, and the head is always tried when it holds none.
+    """
+    cl = _Cluster(snapshot, running)
+    queue = order(waiting)
+    names = {w.name for w in queue}
+    held: dict[str, Reservation] = {}
+    for name, r in sorted(reservations.items()):
+        if name in names and _still_valid(r, cl, now):
+            held[name] = r  # else started, deleted, or planned again below
+    starts: list[Start] = []
+    preemptions: list[Preemption] = []
+    failed: set[tuple[object, ...]] = set()
+    views: dict[tuple[str, ...], tuple[ClusterSnapshot, int]] = {}
+    head_seen = False
+    wake = math.inf
+    wait_s = config.preempt_after_s
+    lowest = min((r.priority for r in cl.running.values()), default=None)
+    for w in queue:
+        tried = only is None or w.name in only or (not head_seen and w.name not in held)
+        own = held.get(w.name)
+        end = _ends(w, now)
+        blocking = tuple(sorted(n for n, r in held.items() if n != w.name and r.start_s < end))
+        if tried:
+            if blocking not in views:
+                snap = _held_back(cl, [held[n] for n in blocking])
+                views[blocking] = (snap, sum(n.free for n in snap.nodes if n.schedulable))
+            view, room = views[blocking]
+            fkey = (_shape(w.gang), blocking)
+            if room >= w.gpus and fkey not in failed:
+                res = place(view, w.gang)
+                if isinstance(res, Infeasible):
+                    failed.add(fkey)  # capacity only shrinks within a pass: the shape fails again
+                else:
+                    starts.append(Start(w.name, res))
+                    cl.take(w, res, now)
+                    lowest = w.priority if lowest is None else min(lowest, w.priority)
+                    views.clear()
+                    held.pop(w.name, None)
+                    continue
+        if wait_s is not None and lowest is not None and lowest < w.priority:
+            due = w.created_s + wait_s
+            if now < due:
+                wake = min(wake, due)
+            elif tried and (own is None or own.start_s > now):
+                view = _held_back(cl, [held[n] for n in blocking])
+                pre = _preempt(w, cl, view, now, place, config)
+                if pre is not None:
+                    preemptions.append(pre)
+                    for v in pre.victims:
+                        cl.running.pop(v, None)
+                    cl._held = None
+                    lowest = min((r.priority for r in cl.running.values()), default=None)
+                    held[w.name] = Reservation(w.name, now, _claims(w.gang, pre.plan.placement), pre.domain)
+                    views.clear()
+                    failed.clear()
+                    head_seen = True
+                    continue
+        if not head_seen:
+            head_seen = True
+            if w.name not in held and tried:
+                others = [r for n, r in held.items() if n != w.name]
+                made = _reserve(w, cl, others, now, place)
+                if made is not None:
+                    held[w.name] = made
+                    views.clear()
+    gone = tuple(sorted(n for n in reservations if n not in held))
+    return Decision(tuple(starts), tuple(preemptions), held, gone, wake)
+
+
+# -- rebuilding after a restart --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PodFacts:
+    """What the API shows of one gang pod: its gang (``<namespace>/<gang>``), priority, creation time,
+    time limit (``time_limit``), the node it is bound to (None: pending) and its GPUs, and when it
+    started (None: not yet)."""
+
+    gang: str
+    priority: int
+    created_s: float
+    limit_s: float | None
+    node: str | None
+    gpus: int
+    started_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueState:
+    """``decide``'s inputs rebuilt from the API: running gangs, reservations, and the node annotations
+    that name no waiting gang any more (to clear)."""
+
+    running: Mapping[str, Running]
+    reservations: Mapping[str, Reservation]
+    stale_nodes: tuple[str, ...]
+
+
+def time_limit(
+    annotations: Mapping[str, str], active_deadline_s: int | None = None, *, where: str = "pod"
+) -> float | None:
+    """A pod's declared time limit in seconds: the smallest of ``gpuagent.dev/time-limit``, Kueue's
+    ``kueue.x-k8s.io/max-exec-time-seconds`` and a Job's ``activeDeadlineSeconds``; None when none is set.
+    A bad value raises ``QueueError`` naming the key and ``where``."""
+    found: list[float] = []
+    for key in LIMIT_ANNOTATIONS:
+        raw = annotations.get(key)
+        if raw is None:
+            continue
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            raise QueueError(f"{where}: annotation {key}={raw!r} is not a number of seconds") from None
+        if not math.isfinite(value) or value <= 0:
+            raise QueueError(f"{where}: annotation {key}={raw!r} must be a positive number of seconds")
+        found.append(value)
+    if active_deadline_s is not None:
+        if active_deadline_s <= 0:
+            raise QueueError(f"{where}: activeDeadlineSeconds={active_deadline_s} must be positive")
+        found.append(float(active_deadline_s))
+    return min(found) if found else None
+
+
+def rebuild(
+    now: float,
+    snapshot: ClusterSnapshot,
+    pods: Iterable[PodFacts],
+    waiting: Iterable[Waiting],
+    reserved_for: Mapping[str, str],
+    *,
+    place: Place,
+) -> QueueState:
+    """Running gangs from their bound pods (a gang whose pods are all bound and started runs from its
+    latest pod's start; its limit from its first pod's), and each waiting gang's reservation from the
+    nodes annotated ``reserved-for`` it: the gang planned on those nodes alone at the first time it
+    fits there. A reservation that no longer fits is left out (the next ``decide`` plans a new one);
+    annotations naming no waiting gang come back as ``stale_nodes``."""
+    by_gang: dict[str, list[PodFacts]] = {}
+    for pod in pods:
+        if pod.node is not None:
+            by_gang.setdefault(pod.gang, []).append(pod)
+    waiting_by = {w.name: w for w in waiting}
+    running: dict[str, Running] = {}
+    for name, bound in sorted(by_gang.items()):
+        if name in waiting_by:
+            continue
+        claims: dict[str, int] = {}
+        for pod in bound:
+            assert pod.node is not None
+            claims[pod.node] = claims.get(pod.node, 0) + pod.gpus
+        starts = [p.started_s if p.started_s is not None else now for p in bound]
+        started = max(starts)
+        limits = [p.limit_s for p in bound if p.limit_s is not None]
+        ends = started + min(limits) if limits else math.inf
+        running[name] = Running(name, max(p.priority for p in bound), min(starts), ends, claims)
+    nodes_of: dict[str, list[str]] = {}
+    stale: list[str] = []
+    for node, gang in sorted(reserved_for.items()):
+        if gang in waiting_by:
+            nodes_of.setdefault(gang, []).append(node)
+        else:
+            stale.append(node)
+    cl = _Cluster(snapshot, running)
+    out: dict[str, Reservation] = {}
+    for gang in sorted(nodes_of, key=lambda g: _order_key(waiting_by[g])):
+        members = [cl.index[n] for n in nodes_of[gang] if n in cl.index]
+        if not members:
+            continue
+        r = _reserve(waiting_by[gang], cl, list(out.values()), now, place, allowed=members)
+        if r is not None:
+            out[gang] = r
+    return QueueState(running, out, tuple(stale))
