@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Concatenate, NamedTuple, ParamSpec, TypeVar
 
@@ -48,7 +49,7 @@ from agent.nvml.errors import (
     NVMLError_Timeout,
     NVMLError_Uninitialized,
 )
-from agent.nvml.fabric import decode_health_mask
+from agent.nvml.face import SimulatedPynvml
 from agent.nvml.profiles import (
     MIG_COMPUTE_SLICES,
     MIG_MEMORY_SLICES,
@@ -62,22 +63,19 @@ from agent.nvml.protocol import (
     EventKind,
     GpuSample,
     MigSample,
-    NvLinkCounters,
     NvmlCounters,
     NvmlEvent,
     ProcessInfo,
     ProcessUtilization,
 )
+from agent.nvml.real import RealNvml
 from topology.model import (
-    ComputeInstance,
     Driver,
     FabricHealthSummary,
     FabricInfo,
     FabricState,
     Gpu,
-    GpuInstance,
     LinkLevel,
-    MigDevice,
     MigState,
     NvLink,
     PlatformInfo,
@@ -286,6 +284,20 @@ def _primitive(fn: Callable[Concatenate[SimulatedNvml, P], R]) -> Callable[Conca
     return wrapper
 
 
+@dataclass(frozen=True, slots=True)
+class _LostMarker:
+    """In an event set's queue: from here on, waits answer GPU_IS_LOST while ``gpu`` is lost."""
+
+    gpu: int
+
+
+@dataclass(slots=True)
+class _EventSet:
+    id: int
+    registered: dict[int, int] = field(default_factory=dict)  # gpu index -> event mask
+    events: deque[NvmlEvent | _LostMarker] = field(default_factory=deque)
+
+
 @dataclass(slots=True)
 class _Injected:
     code: int
@@ -297,7 +309,17 @@ class _Injected:
 class SimulatedNvml:
     """A simulated machine behind the ``NvmlBackend`` protocol (see module docstring)."""
 
-    def __init__(self, machine: MachineSpec, *, clock: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self,
+        machine: MachineSpec,
+        *,
+        clock: Callable[[], float] | None = None,
+        missing: Iterable[str] = (),
+        platform_info_versions: Iterable[int] = (1, 2),
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        """``missing`` / ``platform_info_versions`` shape the simulated driver library (an older
+        driver; see :class:`agent.nvml.face.SimulatedPynvml`); ``sleep`` is the backend's backoff."""
         self.machine = machine
         self._clock = clock
         self._lock = threading.RLock()
@@ -307,9 +329,8 @@ class SimulatedNvml:
         self._calls = 0
         self._errors: Counter[str] = Counter()
         self._injected: list[_Injected] = []
-        self._events: deque[NvmlEvent] = deque()
-        self._lost_popped: deque[NvmlEvent] = deque()
-        self._event_set = False
+        self._event_sets: dict[int, _EventSet] = {}
+        self._next_event_set = 1
         self._hotplug_listeners: list[Callable[[HotplugEvent], None]] = []
         self._driver = Driver(
             driver_version=machine.driver_version,
@@ -337,6 +358,8 @@ class SimulatedNvml:
             self._gpus.append(state)
             self._by_uuid[spec.uuid] = spec.index
         self._reindex_mig()
+        self._face = SimulatedPynvml(self, missing=missing, platform_info_versions=platform_info_versions)
+        self._backend = RealNvml(self._face, sleep=sleep)
 
     # ------------------------------------------------------------------ helpers
 
@@ -416,13 +439,12 @@ class SimulatedNvml:
 
     def _enqueue(self, event: NvmlEvent) -> None:
         """Queue an event for a wait, if its GPU registered for that type (as NVML delivers them)."""
+        bit = _EVENT_BITS[event.kind]
         with self._cond:
-            state = self._gpus[event.gpu_index]
-            bit = _EVENT_BITS.get(event.kind)
-            wanted = state.registered_mask != 0 if bit is None else bool(state.registered_mask & bit)
-            if self._event_set and wanted:
-                self._events.append(event)
-                self._cond.notify_all()
+            for event_set in self._event_sets.values():
+                if event_set.registered.get(event.gpu_index, 0) & bit:
+                    event_set.events.append(event)
+            self._cond.notify_all()
 
     def _emit_hotplug(self, event: HotplugEvent) -> None:
         for listener in list(self._hotplug_listeners):
@@ -839,9 +861,37 @@ class SimulatedNvml:
     # ------------------------------------------------------------------ primitives: events
 
     @_primitive
-    def event_set_create(self) -> None:
+    def event_set_create(self) -> int:
+        """A new event set; returns its id."""
         self._require_init()
-        self._event_set = True
+        with self._lock:
+            set_id = self._next_event_set
+            self._next_event_set += 1
+            self._event_sets[set_id] = _EventSet(set_id)
+        return set_id
+
+    def _event_set_of(self, set_id: int | None) -> _EventSet:
+        self._require_init()
+        if set_id is None:  # the newest set
+            set_id = max(self._event_sets, default=0)
+        event_set = self._event_sets.get(set_id)
+        if event_set is None:
+            raise NVMLError_Uninitialized(1) if not self._event_sets else NVMLError_InvalidArgument(2)
+        return event_set
+
+    @_primitive
+    def event_set_free(self, set_id: int) -> None:
+        event_set = self._event_set_of(set_id)
+        with self._lock:
+            del self._event_sets[event_set.id]
+            self._refresh_registered()
+
+    def _refresh_registered(self) -> None:
+        for state in self._gpus:
+            state.registered_mask = 0
+        for event_set in self._event_sets.values():
+            for gpu, mask in event_set.registered.items():
+                self._gpus[gpu].registered_mask |= mask
 
     @_primitive
     def device_get_supported_event_types(self, index: int) -> int:
@@ -854,283 +904,125 @@ class SimulatedNvml:
         return mask
 
     @_primitive
-    def device_register_events(self, index: int, mask: int) -> None:
+    def device_register_events(self, index: int, mask: int, set_id: int | None = None) -> None:
+        """Register ``mask`` of the GPU on an event set (the newest when ``set_id`` is ``None``)."""
         state = self._state(index)
-        if not self._event_set:
+        if not self._event_sets:
             raise NVMLError_Uninitialized(1)
+        event_set = self._event_set_of(set_id)
         supported = self.device_get_supported_event_types(index)
         if mask & ~supported:
             raise NVMLError_NotSupported(3)
         with self._lock:
+            event_set.registered[index] = event_set.registered.get(index, 0) | mask
             state.registered_mask |= mask
 
     @_primitive
-    def event_set_wait(self, timeout_ms: int) -> NvmlEvent:
-        """Next event; raises ``Timeout`` when none arrives and ``GpuIsLost`` for a lost GPU."""
-        self._require_init()
-        event = self._pop_event(timeout_ms)
-        if event is None:
-            raise NVMLError_Timeout(10)
-        if event.kind is EventKind.GPU_LOST:
-            self._lost_popped.append(event)
-            raise NVMLError_GpuIsLost(15)
-        return event
-
-    def _pop_event(self, timeout_ms: int) -> NvmlEvent | None:
+    def event_set_wait(self, timeout_ms: int, set_id: int | None = None) -> NvmlEvent:
+        """Next event of an event set; raises ``Timeout`` when none arrives. As a driver does after
+        Xid 79: the wait that reaches a GPU's loss answers ``GpuIsLost``; events queued after it are
+        still delivered; then, while a GPU registered on the set stays lost, every wait answers
+        ``GpuIsLost`` at once instead of waiting — until the GPU answers again or the set is freed
+        and built again without it."""
+        event_set = self._event_set_of(set_id)
         with self._cond:
-            if not self._events and timeout_ms > 0:
-                self._cond.wait_for(lambda: bool(self._events), timeout=timeout_ms / 1000)
-            return self._events.popleft() if self._events else None
+            if timeout_ms > 0:
+                self._cond.wait_for(lambda: self._ready(event_set), timeout=timeout_ms / 1000)
+            if not self._ready(event_set):
+                raise NVMLError_Timeout(10)
+            if not event_set.events:  # ready without an event: a registered GPU is lost
+                raise NVMLError_GpuIsLost(15)
+            head = event_set.events.popleft()
+            if isinstance(head, _LostMarker):
+                raise NVMLError_GpuIsLost(15)
+            return head
+
+    def _ready(self, event_set: _EventSet) -> bool:
+        """Whether a wait on the set has an answer now (markers of recovered GPUs are dropped)."""
+        while event_set.events:
+            head = event_set.events[0]
+            if isinstance(head, _LostMarker) and not self._gpus[head.gpu].lost:
+                event_set.events.popleft()
+                continue
+            return True
+        return any(self._gpus[gpu].lost for gpu, mask in event_set.registered.items() if mask)
+
+    def event_type_of(self, event: NvmlEvent) -> int:
+        """The NVML event-type bit of a simulated event."""
+        return _EVENT_BITS[event.kind]
+
+    def _apply_face_injected(self, name: str, gpu: int | None) -> None:
+        """Errors injected on a pynvml function name (checked by the pynvml face)."""
+        if self._injected:
+            rules = [r for r in self._injected if r.call == name]
+            if rules:
+                for rule in rules:
+                    if rule.gpu is not None and rule.gpu != gpu:
+                        continue
+                    if rule.remaining is not None:
+                        rule.remaining -= 1
+                        if rule.remaining <= 0:
+                            self._injected.remove(rule)
+                    self._errors[_CODE_NAMES.get(rule.code, str(rule.code))] += 1
+                    raise NVMLError(rule.code)
 
     # ------------------------------------------------------------------ the NvmlBackend protocol
+    # One composition: these are RealNvml's answers over this machine's pynvml face.
+
+    @property
+    def pynvml(self) -> SimulatedPynvml:
+        """The machine's ``pynvml`` face (what ``RealNvml`` calls)."""
+        return self._face
+
+    @property
+    def backend(self) -> RealNvml:
+        """The ``RealNvml`` running over this machine's face (the simulator's ``NvmlBackend``)."""
+        return self._backend
 
     def init(self) -> None:
-        self.nvml_init()
+        self._backend.init()
 
     def shutdown(self) -> None:
-        self.nvml_shutdown()
+        self._backend.shutdown()
 
     def driver(self) -> Driver:
-        self.system_get_driver_version()
-        self.system_get_nvml_version()
-        self.system_get_cuda_driver_version()
-        return self._driver
+        return self._backend.driver()
 
     def device_count(self) -> int:
-        return self.device_get_count()
-
-    def _optional(self, call: Callable[[], R]) -> R | None:
-        try:
-            return call()
-        except NVMLError_NotSupported:
-            return None
+        return self._backend.device_count()
 
     def gpu(self, index: int) -> Gpu:
-        uuid = self.device_get_uuid(index)
-        bus_id, device_id = self.device_get_pci_info(index)
-        affinity = self._optional(lambda: self.device_get_memory_affinity(index))
-        power = self._optional(lambda: self.device_get_power_management_limit(index))
-        brand = self._optional(lambda: self.device_get_brand(index))
-        return Gpu(
-            index=index,
-            uuid=uuid,
-            name=self.device_get_name(index),
-            serial=self._optional(lambda: self.device_get_serial(index)),
-            pci_bus_id=bus_id,
-            minor_number=self._optional(lambda: self.device_get_minor_number(index)),
-            memory_total_bytes=self.device_get_memory_info(index)[0],
-            compute_capability=self.device_get_cuda_compute_capability(index),
-            architecture=ARCHITECTURES.get(self.device_get_architecture(index), "unknown"),
-            numa_node=min(affinity) if affinity else None,
-            cpu_affinity=self._optional(lambda: self.device_get_cpu_affinity(index)),
-            persistence_mode=self._optional(lambda: self.device_get_persistence_mode(index)),
-            compute_mode=("DEFAULT", "EXCLUSIVE_THREAD", "PROHIBITED", "EXCLUSIVE_PROCESS")[
-                self.device_get_compute_mode(index)
-            ],
-            pci_device_id=device_id,
-            brand=BRANDS.get(brand, str(brand)) if brand is not None else None,
-            power_limit_watts=power / 1000 if power is not None else None,
-            nvlink_count=self._link_count(index),
-            mig_capable=self._optional(lambda: self.device_get_mig_mode(index)) is not None,
-            platform=self._optional(lambda: self.device_get_platform_info(index)),
-        )
-
-    def _link_count(self, index: int) -> int:
-        count = 0
-        for link in range(NVLINK_MAX_LINKS):
-            try:
-                self.device_get_nvlink_state(index, link)
-            except (NVMLError_InvalidArgument, NVMLError_NotSupported):
-                break
-            count += 1
-        return count
+        return self._backend.gpu(index)
 
     def nvlinks(self, index: int) -> tuple[NvLink, ...]:
-        out = []
-        for link in range(NVLINK_MAX_LINKS):
-            try:
-                active = self.device_get_nvlink_state(index, link) == 1
-            except (NVMLError_InvalidArgument, NVMLError_NotSupported):
-                break
-            version = self.device_get_nvlink_version(index, link)
-            remote_type = self.device_get_nvlink_remote_device_type(index, link)
-            out.append(
-                NvLink(
-                    gpu_index=index,
-                    link=link,
-                    active=active,
-                    version=NVLINK_GENERATION.get(version),
-                    remote_type=_REMOTE_TYPE_BY_VALUE.get(remote_type, RemoteDeviceType.UNKNOWN),
-                    remote_pci_bus_id=self.device_get_nvlink_remote_pci_info(index, link),
-                    remote_gpu_index=None,
-                )
-            )
-        return tuple(out)
+        return self._backend.nvlinks(index)
 
     def pcie_level(self, a: int, b: int) -> LinkLevel | None:
-        try:
-            value = self.device_get_topology_common_ancestor(a, b)
-        except NVMLError_NotSupported:
-            return None
-        if a == b:
-            return LinkLevel.SELF
-        return _LEVEL_BY_VALUE.get(value)
+        return self._backend.pcie_level(a, b)
 
     def mig_state(self, index: int) -> MigState | None:
-        try:
-            current, pending = self.device_get_mig_mode(index)
-        except NVMLError_NotSupported:
-            return None
-        state = self._gpus[index]
-        cached = state.mig_cache
-        if cached is not None:
-            return cached
-        if not current:
-            result = MigState(gpu_index=index, current_enabled=False, pending_enabled=bool(pending))
-        else:
-            instances = self.device_get_gpu_instances(index)
-            gis = []
-            cis = []
-            devices = []
-            for mig_index, inst in enumerate(instances):
-                prof = inst.profile
-                uuid = self.device_get_mig_device_handle_by_index(index, mig_index)
-                gis.append(
-                    GpuInstance(index, inst.gi_id, prof.id, prof.name, inst.start, prof.placement_size)
-                )
-                cis.append(ComputeInstance(index, inst.gi_id, 0, _ci_profile(prof.slices), prof.slices))
-                devices.append(
-                    MigDevice(
-                        uuid=uuid,
-                        parent_uuid=state.spec.uuid,
-                        parent_index=index,
-                        index=mig_index,
-                        gpu_instance_id=inst.gi_id,
-                        compute_instance_id=0,
-                        profile=prof.name,
-                        gpu_slices=prof.slices,
-                        memory_slices=prof.placement_size,
-                        compute_slices=prof.slices,
-                        memory_bytes=prof.memory_mib * MIB,
-                        sm_count=prof.sm_count,
-                    )
-                )
-            result = MigState(
-                gpu_index=index,
-                current_enabled=True,
-                pending_enabled=bool(pending),
-                gpu_instances=tuple(gis),
-                compute_instances=tuple(cis),
-                devices=tuple(devices),
-            )
-        state.mig_cache = result
-        return result
+        return self._backend.mig_state(index)
 
     def fabric(self, index: int) -> FabricInfo | None:
-        try:
-            info = self.device_get_gpu_fabric_info_v(index)
-        except NVMLError_NotSupported:
-            return None
-        return FabricInfo(
-            gpu_index=index,
-            cluster_uuid=info.cluster_uuid,
-            clique_id=info.clique_id,
-            state=_FABRIC_STATES.get(info.state, FabricState.NOT_SUPPORTED),
-            status="SUCCESS" if info.status == 0 else _CODE_NAMES.get(info.status, str(info.status)),
-            health_mask=info.health_mask,
-            health=decode_health_mask(info.health_mask),
-            health_summary=_HEALTH_SUMMARIES.get(info.health_summary, FabricHealthSummary.NOT_SUPPORTED),
-        )
+        return self._backend.fabric(index)
 
     def sample(self, index: int) -> GpuSample:
-        pcie_replays = self.device_get_pcie_replay_counter(index)  # first: checks init, index, lost
-        state = self._gpus[index]
-        if self._clock is None:
-            state.time_s += 1.0
-        gpu_util, mem_util = self.device_get_utilization_rates(index)
-        total, _reserved, free, used = self.device_get_memory_info(index)
-        remapped = self._optional(lambda: self.device_get_remapped_rows(index))
-        energy = self.device_get_total_energy_consumption(index)
-        links = []
-        for link, up in enumerate(state.link_up):
-            self.device_get_nvlink_state(index, link)
-            per_link = int(state.nvlink_bytes / max(1, len(state.link_up))) if up else 0
-            links.append(
-                NvLinkCounters(
-                    link=link,
-                    active=up,
-                    tx_bytes=per_link,
-                    rx_bytes=per_link,
-                    crc_flit_errors=self.device_get_nvlink_error_counter(index, link, 2),
-                    crc_data_errors=self.device_get_nvlink_error_counter(index, link, 3),
-                    replay_errors=self.device_get_nvlink_error_counter(index, link, 0),
-                    recovery_errors=self.device_get_nvlink_error_counter(index, link, 1),
-                )
-            )
-        return GpuSample(
-            gpu_index=index,
-            gpu_utilization_percent=gpu_util,
-            memory_utilization_percent=mem_util,
-            memory_used_bytes=used,
-            memory_free_bytes=free,
-            memory_total_bytes=total,
-            temperature_celsius=self.device_get_temperature(index),
-            memory_temperature_celsius=self._optional(lambda: self.device_get_memory_temperature(index)),
-            power_watts=self.device_get_power_usage(index) / 1000,
-            energy_joules=energy / 1000,
-            sm_clock_mhz=self.device_get_clock_info(index, 1),
-            memory_clock_mhz=self.device_get_clock_info(index, 2),
-            throttle_reasons=self.device_get_current_clocks_event_reasons(index),
-            pcie_replays=pcie_replays,
-            ecc_corrected_volatile=self.device_get_total_ecc_errors(index, 0, 0),
-            ecc_uncorrected_volatile=self.device_get_total_ecc_errors(index, 1, 0),
-            ecc_corrected_aggregate=self.device_get_total_ecc_errors(index, 0, 1),
-            ecc_uncorrected_aggregate=self.device_get_total_ecc_errors(index, 1, 1),
-            remapped_rows_correctable=remapped[0] if remapped else None,
-            remapped_rows_uncorrectable=remapped[1] if remapped else None,
-            remapped_rows_pending=remapped[2] if remapped else None,
-            remapped_rows_failure=remapped[3] if remapped else None,
-            nvlinks=tuple(links),
-            processes=self.device_get_compute_running_processes(index),
-        )
+        return self._backend.sample(index)
 
     def mig_sample(self, uuid: str) -> MigSample:
-        index = self.device_get_handle_by_uuid(uuid)
-        if uuid not in self._by_mig_uuid:
-            raise NVMLError_InvalidArgument(2)  # a GPU UUID is not a MIG device handle
-        inst = self._by_mig_uuid[uuid][1]
-        procs = tuple(
-            p for p in self.device_get_compute_running_processes(index) if p.gpu_instance_id == inst.gi_id
-        )
-        return MigSample(
-            uuid=uuid,
-            memory_used_bytes=sum(p.used_memory_bytes or 0 for p in procs),
-            memory_total_bytes=inst.profile.memory_mib * MIB,
-            processes=procs,
-        )
+        return self._backend.mig_sample(uuid)
 
     def process_utilization(self, index: int) -> tuple[ProcessUtilization, ...]:
-        return self._optional(lambda: self.device_get_process_utilization(index)) or ()
+        return self._backend.process_utilization(index)
 
     def register_events(self, indices: tuple[int, ...]) -> None:
-        if not self._event_set:
-            self.event_set_create()
-        for index in indices:
-            supported = self.device_get_supported_event_types(index)
-            self.device_register_events(index, supported & HEALTH_EVENT_MASK)
+        self._backend.register_events(indices)
 
     def wait_event(self, timeout_ms: int) -> NvmlEvent | None:
-        try:
-            return self.event_set_wait(timeout_ms)
-        except NVMLError_Timeout:
-            return None
-        except NVMLError_GpuIsLost:
-            if self._lost_popped:
-                return self._lost_popped.popleft()
-            raise
+        return self._backend.wait_event(timeout_ms)
 
     def counters(self) -> NvmlCounters:
-        return NvmlCounters(calls=self._calls, errors_by_code=dict(self._errors))
+        return self._backend.counters()
 
     # ------------------------------------------------------------------ mutations
 
@@ -1144,10 +1036,14 @@ class SimulatedNvml:
     def inject_error(
         self, code: int, *, call: str | None = None, gpu: int | None = None, times: int | None = None
     ) -> None:
-        """Make primitive ``call`` (all primitives when ``None``) fail with ``code`` for GPU ``gpu``
-        (any when ``None``), ``times`` times (forever when ``None``)."""
-        if call is not None and not callable(getattr(self, call, None)):
-            raise SimulationError(f"no simulator primitive {call!r}")
+        """Make ``call`` fail with ``code`` for GPU ``gpu`` (any when ``None``), ``times`` times
+        (forever when ``None``). ``call`` is a simulator primitive (``device_get_memory_info``), a
+        pynvml function of the face (``nvmlDeviceRegisterEvents``), or ``None``: every primitive."""
+        face_call = (
+            call is not None and call.startswith("nvml") and callable(getattr(SimulatedPynvml, call, None))
+        )
+        if call is not None and not face_call and not callable(getattr(self, call, None)):
+            raise SimulationError(f"no simulator primitive or pynvml function {call!r}")
         if code not in _CODE_NAMES:
             raise SimulationError(f"unknown NVML code {code}")
         self._injected.append(_Injected(code, call, gpu, times))
@@ -1162,10 +1058,10 @@ class SimulatedNvml:
             if state.lost:
                 return
             state.lost = True
-            lost = NvmlEvent(EventKind.GPU_LOST, gpu, state.spec.uuid)
-            if self._event_set and state.registered_mask:
-                self._events.append(lost)
-                self._cond.notify_all()
+            for event_set in self._event_sets.values():
+                if event_set.registered.get(gpu):
+                    event_set.events.append(_LostMarker(gpu))
+            self._cond.notify_all()
         self._emit_hotplug(HotplugEvent("remove", "pci", state.spec.bus_id_sysfs))
 
     def recover_gpu(self, gpu: int) -> None:

@@ -1,9 +1,29 @@
-"""The real NVML backend over pynvml (``nvidia-ml-py`` >= 13) — the only module that imports ``pynvml``.
+"""The one NVML composition: :class:`RealNvml` turns pynvml's answers into the project's model.
 
-``pynvml`` is imported inside :meth:`RealNvml.init`, so the package imports on machines without the
-library (a missing module is reported as ``NVMLError_LibraryNotFound``). Every ``pynvml.NVMLError`` is
-translated into ``agent.nvml.errors.NVMLError(code)``; "not supported" (and "function not found" on older
-drivers) becomes ``None`` / an empty tuple, as the protocol says.
+``RealNvml(nvml)`` takes the ``pynvml`` module to call (default: the real one, imported at
+:meth:`RealNvml.init`, so the package imports on machines without the library; a missing module is
+reported as ``NVMLError_LibraryNotFound``). ``--simulate`` passes the simulator's pynvml face
+(:class:`agent.nvml.face.SimulatedPynvml`), so the code a real node runs is the code every simulated
+test runs. Functions, struct classes and error classes are all read from that module object.
+
+Every ``pynvml.NVMLError`` is translated into ``agent.nvml.errors.NVMLError(code)``; "not supported"
+(and "function not found" / ``NVMLLibraryMismatchError`` on older libraries) becomes ``None`` / an empty
+tuple, as the protocol says. Answers that are control flow — INVALID_ARGUMENT past the last NVLink,
+NOT_FOUND for an empty MIG slot or no new samples, ARGUMENT_VERSION_MISMATCH before a fallback, an event
+wait's TIMEOUT — are not counted as errors. NO_PERMISSION on process and MIG-instance listings (an
+unprivileged agent) leaves those parts empty and keeps the rest of the GPU's answers.
+
+Older drivers and GPUs: fabric info falls back from ``nvmlDeviceGetGpuFabricInfoV`` (v3, then v2) to the
+unversioned v1 call; platform info from the v2 to the v1 struct; clocks-event reasons to the older
+throttle-reasons call; temperature from ``nvmlDeviceGetTemperatureV`` to ``nvmlDeviceGetTemperature``;
+NVLink traffic from the NVLink-5 byte counters (fields 202/204) to the link-scoped throughput fields
+138/139 (KiB).
+
+Events: after Xid 79 a driver answers GPU_IS_LOST on every wait of an event set with the lost GPU
+registered. The backend then reports each newly lost GPU once (GPU_LOST), frees the set and builds a
+new one with the GPUs that still answer, so the healthy GPUs' events keep coming; a lost GPU that
+answers again is registered again. If waits still answer GPU_IS_LOST with nothing newly lost, it backs
+off (sleeps the wait's timeout) instead of spinning.
 
 Binding details handled here (see the project's NVML reference, §9.3):
 - fabric info through the versioned ``c_nvmlGpuFabricInfo_v3_t`` (``healthSummary``), clusterUuid
@@ -13,10 +33,8 @@ Binding details handled here (see the project's NVML reference, §9.3):
   depending on the binding; GB200 answers INVALID_ARGUMENT beyond link 17);
 - ``nvmlDeviceGetFieldValues`` succeeds overall while entries fail: each entry's ``nvmlReturn`` is checked;
 - ``nvmlEventSetWait_v2`` signals a timeout by raising: that is ``None`` here;
-- platform-info single-byte fields are ``c_char`` (read raw, not through pynvml's str decoding).
-
-This module cannot be exercised without a GPU; ``tests/agent/test_contract.py`` (marker ``gpu``) runs the
-same assertions against it as against the simulator.
+- platform-info single-byte fields are ``c_char`` (read raw, not through pynvml's str decoding);
+- MIG device handles are fetched again for each use (NVML may reuse a handle after reconfiguration).
 """
 
 from __future__ import annotations
@@ -25,6 +43,7 @@ import collections
 import contextlib
 import ctypes
 import os
+import time
 import uuid as uuidlib
 from collections.abc import Callable
 from types import ModuleType
@@ -43,6 +62,7 @@ from agent.nvml.protocol import (
     ProcessInfo,
     ProcessUtilization,
 )
+from topology import logs
 from topology.model import (
     ComputeInstance,
     Driver,
@@ -59,13 +79,20 @@ from topology.model import (
     RemoteDeviceType,
 )
 
+log = logs.get_logger("agent.nvml.real")
+
 _NOT_SUPPORTED = CODES["NOT_SUPPORTED"]
 _FUNCTION_NOT_FOUND = CODES["FUNCTION_NOT_FOUND"]
 _INVALID_ARGUMENT = CODES["INVALID_ARGUMENT"]
 _NOT_FOUND = CODES["NOT_FOUND"]
 _TIMEOUT = CODES["TIMEOUT"]
 _ARGUMENT_VERSION_MISMATCH = CODES["ARGUMENT_VERSION_MISMATCH"]
+_NO_PERMISSION = CODES["NO_PERMISSION"]
 _UNSUPPORTED = frozenset({_NOT_SUPPORTED, _FUNCTION_NOT_FOUND})
+_QUIET_UNSUPPORTED = frozenset({_FUNCTION_NOT_FOUND})  # an older library: an answer, not an error
+_PAST_THE_END = frozenset({_INVALID_ARGUMENT, _FUNCTION_NOT_FOUND})  # iteration ends; not errors
+_QUIET_PERMISSION = frozenset({_NO_PERMISSION})  # an unprivileged agent: those parts stay empty
+_WAIT_ANSWERS = frozenset({_TIMEOUT, *LOST_CODES})  # a wait's answers, handled (and counted) below
 
 ARCHITECTURES: dict[int, str] = {
     2: "kepler",
@@ -167,7 +194,9 @@ FI_REMAPPED_UNC = 143
 FI_REMAPPED_PENDING = 144
 FI_REMAPPED_FAILURE = 145
 FI_POWER_INSTANT = 186  # mW
-FI_NVLINK_COUNT_XMIT_BYTES = 202
+FI_NVLINK_THROUGHPUT_DATA_TX = 138  # KiB, link scope (before NVLink 5)
+FI_NVLINK_THROUGHPUT_DATA_RX = 139
+FI_NVLINK_COUNT_XMIT_BYTES = 202  # bytes, link scope (NVLink 5)
 FI_NVLINK_COUNT_RCV_BYTES = 204
 _DEVICE_FIELDS = (
     FI_ECC_SBE_VOL_TOTAL,
@@ -233,45 +262,80 @@ def _str(value: Any) -> str:
 
 
 class RealNvml:
-    """:class:`agent.nvml.protocol.NvmlBackend` over the driver's NVML library."""
+    """:class:`agent.nvml.protocol.NvmlBackend` over a ``pynvml`` module (the real one by default)."""
 
-    def __init__(self, *, loader: Callable[[], ModuleType] | None = None) -> None:
-        self._loader = loader or _import_pynvml
+    def __init__(
+        self,
+        nvml: Any = None,
+        *,
+        loader: Callable[[], ModuleType] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        """``nvml``: the pynvml module (or the simulator's face) to call; ``loader``: how to import
+        it at :meth:`init` when ``nvml`` is not given; ``sleep``: the event wait's backoff."""
+        if nvml is not None:
+            self._loader: Callable[[], Any] = lambda: nvml
+        else:
+            self._loader = loader or _import_pynvml
+        self._sleep = sleep
         self._nv: Any = None
-        self._handles: dict[int, Any] = {}
-        self._uuids: dict[int, str] = {}
-        self._mig_handles: dict[str, Any] = {}
-        self._event_set: Any = None
-        self._registered: tuple[int, ...] = ()
-        self._lost_reported: set[int] = set()
-        self._pending: collections.deque[NvmlEvent] = collections.deque()
-        self._process_ts: dict[int, int] = {}
+        self._init_count = 0
         self._calls = 0
         self._errors: collections.Counter[str] = collections.Counter()
+        self._reset()
+
+    def _reset(self) -> None:
+        """Forget every handle and every per-session fact (at init and shutdown)."""
+        self._handles: dict[int, Any] = {}
+        self._uuids: dict[int, str] = {}
+        self._event_set: Any = None
+        self._wanted: tuple[int, ...] = ()  # GPUs the caller asked events for
+        self._registered: tuple[int, ...] = ()  # GPUs registered on the current event set
+        self._lost_reported: set[int] = set()
+        self._lost_wait_seen = False  # the current GPU_IS_LOST episode of the waits was counted
+        self._set_rebuilt = False  # the event set was rebuilt since the last answered wait
+        self._pending: collections.deque[NvmlEvent] = collections.deque()
+        self._process_ts: dict[int, int] = {}
 
     # ---------------------------------------------------------------- plumbing
 
-    def _call(self, fn_name: str, *args: Any) -> Any:
+    def _call(self, fn_name: str, *args: Any, quiet: frozenset[int] = frozenset()) -> Any:
+        """Call a pynvml function; errors become ours and are counted unless their code is ``quiet``
+        (an answer the caller expects as control flow)."""
         if self._nv is None:
             self._count_error(CODES["UNINITIALIZED"])
             raise NVMLError(CODES["UNINITIALIZED"])
         self._calls += 1
+        fn = getattr(self._nv, fn_name, None)
         try:
-            return getattr(self._nv, fn_name)(*args)
+            if fn is None:  # a binding older than the function
+                raise self._nv.NVMLError(_FUNCTION_NOT_FOUND)
+            return fn(*args)
         except self._nv.NVMLError as exc:
             code = int(exc.value)
-            self._count_error(code)
+            if code not in quiet:
+                self._count_error(code)
             raise NVMLError(code) from None
+        except self._mismatch_error:
+            # pynvml's unversioned wrapper when the library lacks the versioned symbol
+            if _FUNCTION_NOT_FOUND not in quiet:
+                self._count_error(_FUNCTION_NOT_FOUND)
+            raise NVMLError(_FUNCTION_NOT_FOUND) from None
+
+    @property
+    def _mismatch_error(self) -> type[BaseException] | tuple[()]:
+        error = getattr(self._nv, "NVMLLibraryMismatchError", None)
+        return error if isinstance(error, type) and issubclass(error, BaseException) else ()
 
     def _count_error(self, code: int) -> None:
         self._errors[NVMLError(code).name] += 1
 
-    def _optional(self, fn_name: str, *args: Any) -> Any:
-        """A call whose "not supported" answer is ``None``."""
+    def _optional(self, fn_name: str, *args: Any, also: frozenset[int] = frozenset()) -> Any:
+        """A call whose "not supported" answer (or one of ``also``) is ``None``."""
         try:
-            return self._call(fn_name, *args)
+            return self._call(fn_name, *args, quiet=_QUIET_UNSUPPORTED | also)
         except NVMLError as exc:
-            if exc.value in _UNSUPPORTED:
+            if exc.value in _UNSUPPORTED or exc.value in also:
                 return None
             raise
 
@@ -285,33 +349,44 @@ class RealNvml:
     # ---------------------------------------------------------------- lifecycle
 
     def init(self) -> None:
-        if self._nv is None:
-            try:
-                module = self._loader()
-            except ImportError:
-                self._count_error(CODES["LIBRARY_NOT_FOUND"])
-                raise NVMLError(CODES["LIBRARY_NOT_FOUND"]) from None
-            try:
-                module.nvmlInit()
-            except module.NVMLError as exc:
-                self._count_error(int(exc.value))
-                raise NVMLError(int(exc.value)) from None
-            self._calls += 1
-            self._nv = module
+        """``nvmlInit``; reference-counted like NVML's own (each ``init`` needs a ``shutdown``)."""
+        if self._nv is not None:
+            self._call("nvmlInit")
+            self._init_count += 1
+            return
+        try:
+            module = self._loader()
+        except ImportError:
+            self._count_error(CODES["LIBRARY_NOT_FOUND"])
+            raise NVMLError(CODES["LIBRARY_NOT_FOUND"]) from None
+        try:
+            module.nvmlInit()
+        except module.NVMLError as exc:
+            self._count_error(int(exc.value))
+            raise NVMLError(int(exc.value)) from None
+        self._calls += 1
+        self._reset()
+        self._nv = module
+        self._init_count = 1
 
     def shutdown(self) -> None:
+        """``nvmlShutdown``; the last one frees the event set and forgets every handle."""
         if self._nv is None:
             return
+        if self._init_count > 1:
+            self._init_count -= 1
+            with contextlib.suppress(NVMLError):
+                self._call("nvmlShutdown")
+            return
+        self._init_count = 0
         try:
             if self._event_set is not None:
                 self._call("nvmlEventSetFree", self._event_set)
         except NVMLError:
             pass
         finally:
-            self._event_set = None
             nv, self._nv = self._nv, None
-            self._handles.clear()
-            self._mig_handles.clear()
+            self._reset()
             with contextlib.suppress(nv.NVMLError):
                 nv.nvmlShutdown()
 
@@ -371,27 +446,28 @@ class RealNvml:
         )
 
     def _platform(self, h: Any) -> PlatformInfo | None:
-        info = self._nv.c_nvmlPlatformInfo_v2_t()
-        try:
-            self._call("nvmlDeviceGetPlatformInfo", h, ctypes.byref(info))
-        except NVMLError as exc:
-            if exc.value in _UNSUPPORTED or exc.value == _ARGUMENT_VERSION_MISMATCH:
-                return None
-            raise
-
-        def byte(name: str) -> int:
-            return _raw_field(info, name, 1)[0]
-
-        guid = _raw_field(info, "ibGuid", 16)
-        return PlatformInfo(
-            chassis_serial=_text(_raw_field(info, "chassisSerialNumber", 16)),
-            slot_number=byte("slotNumber"),
-            tray_index=byte("trayIndex"),
-            host_id=byte("hostId"),
-            module_id=byte("moduleId"),
-            peer_type=byte("peerType"),
-            ib_guid=format_ib_guid(guid),
-        )
+        """Platform info through the v2 struct; a driver that knows only v1 (ARGUMENT_VERSION_MISMATCH)
+        is asked with the v1 struct, whose rack GUID stands in for the chassis serial."""
+        for struct_name in ("c_nvmlPlatformInfo_v2_t", "c_nvmlPlatformInfo_v1_t"):
+            struct = getattr(self._nv, struct_name, None)
+            if struct is None:
+                continue
+            info = struct()
+            try:
+                self._call(
+                    "nvmlDeviceGetPlatformInfo",
+                    h,
+                    ctypes.byref(info),
+                    quiet=_QUIET_UNSUPPORTED | {_ARGUMENT_VERSION_MISMATCH},
+                )
+            except NVMLError as exc:
+                if exc.value == _ARGUMENT_VERSION_MISMATCH:
+                    continue
+                if exc.value in _UNSUPPORTED:
+                    return None
+                raise
+            return _platform_info(info)
+        return None
 
     # ---------------------------------------------------------------- NVLink, PCIe
 
@@ -400,7 +476,7 @@ class RealNvml:
         links: list[int] = []
         for link in range(int(getattr(self._nv, "NVML_NVLINK_MAX_LINKS", 36))):
             try:
-                self._call("nvmlDeviceGetNvLinkState", h, link)
+                self._call("nvmlDeviceGetNvLinkState", h, link, quiet=_PAST_THE_END)
             except NVMLError as exc:
                 if exc.value in (_INVALID_ARGUMENT, *_UNSUPPORTED):
                     break
@@ -413,7 +489,7 @@ class RealNvml:
         out: list[NvLink] = []
         for link in range(int(getattr(self._nv, "NVML_NVLINK_MAX_LINKS", 36))):
             try:
-                state = self._call("nvmlDeviceGetNvLinkState", h, link)
+                state = self._call("nvmlDeviceGetNvLinkState", h, link, quiet=_PAST_THE_END)
             except NVMLError as exc:
                 if exc.value in (_INVALID_ARGUMENT, *_UNSUPPORTED):
                     break
@@ -442,7 +518,7 @@ class RealNvml:
     def _link_optional(self, fn_name: str, h: Any, link: int, *extra: Any) -> Any:
         """Per-link facts: an inactive link may answer NOT_SUPPORTED / INVALID_ARGUMENT → ``None``."""
         try:
-            return self._call(fn_name, h, link, *extra)
+            return self._call(fn_name, h, link, *extra, quiet=_PAST_THE_END)
         except NVMLError as exc:
             if exc.value in (_INVALID_ARGUMENT, *_UNSUPPORTED):
                 return None
@@ -450,6 +526,8 @@ class RealNvml:
 
     def pcie_level(self, a: int, b: int) -> LinkLevel | None:
         level = self._optional("nvmlDeviceGetTopologyCommonAncestor", self._handle(a), self._handle(b))
+        if a == b:
+            return LinkLevel.SELF
         return TOPOLOGY_LEVELS.get(int(level)) if level is not None else None
 
     # ---------------------------------------------------------------- MIG
@@ -465,22 +543,55 @@ class RealNvml:
         gis: list[GpuInstance] = []
         cis: list[ComputeInstance] = []
         gi_profiles: dict[int, tuple[str, int, int]] = {}  # gi id → (profile, slices, placement size)
+        try:
+            self._gpu_instances(index, h, gis, cis, gi_profiles)
+        except NVMLError as exc:
+            if exc.value != _NO_PERMISSION:
+                raise
+            # listing instances needs privileges; the MIG devices below do not
+            gis, cis, gi_profiles = [], [], {}
+        devices = self._mig_devices(index, h, gi_profiles)
+        return MigState(
+            gpu_index=index,
+            current_enabled=True,
+            pending_enabled=pending,
+            gpu_instances=tuple(sorted(gis, key=lambda g: g.id)),
+            compute_instances=tuple(sorted(cis, key=lambda c: (c.gpu_instance_id, c.id))),
+            devices=devices,
+        )
+
+    def _gpu_instances(
+        self,
+        index: int,
+        h: Any,
+        gis: list[GpuInstance],
+        cis: list[ComputeInstance],
+        gi_profiles: dict[int, tuple[str, int, int]],
+    ) -> None:
+        skip = frozenset({_INVALID_ARGUMENT, _NOT_FOUND, *_UNSUPPORTED})
         for profile in range(_GPU_INSTANCE_PROFILE_COUNT):
             try:
-                info = self._call("nvmlDeviceGetGpuInstanceProfileInfo", h, profile)
+                info = self._call("nvmlDeviceGetGpuInstanceProfileInfo", h, profile, quiet=skip)
             except NVMLError as exc:
-                if exc.value in (_INVALID_ARGUMENT, _NOT_FOUND, *_UNSUPPORTED):
+                if exc.value in skip:
                     continue
                 raise
             if int(info.instanceCount) == 0:
                 continue
             array = (self._nv.c_nvmlGpuInstance_t * int(info.instanceCount))()
             count = ctypes.c_uint(0)
-            self._call("nvmlDeviceGetGpuInstances", h, int(info.id), array, ctypes.byref(count))
+            self._call(
+                "nvmlDeviceGetGpuInstances",
+                h,
+                int(info.id),
+                array,
+                ctypes.byref(count),
+                quiet=_QUIET_PERMISSION,
+            )
             name = _str(info.name).removeprefix("MIG ").strip()
             for i in range(count.value):
                 gi = array[i]
-                gi_info = self._call("nvmlGpuInstanceGetInfo", gi)
+                gi_info = self._call("nvmlGpuInstanceGetInfo", gi, quiet=_QUIET_PERMISSION)
                 gi_id = int(gi_info.id)
                 gis.append(
                     GpuInstance(
@@ -494,34 +605,37 @@ class RealNvml:
                 )
                 gi_profiles[gi_id] = (name, int(info.sliceCount), int(gi_info.placement.size))
                 cis.extend(self._compute_instances(index, gi, gi_id))
-        devices = self._mig_devices(index, h, gi_profiles)
-        return MigState(
-            gpu_index=index,
-            current_enabled=True,
-            pending_enabled=pending,
-            gpu_instances=tuple(sorted(gis, key=lambda g: g.id)),
-            compute_instances=tuple(sorted(cis, key=lambda c: (c.gpu_instance_id, c.id))),
-            devices=devices,
-        )
 
     def _compute_instances(self, index: int, gi: Any, gi_id: int) -> list[ComputeInstance]:
         out: list[ComputeInstance] = []
+        skip = frozenset({_INVALID_ARGUMENT, _NOT_FOUND, *_UNSUPPORTED})
         for profile in range(_COMPUTE_INSTANCE_PROFILE_COUNT):
             try:
                 info = self._call(
-                    "nvmlGpuInstanceGetComputeInstanceProfileInfo", gi, profile, _CI_ENGINE_PROFILE_SHARED
+                    "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+                    gi,
+                    profile,
+                    _CI_ENGINE_PROFILE_SHARED,
+                    quiet=skip | _QUIET_PERMISSION,
                 )
             except NVMLError as exc:
-                if exc.value in (_INVALID_ARGUMENT, _NOT_FOUND, *_UNSUPPORTED):
+                if exc.value in skip:
                     continue
                 raise
             if int(info.instanceCount) == 0:
                 continue
             array = (self._nv.c_nvmlComputeInstance_t * int(info.instanceCount))()
             count = ctypes.c_uint(0)
-            self._call("nvmlGpuInstanceGetComputeInstances", gi, int(info.id), array, ctypes.byref(count))
+            self._call(
+                "nvmlGpuInstanceGetComputeInstances",
+                gi,
+                int(info.id),
+                array,
+                ctypes.byref(count),
+                quiet=_QUIET_PERMISSION,
+            )
             for i in range(count.value):
-                ci_info = self._call("nvmlComputeInstanceGetInfo", array[i])
+                ci_info = self._call("nvmlComputeInstanceGetInfo", array[i], quiet=_QUIET_PERMISSION)
                 out.append(
                     ComputeInstance(
                         gpu_index=index,
@@ -538,22 +652,30 @@ class RealNvml:
     ) -> tuple[MigDevice, ...]:
         parent_uuid = self._uuids.get(index) or _str(self._call("nvmlDeviceGetUUID", h))
         out: list[MigDevice] = []
+        empty = frozenset({_NOT_FOUND, _INVALID_ARGUMENT})
         for slot in range(int(self._call("nvmlDeviceGetMaxMigDeviceCount", h))):
             try:
-                mig = self._call("nvmlDeviceGetMigDeviceHandleByIndex", h, slot)
+                mig = self._call("nvmlDeviceGetMigDeviceHandleByIndex", h, slot, quiet=empty)
             except NVMLError as exc:
-                if exc.value in (_NOT_FOUND, _INVALID_ARGUMENT):
+                if exc.value in empty:
                     continue
                 raise
             if not self._call("nvmlDeviceIsMigDeviceHandle", mig).value:
                 continue
             uuid = _str(self._call("nvmlDeviceGetUUID", mig))
-            self._mig_handles[uuid] = mig
             gi_id = int(self._call("nvmlDeviceGetGpuInstanceId", mig))
             ci_id = int(self._call("nvmlDeviceGetComputeInstanceId", mig))
             attrs = self._call("nvmlDeviceGetAttributes", mig)
             memory = self._optional("nvmlDeviceGetMemoryInfo", mig)
-            profile, gi_slices, mem_slices = gi_profiles.get(gi_id, ("", int(attrs.gpuInstanceSliceCount), 0))
+            known = gi_profiles.get(gi_id)
+            if known is None:  # instances not listed (no permission): the MIG device's name has it
+                name = _str(self._optional("nvmlDeviceGetName", mig) or "")
+                known = (
+                    name.rpartition(" MIG ")[2] if " MIG " in name else "",
+                    int(attrs.gpuInstanceSliceCount),
+                    0,
+                )
+            profile, gi_slices, mem_slices = known
             out.append(
                 MigDevice(
                     uuid=uuid,
@@ -577,31 +699,40 @@ class RealNvml:
     # ---------------------------------------------------------------- fabric
 
     def fabric(self, index: int) -> FabricInfo | None:
+        """Fabric info through the versioned call (v3 struct, then v2 on ARGUMENT_VERSION_MISMATCH);
+        a driver without ``nvmlDeviceGetGpuFabricInfoV`` is asked through the v1 call (no health)."""
         h = self._handle(index)
-        info = self._nv.c_nvmlGpuFabricInfo_v3_t()
-        has_summary = True
-        try:
-            self._call("nvmlDeviceGetGpuFabricInfoV", h, ctypes.byref(info))
-        except NVMLError as exc:
-            if exc.value in _UNSUPPORTED:
-                return None
-            if exc.value != _ARGUMENT_VERSION_MISMATCH:
-                raise
-            info = self._nv.c_nvmlGpuFabricInfo_v2_t()  # a driver without v3
-            has_summary = False
+        fallback = _QUIET_UNSUPPORTED | {_ARGUMENT_VERSION_MISMATCH}
+        info: Any = None
+        for struct_name in ("c_nvmlGpuFabricInfo_v3_t", "c_nvmlGpuFabricInfo_v2_t"):
+            candidate = self._nv_struct(struct_name)
             try:
-                self._call("nvmlDeviceGetGpuFabricInfoV", h, ctypes.byref(info))
-            except NVMLError as exc2:
-                if exc2.value in _UNSUPPORTED:
+                self._call("nvmlDeviceGetGpuFabricInfoV", h, ctypes.byref(candidate), quiet=fallback)
+            except NVMLError as exc:
+                if exc.value == _ARGUMENT_VERSION_MISMATCH:
+                    continue
+                if exc.value == _FUNCTION_NOT_FOUND:
+                    break
+                if exc.value in _UNSUPPORTED:
+                    return None
+                raise
+            info = candidate
+            break
+        if info is None:
+            info = self._nv_struct("c_nvmlGpuFabricInfo_t")
+            try:
+                self._call("nvmlDeviceGetGpuFabricInfo", h, ctypes.byref(info), quiet=_QUIET_UNSUPPORTED)
+            except NVMLError as exc:
+                if exc.value in _UNSUPPORTED:
                     return None
                 raise
         state = FABRIC_STATES.get(int(info.state) & 0xFF, FabricState.NOT_SUPPORTED)
         if state is FabricState.NOT_SUPPORTED:
             return None
-        mask = int(info.healthMask)
+        mask = int(info.healthMask) if hasattr(type(info), "healthMask") else None
         summary = (
             HEALTH_SUMMARIES.get(int(info.healthSummary), FabricHealthSummary.NOT_SUPPORTED)
-            if has_summary
+            if hasattr(type(info), "healthSummary")
             else FabricHealthSummary.NOT_SUPPORTED
         )
         return FabricInfo(
@@ -614,6 +745,9 @@ class RealNvml:
             health=decode_health_mask(mask),
             health_summary=summary,
         )
+
+    def _nv_struct(self, name: str) -> Any:
+        return getattr(self._nv, name)()
 
     # ---------------------------------------------------------------- samples
 
@@ -631,12 +765,54 @@ class RealNvml:
             out[request] = _field_value(entry)
         return out
 
+    def _link_traffic(self, h: Any, links: list[int]) -> dict[int, tuple[int | None, int | None]]:
+        """Per-link (tx, rx) bytes: the NVLink-5 byte counters (202/204), else the link-scoped
+        throughput fields 138/139 in KiB (Hopper, Ampere and older)."""
+        per_link = (FI_NVLINK_COUNT_XMIT_BYTES, FI_NVLINK_COUNT_RCV_BYTES)
+        fields = self._field_values(h, [(fid, link) for link in links for fid in per_link])
+        out: dict[int, tuple[int | None, int | None]] = {}
+        missing: list[int] = []
+        for link in links:
+            tx = _int_or_none(fields.get((FI_NVLINK_COUNT_XMIT_BYTES, link)))
+            rx = _int_or_none(fields.get((FI_NVLINK_COUNT_RCV_BYTES, link)))
+            out[link] = (tx, rx)
+            if tx is None and rx is None:
+                missing.append(link)
+        if missing:
+            older = (FI_NVLINK_THROUGHPUT_DATA_TX, FI_NVLINK_THROUGHPUT_DATA_RX)
+            kib = self._field_values(h, [(fid, link) for link in missing for fid in older])
+            for link in missing:
+                tx = _int_or_none(kib.get((FI_NVLINK_THROUGHPUT_DATA_TX, link)))
+                rx = _int_or_none(kib.get((FI_NVLINK_THROUGHPUT_DATA_RX, link)))
+                out[link] = (tx * 1024 if tx is not None else None, rx * 1024 if rx is not None else None)
+        return out
+
+    def _temperature(self, h: Any) -> Any:
+        try:
+            return self._call("nvmlDeviceGetTemperatureV", h, 0, quiet=_UNSUPPORTED)
+        except NVMLError as exc:
+            if exc.value == _NOT_SUPPORTED:
+                return None
+            if exc.value != _FUNCTION_NOT_FOUND:
+                raise
+        return self._optional("nvmlDeviceGetTemperature", h, 0)  # a driver before 13.x's versioned call
+
+    def _clocks_event_reasons(self, h: Any) -> Any:
+        try:
+            return self._call("nvmlDeviceGetCurrentClocksEventReasons", h, quiet=_UNSUPPORTED)
+        except NVMLError as exc:
+            if exc.value == _NOT_SUPPORTED:
+                return None
+            if exc.value != _FUNCTION_NOT_FOUND:
+                raise
+        return self._optional("nvmlDeviceGetCurrentClocksThrottleReasons", h)  # older drivers' name
+
     def sample(self, index: int) -> GpuSample:
         h = self._handle(index)
         fields = self._field_values(h, list(_DEVICE_FIELDS))
         util = self._optional("nvmlDeviceGetUtilizationRates", h)
         memory = self._optional("nvmlDeviceGetMemoryInfo", h)
-        temp = self._optional("nvmlDeviceGetTemperature", h, 0)
+        temp = self._temperature(h)
         power_mw = fields.get(FI_POWER_INSTANT)
         if power_mw is None:
             power_mw = self._optional("nvmlDeviceGetPowerUsage", h)
@@ -644,8 +820,7 @@ class RealNvml:
         if energy_mj is None:
             energy_mj = self._optional("nvmlDeviceGetTotalEnergyConsumption", h)
         links = self._links(h)
-        per_link = (FI_NVLINK_COUNT_XMIT_BYTES, FI_NVLINK_COUNT_RCV_BYTES)
-        link_fields = self._field_values(h, [(fid, link) for link in links for fid in per_link])
+        traffic = self._link_traffic(h, links)
         counters: list[NvLinkCounters] = []
         for link in links:
             state = self._link_optional("nvmlDeviceGetNvLinkState", h, link)
@@ -657,8 +832,8 @@ class RealNvml:
                 NvLinkCounters(
                     link=link,
                     active=state is not None and int(state) == 1,
-                    tx_bytes=_int_or_none(link_fields.get((FI_NVLINK_COUNT_XMIT_BYTES, link))),
-                    rx_bytes=_int_or_none(link_fields.get((FI_NVLINK_COUNT_RCV_BYTES, link))),
+                    tx_bytes=traffic[link][0],
+                    rx_bytes=traffic[link][1],
                     **errors,
                 )
             )
@@ -677,7 +852,7 @@ class RealNvml:
             energy_joules=float(energy_mj) / 1000 if energy_mj is not None else None,
             sm_clock_mhz=_int_or_none(self._optional("nvmlDeviceGetClockInfo", h, 1)),
             memory_clock_mhz=_int_or_none(self._optional("nvmlDeviceGetClockInfo", h, 2)),
-            throttle_reasons=_int_or_none(self._optional("nvmlDeviceGetCurrentClocksEventReasons", h)),
+            throttle_reasons=_int_or_none(self._clocks_event_reasons(h)),
             pcie_replays=_int_or_none(fields.get(FI_PCIE_REPLAY_COUNTER)),
             ecc_corrected_volatile=_int_or_none(fields.get(FI_ECC_SBE_VOL_TOTAL)),
             ecc_uncorrected_volatile=_int_or_none(fields.get(FI_ECC_DBE_VOL_TOTAL)),
@@ -695,7 +870,9 @@ class RealNvml:
         return _int_or_none(self._link_optional("nvmlDeviceGetNvLinkErrorCounter", h, link, counter))
 
     def _processes(self, h: Any) -> tuple[ProcessInfo, ...]:
-        procs = self._optional("nvmlDeviceGetComputeRunningProcesses", h) or []
+        """Compute processes; empty where not supported, not permitted (MIG parents without
+        privileges) or where the library lacks the versioned call."""
+        procs = self._optional("nvmlDeviceGetComputeRunningProcesses", h, also=_QUIET_PERMISSION) or []
         out = []
         for p in procs:
             gi = getattr(p, "gpuInstanceId", _NO_INSTANCE)
@@ -712,10 +889,8 @@ class RealNvml:
         return tuple(out)
 
     def mig_sample(self, uuid: str) -> MigSample:
-        mig = self._mig_handles.get(uuid)
-        if mig is None:
-            mig = self._call("nvmlDeviceGetHandleByUUID", uuid)
-            self._mig_handles[uuid] = mig
+        # fetched for each use: NVML may hand a cached MIG handle to another instance after reconfiguration
+        mig = self._call("nvmlDeviceGetHandleByUUID", uuid)
         memory = self._optional("nvmlDeviceGetMemoryInfo", mig)
         return MigSample(
             uuid=uuid,
@@ -726,11 +901,17 @@ class RealNvml:
 
     def process_utilization(self, index: int) -> tuple[ProcessUtilization, ...]:
         h = self._handle(index)
+        # NOT_FOUND: no samples since last time; 0: pynvml raises "success" when there are none
+        none = frozenset({0, _NOT_FOUND, *_UNSUPPORTED, _NO_PERMISSION})
         try:
-            samples = self._call("nvmlDeviceGetProcessUtilization", h, self._process_ts.get(index, 0))
+            samples = self._call(
+                "nvmlDeviceGetProcessUtilization",
+                h,
+                self._process_ts.get(index, 0),
+                quiet=none - {_NOT_SUPPORTED},
+            )
         except NVMLError as exc:
-            # NOT_FOUND: no samples since last time; 0: pynvml raises "success" when there are none
-            if exc.value in (0, _NOT_FOUND, *_UNSUPPORTED):
+            if exc.value in none:
                 return ()
             raise
         latest = self._process_ts.get(index, 0)
@@ -746,32 +927,90 @@ class RealNvml:
     # ---------------------------------------------------------------- events
 
     def register_events(self, indices: tuple[int, ...]) -> None:
+        """Register the health events of ``indices`` (replacing the previous list). A GPU that does
+        not support registration gets no events (the set still serves the others, as ``nvml.h``
+        says); a lost GPU is skipped, reported once, and registered again when it answers."""
         if self._event_set is None:
             self._event_set = self._call("nvmlEventSetCreate")
+        self._wanted = tuple(sorted(set(indices)))
+        dropped = set(self._registered) - set(self._wanted)
+        if dropped:
+            self._rebuild_event_set()  # NVML cannot unregister: a new set without them
+            return
+        self._registered = self._register_on_set(
+            [i for i in self._wanted if i not in self._registered], self._registered
+        )
+
+    def _register_on_set(self, indices: list[int], registered: tuple[int, ...]) -> tuple[int, ...]:
+        """Register ``indices`` on the current set; returns ``registered`` plus those now on it."""
+        done = set(registered)
         for index in indices:
-            h = self._handle(index)
-            supported = self._optional("nvmlDeviceGetSupportedEventTypes", h)
-            mask = HEALTH_EVENTS & int(supported or 0)
-            if mask:
-                self._call("nvmlDeviceRegisterEvents", h, mask, self._event_set)
-            if index not in self._uuids:
-                self._uuids[index] = _str(self._call("nvmlDeviceGetUUID", h))
-        self._registered = tuple(sorted(set(self._registered) | set(indices)))
+            try:
+                h = self._handle(index)
+                if index not in self._uuids:
+                    self._uuids[index] = _str(self._call("nvmlDeviceGetUUID", h))
+                supported = self._optional("nvmlDeviceGetSupportedEventTypes", h)
+                mask = HEALTH_EVENTS & int(supported or 0)
+                if mask:
+                    self._call("nvmlDeviceRegisterEvents", h, mask, self._event_set)
+            except NVMLError as exc:
+                if exc.value in _UNSUPPORTED:
+                    log.info("nvml_events_not_supported", gpu=index, hint="health follows probes for it")
+                    done.add(index)  # nothing to register: the set serves the others
+                    continue
+                if exc.value in LOST_CODES:
+                    self._report_lost(index)
+                    continue
+                raise
+            self._lost_reported.discard(index)
+            done.add(index)
+        return tuple(sorted(done))
+
+    def _report_lost(self, index: int) -> None:
+        if index not in self._lost_reported:
+            self._lost_reported.add(index)
+            self._pending.append(NvmlEvent(EventKind.GPU_LOST, index, self._uuids.get(index, "")))
+
+    def _rebuild_event_set(self) -> None:
+        """Free the event set and build a new one with the wanted GPUs that still answer."""
+        old, self._event_set = self._event_set, None
+        if old is not None:
+            with contextlib.suppress(NVMLError):
+                self._call("nvmlEventSetFree", old, quiet=LOST_CODES)
+        self._event_set = self._call("nvmlEventSetCreate")
+        alive = [i for i in self._wanted if not self._is_lost(i)]
+        self._registered = self._register_on_set(alive, ())
+
+    def _is_lost(self, index: int) -> bool:
+        """Probe one GPU; a newly lost GPU is reported (and counted) once, a known one quietly."""
+        known = index in self._lost_reported
+        try:
+            self._call("nvmlDeviceGetUUID", self._handle(index), quiet=LOST_CODES if known else frozenset())
+        except NVMLError as exc:
+            if exc.value in LOST_CODES:
+                self._report_lost(index)
+                return True
+            raise
+        return False
 
     def wait_event(self, timeout_ms: int) -> NvmlEvent | None:
         if self._pending:
             return self._pending.popleft()
         if self._event_set is None:
             raise NVMLError(CODES["UNINITIALIZED"])
+        self._readmit_recovered()
+        if self._pending:
+            return self._pending.popleft()
         try:
-            data = self._call("nvmlEventSetWait_v2", self._event_set, timeout_ms)
+            data = self._call("nvmlEventSetWait_v2", self._event_set, timeout_ms, quiet=_WAIT_ANSWERS)
         except NVMLError as exc:
             if exc.value == _TIMEOUT:
+                self._lost_wait_seen = self._set_rebuilt = False
                 return None
             if exc.value in LOST_CODES:
-                self._pending.extend(self._lost_events())
-                return self._pending.popleft() if self._pending else None
+                return self._after_lost_wait(exc.value, timeout_ms)
             raise
+        self._lost_wait_seen = self._set_rebuilt = False
         index = int(self._call("nvmlDeviceGetIndex", data.device))
         kind = next((k for mask, k in _EVENT_KINDS if int(data.eventType) & mask), None)
         if kind is None:
@@ -786,22 +1025,65 @@ class RealNvml:
             compute_instance_id=None if ci == _NO_INSTANCE else ci,
         )
 
-    def _lost_events(self) -> list[NvmlEvent]:
-        """Which registered GPUs stopped answering: probe each (the wait does not say)."""
-        out: list[NvmlEvent] = []
-        for index in self._registered:
-            try:
-                self._call("nvmlDeviceGetUUID", self._handle(index))
-            except NVMLError as exc:
-                if exc.value in LOST_CODES and index not in self._lost_reported:
-                    self._lost_reported.add(index)
-                    out.append(NvmlEvent(EventKind.GPU_LOST, index, self._uuids.get(index, "")))
-                continue
-            self._lost_reported.discard(index)
-        return out
+    def _after_lost_wait(self, code: int, timeout_ms: int) -> NvmlEvent | None:
+        """The set answered GPU_IS_LOST. Newly lost GPUs are reported (once each) and the set kept, so
+        the healthy GPUs' events queued on it still come; when it answers GPU_IS_LOST with nothing newly
+        lost, it is freed and built again with the GPUs that answer; if even that does not help, the
+        wait backs off (sleeps its timeout) instead of spinning, and the episode is counted once."""
+        newly = [i for i in self._registered if i not in self._lost_reported and self._is_lost(i)]
+        if newly:
+            return self._pending.popleft() if self._pending else None
+        if not self._set_rebuilt:
+            self._set_rebuilt = True
+            self._rebuild_event_set()
+            return self._pending.popleft() if self._pending else None
+        if not self._lost_wait_seen:
+            self._count_error(code)
+            self._lost_wait_seen = True
+            log.warning(
+                "nvml_event_wait_gpu_lost",
+                registered=list(self._registered),
+                hint="the driver answers GPU_IS_LOST on a set of GPUs that answer; check dmesg for Xid 79",
+            )
+        self._sleep(max(timeout_ms, 0) / 1000)
+        return None
+
+    def _readmit_recovered(self) -> None:
+        """Register again the wanted GPUs that were lost and answer now."""
+        for index in sorted(self._lost_reported & set(self._wanted)):
+            if not self._is_lost(index):
+                self._lost_reported.discard(index)
+                self._registered = self._register_on_set([index], self._registered)
 
     def counters(self) -> NvmlCounters:
         return NvmlCounters(calls=self._calls, errors_by_code=dict(self._errors))
+
+
+def _platform_info(info: Any) -> PlatformInfo:
+    def byte(name: str) -> int:
+        return _raw_field(info, name, 1)[0]
+
+    guid = format_ib_guid(_raw_field(info, "ibGuid", 16))
+    if hasattr(type(info), "chassisSerialNumber"):  # v2
+        return PlatformInfo(
+            chassis_serial=_text(_raw_field(info, "chassisSerialNumber", 16)),
+            slot_number=byte("slotNumber"),
+            tray_index=byte("trayIndex"),
+            host_id=byte("hostId"),
+            module_id=byte("moduleId"),
+            peer_type=byte("peerType"),
+            ib_guid=guid,
+        )
+    rack = _raw_field(info, "rackGuid", 16)
+    return PlatformInfo(
+        chassis_serial=rack.hex() if any(rack) else "",
+        slot_number=byte("chassisPhysicalSlotNumber"),
+        tray_index=byte("computeSlotIndex"),
+        host_id=byte("nodeIndex"),
+        module_id=byte("moduleId"),
+        peer_type=byte("peerType"),
+        ib_guid=guid,
+    )
 
 
 def _int_or_none(value: Any) -> int | None:

@@ -53,8 +53,14 @@ CALLS: list[tuple[str, Callable[[SimulatedNvml], Any]]] = [
     ("sample", lambda s: s.sample(0)),
     ("register_events", lambda s: s.register_events((0,))),
     ("wait_event", lambda s: s.wait_event(0)),
-    ("shutdown", lambda s: s.shutdown()),
 ]
+
+
+def test_shutdown_before_init_is_a_no_op() -> None:
+    sim = build_simulator("dgx-a100-mig")
+    sim.shutdown()  # as RealNvml does over the real library: nothing to release
+    with pytest.raises(errors.NVMLError_Uninitialized):
+        sim.device_count()
 
 
 @pytest.mark.parametrize(("name", "call"), CALLS, ids=[c[0] for c in CALLS])

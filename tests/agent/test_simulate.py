@@ -273,7 +273,7 @@ def test_nvml_error_fault_fails_every_call_until_cleared(tmp_path: Path) -> None
     assert follower.poll() == 0
     assert [e.split(": ", 1)[1] for e in follower.errors] == [
         "unknown NVML error 'MELTED'; e.g. GPU_IS_LOST, LIB_RM_VERSION_MISMATCH",
-        "no simulator primitive 'device_get_nothing'",
+        "no simulator primitive or pynvml function 'device_get_nothing'",
         "field 'code' must be an NVML error name or number, got True",
     ]
 
