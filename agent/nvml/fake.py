@@ -1,17 +1,17 @@
-"""The embedded NVML simulator: a stateful machine model that behaves like pynvml.
+"""The embedded NVML simulator: a stateful machine model that behaves like a driver under pynvml.
 
-``SimulatedNvml`` implements ``NvmlBackend`` on top of a machine preset (``agent.nvml.profiles``).
-It has two layers:
+``SimulatedNvml`` holds a machine preset's state (``agent.nvml.profiles``) in three layers:
 
-- *primitives* named after the pynvml functions they stand for (``device_get_name``,
-  ``device_get_nvlink_state`` …). They raise ``agent.nvml.errors`` exactly where real NVML fails:
-  ``Uninitialized`` before ``nvml_init``, ``InvalidArgument`` for an index or NVLink index out of range,
-  ``GpuIsLost`` for a GPU that fell off the bus, ``NotSupported`` where the hardware says so,
-  ``NotFound`` for an empty MIG slot, ``Timeout`` from an event wait. Every primitive call and every
-  error it raises is counted (``counters()``). Tests of error handling can also force any code on any
-  primitive with ``inject_error``.
-- the *protocol methods* (``gpu``, ``nvlinks``, ``mig_state`` …) compose primitives the way the real
-  backend composes pynvml calls and turn "not supported" into ``None``/empty.
+- *primitives* named after the NVML calls they stand for (``device_get_name``,
+  ``device_get_nvlink_state`` …), addressed by GPU index. They raise ``agent.nvml.errors`` exactly where
+  real NVML fails: ``Uninitialized`` before ``nvml_init``, ``InvalidArgument`` for an index or NVLink
+  index out of range, ``GpuIsLost`` for a GPU that fell off the bus, ``NotSupported`` where the hardware
+  says so, ``NotFound`` for an empty MIG slot, ``Timeout`` from an event wait. Tests of error handling
+  can force any code on any primitive — or on any pynvml function of the face — with ``inject_error``.
+- the *pynvml face* (``sim.pynvml``, :class:`agent.nvml.face.SimulatedPynvml`): pynvml's functions,
+  structs, handle types and ``NVMLError`` subclasses over the primitives;
+- the ``NvmlBackend`` methods (``gpu``, ``nvlinks``, ``mig_state`` …): those of ``sim.backend``, the one
+  composition :class:`agent.nvml.real.RealNvml` running over the face — the code a real node runs.
 
 Mutations for tests and fault injection: ``lose_gpu``, ``recover_gpu``, ``inject_xid``, ``ecc_dbe``,
 ``nvlink_down``/``nvlink_up``, ``set_fabric_health``/``set_fabric_state``, ``reconfigure_mig``,
@@ -20,8 +20,8 @@ Mutations for tests and fault injection: ``lose_gpu``, ``recover_gpu``, ``inject
 ``SimulationError`` and changes nothing.
 
 Changing values are deterministic: a function of the GPU, its load and the time. Time comes from an
-injected ``clock`` (seconds); without one, each ``sample()`` of a GPU advances that GPU's virtual time
-by one second.
+injected ``clock`` (seconds); without one, each ``sample()`` of a GPU (one bulk read of its device
+fields through the face) advances that GPU's virtual time by one second.
 
 Hot-plug: a GPU lost or recovered emits ``HotplugEvent(action, subsystem, pci_address)`` tuples
 (``("remove"|"add", "pci", "0000:1b:00.0")``) to listeners registered with ``add_hotplug_listener``

@@ -1,9 +1,10 @@
 """The narrow NVML interface the project uses, and the plain data it returns.
 
-Two implementations: ``agent.nvml.real.RealNvml`` (pynvml) and ``agent.nvml.fake.SimulatedNvml`` (the
-embedded simulator). Both raise ``agent.nvml.errors.NVMLError`` subclasses for real failures (GPU lost,
-uninitialized, library/driver mismatch, …) and return ``None`` (or an empty tuple) where the hardware
-says "not supported": callers never catch ``NVMLError_NotSupported``.
+One implementation: ``agent.nvml.real.RealNvml``, over the real ``pynvml`` or over the embedded
+simulator's pynvml face (``agent.nvml.fake.SimulatedNvml`` answers through it). It raises
+``agent.nvml.errors.NVMLError`` subclasses for real failures (GPU lost, uninitialized, library/driver
+mismatch, …) and returns ``None`` (or an empty tuple) where the hardware says "not supported": callers
+never catch ``NVMLError_NotSupported``.
 
 Per-GPU calls take the NVML index. MIG devices are addressed by their ``MIG-…`` UUID.
 """
