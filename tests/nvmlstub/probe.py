@@ -46,6 +46,20 @@ from topology.model import NodeInventory
 
 WAIT_MS = 50
 
+SIM_LIBRARIES: dict[str, dict[str, Any]] = {
+    "current": {},
+    "no-processes-v3": {"missing": ("nvmlDeviceGetComputeRunningProcesses_v3",)},
+    "no-fabric-v": {"missing": ("nvmlDeviceGetGpuFabricInfoV",)},
+    "old-driver": {
+        "missing": ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetTemperatureV"),
+        "platform_info_versions": (1,),
+    },
+}
+"""The simulator's library shaped like each stand-in variant (``--variant`` in ``--simulate``
+mode): the same missing symbols and platform-info versions. The old driver's missing NVLink-5 byte
+fields (202/204) have no simulator counterpart; the contract compares those counters at KiB
+granularity."""
+
 
 def plain(value: Any) -> Any:
     """Dataclasses, enums, tuples → JSON-ready values."""
@@ -135,11 +149,13 @@ class Probe:
         raise ValueError(f"unknown probe step {step!r}")
 
 
-def probe(mode: str, profile: str, script: list[dict[str, Any]]) -> list[Any]:
+def probe(mode: str, profile: str, script: list[dict[str, Any]], *, variant: str = "current") -> list[Any]:
+    """Run a script (module docstring); ``variant`` shapes the simulator's library in ``--simulate``."""
     spec = parse_spec(profile)
     machine = spec.machine()
     with ExitStack() as stack:
         if mode == "--simulate":
+            from agent.nvml.faults import FaultFollower
             from agent.simnode import open_simulated_node
 
             faults = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "faults.jsonl"
@@ -147,6 +163,13 @@ def probe(mode: str, profile: str, script: list[dict[str, Any]]) -> list[Any]:
             node = stack.enter_context(open_simulated_node(spec, faults_path=faults))
             follower = node.faults
             assert follower is not None
+            library = SIM_LIBRARIES[variant]
+            if library:  # the simulator's own older-driver library, in place of the node's
+                from agent.nvml.fake import SimulatedNvml
+
+                sim = SimulatedNvml(machine, **library)  # type: ignore[arg-type]
+                node.nvml = sim
+                follower = FaultFollower(sim, faults)
 
             def apply(event: dict[str, Any]) -> None:
                 with faults.open("a", encoding="utf-8") as fh:
@@ -180,11 +203,18 @@ def probe(mode: str, profile: str, script: list[dict[str, Any]]) -> list[Any]:
 
 
 def main(argv: list[str]) -> int:
+    variant = "current"
+    if len(argv) == 5 and argv[3] == "--variant":
+        variant = argv.pop()
+        argv.pop()
     if len(argv) != 3:
-        print("usage: python -m tests.nvmlstub.probe --simulate|--stub PROFILE SCRIPT_JSON", file=sys.stderr)
+        print(
+            "usage: python -m tests.nvmlstub.probe --simulate|--stub PROFILE SCRIPT_JSON [--variant NAME]",
+            file=sys.stderr,
+        )
         return 2
     mode, profile, script = argv
-    json.dump(probe(mode, profile, json.loads(script)), sys.stdout, indent=1, sort_keys=True)
+    json.dump(probe(mode, profile, json.loads(script), variant=variant), sys.stdout, indent=1, sort_keys=True)
     sys.stdout.write("\n")
     return 0
 
