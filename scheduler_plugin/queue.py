@@ -26,7 +26,9 @@ Backfill
     Any other gang may start now on the cluster with every reservation it could delay held back: a
     reservation whose expected start is before the gang's own end (now + its time limit; never for a
     gang without one) keeps, on each of its nodes, its claim plus what running work still holds at that
-    start. A gang that ends before a reservation's start may use its nodes freely.
+    start. A gang that ends before a reservation's start may use its nodes freely, and is first offered
+    them alone (``QueueConfig.fill_holes``): capacity held for the head is otherwise idle until its
+    start, while capacity outside any reservation is what gangs running longer can use.
 
 Following the cluster
     Each pass re-checks every reservation (``_still_valid``): it is dropped and planned again when a
@@ -150,11 +152,13 @@ class QueueConfig:
     """``preempt_after_s``: how long a gang waits before it may evict lower-priority gangs (None:
     never); ``exact_victims``: candidates per domain up to which the victim choice is exact;
     ``max_plans``: planner calls the exact victim search may make per domain before it falls back
-    to the greedy choice."""
+    to the greedy choice; ``fill_holes``: a gang that ends before a reservation's start is first
+    offered that reservation's idle capacity (module docstring, Backfill)."""
 
     preempt_after_s: float | None = 600.0
     exact_victims: int = 10
     max_plans: int = 64
+    fill_holes: bool = True
 
     def __post_init__(self) -> None:
         if self.preempt_after_s is not None and not (self.preempt_after_s >= 0):
@@ -594,6 +598,43 @@ def _choose_victims(  # noqa: PLR0917 -- private helper, called once
     return chosen, p
 
 
+def _fill_hole(  # noqa: PLR0917 -- private helper of ``decide``, called once
+    w: Waiting,
+    cl: _Cluster,
+    held: Mapping[str, Reservation],
+    blocking: tuple[str, ...],
+    end: float,
+    shape: tuple[object, ...],
+    holes: dict[tuple[str, ...], tuple[ClusterSnapshot, int]],
+    failed: set[tuple[object, ...]],
+    place: Place,
+) -> Plan | None:
+    """``w`` placed on the reserved capacity that stays idle until its reservation starts, when ``w``
+    ends before that start: such a gang delays no reservation there, and it leaves the unreserved
+    capacity to gangs that run longer. None when it does not end before any start or does not fit."""
+    fitting = tuple(
+        sorted(n for n, r in held.items() if n != w.name and n not in blocking and end <= r.start_s)
+    )
+    if not fitting:
+        return None
+    hkey = ("hole", shape, fitting, blocking)
+    if hkey in failed:
+        return None
+    if fitting not in holes:
+        members = sorted({cl.index[n] for name in fitting for n in held[name].claims if n in cl.index})
+        snap = _restricted(cl, _held_back(cl, [held[n] for n in blocking]).nodes, members)
+        holes[fitting] = (snap, sum(snap.nodes[i].free for i in members if snap.nodes[i].schedulable))
+    snap, room = holes[fitting]
+    if room < w.gpus:
+        failed.add(hkey)
+        return None
+    res = place(snap, w.gang)
+    if isinstance(res, Infeasible):
+        failed.add(hkey)
+        return None
+    return res
+
+
 def _shape(g: Gang) -> tuple[object, ...]:
     return (
         g.tier,
@@ -642,6 +683,7 @@ def decide(
     preemptions: list[Preemption] = []
     failed: set[tuple[object, ...]] = set()
     views: dict[tuple[str, ...], tuple[ClusterSnapshot, int]] = {}
+    holes: dict[tuple[str, ...], tuple[ClusterSnapshot, int]] = {}
     head_seen = False
     wake = math.inf
     wait_s = config.preempt_after_s
@@ -656,9 +698,15 @@ def decide(
                 snap = _held_back(cl, [held[n] for n in blocking])
                 views[blocking] = (snap, sum(n.free for n in snap.nodes if n.schedulable))
             view, room = views[blocking]
-            fkey = (_shape(w.gang), blocking)
+            shape = _shape(w.gang)
+            fkey = (shape, blocking)
             if room >= w.gpus and fkey not in failed:
-                res = place(view, w.gang)
+                hole = (
+                    _fill_hole(w, cl, held, blocking, end, shape, holes, failed, place)
+                    if config.fill_holes
+                    else None
+                )
+                res = hole if hole is not None else place(view, w.gang)
                 if isinstance(res, Infeasible):
                     failed.add(fkey)  # capacity only shrinks within a pass: the shape fails again
                 else:
@@ -666,6 +714,7 @@ def decide(
                     cl.take(w, res, now)
                     lowest = w.priority if lowest is None else min(lowest, w.priority)
                     views.clear()
+                    holes.clear()
                     held.pop(w.name, None)
                     continue
         if wait_s is not None and lowest is not None and lowest < w.priority:
@@ -683,6 +732,7 @@ def decide(
                     lowest = min((r.priority for r in cl.running.values()), default=None)
                     held[w.name] = Reservation(w.name, now, _claims(w.gang, pre.plan.placement), pre.domain)
                     views.clear()
+                    holes.clear()
                     failed.clear()
                     head_seen = True
                     continue
@@ -694,6 +744,7 @@ def decide(
                 if made is not None:
                     held[w.name] = made
                     views.clear()
+                    holes.clear()
     gone = tuple(sorted(n for n in reservations if n not in held))
     return Decision(tuple(starts), tuple(preemptions), held, gone, wake)
 

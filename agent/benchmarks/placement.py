@@ -1,8 +1,10 @@
 """``gpu-node-agent bench placement``: our planner against the anchors' placement algorithms.
 
-Runs one seeded job stream through the simulator once per policy (FIFO with EASY backfill for all, see
-``sim``), then a small-instance study against the integer-program optimum, and prints a table with
-the machine it ran on. Progress goes to stderr.
+Runs one seeded job stream through the simulator once per policy, with each policy's own queue in its
+default configuration (``policies.OWN_QUEUE``: ours is the extender's queue, ``scheduler_plugin.queue``;
+the anchors' are cited in their modules) and again with one queue for all (like for like: FIFO with
+EASY backfill, see ``sim``), then a small-instance study against the integer-program optimum, and
+prints the tables with the machine it ran on. Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -22,9 +24,12 @@ from agent.benchmarks.machine import machine_summary
 from scheduler_plugin.placement import optimum, report, workloads
 from scheduler_plugin.placement import shapes as clusters
 from scheduler_plugin.placement.metrics import figures, paired
-from scheduler_plugin.placement.policies import POLICIES
+from scheduler_plugin.placement.policies import OWN_QUEUE, POLICIES
 from scheduler_plugin.placement.policies.base import TierBlind
 from scheduler_plugin.placement.sim import BACKFILL, SimulationError, simulate
+from scheduler_plugin.queue import QueueConfig, QueueError
+
+TABLES: tuple[str, ...] = ("own", "like")
 
 DEFAULT_JOBS = {"nvl72": 2000, "philly": 0, "mixed": 8000}  # 0: the whole Philly trace
 DEFAULT_SEEDS = {"nvl72": 10, "philly": 1, "mixed": 3}  # each default run well inside 10 minutes on 2 cores
@@ -53,8 +58,26 @@ def _parser() -> argparse.ArgumentParser:
         "--backfill",
         choices=BACKFILL,
         default="count",
-        help="the head's reservation: by GPU count (default), or its policy's own plan on the nodes "
-        "as they free up (reserve; slower)",
+        help="the like-for-like queue: the head's reservation by GPU count (default), or its policy's "
+        "own plan on the nodes as they free up (reserve; slower)",
+    )
+    p.add_argument(
+        "--tables",
+        default="own,like",
+        help="which tables: own (each policy with its own queue), like (one queue for all, --backfill); "
+        "default both, own first",
+    )
+    p.add_argument(
+        "--high-priority",
+        type=float,
+        default=0.0,
+        help="share of jobs in a high PriorityClass (e.g. 0.2); reports their wait, preemptions",
+    )
+    p.add_argument(
+        "--preempt-after",
+        type=float,
+        default=600.0,
+        help="seconds a gang waits before our queue may preempt lower-priority gangs for it (default 600)",
     )
     p.add_argument(
         "--no-tiers",
@@ -109,6 +132,15 @@ def main(argv: list[str]) -> int:
         print("bench placement: --seeds and --workers must be >= 1", file=sys.stderr)
         return 2
     seeds = list(range(args.seed, args.seed + n_seeds))
+    tables = [t.strip() for t in args.tables.split(",") if t.strip()]
+    if not tables or any(t not in TABLES for t in tables) or len(set(tables)) != len(tables):
+        print(f"bench placement: --tables: {args.tables!r}; give own, like or own,like", file=sys.stderr)
+        return 2
+    try:
+        config = QueueConfig(preempt_after_s=args.preempt_after)
+    except QueueError as err:
+        print(f"bench placement: --preempt-after: {err}", file=sys.stderr)
+        return 2
     try:
         cluster = clusters.build(args.cluster, racks)
         philly = workloads.load_philly(args.data_dir) if args.workload != "nvl72" else None
@@ -123,6 +155,7 @@ def main(argv: list[str]) -> int:
                 tier_gpus=cluster.largest_domain_gpus(),
                 fits=cluster.fits_empty,
                 philly=philly,
+                high_priority=args.high_priority,
             )
             for seed in seeds
         }
@@ -142,8 +175,17 @@ def main(argv: list[str]) -> int:
         "at the first completion time it fits (node-based reservation), the same for every gang policy; "
         "kube-default keeps the GPU-count rule (runtimes known exactly)",
     }[args.backfill]
+    own_note = (
+        "own queues: ours = the extender's queue (scheduler_plugin.queue: head reservation on the domains "
+        f"that free earliest and block least, backfill by time limit, gang preemption after "
+        f"{args.preempt_after:g} s); slurm = EASY backfill with node reservations from its own plan; "
+        "volcano, kueue, kube-default = greedy (every job that fits starts, nothing held); kai = greedy "
+        "with KAI's preempt action (whole lower-priority jobs, lowest priority and latest started first). "
+        "Jobs in priority order, then arrival; time limits = runtimes. Sources in each policy module"
+    )
     notes = [
-        queue_note,
+        *([own_note] if "own" in tables else []),
+        ("like for like: " if "own" in tables and "like" in tables else "") + queue_note,
         f"arrivals scaled to offered load {args.load} over {span_h:.1f} h (seed {seeds[0]}); figures "
         "time-weighted over the last 75 % of the arrival span (first 25 % is warm-up)",
         f"figures are means over seeds {seeds[0]}..{seeds[-1]} (per-seed values in the JSON); "
@@ -182,6 +224,9 @@ def main(argv: list[str]) -> int:
         "jobs": len(jobs),
         "load": args.load,
         "backfill": args.backfill,
+        "tables": tables,
+        "high_priority": args.high_priority,
+        "preempt_after_s": args.preempt_after,
         "no_tiers": args.no_tiers,
         "seed": args.seed,
         "seeds": seeds,
@@ -189,19 +234,28 @@ def main(argv: list[str]) -> int:
         "notes": notes,
         "policies": {},
     }
-    tasks = [(name, seed) for seed in seeds for name in names]
-    done: dict[tuple[str, int], tuple[dict[str, Any], Any]] = {}
-    run = partial(_simulate_one, backfill=args.backfill, no_tiers=args.no_tiers)
+
+    def queue_of(table: str, name: str) -> tuple[str, str]:
+        return OWN_QUEUE[name] if table == "own" else (args.backfill, "none")
+
+    tasks = [(table, name, seed) for table in tables for seed in seeds for name in names]
+    done: dict[tuple[str, str, int], tuple[dict[str, Any], Any]] = {}
+    run = partial(_simulate_one, no_tiers=args.no_tiers, config=config)
     try:
         if workers == 1:
-            for name, seed in tasks:
-                done[(name, seed)] = run(cluster, streams[seed], name, seed)
+            for table, name, seed in tasks:
+                done[(table, name, seed)] = run(cluster, streams[seed], name, seed, *queue_of(table, name))
         else:
             with ProcessPoolExecutor(
                 max_workers=workers, mp_context=multiprocessing.get_context("spawn")
             ) as pool:
                 futures = {
-                    pool.submit(run, cluster, streams[seed], name, seed): (name, seed) for name, seed in tasks
+                    pool.submit(run, cluster, streams[seed], name, seed, *queue_of(table, name)): (
+                        table,
+                        name,
+                        seed,
+                    )
+                    for table, name, seed in tasks
                 }
                 for fut, key in futures.items():
                     done[key] = fut.result()
@@ -209,17 +263,28 @@ def main(argv: list[str]) -> int:
         print(f"bench placement: {err}", file=sys.stderr)
         return 1
     timelines: dict[str, Any] = {}
-    for name in names:
-        runs = [done[(name, seed)][0] for seed in seeds]
-        doc["policies"][name] = {
-            **_mean(runs),
-            "per_seed": [{"seed": s, **r} for s, r in zip(seeds, runs, strict=True)],
-        }
-        timelines[name] = done[(name, seeds[0])][1]
     anchors = [n for n in names if n != "ours" and POLICIES[n]().gang]
-    if "ours" in names and anchors and len(seeds) > 1:
-        ours = [done[("ours", seed)][0] for seed in seeds]
-        doc["paired"] = {n: paired(ours, [done[(n, seed)][0] for seed in seeds]) for n in anchors}
+    for table in tables:
+        part: dict[str, Any] = {"queue": _queue_words(table, args.backfill), "policies": {}}
+        for name in names:
+            runs = [done[(table, name, seed)][0] for seed in seeds]
+            part["policies"][name] = {
+                **_mean(runs),
+                "queue": "/".join(queue_of(table, name)),
+                "per_seed": [{"seed": s, **r} for s, r in zip(seeds, runs, strict=True)],
+            }
+            if table == tables[0]:
+                timelines[name] = done[(table, name, seeds[0])][1]
+        if "ours" in names and anchors and len(seeds) > 1:
+            ours = [done[(table, "ours", seed)][0] for seed in seeds]
+            part["paired"] = {n: paired(ours, [done[(table, n, seed)][0] for seed in seeds]) for n in anchors}
+        if table == tables[0]:
+            doc["queues"] = part["queue"]
+            doc["policies"] = part["policies"]
+            if "paired" in part:
+                doc["paired"] = part["paired"]
+        else:
+            doc["like_for_like"] = part
 
     if instances > 0:
         _small_study(doc, names, instances, args.optimum_time_limit, args.seed)
@@ -235,14 +300,22 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _simulate_one(
+def _queue_words(table: str, backfill: str) -> str:
+    if table == "own":
+        return "each policy's own queue in its default configuration"
+    return f"FIFO with EASY backfill for every policy ({backfill})"
+
+
+def _simulate_one(  # noqa: PLR0917 -- one task's fields, submitted to a worker process
     cluster: clusters.Cluster,
     jobs: list[workloads.Job],
     name: str,
     seed: int,
+    queue: str = "count",
+    preempt: str = "none",
     *,
-    backfill: str = "count",
     no_tiers: bool = False,
+    config: QueueConfig | None = None,
 ) -> tuple[dict[str, Any], Any]:
     """One policy on one stream (runs in a worker process when there are several)."""
     last = [-1]
@@ -254,13 +327,23 @@ def _simulate_one(
             print(f"  {name} (seed {seed}): {done}/{total} jobs done", file=sys.stderr, flush=True)
 
     print(
-        f"simulating {name} (seed {seed}, {len(jobs)} jobs, {cluster.total_gpus} GPUs)",
+        f"simulating {name} (seed {seed}, {len(jobs)} jobs, {cluster.total_gpus} GPUs, queue {queue}, "
+        f"preemption {preempt})",
         file=sys.stderr,
         flush=True,
     )
     started = time.perf_counter()
     policy = TierBlind(POLICIES[name]()) if no_tiers else POLICIES[name]()
-    result = simulate(cluster, jobs, policy, clock=time.perf_counter, progress=progress, backfill=backfill)
+    result = simulate(
+        cluster,
+        jobs,
+        policy,
+        clock=time.perf_counter,
+        progress=progress,
+        queue=queue,
+        preempt=preempt,
+        queue_config=config,
+    )
     figs: dict[str, Any] = figures(result)
     figs["sim_wall_s"] = round(time.perf_counter() - started, 2)
     figs["gpus_conserved"] = result.released_all and result.max_allocated <= result.total_gpus

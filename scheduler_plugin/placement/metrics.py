@@ -15,6 +15,10 @@
 - ``plan_p50_ms``, ``plan_p99_ms``: wall time of the policy's placement calls (nearest rank).
 - ``partial_gangs``: jobs that held some pods while waiting for the rest.
 - ``wait_mean_by_gpus_s``: mean wait per gang size (GPUs), to see which jobs a policy makes wait.
+- ``wait_max_s`` and ``wait_max_ratio`` (the largest wait over the mean): starvation shows here.
+- ``hp_wait_p50_s``, ``hp_wait_p95_s``: the same waits over the high-priority jobs only (None when the
+  stream has none); ``preempted_gpu_hours``: GPU-time evictions threw away; ``preemptions``: evictions;
+  ``half_preempted_gangs``: jobs that lost some of their pods but not all in an eviction.
 
 ``paired`` compares two policies seed by seed (the same job stream per seed), which is what tells a
 difference between policies from the spread between seeds.
@@ -49,6 +53,9 @@ BETTER: Mapping[str, int] = {
     "stranded_gpus_mean": -1,
     "free_domains_mean": 1,
     "plan_p99_ms": -1,
+    "wait_max_s": -1,
+    "hp_wait_p95_s": -1,
+    "preempted_gpu_hours": -1,
 }
 
 
@@ -69,6 +76,8 @@ def figures(result: SimResult) -> dict[str, object]:
     sub_total = sum(r.tier1_subgroups for r in result.records)
     sub_local = sum(r.tier1_local for r in result.records)
     plan_ms = [t * 1000 for t in result.plan_times_s]
+    high = [w for r, w in zip(result.records, waits, strict=True) if r.priority > 0]
+    mean_wait = sum(waits) / len(waits) if waits else None
     by_gpus: dict[int, list[float]] = {}
     for r, w in zip(result.records, waits, strict=True):
         by_gpus.setdefault(r.gpus, []).append(w)
@@ -97,6 +106,14 @@ def figures(result: SimResult) -> dict[str, object]:
         "unstarted_jobs": sum(1 for r in result.records if r.start_s is None),
         "deadlocked": result.deadlocked,
         "wait_mean_by_gpus_s": {str(g): sum(v) / len(v) for g, v in sorted(by_gpus.items())},
+        "wait_max_s": max(waits) if waits else None,
+        "wait_max_ratio": max(waits) / mean_wait if waits and mean_wait else None,
+        "hp_jobs": len(high),
+        "hp_wait_p50_s": percentile(high, 50) if high else None,
+        "hp_wait_p95_s": percentile(high, 95) if high else None,
+        "preempted_gpu_hours": sum(r.preempted_gpu_s for r in result.records) / 3600,
+        "preemptions": sum(r.preemptions for r in result.records),
+        "half_preempted_gangs": sum(1 for r in result.records if r.half_preempted),
     }
 
 

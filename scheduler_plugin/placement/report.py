@@ -26,9 +26,19 @@ _COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("partial_gangs", "partial gangs", "{:d}"),
     ("unstarted_jobs", "never started", "{:d}"),
 )
+# the queue's figures: starvation, the high-priority class, preemption
+_QUEUE: tuple[tuple[str, str, str], ...] = (
+    ("wait_max_s", "wait max s", "{:,.0f}"),
+    ("wait_max_ratio", "max / mean wait", "{:.1f}"),
+    ("hp_wait_p50_s", "high-prio wait p50 s", "{:,.0f}"),
+    ("hp_wait_p95_s", "high-prio wait p95 s", "{:,.0f}"),
+    ("preempted_gpu_hours", "preempted GPU-h", "{:,.1f}"),
+    ("preemptions", "evictions", "{:d}"),
+    ("half_preempted_gangs", "half-preempted gangs", "{:d}"),
+)
 # the figures compared seed by seed, as signed differences
 _PAIRED: tuple[tuple[str, str, str], ...] = tuple(
-    (key, label, fmt.replace("{:", "{:+", 1)) for key, label, fmt in _COLUMNS if key in BETTER
+    (key, label, fmt.replace("{:", "{:+", 1)) for key, label, fmt in _COLUMNS + _QUEUE if key in BETTER
 )
 _SMALL: tuple[tuple[str, str, str], ...] = (
     ("small_allocation_ratio", "alloc of free GPUs", "{:.3f}"),
@@ -62,23 +72,22 @@ def _paired_cell(pair: Mapping[str, Any] | None, fmt: str) -> str:
     return text + ("*" if pair["significant"] else "")
 
 
-def markdown(doc: Mapping[str, Any]) -> str:
-    policies: Mapping[str, Mapping[str, Any]] = doc["policies"]
-    lines = [
-        f"### Placement: workload `{doc['workload']}` on `{doc['cluster']['shape']}` "
-        f"({doc['cluster']['gpus']:,} GPUs, {doc['cluster']['nodes']:,} nodes), {doc['jobs']:,} jobs, "
-        f"load {doc['load']}, seed {doc['seed']}",
-        "",
-        "| policy | " + " | ".join(c[1] for c in _COLUMNS) + " |",
-        "|---|" + "---:|" * len(_COLUMNS),
-    ]
+def _table(lines: list[str], columns: Sequence[tuple[str, str, str]], policies: Mapping[str, Any]) -> None:
+    lines += ["| policy | " + " | ".join(c[1] for c in columns) + " |", "|---|" + "---:|" * len(columns)]
     for name, figs in policies.items():
         if name == "optimum":
             continue
-        lines.append(f"| {name} | " + " | ".join(_cell(figs.get(k), f) for k, _, f in _COLUMNS) + " |")
-    pairs: Mapping[str, Mapping[str, Mapping[str, Any]]] = doc.get("paired") or {}
+        lines.append(f"| {name} | " + " | ".join(_cell(figs.get(k), f) for k, _, f in columns) + " |")
+
+
+def _section(lines: list[str], part: Mapping[str, Any], seeds: Sequence[int]) -> None:
+    """One queue setting's tables: the figures, the queue figures, and the seed-by-seed comparison."""
+    policies: Mapping[str, Mapping[str, Any]] = part["policies"]
+    _table(lines, _COLUMNS, policies)
+    lines += ["", "Queue figures (starvation, the high-priority class, preemption):", ""]
+    _table(lines, _QUEUE, policies)
+    pairs: Mapping[str, Mapping[str, Mapping[str, Any]]] = part.get("paired") or {}
     if pairs:
-        seeds = doc["seeds"]
         lines += [
             "",
             f"Ours against each gang anchor, seed by seed (seeds {seeds[0]}..{seeds[-1]}, "
@@ -93,6 +102,25 @@ def markdown(doc: Mapping[str, Any]) -> str:
             lines.append(
                 f"| {name} | " + " | ".join(_paired_cell(figs.get(k), f) for k, _, f in _PAIRED) + " |"
             )
+
+
+def markdown(doc: Mapping[str, Any]) -> str:
+    policies: Mapping[str, Mapping[str, Any]] = doc["policies"]
+    seeds = doc["seeds"]
+    lines = [
+        f"### Placement: workload `{doc['workload']}` on `{doc['cluster']['shape']}` "
+        f"({doc['cluster']['gpus']:,} GPUs, {doc['cluster']['nodes']:,} nodes), {doc['jobs']:,} jobs, "
+        f"load {doc['load']}, seed {doc['seed']}",
+        "",
+    ]
+    queues = doc.get("queues")
+    if queues:
+        lines += [f"Each policy with its own queue ({queues}):", ""]
+    _section(lines, doc, seeds)
+    like = doc.get("like_for_like")
+    if like:
+        lines += ["", f"Like for like: the same queue for every policy ({like['queue']}):", ""]
+        _section(lines, like, seeds)
     small = doc.get("small_instances")
     if small:
         lines += [

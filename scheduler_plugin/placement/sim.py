@@ -61,7 +61,7 @@ import bisect
 import heapq
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import itemgetter
 
 from scheduler_plugin import queue as gang_queue
@@ -259,11 +259,9 @@ def simulate(
         raise ValueError(f"queue 'core' plans whole gangs; policy {policy.name} places pods")
     topological = mode == "reserve" and policy.gang
     greedy = mode == "greedy"
-    config = queue_config or gang_queue.QueueConfig(preempt_after_s=None if preempt != "core" else 600.0)
+    config = queue_config or gang_queue.QueueConfig()
     if preempt != "core":
-        config = gang_queue.QueueConfig(
-            preempt_after_s=None, exact_victims=config.exact_victims, max_plans=config.max_plans
-        )
+        config = replace(config, preempt_after_s=None)
     state = _Cluster(cluster)
     tier1 = cluster.tiers[0]
     window_end = jobs[-1].arrival_s if jobs else 0.0

@@ -17,6 +17,17 @@ from scheduler_plugin.placement.policies.ours import Ours
 from scheduler_plugin.placement.policies.slurm import Slurm
 from scheduler_plugin.placement.policies.volcano import Volcano
 
+# Each policy's queue in its default configuration, as (sim queue, sim preemption); each module's
+# header says what it follows, with the upstream source file.
+OWN_QUEUE: dict[str, tuple[str, str]] = {
+    "ours": ("core", "core"),
+    "volcano": ("greedy", "none"),
+    "kueue": ("greedy", "none"),
+    "kai": ("greedy", "kai"),
+    "slurm": ("reserve", "none"),
+    "kube-default": ("greedy", "none"),
+}
+
 POLICIES: dict[str, Callable[[], Policy]] = {
     "ours": Ours,
     "volcano": Volcano,

@@ -13,6 +13,17 @@ required level that can hold the tasks, sorted most packed first by request / fr
   takes the first fitting domain of its tier in most-packed-first order; pods go to the most allocated
   fitting node (KAI's default bin-pack). If any child fails, the whole node set is rolled back and the
   next one is tried. There is no backtracking between sibling subgroups.
+
+Queue of its own (``OWN_QUEUE``: ``greedy`` with ``kai`` preemption). The ``allocate`` action
+(``pkg/scheduler/actions/allocate/allocate.go``) takes jobs by queue and then priority and creation
+time and allocates every job that fits, without reserving nodes for one that does not. The ``preempt``
+action (``pkg/scheduler/actions/preempt/preempt.go``, ``attemptToPreemptForPreemptor``) runs every
+cycle: for a pending job, victims are the preemptible jobs of its queue with a lower priority and
+allocated pods (``buildFilterFuncForPreempt``; PriorityClass values under 100 are preemptible in KAI's
+defaults), ordered as a victims queue (lowest priority first, then the latest started); the jobs
+solver (``actions/common/solvers``) adds victims job by job until the preemptor fits and evicts the
+jobs it took. Modelled in ``sim`` as whole jobs (the gangs here have ``minMember`` = all pods),
+anywhere in the cluster, at most ``sim.KAI_PREEMPT_TRIES`` placement tries per job and pass.
 """
 
 from __future__ import annotations

@@ -5,6 +5,11 @@ Follows kubernetes/kubernetes ``pkg/scheduler/framework/plugins/noderesources/fi
 node with the most free share of its GPUs, ties by name (kube-scheduler samples among equal scores).
 Pods that do not fit stay pending while the others bind, so a gang can be **partially placed**: the plan
 returned may name only some pods, and subgroup constraints are ignored (their domain is not recorded).
+
+Queue of its own (``OWN_QUEUE``: ``greedy``): kube-scheduler's scheduling queue
+(``pkg/scheduler/backend/queue/scheduling_queue.go``) pops pods by priority, then creation time, binds
+each pod that fits and sends the others to the unschedulable queue; nothing is held back. Its
+default preemption (``defaultpreemption``) evicts pods, not gangs; the simulator leaves it out.
 """
 
 from __future__ import annotations

@@ -18,6 +18,12 @@ Follows kubernetes-sigs/kueue ``pkg/cache/scheduler/tas_flavor_snapshot.go``
   refused where it would fit; the benchmark's workloads have no short subgroups.
 - Slices and pods are numbered in the order the domains and nodes were taken (Kueue's ungater assigns
   pods to domains by index).
+
+Queue of its own (``OWN_QUEUE``: ``greedy``, no preemption). A ClusterQueue's default
+``queueingStrategy`` is ``BestEffortFIFO`` (``apis/kueue/v1beta1/clusterqueue_types.go``;
+``pkg/cache/queue/cluster_queue.go``): workloads are ordered by priority, then creation time, and one
+that cannot be admitted (here: TAS finds no assignment) is set aside as inadmissible while later ones
+are admitted; nothing is reserved for it. ``preemption.withinClusterQueue`` defaults to ``Never``.
 """
 
 from __future__ import annotations

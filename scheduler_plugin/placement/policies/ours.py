@@ -1,6 +1,9 @@
 """Our planner (``scheduler_plugin.planner.plan``) as a placement policy, called as the extender calls
 it: with a ``SnapshotCache`` of its own, so one simulation's consecutive snapshots are prepared from
-each other."""
+each other.
+
+Queue of its own (``OWN_QUEUE``: ``core`` with ``core`` preemption): ``scheduler_plugin.queue.decide``,
+the extender's queue, with this planner as its ``place``."""
 
 from __future__ import annotations
 

@@ -13,6 +13,15 @@ Follows SchedMD/slurm ``src/plugins/topology/block/eval_nodes_block.c`` (``eval_
 - 3. Best fit inside each base block: nodes with the fewest free GPUs that fit go first.
 - Subgroups are ``--segment`` segments: each lies inside one base block; counting is in segments.
 - With a gang tier, only aggregated blocks inside one domain of that tier are candidates.
+
+Queue of its own (``OWN_QUEUE``: ``reserve``, no preemption). ``SchedulerType=sched/backfill``
+(``src/plugins/sched/backfill/backfill.c``, ``doc/html/sched_config.shtml``): jobs in priority order;
+the main loop stops a partition at the first job that cannot start, and the backfill loop starts a
+lower-priority job only if it does not delay the expected start of a higher-priority one, judged
+from time limits, by planning the higher-priority job onto the nodes and times it will get (a node
+reservation). Modelled as EASY backfill with the head's node reservation from this policy's own plan
+(``sim``, ``reserve``): Slurm's backfill plans up to ``bf_max_job_test`` jobs this way, so it holds
+for more than the head; here only the head holds. ``PreemptType`` defaults to ``preempt/none``.
 """
 
 from __future__ import annotations

@@ -14,6 +14,16 @@ Follows volcano-sh/volcano ``pkg/scheduler/actions/allocate/allocate.go`` (``all
   sum of its subjobs' scores; the best candidate is replayed. Ties, random in Volcano, go by name.
 - Pods inside a chosen HyperNode go node by node with the bin-pack node order (most allocated first).
 - Subjobs without a topology constraint are placed on the job HyperNode's nodes and score its bin-pack.
+
+Queue of its own (``OWN_QUEUE``: ``greedy``, no preemption). The default scheduler configuration runs
+the actions ``enqueue, allocate, backfill`` (``pkg/scheduler/util/default_conf.go`` /
+``installer/helm/chart/volcano/config/volcano-scheduler.conf``): ``allocate`` takes jobs in the order of
+the ``priority`` plugin's ``JobOrderFn`` (PriorityClass value, then creation time), gives a gang its
+pods only if it reaches ``minAvailable`` (the ``gang`` plugin's ``JobReadyFn``, else the statement is
+discarded) and moves on to the next job: nothing is held for a gang that does not fit.  ``backfill``
+only places pods that request no resources (BestEffort), none of the GPU jobs here. ``preempt`` is not
+in the default actions, and where it is enabled ``pkg/scheduler/actions/preempt/preempt.go`` skips
+preemptors that carry a network topology (issue volcano-sh/volcano#4374, open).
 """
 
 from __future__ import annotations

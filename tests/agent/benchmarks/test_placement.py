@@ -179,3 +179,62 @@ def test_several_seeds_compare_ours_with_each_gang_anchor(
     one = tmp_path / "one.json"
     assert bench.main([*argv[:1], "--policies", "ours,kueue", "--workers", "1", "--json", str(one)]) == 0
     assert "paired" not in json.loads(one.read_text())  # one seed: nothing to pair
+
+
+def test_own_queues_first_like_for_like_second_with_the_priority_figures(tmp_path: Path) -> None:
+    path = tmp_path / "queues.json"
+    md = tmp_path / "queues.md"
+    argv = ["--quick", "--racks", "4", "--jobs", "60", "--seeds", "2", "--workers", "1"]
+    argv += ["--policies", "ours,kai,slurm", "--optimum-instances", "0", "--high-priority", "0.3"]
+    code = bench.main([*argv, "--preempt-after", "300", "--json", str(path), "--markdown", str(md)])
+    assert code == 0
+    doc = json.loads(path.read_text())
+    assert doc["tables"] == ["own", "like"]
+    assert doc["high_priority"] == 0.3
+    assert doc["preempt_after_s"] == 300.0
+    assert {n: doc["policies"][n]["queue"] for n in ("ours", "kai", "slurm")} == {
+        "ours": "core/core",
+        "kai": "greedy/kai",
+        "slurm": "reserve/none",
+    }
+    like = doc["like_for_like"]
+    assert {f["queue"] for f in like["policies"].values()} == {"count/none"}
+    for part in (doc, like):
+        assert set(part["paired"]) == {"kai", "slurm"}
+        for name, figs in part["policies"].items():
+            assert figs["half_preempted_gangs"] == 0, name
+            assert figs["hp_jobs"] > 0
+            assert figs["hp_wait_p95_s"] >= figs["hp_wait_p50_s"] >= 0
+            assert figs["wait_max_s"] >= figs["wait_p95_s"]
+    assert like["policies"]["ours"]["preempted_gpu_hours"] == 0
+    text = md.read_text()
+    assert "Each policy with its own queue" in text
+    assert "Like for like: the same queue for every policy" in text
+    assert "half-preempted gangs" in text
+
+
+def test_like_for_like_alone_keeps_the_single_table(tmp_path: Path) -> None:
+    path = tmp_path / "like.json"
+    argv = ["--quick", "--racks", "4", "--jobs", "40", "--workers", "1", "--policies", "ours"]
+    assert bench.main([*argv, "--optimum-instances", "0", "--tables", "like", "--json", str(path)]) == 0
+    doc = json.loads(path.read_text())
+    assert "like_for_like" not in doc
+    assert doc["policies"]["ours"]["queue"] == "count/none"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--tables", "mine"], "--tables"),
+        (["--tables", "own,own"], "--tables"),
+        (["--preempt-after", "-1"], "--preempt-after"),
+        (["--high-priority", "2"], "--high-priority"),
+    ],
+)
+def test_bad_queue_options_exit_2_naming_the_option(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert bench.main(["--quick", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) >= 1
+    assert message in err[-1]
