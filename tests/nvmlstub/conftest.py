@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,9 @@ def stub_libraries(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Variant name → the folder holding its ``libnvidia-ml.so.1`` (each compiled once per session)."""
     out = tmp_path_factory.mktemp("nvmlstub")
     try:
-        return {variant: build(out, variant).parent for variant in VARIANTS}
+        with ThreadPoolExecutor(len(VARIANTS)) as pool:  # one compiler process per variant
+            paths = list(pool.map(lambda variant: build(out, variant).parent, VARIANTS))
+        return dict(zip(VARIANTS, paths, strict=True))
     except StubUnavailableError as exc:
         pytest.skip(f"the C NVML stand-in cannot be built here: {exc}")
     except subprocess.CalledProcessError as exc:

@@ -484,8 +484,17 @@ static void apply_control(char *line) {
     if (n == 0 || f[0][0] == '\0' || f[0][0] == '#')
         return;
     const char *kind = f[0];
+    static const char *const gpu_kinds[] = {"xid",     "lost",        "recover",   "ecc_dbe",       "ecc_sbe",
+                                            "fabric",  "nvlink_down", "nvlink_up", "process_start", "process_exit"};
+    int needs_gpu = 0;
+    for (size_t i = 0; i < sizeof gpu_kinds / sizeof gpu_kinds[0]; i++)
+        if (strcmp(kind, gpu_kinds[i]) == 0)
+            needs_gpu = 1;
+    if (!needs_gpu && strcmp(kind, "error") != 0 && strcmp(kind, "clear_errors") != 0) {
+        fprintf(stderr, "nvmlstub: ignoring control line %s with %d fields\n", kind, n);
+        return;
+    }
     int gpu = n > 1 ? I(1) : -1;
-    int needs_gpu = strcmp(kind, "error") != 0 && strcmp(kind, "clear_errors") != 0;
     if (needs_gpu && (gpu < 0 || gpu >= ngpus)) {
         fprintf(stderr, "nvmlstub: control line %s names no GPU of this machine\n", kind);
         return;
@@ -1573,6 +1582,27 @@ static nvmlReturn_t memory_info(nvmlDevice_t d, nvmlMemory_t *memory) {
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
     LOCKED(memory_info(device, memory));
+}
+
+static nvmlReturn_t memory_info_v2(nvmlDevice_t d, nvmlMemory_v2_t *memory) {
+    if (memory == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (memory->version != nvmlMemory_v2)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    nvmlMemory_t v1;
+    nvmlReturn_t rc = memory_info(d, &v1);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    gpu_t *g = &gpus[d->gpu];
+    memory->total = v1.total;
+    memory->used = v1.used;
+    memory->free = v1.free;
+    memory->reserved = is_gpu_handle(d) ? g->mem_reserved_mib * MIB : 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
+    LOCKED(memory_info_v2(device, memory));
 }
 
 static nvmlReturn_t utilization(nvmlDevice_t d, nvmlUtilization_t *util) {

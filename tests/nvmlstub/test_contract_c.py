@@ -293,6 +293,51 @@ def test_the_library_as_a_driver_answers(runner: Runner, variant: str) -> None:
     assert {name for name, present in out["symbols"].items() if not present} == expected_missing
 
 
+_GARBAGE_CONTROL = r"""
+import ctypes, json, os, sys
+lib = ctypes.CDLL(sys.argv[1])
+assert lib.nvmlInit_v2() == 0
+h = ctypes.c_void_p()
+assert lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(h)) == 0
+es = ctypes.c_void_p()
+assert lib.nvmlEventSetCreate(ctypes.byref(es)) == 0
+assert lib.nvmlDeviceRegisterEvents(h, ctypes.c_ulonglong(0x8), es) == 0
+garbage = ["nonsense", "xid\t99\t79\t-1", "xid\t0", "x" * 20000, "error\tx\ty", "\x00\xff", "fabric\t0\t1"]
+with open(os.environ["NVMLSTUB_CONTROL"], "a", encoding="latin-1") as f:
+    f.write("\n".join(garbage) + "\nxid\t0\t13\t-1\n")
+
+class Data(ctypes.Structure):
+    _fields_ = [("device", ctypes.c_void_p), ("eventType", ctypes.c_ulonglong),
+                ("eventData", ctypes.c_ulonglong), ("gpuInstanceId", ctypes.c_uint),
+                ("computeInstanceId", ctypes.c_uint)]
+
+data = Data()
+first = lib.nvmlEventSetWait_v2(es, ctypes.byref(data), 100)
+second = lib.nvmlEventSetWait_v2(es, ctypes.byref(data), 10)
+print(json.dumps({"first": first, "xid": data.eventData, "second": second}))
+"""
+
+
+def test_garbage_control_lines_are_skipped(runner: Runner) -> None:
+    """Control lines the library cannot apply (unknown, wrong field count, no such GPU, longer than its
+    buffer, binary) are reported on stderr and skipped; the next good line still applies."""
+    env, _ = runner.stub_env("dgx1-v100")
+    library = runner.libraries["current"] / "libnvidia-ml.so.1"
+    done = subprocess.run(
+        [sys.executable, "-c", _GARBAGE_CONTROL, str(library)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    out = json.loads(done.stdout)
+    assert out == {"first": 0, "xid": 13, "second": 10}  # the Xid 13 event, then a timeout
+    assert "nvmlstub: control line xid names no GPU of this machine" in done.stderr
+    assert "nvmlstub: ignoring control line nonsense with 1 fields" in done.stderr
+
+
 def test_a_bad_description_fails_init_with_one_line(runner: Runner, tmp_path: Any) -> None:
     env, _ = runner.stub_env("pcie-l40s")
     bad = tmp_path / "bad.nvmlstub"
