@@ -96,22 +96,21 @@ def _served(api: Any, collection: str) -> bool:
 
 
 def _ray_crd_files(counterparts: cluster.Counterparts) -> list[Path]:
+    """KubeRay's CRDs (RayCluster, RayJob, RayService: the operator watches all three)."""
     crds = getattr(counterparts, "crds", None)
     if crds is not None:
         try:
-            return [p for p in crds("kuberay") if "rayclusters" in p.name]
+            return list(crds("kuberay"))
         except cluster.MissingCounterpartError:
             pass
-    # the module the counterparts build from: its CRD as released (KUBERAY_VERSION, else v1.5.0)
+    # the module the counterparts build from: its CRDs as released (KUBERAY_VERSION, else v1.5.0)
     version = cluster.versions().get("KUBERAY_VERSION", "v1.5.0")
     gomodcache = Path(os.environ.get("GOMODCACHE") or Path.home() / "go" / "pkg" / "mod")
-    path = (
-        gomodcache
-        / f"github.com/ray-project/kuberay/ray-operator@{version}/config/crd/bases/ray.io_rayclusters.yaml"
-    )
-    if not path.is_file():
-        _unavailable(f"the RayCluster CRD: not built into the counterparts and not at {path}")
-    return [path]
+    bases = gomodcache / f"github.com/ray-project/kuberay/ray-operator@{version}/config/crd/bases"
+    files = sorted(bases.glob("ray.io_*.yaml"))
+    if not files:
+        _unavailable(f"the RayCluster CRD: not built into the counterparts and not in {bases}")
+    return files
 
 
 def _kuberay_operator(counterparts: cluster.Counterparts, workdir: Path, plane: cluster.ControlPlane) -> Any:

@@ -700,3 +700,17 @@ def test_state_plans_a_native_podgroup_inside_one_nvlink_domain() -> None:
     assert len({n.split("-")[0] for n in placed.values()}) == 1
     s.apply("workload_podgroups", "DELETED", native_pg())
     assert s.workload_podgroups == {}
+
+
+def test_native_topology_key_of_a_custom_tier_and_a_head_only_raycluster() -> None:
+    """``gpuagent.dev/<tier>-domain`` names any cluster tier (a HyperNode ``tierName`` of the operator's);
+    a RayCluster without worker groups is its head alone."""
+    pg = native_pg(key="gpuagent.dev/rack-domain", min_count=1)
+    assert gang_from_workload_podgroup(pg, [member("a")], ("nvlink", "rack")).gang.tier == "rack"
+    with pytest.raises(GangError, match=r"gpuagent.dev/-domain.*not a topology label"):
+        gang_from_workload_podgroup(native_pg(key="gpuagent.dev/-domain"), [member("a")], TIERS)
+    rc = raycluster([])
+    del rc["spec"]["workerGroupSpecs"]
+    spec = gang_from_raycluster(rc, [ray_pod("h", "headgroup")], TIERS)
+    assert [r.name for r in spec.gang.roles] == ["headgroup"]
+    assert spec.min_member == 1
