@@ -6,8 +6,8 @@ RayClusters, ``scheduling.k8s.io`` Workloads and PodGroups) feeding the pure ``C
 handlers (bindings and Events through the adapter) and the HTTP server once, and configures
 ``topology.logs``; then runs until SIGTERM/SIGINT. Shutdown order: stop accepting, answer waiting
 binds, stop informers. Every kind but Nodes and Pods is optional: an API that is not served (404, a CRD
-not installed, ``scheduling.k8s.io/v1beta1`` off) is that gang source off, logged once
-(``source_off``), counted as empty and looked for again.
+not installed, ``scheduling.k8s.io/v1beta1`` off) or forbidden (403, RBAC without it) is that source
+off, logged once (``source_off`` / ``source_forbidden``), counted as empty and looked for again.
 
 Trust: the extender answers kube-scheduler only. By default it listens on loopback, as a container in
 the pod of its own kube-scheduler (``daemonset/base/scheduler-deployment.yaml``). On any other address
@@ -41,6 +41,7 @@ from topology.kube import (
     EventRecorder,
     Informer,
     Kube,
+    KubeError,
     ObjectRef,
     api_client_from,
 )
@@ -63,19 +64,26 @@ SOURCES = (  # (ClusterState kind, collection, optional: an API that may not be 
 
 
 class SourceInformer(Informer):
-    """An informer that says once when its optional kind is not served (404: the CRD is not installed or
-    the API group is off), so the operator knows that source is off, and once when it comes back."""
+    """An informer that says once when its optional kind cannot be read, so the operator knows that source
+    is off, and once when it comes back. Not served (404: the CRD is not installed or the API group is
+    off) and forbidden (403: the service account lacks list/watch on it, e.g. RBAC older than the
+    source) both count as empty and synced, and are looked for again with backoff."""
 
     def __init__(self, kube: Kube, path: str, sink: Any, *, kind: str, **options: Any) -> None:
         super().__init__(kube, path, sink, **options)
         self.kind = kind
-        self.served: bool | None = None  # unknown until the first list
+        self.state: str | None = None  # "served", "not_served" or "forbidden"; None before the first list
 
     def list_once(self) -> str | None:
-        rv = super().list_once()
-        served = rv is not None
-        if served != self.served:
-            if not served:
+        try:
+            rv = super().list_once()
+            state = "served" if rv is not None else "not_served"
+        except KubeError as exc:
+            if exc.status != 403 or not self.optional:
+                raise
+            rv, state = None, "forbidden"
+        if state != self.state:
+            if state == "not_served":
                 log.info(
                     "source_off",
                     kind=self.kind,
@@ -83,9 +91,17 @@ class SourceInformer(Informer):
                     detail="the API answers 404 (CRD not installed or API group off); counted as empty "
                     "and looked for again with backoff",
                 )
-            elif self.served is not None:
+            elif state == "forbidden":
+                log.warning(
+                    "source_forbidden",
+                    kind=self.kind,
+                    path=self.path,
+                    detail="the API answers 403: grant the extender's service account get/list/watch on "
+                    "this resource (daemonset/base/extender-rbac.yaml); counted as empty until then",
+                )
+            elif self.state is not None:
                 log.info("source_on", kind=self.kind, path=self.path)
-            self.served = served
+            self.state = state
         return rv
 
 

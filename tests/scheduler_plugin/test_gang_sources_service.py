@@ -16,6 +16,7 @@ from agent.commands import extender as command
 from tests.integration import fakekube
 from tests.integration.fakekube import FakeKube, hypernode, node, pod
 from tests.integration.test_extender_http import Running, wait_for
+from topology.kube import KubeError
 
 NODES = [f"r{r}-t{t}" for r in range(3) for t in range(4)]
 SOURCE_PATHS = {
@@ -63,7 +64,7 @@ def test_sources_not_served_are_off_logged_once_and_synced(caplog: pytest.LogCap
         wait_for(
             lambda: fake.requests.count(("GET", command.RAYCLUSTERS)) >= 3, "RayClusters looked for again"
         )
-        assert {k for k, i in by_kind.items() if i.served is False} == {
+        assert {k for k, i in by_kind.items() if i.state == "not_served"} == {
             "rayclusters",
             "workloads",
             "workload_podgroups",
@@ -211,3 +212,57 @@ def test_native_podgroup_gang_through_filter(served: FakeKube) -> None:
         assert len({n[0].split("-")[0] for n in nodes}) == 1
     finally:
         ext.stop()
+
+
+class _Answers:
+    """A ``Kube`` whose list answers come from a script: a status to refuse with, or items."""
+
+    def __init__(self, *answers: int | list[dict[str, Any]]) -> None:
+        self.answers = list(answers)
+
+    def list(self, path: str, *, label_selector: str | None = None) -> tuple[list[dict[str, Any]], str]:
+        answer = self.answers.pop(0)
+        if isinstance(answer, int):
+            raise KubeError(answer, f"{path} refused")
+        return answer, "7"
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.replaced: list[list[dict[str, Any]]] = []
+
+    def replace(self, items: list[dict[str, Any]]) -> None:
+        self.replaced.append(items)
+
+    def apply(self, event_type: str, obj: dict[str, Any]) -> None:
+        raise AssertionError("no watch here")
+
+
+def test_forbidden_or_missing_optional_source_is_off_and_logged_on_each_change_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="gpu_node_agent")
+    kube = _Answers(403, 403, 404, 404, [{"metadata": {"name": "rc"}}], 403)
+    inf = command.SourceInformer(kube, command.RAYCLUSTERS, _Sink(), kind="rayclusters", optional=True)  # type: ignore[arg-type]
+    states = []
+    for _ in range(6):
+        inf.list_once()
+        states.append(inf.state)
+    assert states == ["forbidden", "forbidden", "not_served", "not_served", "served", "forbidden"]
+    events = [
+        getattr(r, "gna_event", "")
+        for r in caplog.records
+        if getattr(r, "gna_event", "").startswith("source_")
+    ]
+    assert events == ["source_forbidden", "source_off", "source_on", "source_forbidden"]
+    forbidden = next(r for r in caplog.records if getattr(r, "gna_event", "") == "source_forbidden")
+    assert "extender-rbac.yaml" in str(getattr(forbidden, "gna_fields", {}).get("detail"))
+
+
+def test_a_required_kind_is_never_off() -> None:
+    inf = command.SourceInformer(_Answers(403), command.PODS, _Sink(), kind="pods", optional=False)  # type: ignore[arg-type]
+    with pytest.raises(KubeError):
+        inf.list_once()
+    inf = command.SourceInformer(_Answers(404), command.PODS, _Sink(), kind="pods", optional=False)  # type: ignore[arg-type]
+    with pytest.raises(KubeError):
+        inf.list_once()
