@@ -92,6 +92,16 @@ class Counterparts:
             )
         return files
 
+    def crds(self, component: str) -> list[Path]:
+        """The CRD files build.sh copied from a component's module (``kuberay``, ``kueue``,
+        ``volcano-jobflow``, ...)."""
+        files = sorted((self.root / "crd" / component).glob("*.yaml"))
+        if not files:
+            raise MissingCounterpartError(
+                f"{component} CRDs: none in {self.root / 'crd' / component}; run {BUILD_COMMAND}"
+            )
+        return files
+
     def check(self, names: Iterable[str] = BINARIES) -> None:
         for name in names:
             self.binary(name)
@@ -389,7 +399,38 @@ def write_kubeconfig(path: Path, *, server: str, pki: Pki) -> Path:
     return path
 
 
-def start_apiserver(counterparts: Counterparts, workdir: Path, *, etcd: Etcd) -> ApiServer:
+WORKLOAD_FEATURE_GATES: Mapping[str, bool] = {
+    "GenericWorkload": True,
+    "TopologyAwareWorkloadScheduling": True,
+    "CompositePodGroup": True,
+}
+"""Kubernetes' own gang and topology scheduling (``scheduling.k8s.io`` Workload/PodGroup and
+CompositePodGroup): the gates for kube-apiserver and kube-scheduler. Off by default in 1.37, and so off in
+the shared control plane."""
+WORKLOAD_RUNTIME_CONFIG: tuple[str, ...] = (
+    "scheduling.k8s.io/v1beta1=true",
+    "scheduling.k8s.io/v1alpha3=true",
+)
+"""``--runtime-config`` that serves Workload/PodGroup (v1beta1) and CompositePodGroup (v1alpha3 only)."""
+
+
+def feature_gates_flag(gates: Mapping[str, bool] | None) -> list[str]:
+    """``["--feature-gates=A=true,B=false"]`` (names sorted), or ``[]`` for none."""
+    if not gates:
+        return []
+    return ["--feature-gates=" + ",".join(f"{k}={str(v).lower()}" for k, v in sorted(gates.items()))]
+
+
+def start_apiserver(
+    counterparts: Counterparts,
+    workdir: Path,
+    *,
+    etcd: Etcd,
+    feature_gates: Mapping[str, bool] | None = None,
+    runtime_config: Sequence[str] = (),
+) -> ApiServer:
+    """kube-apiserver on loopback; ``feature_gates`` and ``runtime_config`` (``group/version=true``) for APIs
+    that are off by default (:data:`WORKLOAD_FEATURE_GATES`, :data:`WORKLOAD_RUNTIME_CONFIG`)."""
     pki = make_pki(workdir / "pki")
     port = free_port()
     url = f"https://127.0.0.1:{port}"
@@ -415,6 +456,8 @@ def start_apiserver(counterparts: Counterparts, workdir: Path, *, etcd: Etcd) ->
         "--endpoint-reconciler-type=none",
         f"--cert-dir={workdir / 'apiserver-certs'}",
         "--profiling=false",
+        *feature_gates_flag(feature_gates),
+        *([f"--runtime-config={','.join(runtime_config)}"] if runtime_config else []),
     ]
     proc = ManagedProcess("kube-apiserver", argv, workdir / "logs" / "kube-apiserver.log").start()
     server = ApiServer(proc, url, write_kubeconfig(workdir / "admin.kubeconfig", server=url, pki=pki), pki)
@@ -439,10 +482,18 @@ class ControlPlane:
         self.etcd.stop()
 
 
-def start_control_plane(counterparts: Counterparts, workdir: Path) -> ControlPlane:
+def start_control_plane(
+    counterparts: Counterparts,
+    workdir: Path,
+    *,
+    feature_gates: Mapping[str, bool] | None = None,
+    runtime_config: Sequence[str] = (),
+) -> ControlPlane:
     etcd = start_etcd(counterparts, workdir)
     try:
-        apiserver = start_apiserver(counterparts, workdir, etcd=etcd)
+        apiserver = start_apiserver(
+            counterparts, workdir, etcd=etcd, feature_gates=feature_gates, runtime_config=runtime_config
+        )
     except BaseException:
         etcd.stop()
         raise
@@ -517,8 +568,11 @@ def start_kube_scheduler(
     apiserver: ApiServer,
     scheduler_name: str = "default-scheduler",
     extenders: Sequence[Mapping[str, Any]] = (),
+    feature_gates: Mapping[str, bool] | None = None,
 ) -> Scheduler:
-    """kube-scheduler with ``extenders`` (KubeSchedulerConfiguration ``extenders`` entries)."""
+    """kube-scheduler with ``extenders`` (KubeSchedulerConfiguration ``extenders`` entries) and
+    ``feature_gates`` (e.g. :data:`WORKLOAD_FEATURE_GATES`: its gang and topology plugins join the default
+    profile)."""
     d = workdir / f"kube-scheduler-{scheduler_name}"
     d.mkdir(parents=True, exist_ok=True)
     cfg_path = d / "config.yaml"
@@ -533,6 +587,7 @@ def start_kube_scheduler(
         "--bind-address=127.0.0.1",
         f"--secure-port={port}",
         f"--cert-dir={d / 'certs'}",
+        *feature_gates_flag(feature_gates),
     ]
     proc = ManagedProcess(
         f"kube-scheduler[{scheduler_name}]", argv, workdir / "logs" / f"{d.name}.log"
@@ -630,6 +685,388 @@ def open_queue(apiserver: ApiServer, name: str) -> None:
         client.CustomObjectsApi(api).patch_cluster_custom_object_status(
             "scheduling.volcano.sh", "v1beta1", "queues", name, {"status": {"state": "Open"}}
         )
+
+
+# ------------------------------------------------------------------------------------------------ operators
+
+
+@dataclass
+class Operator:
+    """A running operator (a controller manager): its process, and what to remove from the API server
+    when it stops (webhook configurations that would otherwise send requests to a dead port)."""
+
+    name: str
+    process: ManagedProcess
+    cleanup: Callable[[], None] | None = None
+
+    def stop(self) -> None:
+        try:
+            if self.cleanup is not None:
+                self.cleanup()
+        finally:
+            self.process.stop()
+
+    def rss_bytes(self) -> int:
+        """VmRSS of its process group (the wrapper shell or unshare included)."""
+        return group_rss_bytes(self.process.pid) if self.process.alive() else 0
+
+
+def _start_operator(
+    name: str,
+    argv: Sequence[str],
+    log_path: Path,
+    *,
+    ready: Callable[[], bool],
+    env: Mapping[str, str] | None = None,
+    timeout_s: float = START_TIMEOUT_S,
+) -> Operator:
+    """Start ``argv`` and wait for ``ready``; a binary that cannot run, or that refuses its flags (exit 2,
+    built from an older source), is one line naming the build command."""
+    proc = ManagedProcess(name, argv, log_path, env=env)
+    try:
+        proc.start()
+    except OSError as e:  # a truncated or foreign binary: "Exec format error"
+        raise MissingCounterpartError(
+            f"{name}: cannot run {argv[0]} ({e.strerror or e}); rebuild it with {BUILD_COMMAND}"
+        ) from None
+    try:
+        wait_until(ready, what=f"{name} ready", process=proc, timeout_s=timeout_s)
+    except StartupError:
+        code = proc.returncode
+        proc.stop()
+        if code in (2, 126, 127):  # bad flag / not executable / not found, also behind a wrapper
+            raise MissingCounterpartError(
+                f"{name}: exited with {code} at start (log {log_path}: "
+                f"{proc.log_tail(1).strip()!r}); rebuild it with {BUILD_COMMAND}"
+            ) from None
+        raise
+    except BaseException:
+        proc.stop()
+        raise
+    return Operator(name, proc)
+
+
+def _operator_env(kubeconfig: Path, home: Path) -> dict[str, str]:
+    """An operator's whole environment: the admin kubeconfig and nothing of the caller's."""
+    return {"PATH": "/usr/bin:/bin", "HOME": str(home), "KUBECONFIG": str(kubeconfig)}
+
+
+def start_kube_controller_manager(
+    counterparts: Counterparts,
+    workdir: Path,
+    *,
+    apiserver: ApiServer,
+    controllers: Sequence[str] = ("job-controller",),
+    feature_gates: Mapping[str, bool] | None = None,
+) -> Operator:
+    """kube-controller-manager running only ``controllers`` (default: the Job controller, which makes a
+    batch Job's pods); ready when its /healthz answers. No service-account controllers: the test API
+    server admits pods without service accounts."""
+    d = workdir / "kube-controller-manager"
+    d.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    argv = [
+        str(counterparts.binary("kube-controller-manager")),
+        f"--kubeconfig={apiserver.kubeconfig}",
+        f"--authentication-kubeconfig={apiserver.kubeconfig}",
+        f"--authorization-kubeconfig={apiserver.kubeconfig}",
+        f"--controllers={','.join(controllers)}",
+        "--leader-elect=false",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--cert-dir={d / 'certs'}",
+        "--use-service-account-credentials=false",
+        *feature_gates_flag(feature_gates),
+    ]
+    insecure = ssl.create_default_context()
+    insecure.check_hostname = False
+    insecure.verify_mode = ssl.CERT_NONE  # its own self-signed serving cert; loopback only
+    return _start_operator(
+        "kube-controller-manager",
+        argv,
+        workdir / "logs" / "kube-controller-manager.log",
+        ready=lambda: _http_ok(f"https://127.0.0.1:{port}/healthz", context=insecure),
+        env=_operator_env(apiserver.kubeconfig, d),
+    )
+
+
+VOLCANO_CONTROLLERS: tuple[str, ...] = (
+    "job-controller",
+    "pg-controller",
+    "queue-controller",
+    "gc-controller",
+)
+"""vc-controller-manager's controllers the tests run: Volcano Jobs, PodGroups for plain pods, Queue state
+and finished-job clean-up. Not the HyperNode discovery controller (our topology controller owns
+HyperNodes), nor JobFlow, CronJob, colocation or sharding."""
+
+
+def start_volcano_controllers(
+    counterparts: Counterparts,
+    workdir: Path,
+    *,
+    apiserver: ApiServer,
+    scheduler_name: str = "volcano",
+    controllers: Sequence[str] = VOLCANO_CONTROLLERS,
+) -> Operator:
+    """vc-controller-manager (Volcano's CRDs must be installed); ready when its /healthz answers."""
+    d = workdir / "vc-controller-manager"
+    d.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    argv = [
+        str(counterparts.binary("vc-controller-manager")),
+        f"--kubeconfig={apiserver.kubeconfig}",
+        "--leader-elect=false",
+        f"--scheduler-name={scheduler_name}",
+        f"--controllers={','.join(controllers)}",
+        "--enable-healthz=true",
+        f"--healthz-address=127.0.0.1:{port}",
+        f"--listen-address=127.0.0.1:{free_port()}",
+        "--logtostderr",
+        "-v=2",
+    ]
+    return _start_operator(
+        "vc-controller-manager",
+        argv,
+        workdir / "logs" / "vc-controller-manager.log",
+        ready=lambda: _http_ok(f"http://127.0.0.1:{port}/healthz"),
+        env=_operator_env(apiserver.kubeconfig, d),
+    )
+
+
+def start_kuberay_operator(
+    counterparts: Counterparts,
+    workdir: Path,
+    *,
+    apiserver: ApiServer,
+    batch_scheduler: str | None = "volcano",
+    init_containers: bool = False,
+) -> Operator:
+    """The KubeRay operator (the ray.io CRDs, and Volcano's with ``batch_scheduler="volcano"``, must be
+    installed). With Volcano it makes one Volcano PodGroup per RayCluster and gives its pods
+    ``schedulerName: volcano``; with ``None`` it leaves scheduling alone (for Kueue). Ready on /readyz.
+    ``init_containers``: KubeRay's own wait-for-GCS init container in worker pods (its default is on);
+    off here because a hollow kubelet's fake runtime never ends a container, so it would keep every worker
+    in ``Init`` (the operator's ``ENABLE_INIT_CONTAINER_INJECTION=false``)."""
+    d = workdir / "kuberay-operator"
+    d.mkdir(parents=True, exist_ok=True)
+    probe = free_port()
+    argv = [
+        str(counterparts.binary("kuberay-operator")),
+        f"--metrics-addr=127.0.0.1:{free_port()}",
+        f"--health-probe-bind-address=127.0.0.1:{probe}",
+        "--enable-leader-election=false",
+        "--log-stdout-encoder=console",
+    ]
+    if batch_scheduler is not None:
+        argv.append(f"--batch-scheduler={batch_scheduler}")
+    return _start_operator(
+        "kuberay-operator",
+        argv,
+        workdir / "logs" / "kuberay-operator.log",
+        ready=lambda: _http_ok(f"http://127.0.0.1:{probe}/readyz"),
+        env={
+            **_operator_env(apiserver.kubeconfig, d),
+            "ENABLE_INIT_CONTAINER_INJECTION": str(init_containers).lower(),
+        },
+    )
+
+
+KUEUE_NAMESPACE = "kueue-system"
+KUEUE_FRAMEWORKS: tuple[str, ...] = ("batch/job", "ray.io/raycluster")
+KUEUE_METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
+"""Where Kueue v0.17 reads its metrics serving cert when internal cert management is off (a constant in
+its main package); the launcher puts one there inside Kueue's own mount namespace."""
+KUEUE_WEBHOOK_NAMES = {
+    "MutatingWebhookConfiguration": "gpu-node-agent-e2e-kueue-mutating",
+    "ValidatingWebhookConfiguration": "gpu-node-agent-e2e-kueue-validating",
+}
+# Workload kinds of Kueue's webhook manifest that each framework serves; webhooks for kinds of frameworks
+# that are not enabled are left out (Kueue does not serve their paths, and a Fail policy would then refuse
+# every such object -- pods included -- cluster-wide).
+_KUEUE_FRAMEWORK_RESOURCES = {"batch/job": ("batch", "jobs"), "ray.io/raycluster": ("ray.io", "rayclusters")}
+
+
+def kueue_config(
+    *, webhook_port: int, cert_dir: Path, health_port: int, metrics_port: int, frameworks: Sequence[str]
+) -> dict[str, Any]:
+    """Kueue's ``Configuration`` for a manager outside the cluster: webhooks on 127.0.0.1 with our
+    certificate (internal cert management off), no leader election, probes and metrics on loopback."""
+    return {
+        "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+        "kind": "Configuration",
+        "namespace": KUEUE_NAMESPACE,
+        "manageJobsWithoutQueueName": False,
+        "internalCertManagement": {"enable": False},
+        "leaderElection": {"leaderElect": False},
+        "webhook": {"host": "127.0.0.1", "port": webhook_port, "certDir": str(cert_dir)},
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
+        "metrics": {"bindAddress": f"127.0.0.1:{metrics_port}"},
+        "integrations": {"frameworks": list(frameworks)},
+    }
+
+
+def kueue_webhook_configurations(
+    manifests: Sequence[Mapping[str, Any]], *, url: str, ca_bundle: bytes, frameworks: Sequence[str]
+) -> list[dict[str, Any]]:
+    """Kueue's published webhook configurations pointed at ``url`` (``https://127.0.0.1:PORT``) instead of
+    its in-cluster Service, with ``ca_bundle`` (PEM), keeping only the webhooks of Kueue's own kinds and
+    of ``frameworks``. Pure; raises ``ValueError`` naming a framework this function does not know."""
+    import base64
+
+    unknown = [f for f in frameworks if f not in _KUEUE_FRAMEWORK_RESOURCES]
+    if unknown:
+        raise ValueError(f"kueue frameworks {unknown}: known are {sorted(_KUEUE_FRAMEWORK_RESOURCES)}")
+    allowed = {_KUEUE_FRAMEWORK_RESOURCES[f] for f in frameworks}
+    out: list[dict[str, Any]] = []
+    for doc in manifests:
+        kind = doc.get("kind")
+        if kind not in KUEUE_WEBHOOK_NAMES:
+            continue
+        hooks = []
+        for hook in doc.get("webhooks") or []:
+            rules = hook.get("rules") or []
+            kinds = {
+                (g, r) for rule in rules for g in rule.get("apiGroups", ()) for r in rule.get("resources", ())
+            }
+            if not all(g == "kueue.x-k8s.io" or (g, r.split("/")[0]) in allowed for g, r in kinds):
+                continue
+            path = ((hook.get("clientConfig") or {}).get("service") or {}).get("path", "")
+            client_config = {"url": f"{url}{path}", "caBundle": base64.b64encode(ca_bundle).decode()}
+            hooks.append({**hook, "clientConfig": client_config})
+        out.append(
+            {
+                "apiVersion": doc["apiVersion"],
+                "kind": kind,
+                "metadata": {"name": KUEUE_WEBHOOK_NAMES[kind]},
+                "webhooks": hooks,
+            }
+        )
+    return out
+
+
+def _write_etc_overlay(directory: Path, pki: Pki) -> Path:
+    """A copy of /etc plus Kueue's metrics cert at its fixed path, to bind-mount over /etc for Kueue only."""
+    import shutil
+
+    etc = directory / "etc"
+    if etc.exists():
+        shutil.rmtree(etc)
+    shutil.copytree("/etc", etc, symlinks=True, ignore_dangling_symlinks=True)
+    certs = etc / KUEUE_METRICS_CERT_DIR.relative_to("/etc")
+    certs.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(pki.server_cert, certs / "tls.crt")
+    shutil.copyfile(pki.server_key, certs / "tls.key")
+    return etc
+
+
+def start_kueue(
+    counterparts: Counterparts,
+    workdir: Path,
+    *,
+    apiserver: ApiServer,
+    frameworks: Sequence[str] = KUEUE_FRAMEWORKS,
+    feature_gates: Mapping[str, bool] | None = None,
+) -> Operator:
+    """Kueue's controller manager against ``apiserver``: its CRDs applied, namespace ``kueue-system``, the
+    webhooks served on 127.0.0.1 with the API server's own loopback certificate (signed by the test CA)
+    and Kueue's webhook configurations pointed there. The CRDs of ``frameworks`` (e.g. ray.io) must be
+    installed first. Needs root: Kueue reads its metrics certificate from a fixed path under /etc, given
+    to it in its own mount namespace. ``stop`` deletes the webhook configurations first."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    binary = counterparts.binary("kueue-manager")
+    manifests = load_yaml_documents([counterparts.root / "crd" / "kueue-webhook" / "manifests.yaml"])
+    crds = load_yaml_documents(counterparts.crds("kueue"))
+    if os.geteuid() != 0:
+        raise MissingCounterpartError(
+            f"kueue-manager: needs root to give it {KUEUE_METRICS_CERT_DIR} in its own mount namespace"
+        )
+    d = workdir / "kueue"
+    d.mkdir(parents=True, exist_ok=True)
+    cert_dir = d / "webhook-certs"
+    cert_dir.mkdir(exist_ok=True)
+    pki = apiserver.pki
+    (cert_dir / "tls.crt").write_bytes(pki.server_cert.read_bytes())
+    (cert_dir / "tls.key").write_bytes(pki.server_key.read_bytes())
+    etc = _write_etc_overlay(d, pki)
+    webhook_port, health_port = free_port(), free_port()
+    config = kueue_config(
+        webhook_port=webhook_port,
+        cert_dir=cert_dir,
+        health_port=health_port,
+        metrics_port=free_port(),
+        frameworks=frameworks,
+    )
+    (d / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    with apiserver.api_client() as api:
+        apply_crds(api, crds)
+        try:
+            namespace: Any = {"metadata": {"name": KUEUE_NAMESPACE}}
+            client.CoreV1Api(api).create_namespace(namespace)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+    gates = {"VisibilityOnDemand": False, **dict(feature_gates or {})}
+    argv = [
+        "unshare", "--mount", "--propagation", "private", "--",
+        "/bin/sh", "-c", 'mount --bind "$1" /etc && shift && exec "$@"', "sh", str(etc),
+        str(binary), f"--config={d / 'config.yaml'}", f"--kubeconfig={apiserver.kubeconfig}",
+        *feature_gates_flag(gates),
+    ]  # fmt: skip
+    op = _start_operator(
+        "kueue-manager",
+        argv,
+        workdir / "logs" / "kueue-manager.log",
+        ready=lambda: _http_ok(f"http://127.0.0.1:{health_port}/readyz"),
+        env=_operator_env(apiserver.kubeconfig, d),
+    )
+    url = f"https://127.0.0.1:{webhook_port}"
+    hooks = kueue_webhook_configurations(
+        manifests, url=url, ca_bundle=pki.ca_cert.read_bytes(), frameworks=frameworks
+    )
+
+    def delete_hooks() -> None:
+        with apiserver.api_client() as api:
+            adm = client.AdmissionregistrationV1Api(api)
+            for hook in hooks:
+                delete = (
+                    adm.delete_mutating_webhook_configuration
+                    if hook["kind"] == "MutatingWebhookConfiguration"
+                    else adm.delete_validating_webhook_configuration
+                )
+                try:
+                    delete(hook["metadata"]["name"])
+                except ApiException as e:
+                    if e.status != 404:
+                        raise
+
+    try:
+        ctx = ssl.create_default_context(cafile=str(pki.ca_cert))
+        wait_until(lambda: _tls_handshake(webhook_port, ctx), what="kueue webhook server", process=op.process)
+        with apiserver.api_client() as api:
+            adm = client.AdmissionregistrationV1Api(api)
+            body: Any
+            for body in hooks:
+                if body["kind"] == "MutatingWebhookConfiguration":
+                    adm.create_mutating_webhook_configuration(body)
+                else:
+                    adm.create_validating_webhook_configuration(body)
+    except BaseException:
+        delete_hooks()
+        op.stop()
+        raise
+    op.cleanup = delete_hooks
+    return op
+
+
+def _tls_handshake(port: int, context: ssl.SSLContext) -> bool:
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=2) as raw,
+        context.wrap_socket(raw, server_hostname="127.0.0.1"),
+    ):
+        return True
 
 
 # -------------------------------------------------------------------------------------- device manager
