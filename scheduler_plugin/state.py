@@ -38,7 +38,7 @@ from scheduler_plugin.cluster import (
 )
 from scheduler_plugin.gangs import GangError, GangIncompleteError, GangSpec, gang_for_pod, gang_key_of
 from scheduler_plugin.planner import SnapshotCache, plan
-from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, PodSlot, Role
+from scheduler_plugin.snapshot import MAX_GANG_PODS, ClusterSnapshot, Gang, Infeasible, PodSlot, Role
 
 MAX_PRIORITY = 10  # kube-scheduler's MaxExtenderPriority
 # kinds keyed "<namespace>/<name>"; the rest (nodes, hypernodes) are cluster-scoped
@@ -315,31 +315,39 @@ class ClusterState:
         gang, members = _unbound_part(spec, self.pods)
         if gang is None:
             return "every pod of the gang is already bound"
-        selector: dict[str, str] = {}
-        for k in spec.members:
+        by_role: dict[str, dict[str, str]] = {}  # each role's nodeSelector (its pods' together)
+        for k, slot in spec.members.items():
+            selector = by_role.setdefault(slot.role, {})
             for label, value in (
                 ((self.pods.get(k) or {}).get("spec") or {}).get("nodeSelector") or {}
             ).items():
                 if selector.setdefault(label, value) != value:
                     return (
-                        f"the gang's pods disagree on nodeSelector {label} ({selector[label]!r}, {value!r})"
+                        f"the pods of role {slot.role} disagree on nodeSelector {label} "
+                        f"({selector[label]!r}, {value!r})"
                     )
+        selectors = {tuple(sorted(sel.items())) for sel in by_role.values()}
+        wanted = [dict(sel) for sel in selectors] or [{}]
         mates = [self.pods[k] for k in spec.members if k in self.pods]
         excluded = self._excluded.get(spec.key, set())
         nodes = [
             n
             for n in self.nodes.values()
-            if _matches(n, selector)
+            if any(_matches(n, sel) for sel in wanted)
             and all(_tolerates(p, n) for p in mates)
             and (n.get("metadata") or {}).get("name") not in excluded
         ]
         if not nodes:
-            return f"no node matches the gang's nodeSelector {selector} and tolerations"
+            shown = " or ".join(str(dict(sel)) for sel in sorted(selectors)) or "{}"
+            return f"no node matches the gang's nodeSelector {shown} and tolerations"
         snapshot = snapshot_from_objects(
             nodes, self.pods.values(), self.hypernodes.values(), reserved=others, previous=self._last_snapshot
         )
         self._last_snapshot = snapshot
-        result = plan(snapshot, gang, cache=self._snapshots)
+        planned_gang = gang
+        if len(selectors) > 1:  # roles on different node pools (a Ray head on CPU nodes): one per role
+            snapshot, planned_gang = _per_role_selectors(snapshot, gang, by_role, self.nodes)
+        result = plan(snapshot, planned_gang, cache=self._snapshots)
         if isinstance(result, Infeasible):
             return result.reason
         roles = {r.name: r for r in gang.roles}
@@ -702,6 +710,37 @@ def _tolerates_one(tol: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
     if tol.get("operator") == "Exists":
         return not key or key == taint.get("key")
     return key == taint.get("key") and (tol.get("value") or "") == (taint.get("value") or "")
+
+
+def _per_role_selectors(
+    snapshot: ClusterSnapshot,
+    gang: Gang,
+    by_role: Mapping[str, Mapping[str, str]],
+    nodes: Mapping[str, Mapping[str, Any]],
+) -> tuple[ClusterSnapshot, Gang]:
+    """Roles whose pods select different nodes, for the planner, which knows one node set per gang: each
+    distinct nodeSelector becomes a resource every pod of its roles asks one of, plentiful on the nodes it
+    matches and absent (zero) elsewhere. Only the plan sees these; the reservation keeps the gang."""
+    names: dict[tuple[tuple[str, str], ...], str] = {}
+    for sel in sorted({tuple(sorted(s.items())) for s in by_role.values()}):
+        names[sel] = "nodeSelector " + (",".join(f"{k}={v}" for k, v in sel) or "(none)")
+    roles = []
+    for role in gang.roles:
+        sel = tuple(sorted((by_role.get(role.name) or {}).items()))
+        roles.append(dataclasses.replace(role, resources_per_pod={**role.resources_per_pod, names[sel]: 1}))
+    states = []
+    for n in snapshot.nodes:
+        labelled = {
+            res: (MAX_GANG_PODS if _matches(nodes[n.name], dict(sel)) else 0) for sel, res in names.items()
+        }
+        states.append(
+            dataclasses.replace(
+                n,
+                resources={**n.resources, **labelled},
+                free_resources={**n.free_resources, **labelled},
+            )
+        )
+    return dataclasses.replace(snapshot, nodes=tuple(states)), dataclasses.replace(gang, roles=tuple(roles))
 
 
 def pods_nodes(pods: Iterable[tuple[str, str, str]]) -> list[tuple[str, str]]:

@@ -636,10 +636,10 @@ def _ours(pod: dict[str, Any]) -> dict[str, Any]:
     return pod
 
 
-def _place_all(s: ClusterState, pods: list[dict[str, Any]]) -> dict[str, str]:
+def _place_all(s: ClusterState, pods: list[dict[str, Any]], names: list[str] = RACK_NODES) -> dict[str, str]:
     placed: dict[str, str] = {}
     for p in pods:
-        out = s.filter(p, RACK_NODES, now=1.0)
+        out = s.filter(p, names, now=1.0)
         assert len(out.passed) == 1, (p["metadata"]["name"], out.failed, out.unresolvable)
         placed[p["metadata"]["name"]] = out.passed[0]
     decisions = [s.bind(NS, name, f"uid-{name}", n, now=2.0) for name, n in placed.items()]
@@ -714,3 +714,34 @@ def test_native_topology_key_of_a_custom_tier_and_a_head_only_raycluster() -> No
     spec = gang_from_raycluster(rc, [ray_pod("h", "headgroup")], TIERS)
     assert [r.name for r in spec.gang.roles] == ["headgroup"]
     assert spec.min_member == 1
+
+
+def test_state_places_a_head_pinned_to_a_cpu_pool_and_workers_on_gpu_racks() -> None:
+    """Roles may select different nodes (a Ray head on CPU nodes by its own nodeSelector): each role is
+    planned on the nodes its pods select; the reservation keeps the RayCluster's gang as it is."""
+    s = _state()
+    cpu = node("cpu-0", 0, labels={"pool": "cpu"})
+    s.replace("nodes", [*(node(n, 4, labels={"pool": "gpu"}) for n in RACK_NODES), cpu])
+    pods = [_ours(p) for p in ray_pods()]
+    for p in pods:
+        p["spec"]["nodeSelector"] = {"pool": "cpu" if p["metadata"]["name"] == "rc-head-x" else "gpu"}
+    s.replace("pods", pods)
+    s.replace("rayclusters", [two_groups()])
+    placed = _place_all(s, pods, [*RACK_NODES, "cpu-0"])
+    assert placed["rc-head-x"] == "cpu-0"
+    assert all(n.startswith("r") for k, n in placed.items() if k != "rc-head-x")
+    for g in ("gpu-a", "gpu-b"):
+        assert len({placed[f"rc-{g}-worker-{i}"].split("-")[0] for i in range(4)}) == 1
+
+
+def test_state_pods_of_one_role_must_agree_on_node_selector() -> None:
+    s = _state()
+    pods = [_ours(p) for p in ray_pods()]
+    pods[1]["spec"]["nodeSelector"] = {"pool": "a"}
+    pods[2]["spec"]["nodeSelector"] = {"pool": "b"}
+    s.replace("pods", pods)
+    s.replace("rayclusters", [two_groups()])
+    out = s.filter(pods[1], RACK_NODES, now=1.0)
+    assert "the pods of role gpu-a disagree on nodeSelector pool ('a', 'b')" in next(
+        iter(out.failed.values())
+    )
