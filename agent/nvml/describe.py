@@ -4,8 +4,8 @@ The stand-in (a ``libnvidia-ml.so.1`` compiled against NVIDIA's ``nvml.h``) serv
 simulator: :func:`describe_machine` writes a :class:`~agent.nvml.profiles.MachineSpec` — identity, memory,
 NVLink wiring, the PCIe matrix, fabric and platform info, MIG profiles and the initial MIG layout, the
 event types the GPU supports — as a line format the C library reads at ``nvmlInit``.
-:func:`fault_command` translates one event of the simulator's fault file (``--simulate-faults``, see
-:mod:`agent.nvml.faults`) into the control line the stand-in applies, so one script of faults drives
+:class:`FaultTranslator` translates the events of the simulator's fault file (``--simulate-faults``, see
+:mod:`agent.nvml.faults`) into the control lines the stand-in applies, so one script of faults drives
 both.
 
 Format (``nvmlstub 1``): one record per line, fields separated by TAB, ``#`` comments; numbers in decimal or
@@ -33,6 +33,7 @@ Control lines (the C library reads those appended to ``NVMLSTUB_CONTROL``)::
     nvlink_down gpu link      nvlink_up gpu link
     fabric gpu state status clique_id health_mask health_summary      ("-" keeps a value)
     process_start gpu pid used_bytes|- gpu_instance_id|-1 sm_percent      process_exit gpu pid
+    mig gpu enabled gi_id:profile_id:start:mig_uuid,...|-     (a whole new MIG layout)
     error code call|* gpu|-1 times|-1      clear_errors
 
 ``call`` is a canonical function name (:func:`canonical_call`): a simulator primitive
@@ -49,6 +50,7 @@ from __future__ import annotations
 import re
 import uuid as uuidlib
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from agent.nvml.errors import CODES
@@ -56,6 +58,7 @@ from agent.nvml.fake import HEALTH_MASKS, TOPOLOGY_LEVELS, gi_id_for, plan_layou
 from agent.nvml.profiles import (
     ARCH_ADA,
     ARCH_AMPERE,
+    MIG_COMPUTE_SLICES,
     GpuSpec,
     MachineSpec,
     MigProfileSpec,
@@ -149,20 +152,35 @@ def _profile(gpu: GpuSpec, name: str) -> MigProfileSpec:
     raise DescribeError(f"GPU {gpu.index} ({gpu.name}): MIG layout names unknown profile {name!r}")
 
 
-def mig_instances(gpu: GpuSpec) -> tuple[tuple[int, MigProfileSpec, int, str], ...]:
-    """The GPU's initial MIG layout as ``(gpu instance id, profile, placement start, MIG UUID)`` in GPU-
-    instance id order, placed as the simulator places it (``fake.plan_layout``, creation numbers in plan
-    order); empty when MIG is off."""
-    if gpu.mig_layout is None:
-        return ()
-    planned = plan_layout([_profile(gpu, name) for name in gpu.mig_layout])
+def _place(
+    gpu: GpuSpec, wanted: list[MigProfileSpec], serial: int
+) -> tuple[tuple[tuple[int, MigProfileSpec, int, str], ...], int]:
+    """Place a whole MIG layout as the simulator does (``fake.plan_layout``; creation numbers from
+    ``serial`` in plan order, which the MIG UUIDs derive from); returns the instances in GPU-instance id
+    order and the next creation number."""
+    names = [p.name for p in wanted]
+    slices = sum(p.slices for p in wanted)
+    if slices > MIG_COMPUTE_SLICES:
+        raise DescribeError(
+            f"GPU {gpu.index}: layout {names} needs {slices} compute slices; the GPU has {MIG_COMPUTE_SLICES}"
+        )
+    planned = plan_layout(wanted)
     if planned is None:
-        raise DescribeError(f"GPU {gpu.index}: MIG layout {list(gpu.mig_layout)} has no valid placement")
+        raise DescribeError(f"GPU {gpu.index}: MIG layout {names} has no valid placement")
     out = []
-    for serial, (prof, start) in enumerate(planned):
+    for prof, start in planned:
         gi_id = gi_id_for(start, prof.placement_size)
         out.append((gi_id, prof, start, "MIG-" + det_uuid(gpu.uuid, "gi", gi_id, "ci", 0, serial)))
-    return tuple(sorted(out, key=lambda inst: inst[0]))
+        serial += 1
+    return tuple(sorted(out, key=lambda inst: inst[0])), serial
+
+
+def mig_instances(gpu: GpuSpec) -> tuple[tuple[int, MigProfileSpec, int, str], ...]:
+    """The GPU's initial MIG layout as ``(gpu instance id, profile, placement start, MIG UUID)`` in GPU-
+    instance id order, placed as the simulator places it; empty when MIG is off."""
+    if gpu.mig_layout is None:
+        return ()
+    return _place(gpu, [_profile(gpu, name) for name in gpu.mig_layout], 0)[0]
 
 
 def rack_guid(chassis_serial: str) -> bytes:
@@ -357,74 +375,155 @@ def _fabric_command(gpu: GpuSpec, event: Mapping[str, Any]) -> str:
     return "\t".join(["fabric", str(gpu.index), state, status, clique, mask, summary])
 
 
-def fault_command(event: Mapping[str, Any], machine: MachineSpec) -> str:
-    """The control line for one fault-file event (a decoded JSON object) on ``machine``'s initial state.
+MigInstance = tuple[int, MigProfileSpec, int, str]
+"""A placed GPU instance: ``(gpu instance id, profile, placement start, MIG UUID)``."""
 
-    Raises :class:`DescribeError` naming the field for a malformed event, and for ``mig_reconfig``, which
-    the stand-in does not model (its MIG layout is the profile's).
+
+@dataclass(slots=True)
+class _GpuFaultState:
+    """What later faults on one GPU depend on: its MIG layout, lost or not, its processes."""
+
+    mig_enabled: bool
+    instances: tuple[MigInstance, ...]
+    next_serial: int
+    lost: bool = False
+    processes: dict[int, int] = field(default_factory=dict)  # pid -> GPU instance id (-1: whole GPU)
+
+
+class FaultTranslator:
+    """Turns a sequence of fault-file events into the stand-in's control lines.
+
+    It keeps what later lines depend on, as the simulator does: MIG layouts after ``mig_reconfig`` (placed
+    like ``fake.plan_layout``, creation numbers continuing, so MIG UUIDs match), which GPUs are lost and
+    which processes run where. An event the simulator refuses raises :class:`DescribeError` naming the
+    field, and changes nothing.
     """
-    kind = event.get("event")
-    if kind == "nvml_error":
+
+    def __init__(self, machine: MachineSpec) -> None:
+        self.machine = machine
+        self._gpus = [
+            _GpuFaultState(
+                mig_enabled=gpu.mig_layout is not None,
+                instances=mig_instances(gpu),
+                next_serial=len(gpu.mig_layout or ()),
+            )
+            for gpu in machine.gpus
+        ]
+
+    def instances(self, gpu: int) -> tuple[MigInstance, ...]:
+        """The GPU's MIG layout now (empty with MIG off)."""
+        state = self._gpus[gpu]
+        return state.instances if state.mig_enabled else ()
+
+    def command(self, event: Mapping[str, Any]) -> str:
+        """The control line for one decoded fault event (see the module docstring)."""
+        kind = event.get("event")
+        if kind == "nvml_error":
+            return self._error(event)
+        gpu_spec = _gpu(event, self.machine)
+        state = self._gpus[gpu_spec.index]
+        g = str(gpu_spec.index)
+        if kind == "xid":
+            xid = _int(event, "xid")
+            if xid <= 0:
+                raise DescribeError(f"fault field 'xid' must be positive, got {xid}")
+            gi = event.get("gpu_instance_id")
+            if gi is not None:
+                ids = [inst[0] for inst in self.instances(gpu_spec.index)]
+                if _int(event, "gpu_instance_id") not in ids:
+                    raise DescribeError(f"GPU {g} has no GPU instance {gi}; its instances: {ids}")
+            if xid == 79:
+                state.lost = True
+            return "\t".join(["xid", g, str(xid), "-1" if gi is None else str(gi)])
+        if kind in ("gpu_lost", "recover", "ecc_dbe", "ecc_sbe"):
+            if kind == "gpu_lost":
+                state.lost = True
+            elif kind == "recover" and state.lost:
+                state.lost = False
+                state.processes.clear()
+            return "\t".join([{"gpu_lost": "lost"}.get(kind, kind), g])
+        if kind in ("nvlink_down", "nvlink_up"):
+            link = _int(event, "link")
+            if not 0 <= link < len(gpu_spec.nvlinks):
+                raise DescribeError(f"GPU {g} has {len(gpu_spec.nvlinks)} NVLinks; no link {link}")
+            return "\t".join([kind, g, str(link)])
+        if kind == "fabric":
+            return _fabric_command(gpu_spec, event)
+        if kind == "process_start":
+            return self._process_start(gpu_spec, state, event)
+        if kind == "process_exit":
+            pid = _int(event, "pid")
+            state.processes.pop(pid, None)
+            return "\t".join(["process_exit", g, str(pid)])
+        if kind == "mig_reconfig":
+            return self._mig_reconfig(gpu_spec, state, event)
+        raise DescribeError(f"unknown fault event {kind!r}")
+
+    def _error(self, event: Mapping[str, Any]) -> str:
         if event.get("code") is None:
             return "clear_errors"
         call = event.get("call")
         if call is not None and (not isinstance(call, str) or not call):
             raise DescribeError(f"fault field 'call' must be a function name, got {call!r}")
         gpu = event.get("gpu")
-        index = -1 if gpu is None else _gpu(event, machine).index
+        index = -1 if gpu is None else _gpu(event, self.machine).index
         times = -1 if event.get("times") is None else _int(event, "times")
-        return "\t".join(
-            [
-                "error",
-                str(_code(event["code"])),
-                canonical_call(call) if call else "*",
-                str(index),
-                str(times),
-            ]
-        )
-    gpu_spec = _gpu(event, machine)
-    g = str(gpu_spec.index)
-    if kind == "xid":
-        xid = _int(event, "xid")
-        if xid <= 0:
-            raise DescribeError(f"fault field 'xid' must be positive, got {xid}")
-        gi = event.get("gpu_instance_id")
-        if gi is not None:
-            ids = [inst[0] for inst in mig_instances(gpu_spec)]
-            if _int(event, "gpu_instance_id") not in ids:
-                raise DescribeError(f"GPU {g} has no GPU instance {gi}; its instances: {ids}")
-        return "\t".join(["xid", g, str(xid), "-1" if gi is None else str(gi)])
-    if kind in ("gpu_lost", "recover", "ecc_dbe", "ecc_sbe"):
-        return "\t".join([{"gpu_lost": "lost"}.get(kind, kind), g])
-    if kind in ("nvlink_down", "nvlink_up"):
-        link = _int(event, "link")
-        if not 0 <= link < len(gpu_spec.nvlinks):
-            raise DescribeError(f"GPU {g} has {len(gpu_spec.nvlinks)} NVLinks; no link {link}")
-        return "\t".join([kind, g, str(link)])
-    if kind == "fabric":
-        return _fabric_command(gpu_spec, event)
-    if kind == "process_start":
+        code = str(_code(event["code"]))
+        return "\t".join(["error", code, canonical_call(call) if call else "*", str(index), str(times)])
+
+    def _process_start(self, gpu: GpuSpec, state: _GpuFaultState, event: Mapping[str, Any]) -> str:
+        pid = _int(event, "pid")
         used = event.get("used_memory_mib")
         used_bytes = "-" if used is None else str(_int(event, "used_memory_mib") * 2**20)
         gi_id = -1
         mig_uuid = event.get("mig_uuid")
         if mig_uuid is not None:
-            by_uuid = {inst[3]: inst[0] for inst in mig_instances(gpu_spec)}
+            by_uuid = {inst[3]: inst[0] for inst in self.instances(gpu.index)}
             if mig_uuid not in by_uuid:
-                raise DescribeError(f"{mig_uuid} is not a MIG device of GPU {g}")
+                raise DescribeError(f"{mig_uuid} is not a MIG device of GPU {gpu.index}")
             gi_id = by_uuid[mig_uuid]
+        if pid in state.processes:
+            raise DescribeError(f"pid {pid} already runs on GPU {gpu.index}")
         sm = 80 if event.get("sm_percent") is None else max(0, min(100, _int(event, "sm_percent")))
-        return "\t".join(["process_start", g, str(_int(event, "pid")), used_bytes, str(gi_id), str(sm)])
-    if kind == "process_exit":
-        return "\t".join(["process_exit", g, str(_int(event, "pid"))])
-    if kind == "mig_reconfig":
-        raise DescribeError("mig_reconfig: the C stand-in serves the profile's MIG layout only")
-    raise DescribeError(f"unknown fault event {kind!r}")
+        state.processes[pid] = gi_id
+        return "\t".join(["process_start", str(gpu.index), str(pid), used_bytes, str(gi_id), str(sm)])
+
+    def _mig_reconfig(self, gpu: GpuSpec, state: _GpuFaultState, event: Mapping[str, Any]) -> str:
+        profiles = event.get("profiles")
+        if profiles is not None and (
+            not isinstance(profiles, list) or not all(isinstance(p, str) for p in profiles)
+        ):
+            raise DescribeError(
+                f"fault field 'profiles' must be a list of profile names or null, got {profiles!r}"
+            )
+        if not gpu.mig_profiles:
+            raise DescribeError(f"GPU {gpu.index} ({gpu.name}) is not MIG-capable")
+        if state.lost:
+            raise DescribeError(f"GPU {gpu.index} is lost")
+        if any(gi >= 0 for gi in state.processes.values()):
+            raise DescribeError(f"GPU {gpu.index} has processes on MIG devices; stop them first")
+        placed: tuple[MigInstance, ...] = ()
+        serial = state.next_serial
+        if profiles is not None:
+            wanted = [_profile(gpu, name) for name in profiles]
+            placed, serial = _place(gpu, wanted, serial)
+        state.mig_enabled = profiles is not None
+        state.instances, state.next_serial = placed, serial
+        layout = ",".join(f"{gi}:{prof.id}:{start}:{uuid}" for gi, prof, start, uuid in placed) or "-"
+        return "\t".join(["mig", str(gpu.index), str(int(profiles is not None)), layout])
+
+
+def fault_command(event: Mapping[str, Any], machine: MachineSpec) -> str:
+    """The control line for one fault event on ``machine`` as the profile starts it (a fresh
+    :class:`FaultTranslator`; use one translator for a sequence of events)."""
+    return FaultTranslator(machine).command(event)
 
 
 __all__ = [
     "FORMAT_VERSION",
     "DescribeError",
+    "FaultTranslator",
+    "MigInstance",
     "canonical_call",
     "describe_machine",
     "fault_command",

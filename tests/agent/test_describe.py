@@ -12,6 +12,7 @@ import pytest
 from agent.nvml.describe import (
     FORMAT_VERSION,
     DescribeError,
+    FaultTranslator,
     canonical_call,
     describe_machine,
     fault_command,
@@ -129,7 +130,7 @@ def test_a_bad_platform_guid_or_mig_layout_is_refused() -> None:
     with pytest.raises(DescribeError, match=r"unknown profile '9g\.90gb'"):
         describe_machine(_with_gpu0(a100, mig_layout=("9g.90gb",)))
     with pytest.raises(DescribeError, match="has no valid placement"):
-        describe_machine(_with_gpu0(a100, mig_layout=("7g.80gb", "1g.10gb")))
+        describe_machine(_with_gpu0(a100, mig_layout=("1g.20gb",) * 5))
 
 
 @pytest.mark.parametrize(
@@ -224,7 +225,11 @@ def test_fault_commands(machine: MachineSpec, event: dict[str, Any], line: str) 
             {"event": "process_start", "gpu": 5, "pid": 1, "mig_uuid": "MIG-x"},
             "MIG-x is not a MIG device",
         ),
-        (A100, {"event": "mig_reconfig", "gpu": 0, "profiles": []}, "mig_reconfig"),
+        (A100, {"event": "mig_reconfig", "gpu": 0, "profiles": "3g.40gb"}, "'profiles' must be a list"),
+        (L40S, {"event": "mig_reconfig", "gpu": 0, "profiles": []}, "GPU 0 (NVIDIA L40S) is not MIG-capable"),
+        (A100, {"event": "mig_reconfig", "gpu": 0, "profiles": ["9g.1gb"]}, "unknown profile '9g.1gb'"),
+        (A100, {"event": "mig_reconfig", "gpu": 0, "profiles": ["4g.40gb"] * 2}, "needs 8 compute slices"),
+        (A100, {"event": "mig_reconfig", "gpu": 0, "profiles": ["1g.20gb"] * 5}, "has no valid placement"),
         (A100, {"event": "nvml_error", "code": "OOPS"}, "'code' must be an NVML error name or number"),
         (A100, {"event": "nvml_error", "code": 12345}, "'code' must be an NVML error name or number"),
         (A100, {"event": "nvml_error", "code": 3, "call": 5}, "'call' must be a function name"),
@@ -235,3 +240,59 @@ def test_fault_commands_refuse_what_the_stand_in_cannot_do(
 ) -> None:
     with pytest.raises(DescribeError, match=re.escape(message)):
         fault_command(event, machine)
+
+
+def test_the_translator_follows_mig_layouts_as_the_simulator_does() -> None:
+    """After reconfigurations the MIG UUIDs, GPU-instance ids and placements equal the simulator's, and later
+    faults name the new devices."""
+    sim = build_simulator("dgx-a100-mig")
+    sim.init()
+    translator = FaultTranslator(sim.machine)
+    try:
+        for profiles in (["3g.40gb", "2g.20gb", "1g.10gb"], None, ["7g.80gb"], []):
+            line = translator.command({"event": "mig_reconfig", "gpu": 2, "profiles": profiles})
+            sim.reconfigure_mig(2, profiles)
+            state = sim.mig_state(2)
+            assert state is not None
+            assert state.current_enabled is (profiles is not None)
+            expected = [(d.gpu_instance_id, d.uuid) for d in state.devices]
+            assert [(gi, uuid) for gi, _p, _s, uuid in translator.instances(2)] == expected
+            layout = (
+                ",".join(f"{gi}:{p.id}:{start}:{u}" for gi, p, start, u in translator.instances(2)) or "-"
+            )
+            assert line == f"mig\t2\t{int(profiles is not None)}\t{layout}"
+    finally:
+        sim.shutdown()
+    translator.command({"event": "mig_reconfig", "gpu": 2, "profiles": ["3g.40gb", "3g.40gb"]})
+    gi, _prof, _start, uuid = translator.instances(2)[0]
+    assert (
+        translator.command({"event": "xid", "gpu": 2, "xid": 31, "gpu_instance_id": gi})
+        == f"xid\t2\t31\t{gi}"
+    )
+    assert translator.command({"event": "process_start", "gpu": 2, "pid": 5, "mig_uuid": uuid}).endswith(
+        f"\t{gi}\t80"
+    )
+
+
+def test_the_translator_refuses_what_the_simulator_refuses_after_earlier_faults() -> None:
+    translator = FaultTranslator(A100)
+    gi, _prof, _start, uuid = translator.instances(1)[0]
+    translator.command({"event": "process_start", "gpu": 1, "pid": 7, "mig_uuid": uuid})
+    with pytest.raises(DescribeError, match="pid 7 already runs on GPU 1"):
+        translator.command({"event": "process_start", "gpu": 1, "pid": 7})
+    with pytest.raises(DescribeError, match="GPU 1 has processes on MIG devices; stop them first"):
+        translator.command({"event": "mig_reconfig", "gpu": 1, "profiles": None})
+    assert translator.command({"event": "process_exit", "gpu": 1, "pid": 7}) == "process_exit\t1\t7"
+    assert translator.command({"event": "mig_reconfig", "gpu": 1, "profiles": None}) == "mig\t1\t0\t-"
+    with pytest.raises(DescribeError, match=f"GPU 1 has no GPU instance {gi}; its instances: \\[\\]"):
+        translator.command({"event": "xid", "gpu": 1, "xid": 31, "gpu_instance_id": gi})
+    translator.command({"event": "xid", "gpu": 3, "xid": 79})
+    with pytest.raises(DescribeError, match="GPU 3 is lost"):
+        translator.command({"event": "mig_reconfig", "gpu": 3, "profiles": []})
+    translator.command({"event": "recover", "gpu": 3})
+    assert translator.command({"event": "mig_reconfig", "gpu": 3, "profiles": []}) == "mig\t3\t1\t-"
+    translator.command({"event": "gpu_lost", "gpu": 0})
+    with pytest.raises(DescribeError, match="GPU 0 is lost"):
+        translator.command({"event": "mig_reconfig", "gpu": 0, "profiles": None})
+    translator.command({"event": "recover", "gpu": 0})
+    translator.command({"event": "recover", "gpu": 0})  # recovering a GPU that answers changes nothing

@@ -484,8 +484,9 @@ static void apply_control(char *line) {
     if (n == 0 || f[0][0] == '\0' || f[0][0] == '#')
         return;
     const char *kind = f[0];
-    static const char *const gpu_kinds[] = {"xid",     "lost",        "recover",   "ecc_dbe",       "ecc_sbe",
-                                            "fabric",  "nvlink_down", "nvlink_up", "process_start", "process_exit"};
+    static const char *const gpu_kinds[] = {"xid",         "lost",      "recover",       "ecc_dbe",
+                                            "ecc_sbe",     "fabric",    "nvlink_down",   "nvlink_up",
+                                            "process_start", "process_exit", "mig"};
     int needs_gpu = 0;
     for (size_t i = 0; i < sizeof gpu_kinds / sizeof gpu_kinds[0]; i++)
         if (strcmp(kind, gpu_kinds[i]) == 0)
@@ -544,6 +545,33 @@ static void apply_control(char *line) {
             if (g->procs[i].pid != U(2))
                 g->procs[k++] = g->procs[i];
         g->nprocs = k;
+    } else if (strcmp(kind, "mig") == 0 && n == 4 && g->nprofiles > 0) {
+        /* a whole new MIG layout: gi_id:profile_id:start:mig_uuid,... or "-" */
+        instance_t next[MAX_MIG];
+        int count = 0;
+        char *save = f[3], *item;
+        while (strcmp(f[3], "-") != 0 && (item = strsep(&save, ",")) != NULL) {
+            instance_t *inst = &next[count];
+            unsigned profile_id = 0;
+            inst->profile = -1;
+            if (count >= MAX_MIG ||
+                sscanf(item, "%u:%u:%u:%95s", &inst->gi_id, &profile_id, &inst->start, inst->uuid) != 4) {
+                fprintf(stderr, "nvmlstub: control line mig: bad instance %.40s\n", item);
+                return;
+            }
+            for (int i = 0; i < g->nprofiles; i++)
+                if (g->profiles[i].id == profile_id)
+                    inst->profile = i;
+            if (inst->profile < 0) {
+                fprintf(stderr, "nvmlstub: control line mig: GPU %d has no MIG profile id %u\n", gpu, profile_id);
+                return;
+            }
+            count++;
+        }
+        memcpy(g->instances, next, sizeof(instance_t) * (size_t)count);
+        g->ninstances = count;
+        g->mig_enabled = g->mig_pending = I(2) != 0;
+        enqueue(gpu, nvmlEventMigConfigChange, 0, NO_INSTANCE, NO_INSTANCE);
     } else if (strcmp(kind, "error") == 0 && n == 5 && nrules < MAX_RULES) {
         rule_t *r = &rules[nrules++];
         r->code = I(1);

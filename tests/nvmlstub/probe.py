@@ -35,7 +35,7 @@ from typing import Any
 
 from agent.discovery import discover, usable
 from agent.host import read_host
-from agent.nvml.describe import fault_command
+from agent.nvml.describe import FaultTranslator
 from agent.nvml.errors import NVMLError
 from agent.nvml.profiles import MachineSpec
 from agent.nvml.protocol import NvmlBackend
@@ -184,8 +184,10 @@ def probe(mode: str, profile: str, script: list[dict[str, Any]], *, variant: str
             control = Path(os.environ["NVMLSTUB_CONTROL"])
             sysfs_root = Path(os.environ["NVMLSTUB_SYSFS"])
 
+            translator = FaultTranslator(machine)
+
             def apply(event: dict[str, Any]) -> None:
-                line = fault_command(event, machine)
+                line = translator.command(event)
                 with control.open("a", encoding="utf-8") as fh:
                     fh.write(line + "\n")
 

@@ -141,6 +141,16 @@ def _contract_script(profile: str) -> list[dict[str, Any]]:
         {"wait": 3},
         {"fault": {"event": "xid", "gpu": last, "xid": 79}},
         {"wait": 3},
+    ]
+    if machine.gpus[2].mig_layout is not None:
+        # a new layout: MIG_CONFIG_CHANGE, new UUIDs, MIG handles of the old layout's slots reused
+        script += [
+            {"fault": {"event": "mig_reconfig", "gpu": 2, "profiles": ["3g.40gb", "2g.20gb", "1g.10gb"]}},
+            {"wait": 2},
+            {"discover": True},
+            {"sample": True},
+        ]
+    script += [
         {"fault": {"event": "ecc_sbe", "gpu": 0}},
         {"wait": 2},
         {"discover": True},
@@ -166,6 +176,11 @@ def test_samples_events_and_plugin_are_identical(runner: Runner, profile: str) -
     busy = script[1]["fault"]["gpu"]
     assert _events(waits[0]) == [("xid", 0), ("ecc_sbe", busy), None]
     assert _events(waits[1]) == [("xid", last), ("gpu_lost", last), None]
+    if machine.gpus[2].mig_layout is not None:
+        assert _events(waits.pop(2)) == [("mig_config_change", 2), None]
+        reconfigured = [r for s, r in zip(script, stub[1:], strict=True) if "discover" in s][1]
+        devices = [d for m in reconfigured["inventory"]["mig"] if m["gpu_index"] == 2 for d in m["devices"]]
+        assert sorted(d["profile"] for d in devices) == ["1g.10gb", "2g.20gb", "3g.40gb"]
     assert _events(waits[2]) == [("ecc_sbe", 0), None]  # the healthy GPUs' events keep coming
     final = [r for s, r in zip(script, stub[1:], strict=True) if "discover" in s][-1]
     gpus = final["inventory"]["gpus"]
