@@ -54,9 +54,9 @@ def nvml_include_dir() -> Path:
     raise StubUnavailableError("nvidia-nvml-dev is installed but its nvml.h is missing")
 
 
-def build(out_dir: Path, variant: str = "current") -> Path:
-    """Compile one variant; returns the library's path. Raises :class:`StubUnavailableError` or
-    ``subprocess.CalledProcessError`` (the compiler's output in ``stderr``)."""
+def build(out_dir: Path, variant: str = "current", *, source: Path = SOURCE) -> Path:
+    """Compile one variant (of ``source``, default ``nvmlstub.c``); returns the library's path. Raises
+    :class:`StubUnavailableError` or ``subprocess.CalledProcessError`` (compiler output in ``stderr``)."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown nvmlstub variant {variant!r}; valid: {', '.join(VARIANTS)}")
     target = out_dir / variant / LIBRARY
@@ -69,7 +69,7 @@ def build(out_dir: Path, variant: str = "current") -> Path:
         f"-Wl,-soname,{LIBRARY}",
         "-o",
         str(target),
-        str(SOURCE),
+        str(source),
         "-lpthread",
     ]
     subprocess.run(command, check=True, capture_output=True, text=True)

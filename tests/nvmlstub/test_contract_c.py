@@ -35,6 +35,7 @@ import pytest
 
 from agent.nvml.describe import mig_instances
 from agent.nvml.simulate import PROFILES, parse_spec
+from tests.nvmlstub.build import SOURCE, build
 from tests.nvmlstub.conftest import REPO, Runner
 
 ALL_PROFILES = sorted(PROFILES)
@@ -351,6 +352,27 @@ def test_garbage_control_lines_are_skipped(runner: Runner) -> None:
     assert out == {"first": 0, "xid": 13, "second": 10}  # the Xid 13 event, then a timeout
     assert "nvmlstub: control line xid names no GPU of this machine" in done.stderr
     assert "nvmlstub: ignoring control line nonsense with 1 fields" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("original", "changed"),
+    [
+        ("nvmlDeviceGetCount_v2(unsigned int *deviceCount)", "nvmlDeviceGetCount_v2(int *deviceCount)"),
+        ("nvmlReturn_t nvmlDeviceGetIndex(", "nvmlReturn_t nvmlDeviceGetIndexOf("),  # not in nvml.h
+    ],
+    ids=["signature-differs", "not-declared"],
+)
+def test_a_definition_unlike_nvml_h_does_not_compile(
+    stub_libraries: dict[str, Any], tmp_path: Any, original: str, changed: str
+) -> None:
+    """The build checks every exported definition against NVIDIA's prototypes."""
+    text = SOURCE.read_text(encoding="utf-8")
+    assert original in text
+    altered = tmp_path / "nvmlstub.c"
+    altered.write_text(text.replace(original, changed, 1), encoding="utf-8")
+    with pytest.raises(subprocess.CalledProcessError) as failed:
+        build(tmp_path / "out", source=altered)
+    assert "nvmlDeviceGet" in failed.value.stderr
 
 
 def test_a_bad_description_fails_init_with_one_line(runner: Runner, tmp_path: Any) -> None:
