@@ -93,12 +93,17 @@ _ADDRESS = itertools.count(0x10000, 0x10)
 
 
 def _handle_address(handle: Any) -> int:
+    known = getattr(handle, "_sim_address", None)  # set on the handles the face hands out
+    if known is not None:
+        return int(known)
     value = ctypes.cast(handle, ctypes.c_void_p).value
     return int(value or 0)
 
 
 def _pointer(kind: Any, address: int) -> Any:
-    return ctypes.cast(ctypes.c_void_p(address), kind)
+    pointer = ctypes.cast(ctypes.c_void_p(address), kind)
+    pointer._sim_address = address  # the same value, without a ctypes cast on every call
+    return pointer
 
 
 def _target(ref: Any) -> Any:
@@ -141,7 +146,8 @@ def _face(fn: F) -> F:
                 )
             _raise(CODES["FUNCTION_NOT_FOUND"])
         try:
-            self._sim._apply_face_injected(name, self._gpu_of(args))
+            if self._sim._injected:
+                self._sim._apply_face_injected(name, self._gpu_of(args))
             return fn(self, *args, **kwargs)
         except SimError as exc:
             raise pynvml.NVMLError(exc.value) from None
@@ -229,11 +235,9 @@ class SimulatedPynvml:
 
     def _gpu_of(self, args: tuple[Any, ...]) -> int | None:
         """The GPU a call is about (for errors injected on one GPU)."""
-        if not args:
+        if not args or not isinstance(args[0], ctypes._Pointer):
             return None
-        address = _handle_address(args[0]) if isinstance(args[0], ctypes._Pointer) else None
-        if address is None:
-            return None
+        address = _handle_address(args[0])
         if address in self._devices:
             return self._devices[address].gpu
         if address in self._instances:

@@ -208,7 +208,7 @@ def _apply_nvml_error(sim: SimulatedNvml, event: Mapping[str, Any]) -> None:
         raise FaultLineError(f"field 'code' must be an NVML error name or number, got {code!r}")
     call = event.get("call")
     if call is not None and not isinstance(call, str):
-        raise FaultLineError(f"field 'call' must be a simulator primitive name, got {call!r}")
+        raise FaultLineError(f"field 'call' must be a simulator primitive or pynvml function, got {call!r}")
     gpu = event.get("gpu")
     sim.inject_error(code, call=call, gpu=None if gpu is None else _int_field(event, "gpu"))
 

@@ -471,17 +471,18 @@ class RealNvml:
 
     # ---------------------------------------------------------------- NVLink, PCIe
 
-    def _links(self, h: Any) -> list[int]:
-        """Link indices the API answers for, stopping at INVALID_ARGUMENT / NOT_SUPPORTED."""
-        links: list[int] = []
+    def _links(self, h: Any) -> dict[int, int]:
+        """Link index → NVML feature state, for the links the API answers for (stopping at
+        INVALID_ARGUMENT / NOT_SUPPORTED)."""
+        links: dict[int, int] = {}
         for link in range(int(getattr(self._nv, "NVML_NVLINK_MAX_LINKS", 36))):
             try:
-                self._call("nvmlDeviceGetNvLinkState", h, link, quiet=_PAST_THE_END)
+                state = self._call("nvmlDeviceGetNvLinkState", h, link, quiet=_PAST_THE_END)
             except NVMLError as exc:
                 if exc.value in (_INVALID_ARGUMENT, *_UNSUPPORTED):
                     break
                 raise
-            links.append(link)
+            links[link] = int(state)
         return links
 
     def nvlinks(self, index: int) -> tuple[NvLink, ...]:
@@ -820,10 +821,9 @@ class RealNvml:
         if energy_mj is None:
             energy_mj = self._optional("nvmlDeviceGetTotalEnergyConsumption", h)
         links = self._links(h)
-        traffic = self._link_traffic(h, links)
+        traffic = self._link_traffic(h, list(links))
         counters: list[NvLinkCounters] = []
-        for link in links:
-            state = self._link_optional("nvmlDeviceGetNvLinkState", h, link)
+        for link, state in links.items():
             errors: dict[str, int | None] = {}
             for key, counter in _NVLINK_ERRORS.items():
                 value = self._link_counter(h, link, counter)
@@ -831,7 +831,7 @@ class RealNvml:
             counters.append(
                 NvLinkCounters(
                     link=link,
-                    active=state is not None and int(state) == 1,
+                    active=state == 1,
                     tx_bytes=traffic[link][0],
                     rx_bytes=traffic[link][1],
                     **errors,
