@@ -13,6 +13,9 @@ SCRIPT is a JSON list of steps, run in order after ``init``:
 - ``{"discover": true}``: discovery (not strict) and the device plugin's resources (migStrategy mixed);
 - ``{"sample": true}``: one metrics read — ``sample`` per GPU, ``fabric`` per GPU, ``mig_sample`` per MIG
   device and ``process_utilization`` per GPU, as the metrics cache reads them;
+- ``{"metrics": true}``: one refresh of the agent's metrics cache (``agent.metrics.cache.MetricsCache``
+  with a fixed clock) rendered as the ``/metrics`` text, native and DCGM-compatible (the device families;
+  the agent's self-metrics carry timings);
 - ``{"register": true}``: ``register_events`` for every GPU discovery found usable;
 - ``{"wait": N}``: N event waits of 50 ms each;
 - ``{"counters": true}``: the backend's call/error counters.
@@ -22,6 +25,7 @@ Each step's result (or the error it raised: type, NVML code name) is one entry o
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import enum
 import json
@@ -35,6 +39,10 @@ from typing import Any
 
 from agent.discovery import discover, usable
 from agent.host import read_host
+from agent.metrics.cache import MetricsCache
+from agent.metrics.dcgm import render_dcgm_devices
+from agent.metrics.exposition import render_text
+from agent.metrics.native import render_native_devices
 from agent.nvml.describe import FaultTranslator
 from agent.nvml.errors import NVMLError
 from agent.nvml.profiles import MachineSpec
@@ -133,6 +141,25 @@ class Probe:
             "process_utilization": {i: _outcome(lambda i=i: self.nvml.process_utilization(i)) for i in gpus},
         }
 
+    def metrics(self) -> dict[str, Any]:
+        if self.inventory is None:
+            self.discover()
+        inventory = self.inventory
+        assert inventory is not None
+        cache = MetricsCache(
+            backend=self.nvml,
+            inventory=lambda: inventory,
+            hostname=self.machine.hostname,
+            clock=lambda: 0.0,
+            monotonic=lambda: 0.0,
+        )
+        snapshot = asyncio.run(cache.refresh())
+        return {
+            "problem": cache.nvml_problem(),
+            "native": render_text(render_native_devices(snapshot)).decode().splitlines(),
+            "dcgm": render_text(render_dcgm_devices(snapshot)).decode().splitlines(),
+        }
+
     def run(self, step: dict[str, Any]) -> Any:
         if "fault" in step:
             return _outcome(lambda: self.apply(step["fault"]))
@@ -140,6 +167,8 @@ class Probe:
             return self.discover()
         if "sample" in step:
             return self.sample()
+        if "metrics" in step:
+            return self.metrics()
         if "register" in step:
             return _outcome(lambda: self.nvml.register_events(tuple(self._gpus())))
         if "wait" in step:

@@ -8,11 +8,13 @@ machine the simulator exports (``agent.nvml.describe``). Each run is its own pro
 
 Compared: ``discover --output json``; and, through ``tests.nvmlstub.probe``, discovery with the device
 plugin's resources, metrics samples (per GPU, fabric, per MIG device, process utilisation) before and
-after faults, health events around an Xid 79, and NVML's call/error counters. Normalised, because they
-must differ: the host's memory size and kernel release in ``discover`` (read from ``/proc`` on the real
-path; the simulated node takes them from its profile), and on the older-driver variant of an NVLink-5 part
-the NVLink byte counters (that driver answers the KiB throughput fields, so bytes are compared at KiB
-granularity).
+after faults, one refresh of the metrics cache rendered as ``/metrics`` text (native and DCGM names),
+health events around an Xid 79 and a MIG reconfiguration, and NVML's call/error counters.
+
+Normalised, because they must differ: the host's memory size and kernel release in ``discover`` (read
+from ``/proc`` on the real path; the simulated node takes them from its profile), and on the older-driver
+variant of an NVLink-5 part the NVLink byte counters (that driver answers the KiB throughput fields, so
+bytes are compared at KiB granularity).
 
 Scripted error paths: GPU_IS_LOST on every wait after Xid 79 (the healthy GPUs' events keep coming),
 NOT_SUPPORTED on ``nvmlDeviceRegisterEvents``, NO_PERMISSION on process and GPU/compute-instance listings;
@@ -136,6 +138,7 @@ def _contract_script(profile: str) -> list[dict[str, Any]]:
         script.append({"fault": {"event": "fabric", "gpu": 0, "health_summary": "UNHEALTHY"}})
     script += [
         {"sample": True},
+        {"metrics": True},
         {"register": True},
         {"fault": {"event": "xid", "gpu": 0, "xid": 13}},
         {"fault": {"event": "ecc_sbe", "gpu": busy}},
@@ -193,6 +196,10 @@ def test_samples_events_and_plugin_are_identical(runner: Runner, profile: str) -
     busy_sample = first_sample["gpus"][str(busy)]["ok"]
     assert busy_sample["gpu_utilization_percent"] > 0
     assert [p["pid"] for p in busy_sample["processes"]] == [4242]
+    metrics = next(r for s, r in zip(script, stub[1:], strict=True) if "metrics" in s)
+    assert metrics["problem"] is None
+    uuid = machine.gpus[busy].uuid
+    assert f'gpuagent_gpu_sample_ok{{gpu="{busy}",uuid="{uuid}"}} 1.0' in metrics["native"]
 
 
 # --------------------------------------------------------------------------- scripted error paths
