@@ -43,6 +43,7 @@ import collections
 import contextlib
 import ctypes
 import os
+import threading
 import time
 import uuid as uuidlib
 from collections.abc import Callable
@@ -278,6 +279,7 @@ class RealNvml:
         else:
             self._loader = loader or _import_pynvml
         self._sleep = sleep
+        self._event_lock = threading.RLock()  # the event set is replaced by the waiting thread only
         self._nv: Any = None
         self._init_count = 0
         self._calls = 0
@@ -927,19 +929,17 @@ class RealNvml:
     # ---------------------------------------------------------------- events
 
     def register_events(self, indices: tuple[int, ...]) -> None:
-        """Register the health events of ``indices`` (replacing the previous list). A GPU that does
-        not support registration gets no events (the set still serves the others, as ``nvml.h``
-        says); a lost GPU is skipped, reported once, and registered again when it answers."""
-        if self._event_set is None:
-            self._event_set = self._call("nvmlEventSetCreate")
-        self._wanted = tuple(sorted(set(indices)))
-        dropped = set(self._registered) - set(self._wanted)
-        if dropped:
-            self._rebuild_event_set()  # NVML cannot unregister: a new set without them
-            return
-        self._registered = self._register_on_set(
-            [i for i in self._wanted if i not in self._registered], self._registered
-        )
+        """Register the health events of ``indices``. A GPU that does not support registration gets
+        no events (the set still serves the others, as ``nvml.h`` says); a lost GPU is skipped,
+        reported once, and registered again when it answers. NVML cannot unregister: a GPU left out
+        stays on the current set until the set is rebuilt (only the waiting thread frees a set)."""
+        with self._event_lock:
+            if self._event_set is None:
+                self._event_set = self._call("nvmlEventSetCreate")
+            self._wanted = tuple(sorted(set(indices)))
+            self._registered = self._register_on_set(
+                [i for i in self._wanted if i not in self._registered], self._registered
+            )
 
     def _register_on_set(self, indices: list[int], registered: tuple[int, ...]) -> tuple[int, ...]:
         """Register ``indices`` on the current set; returns ``registered`` plus those now on it."""
@@ -1030,13 +1030,14 @@ class RealNvml:
         the healthy GPUs' events queued on it still come; when it answers GPU_IS_LOST with nothing newly
         lost, it is freed and built again with the GPUs that answer; if even that does not help, the
         wait backs off (sleeps its timeout) instead of spinning, and the episode is counted once."""
-        newly = [i for i in self._registered if i not in self._lost_reported and self._is_lost(i)]
-        if newly:
-            return self._pending.popleft() if self._pending else None
-        if not self._set_rebuilt:
-            self._set_rebuilt = True
-            self._rebuild_event_set()
-            return self._pending.popleft() if self._pending else None
+        with self._event_lock:
+            newly = [i for i in self._registered if i not in self._lost_reported and self._is_lost(i)]
+            if newly:
+                return self._pending.popleft() if self._pending else None
+            if not self._set_rebuilt:
+                self._set_rebuilt = True
+                self._rebuild_event_set()
+                return self._pending.popleft() if self._pending else None
         if not self._lost_wait_seen:
             self._count_error(code)
             self._lost_wait_seen = True
@@ -1050,10 +1051,11 @@ class RealNvml:
 
     def _readmit_recovered(self) -> None:
         """Register again the wanted GPUs that were lost and answer now."""
-        for index in sorted(self._lost_reported & set(self._wanted)):
-            if not self._is_lost(index):
-                self._lost_reported.discard(index)
-                self._registered = self._register_on_set([index], self._registered)
+        with self._event_lock:
+            for index in sorted(self._lost_reported & set(self._wanted)):
+                if not self._is_lost(index):
+                    self._lost_reported.discard(index)
+                    self._registered = self._register_on_set([index], self._registered)
 
     def counters(self) -> NvmlCounters:
         return NvmlCounters(calls=self._calls, errors_by_code=dict(self._errors))
