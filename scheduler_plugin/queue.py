@@ -153,16 +153,22 @@ class QueueConfig:
     never); ``exact_victims``: candidates per domain up to which the victim choice is exact;
     ``max_plans``: planner calls the exact victim search may make per domain before it falls back
     to the greedy choice; ``fill_holes``: a gang that ends before a reservation's start is first
-    offered that reservation's idle capacity (module docstring, Backfill)."""
+    offered that reservation's idle capacity (module docstring, Backfill); ``reserve_after_s``: how
+    long a gang waits before it may hold anything back (0: at once; Slurm's ``bf_min_age_reserve``
+    is the same idea): until then later gangs pass it freely, after that it is the head as above, so
+    its wait stays bounded by this plus the limits of the work it waits for."""
 
     preempt_after_s: float | None = 600.0
     exact_victims: int = 10
     max_plans: int = 64
     fill_holes: bool = True
+    reserve_after_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.preempt_after_s is not None and not (self.preempt_after_s >= 0):
             raise QueueError(f"preempt_after_s must be >= 0 or None, got {self.preempt_after_s}")
+        if not (self.reserve_after_s >= 0) or math.isinf(self.reserve_after_s):
+            raise QueueError(f"reserve_after_s must be a finite number >= 0, got {self.reserve_after_s}")
         if self.exact_victims < 0 or self.max_plans < 1:
             raise QueueError("exact_victims must be >= 0 and max_plans >= 1")
 
@@ -737,6 +743,13 @@ def decide(
                     head_seen = True
                     continue
         if not head_seen:
+            if (
+                config.reserve_after_s > 0
+                and w.name not in held
+                and now - w.created_s < config.reserve_after_s
+            ):
+                wake = min(wake, w.created_s + config.reserve_after_s)
+                continue  # too young to hold anything back: later gangs may pass it freely
             head_seen = True
             if w.name not in held and tried:
                 others = [r for n, r in held.items() if n != w.name]

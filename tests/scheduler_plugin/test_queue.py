@@ -451,3 +451,20 @@ def test_preemption_is_optimal_against_brute_force(seed: int) -> None:
     free_now = {n.name: n.free for n in snap.nodes}
     for node in pre.plan.placement.values():
         assert free_now[node] + freed_gpus.get(node, 0) >= 4
+
+
+def test_reserve_after_lets_later_gangs_pass_a_young_head_then_holds_for_it() -> None:
+    running = {"a": run("a", nodes_of(0, 2, 3), ends=100.0)}
+    snap = busy(empty(4), running)
+    head = wait("head", 4, created=0.0, subgroup=4)
+    long = wait("long", 1, created=1.0, limit=500.0)
+    config = QueueConfig(preempt_after_s=None, reserve_after_s=30.0)
+    young = decide(10.0, snap, running, [head, long], {}, place=planner_place(), config=config)
+    assert [s.gang for s in young.starts] == ["long"]
+    assert young.reservations == {}
+    assert young.wake_s == 30.0
+    old = decide(30.0, snap, running, [head, long], {}, place=planner_place(), config=config)
+    assert old.starts == ()
+    assert old.reservations["head"].start_s == 100.0
+    with pytest.raises(QueueError, match="reserve_after_s"):
+        QueueConfig(reserve_after_s=math.inf)
