@@ -1005,6 +1005,8 @@ static nvmlReturn_t get_platform(nvmlDevice_t d, nvmlPlatformInfo_t *info) {
         return rc;
     if (info == NULL)
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (!g->has_platform)
+        return NVML_ERROR_NOT_SUPPORTED;
     unsigned version = info->version;
 #ifdef NVMLSTUB_OLD_DRIVER
     if (version != nvmlPlatformInfo_v1)
@@ -1013,8 +1015,6 @@ static nvmlReturn_t get_platform(nvmlDevice_t d, nvmlPlatformInfo_t *info) {
     if (version != nvmlPlatformInfo_v1 && version != nvmlPlatformInfo_v2)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
 #endif
-    if (!g->has_platform)
-        return NVML_ERROR_NOT_SUPPORTED;
     if (version == nvmlPlatformInfo_v1) {
         nvmlPlatformInfo_v1_t *v1 = (nvmlPlatformInfo_v1_t *)info;
         memset(v1, 0, sizeof *v1);
