@@ -205,6 +205,25 @@ def test_samples_events_and_plugin_are_identical(runner: Runner, profile: str) -
 # --------------------------------------------------------------------------- scripted error paths
 
 
+def test_a_lost_gpu_is_reported_once_and_healthy_events_keep_coming(runner: Runner) -> None:
+    """NVIDIA: after Xid 79 every wait answers GPU_IS_LOST. The agent reports the lost GPU once, counts the
+    error once (no spinning through waits that fail at once) and keeps the healthy GPUs' events."""
+    script: list[dict[str, Any]] = [
+        {"register": True},
+        {"fault": {"event": "xid", "gpu": 7, "xid": 79}},
+        {"wait": 4},
+        {"fault": {"event": "ecc_sbe", "gpu": 0}},
+        {"wait": 2},
+        {"counters": True},
+    ]
+    simulated = runner.probe("dgx-h100", script, stub=False)
+    stub = runner.probe("dgx-h100", script, stub=True)
+    assert_same(simulated, stub)
+    assert _events(stub[3]) == [("xid", 7), ("gpu_lost", 7), None, None]
+    assert _events(stub[5]) == [("ecc_sbe", 0), None]
+    assert stub[6]["errors_by_code"].get("GPU_IS_LOST") == 1
+
+
 def test_register_events_not_supported_on_one_gpu(runner: Runner) -> None:
     """``nvml.h``: after NOT_SUPPORTED from ``nvmlDeviceRegisterEvents`` the event set can still be used."""
     script: list[dict[str, Any]] = [
