@@ -93,6 +93,7 @@ RESERVED_FOR = "gpuagent.dev/reserved-for"
 TIME_LIMIT = "gpuagent.dev/time-limit"
 KUEUE_MAX_EXEC = "kueue.x-k8s.io/max-exec-time-seconds"
 LIMIT_ANNOTATIONS: tuple[str, ...] = (TIME_LIMIT, KUEUE_MAX_EXEC)
+_SHOWN = 40  # characters of a bad value an error message shows
 
 Place = Callable[[ClusterSnapshot, Gang], PlanResult]
 
@@ -801,12 +802,13 @@ def time_limit(
         raw = annotations.get(key)
         if raw is None:
             continue
+        shown = repr(raw) if len(raw) <= _SHOWN else repr(raw[:_SHOWN]) + f"... ({len(raw)} characters)"
         try:
             value = float(raw.strip())
         except ValueError:
-            raise QueueError(f"{where}: annotation {key}={raw!r} is not a number of seconds") from None
+            raise QueueError(f"{where}: annotation {key}={shown} is not a number of seconds") from None
         if not math.isfinite(value) or value <= 0:
-            raise QueueError(f"{where}: annotation {key}={raw!r} must be a positive number of seconds")
+            raise QueueError(f"{where}: annotation {key}={shown} must be a positive number of seconds")
         found.append(value)
     if active_deadline_s is not None:
         if active_deadline_s <= 0:
