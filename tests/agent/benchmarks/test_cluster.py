@@ -45,17 +45,37 @@ def test_summary_and_report_judge_both_aims() -> None:
         "volcano": [bench.Timing(5.0, 11.0, {})],
     }
     res.gang_domains = {"extender": [1, 1], "volcano": [1]}
-    res.independent = {"plain": [bench.Timing(1.0, 2.0, {})], "extender": [bench.Timing(1.1, 2.6, {})]}
+    cpu = {bench.PLAIN_SCHEDULER: 0.02, bench.EXTENDER_SCHEDULER: 0.03, "extender": 0.05}
+    res.independent = {
+        "plain": [bench.Timing(1.0, 2.0, {}, cpu_s=cpu), bench.Timing(2.0, 3.0, {}, cpu_s=cpu)],
+        "extender": [bench.Timing(1.1, 2.6, {}, cpu_s=cpu), bench.Timing(2.6, 3.3, {}, cpu_s=cpu)],
+    }
+    res.streamed = {"plain": [bench.Timing(1.0, 2.0, {})], "extender": [bench.Timing(1.5, 2.0, {})]}
     s = bench.summary(res)
     assert s["gang"]["extender"]["median_running_s"] == 2.5
-    assert s["extender_overhead_bound_pct"] == 10.0
-    assert s["extender_overhead_running_pct"] == 30.0
+    # each run's pair (+10%, +30%), then their median
+    assert s["independent"]["extender_overhead_bound_pct_runs"] == [10.0, 30.0]
+    assert s["independent"]["extender_overhead_bound_pct"] == 20.0
+    assert s["independent"]["extender"]["cpu_ms_per_pod"] == {bench.EXTENDER_SCHEDULER: 3.0, "extender": 5.0}
+    assert s["independent"]["plain"]["cpu_ms_per_pod"] == {bench.PLAIN_SCHEDULER: 2.0}
+    assert s["streamed"]["extender_overhead_bound_pct"] == 50.0
     text = "\n".join(bench.render(s, racks=2, trays=18))
     assert "36 hollow GPU nodes (2 NVL72 racks x 18 gb200-nvl72 trays), 144 GPUs" in text
     gang_lines = {line.split("median")[0].strip(): line for line in text.splitlines() if "median" in line}
     assert gang_lines["kube-scheduler + extender"].endswith("aim < 10 s: met")
     assert gang_lines["Volcano (PodGroup, HyperNodes)"].endswith("aim < 10 s: NOT met")
-    assert "extender adds +10.0% per pod to bound, +30.0% to Running; aim < 20%: met" in text
+    assert "extender adds +20.0% per pod to bound (runs: +10.0%, +30.0%)" in text
+    assert "aim < 20%: NOT met" in text  # 20% is not under 20%
+    assert "extender adds +50.0% per pod to bound (runs: +50.0%), +0.0% to Running\n" in text + "\n"
+
+
+def test_process_cpu_counts_this_process_and_nothing_for_a_gone_one() -> None:
+    import os
+
+    spent = bench.process_cpu_s(os.getpid())
+    sum(i * i for i in range(200_000))
+    assert bench.process_cpu_s(os.getpid()) >= spent > 0
+    assert bench.process_cpu_s(2**22 + 7) == 0.0
 
 
 @pytest.mark.e2e
@@ -71,4 +91,7 @@ def test_tiny_run_on_hollow_nodes(capsys: pytest.CaptureFixture[str]) -> None:
     for path in ("extender", "volcano"):
         assert s["gang"][path]["nvlink_domains_used"] == [1]
         assert s["gang"][path]["running_s"][0] > 0
-    assert set(s["independent"]) == {"plain", "extender"}
+    for key in ("independent", "streamed"):
+        assert {"plain", "extender"} <= set(s[key])
+        assert len(s[key]["extender_overhead_bound_pct_runs"]) == 1
+        assert s[key]["plain"]["ms_per_pod_bound"] > 0
