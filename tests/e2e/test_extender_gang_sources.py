@@ -2,8 +2,9 @@
 ``scheduling.k8s.io`` Workload / PodGroup, placed by the real kube-scheduler calling ``gpu-node-agent
 extender`` onto hollow GB200 trays (real kubelets with our agent each, as in ``test_hollow_scheduling.py``).
 
-- **RayCluster** with ``schedulerName: gpu-topology-scheduler`` on its pod templates: a CPU head and two GPU
-  worker groups of 4-GPU workers, each group annotated ``gpuagent.dev/subgroup-tier: nvlink``. The extender
+- **RayCluster** with ``schedulerName: gpu-topology-scheduler`` on its pod templates: a CPU head (its own
+  nodeSelector: a CPU-only hollow node) and two GPU worker groups of 4-GPU workers, each group annotated
+  ``gpuagent.dev/subgroup-tier: nvlink``. The extender
   reads the RayCluster (``ray.io/v1``) for the gang's shape and its pods by ``ray.io/cluster`` /
   ``ray.io/group``: every pod binds at once, each worker group inside one NVLink domain (the groups on
   different racks), all ``Running`` with their node's GPUs; a second RayCluster that does not fit binds
@@ -20,9 +21,10 @@ extender`` onto hollow GB200 trays (real kubelets with our agent each, as in ``t
   (``start_control_plane(feature_gates=...)``); otherwise it runs on the shared control plane and the
   native test SKIPS, naming what is missing.
 
-Shape: 2 racks x 2 trays (4 nodes, 16 GPUs) -- the smallest where a gang must choose its domains: each worker
-group needs a whole rack, so a scheduler spreading or filling by name would split one. Cost: one control
-plane (when gated), four hollow nodes with agents, one extender and one kube-scheduler for the module.
+Shape: 2 racks x 2 trays (4 nodes, 16 GPUs) and a CPU node -- the smallest where a gang must choose its
+domains: each worker group needs a whole rack, so a scheduler spreading or filling by name would split
+one. Cost: one control plane (when gated), four hollow nodes with agents and a plain one, one extender
+and one kube-scheduler for the module.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ NATIVE_PODGROUPS = ("scheduling.k8s.io", "v1beta1", "podgroups")
 WORKLOADS = ("scheduling.k8s.io", "v1beta1", "workloads")
 RACKS, TRAYS = 2, 2
 LABEL = "gang-sources"
+CPU_NODE = "gs-cpu"
+CPU_ONLY = "gpuagent.dev/cpu-only"
 
 
 @dataclass
@@ -61,6 +65,7 @@ class Setup:
     api: Any
     native: str  # "" when scheduling.k8s.io/v1beta1 is served, else why not
     racks: list[list[cluster.HollowGpuNode]]
+    cpu: cluster.HollowNode  # no GPUs, no agent: where the Ray heads go (their own nodeSelector)
     ext: RunningExtender
     operator: Any  # the real KubeRay operator, or None: pods are made here as it would
 
@@ -154,7 +159,8 @@ def setup(
     plane = own if own is not None else request.getfixturevalue("control_plane")
     api = plane.apiserver.api_client()
     nodes: list[cluster.HollowGpuNode] = []
-    names = [f"gs-r{r}-t{t}" for r in range(RACKS) for t in range(TRAYS)]
+    names = [f"gs-r{r}-t{t}" for r in range(RACKS) for t in range(TRAYS)] + [CPU_NODE]
+    cpu: cluster.HollowNode | None = None
     ext: RunningExtender | None = None
     sched: cluster.Scheduler | None = None
     operator: Any = None
@@ -186,6 +192,16 @@ def setup(
             cpus=8,
             memory="32Gi",
         )
+        cpu = cluster.start_hollow_node(
+            counterparts,
+            workdir,
+            apiserver=plane.apiserver,
+            name=CPU_NODE,
+            labels={"gpuagent.dev/e2e-test": LABEL, CPU_ONLY: "true"},
+            timeout_s=WAIT_S,
+            cpus=8,
+            memory="32Gi",
+        )
         cluster.wait_until(
             lambda: not _short_of_offer(nodes),
             what="every tray offers 4 GPUs and its NVLink-domain label",
@@ -197,12 +213,9 @@ def setup(
             what="the extender sees every tray",
             timeout_s=WAIT_S,
         )
-        sched_options: dict[str, Any] = {}
-        gates = getattr(cluster, "WORKLOAD_FEATURE_GATES", None)
-        if own is not None and "feature_gates" in inspect.signature(cluster.start_kube_scheduler).parameters:
-            sched_options["feature_gates"] = (
-                gates  # kube-scheduler's own gang plugins on, as in such a cluster
-            )
+        # our kube-scheduler runs without the native gang gates: the extender is its gang scheduler, and
+        # kube-scheduler's TopologyPlacementGenerator would narrow each filter call to one domain's nodes,
+        # which the extender reads as kube-scheduler ruling its planned node out
         sched = cluster.start_kube_scheduler(
             counterparts,
             workdir / "sched",
@@ -211,11 +224,10 @@ def setup(
             # every pod of this scheduler reaches the extender: with managedResources a RayCluster's CPU
             # head would be bound by kube-scheduler alone, outside its gang's barrier
             extenders=[cluster.extender_entry(ext.url, managed_resource=None)],
-            **sched_options,
         )
         operator = _kuberay_operator(counterparts, workdir, plane)
         rack_nodes = [nodes[r * TRAYS : (r + 1) * TRAYS] for r in range(RACKS)]
-        yield Setup(plane, api, native, rack_nodes, ext, operator)
+        yield Setup(plane, api, native, rack_nodes, cpu, ext, operator)
     finally:
         if operator is not None:
             operator.stop()
@@ -225,6 +237,8 @@ def setup(
             ext.stop()
         for n in reversed(nodes):
             n.stop()
+        if cpu is not None:
+            cpu.stop()
         custom = client.CustomObjectsApi(api)
         from kubernetes.client.exceptions import ApiException
 
@@ -279,11 +293,12 @@ def _template(gpus: int, *, annotations: dict[str, str] | None = None) -> dict[s
         if gpus
         else {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"cpu": "500m", "memory": "1Gi"}}
     )
+    selector = {"gpuagent.dev/e2e-test": LABEL, **({} if gpus else {CPU_ONLY: "true"})}  # heads: CPU node
     return {
         "metadata": {"annotations": dict(annotations or {})},
         "spec": {
             "schedulerName": SCHEDULER,
-            "nodeSelector": {"gpuagent.dev/e2e-test": LABEL},
+            "nodeSelector": selector,
             "terminationGracePeriodSeconds": 0,
             "containers": [
                 {
@@ -421,13 +436,13 @@ def assert_running_with_devices(setup: Setup, namespace: str, placement: dict[st
         cluster.wait_until(
             lambda pod=pod: core.read_namespaced_pod(pod, namespace).status.phase == "Running",
             what=f"pod {namespace}/{pod} Running on {node}",
-            process=nodes[node].node.process,
+            process=nodes[node].node.process if node in nodes else setup.cpu.process,
             timeout_s=WAIT_S,
         )
     seen: set[str] = set()
     for pod, node in sorted(placement.items()):
-        if not held(nodes[node], pod=pod, namespace=namespace):
-            continue  # the CPU head
+        if node not in nodes:
+            continue  # the CPU head on the CPU node
         visible = visible_devices(nodes[node], namespace, pod)
         assert visible == node_gpus(nodes[node]), (pod, node, visible)
         assert held(nodes[node], pod=pod, namespace=namespace) == visible
@@ -455,6 +470,9 @@ def test_raycluster_is_one_gang_each_worker_group_in_one_nvlink_domain(
     placement = {p.metadata.name: p.spec.node_name for p in pods}
     by_group: dict[str, set[int]] = {}
     for p in pods:
+        if p.metadata.labels["ray.io/node-type"] == "head":
+            assert p.spec.node_name == CPU_NODE  # the head's own nodeSelector, inside the gang's plan
+            continue
         by_group.setdefault(p.metadata.labels["ray.io/group"], set()).add(rack_of(setup, p.spec.node_name))
     assert by_group["gpu-a"] != by_group["gpu-b"], placement
     assert len(by_group["gpu-a"]) == 1, placement  # each group in one rack
