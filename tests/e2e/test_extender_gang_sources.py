@@ -213,9 +213,12 @@ def setup(
             what="the extender sees every tray",
             timeout_s=WAIT_S,
         )
-        # our kube-scheduler runs without the native gang gates: the extender is its gang scheduler, and
-        # kube-scheduler's TopologyPlacementGenerator would narrow each filter call to one domain's nodes,
-        # which the extender reads as kube-scheduler ruling its planned node out
+        # with the native API on, our kube-scheduler gets the same gates as a cluster would give every
+        # scheduler: its GangScheduling and TopologyPlacementGenerator run beside our extender (the latter
+        # filters one domain's nodes at a time, which the extender must not read as a node ruled out)
+        sched_options: dict[str, Any] = {}
+        if own is not None:
+            sched_options["feature_gates"] = cluster.WORKLOAD_FEATURE_GATES
         sched = cluster.start_kube_scheduler(
             counterparts,
             workdir / "sched",
@@ -224,6 +227,7 @@ def setup(
             # every pod of this scheduler reaches the extender: with managedResources a RayCluster's CPU
             # head would be bound by kube-scheduler alone, outside its gang's barrier
             extenders=[cluster.extender_entry(ext.url, managed_resource=None)],
+            **sched_options,
         )
         operator = _kuberay_operator(counterparts, workdir, plane)
         rack_nodes = [nodes[r * TRAYS : (r + 1) * TRAYS] for r in range(RACKS)]

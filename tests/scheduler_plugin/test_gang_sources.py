@@ -745,3 +745,27 @@ def test_state_pods_of_one_role_must_agree_on_node_selector() -> None:
     assert "the pods of role gpu-a disagree on nodeSelector pool ('a', 'b')" in next(
         iter(out.failed.values())
     )
+
+
+def test_a_call_narrowed_to_another_domain_keeps_the_plan() -> None:
+    """kube-scheduler 1.37's pod-group cycle (TopologyPlacementGenerator) filters one domain's nodes at a
+    time: a call whose candidates are all in other domains than the planned node's fails there without
+    dropping the plan or ruling the node out; a call that has the planned node's domain but not the node
+    still means kube-scheduler ruled the node out."""
+    s = _state()
+    pods = [_ours(member(f"p{i}")) for i in range(4)]
+    s.replace("pods", pods)
+    s.replace("workload_podgroups", [native_pg()])
+    first = s.filter(pods[0], RACK_NODES, now=1.0).passed[0]
+    res = s.reservations["ml/pg"]
+    rack = first.split("-")[0]
+    others = [n for n in RACK_NODES if not n.startswith(rack + "-")]
+    out = s.filter(pods[0], others, now=2.0)
+    assert out.passed == []
+    assert "outside this call's candidate domain" in next(iter(out.failed.values()))
+    assert out.events == []
+    assert s.reservations["ml/pg"] is res
+    assert s.filter(pods[0], [n for n in RACK_NODES if n.startswith(rack + "-")], now=3.0).passed == [first]
+    out = s.filter(pods[0], [n for n in RACK_NODES if n != first], now=4.0)
+    assert [e.reason for e in out.events] == ["GangNodeFiltered"]
+    assert "ml/pg" not in s.reservations
