@@ -232,11 +232,13 @@ def start_hollow_cluster(
     extender_process: bool = False,
     plain_scheduler: bool = False,
     volcano: bool = False,
+    workload_api: bool = False,
     announce: Callable[[str], None] = lambda _: None,
 ) -> HollowCluster:
     """Start everything (raises :class:`ClusterUnavailableError` when it cannot run here); returns once every
     Node offers its GPUs, the HyperNodes are applied and the schedulers are up. The extender runs on a
-    thread of this process (its state readable) or, with ``extender_process``, as its own process."""
+    thread of this process (its state readable) or, with ``extender_process``, as its own process.
+    ``workload_api``: kube-apiserver serves the ``scheduling.k8s.io`` Workload API with its gates on."""
     from agent.nvml.sim_sysfs import ibnetdiscover_sample  # noqa: PLC0415
     from agent.nvml.simulate import parse_spec  # noqa: PLC0415
     from topology.gpunode import gpunode_crd  # noqa: PLC0415
@@ -246,7 +248,12 @@ def start_hollow_cluster(
     if why is not None:
         raise ClusterUnavailableError(why)
     announce("Starting the local control plane (etcd + kube-apiserver) ...")
-    plane = localcluster.start_control_plane(counterparts, workdir)
+    plane = localcluster.start_control_plane(
+        counterparts,
+        workdir,
+        feature_gates=localcluster.WORKLOAD_FEATURE_GATES if workload_api else None,
+        runtime_config=localcluster.WORKLOAD_RUNTIME_CONFIG if workload_api else (),
+    )
     cluster = HollowCluster(workdir, plane, plane.apiserver.api_client())
     try:
         crds = localcluster.load_yaml_documents(counterparts.volcano_crds())
@@ -926,10 +933,19 @@ def parser() -> argparse.ArgumentParser:
         help="independent 1-GPU pods per run (default: GPUs / 2)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument(
+        "--systems",
+        help="ours,volcano,kueue,native: one job stream through each real system instead "
+        "(agent.benchmarks.systems; its options: --systems X --help)",
+    )
     return p
 
 
 def main(argv: list[str]) -> int:
+    if any(a == "--systems" or a.startswith("--systems=") for a in argv):
+        from agent.benchmarks import systems  # noqa: PLC0415
+
+        return systems.main(argv)
     args = parser().parse_args(argv)
     from topology import logs  # noqa: PLC0415
 
