@@ -165,6 +165,7 @@ class PodRecord:
     bound_s: float | None = None
     running_s: float | None = None
     gone_s: float | None = None
+    failed: str | None = None  # the kubelet ended it (phase Failed): its reason
 
 
 @dataclass
@@ -203,6 +204,8 @@ def allocation_timeline(rec: Record) -> list[tuple[float, int]]:
     held = 0
     for t in sorted(deltas):
         held += deltas[t]
+        if held == out[-1][1]:
+            continue  # a pod bound and gone at once, or one leaving as another comes
         if t == out[-1][0]:
             out[-1] = (t, held)
         else:
@@ -296,6 +299,8 @@ def figures(rec: Record) -> dict[str, Any]:
         "to_running_mean_s": r3(_mean(to_running)),
         "to_running_p95_s": r3(_p95(to_running)),
         "half_placed_gangs": half,
+        "failed_pods": sum(1 for p in rec.pods if p.failed),
+        "failed_reasons": sorted({p.failed for p in rec.pods if p.failed}),
     }
 
 
@@ -338,7 +343,7 @@ class PodLog:
                 for c in (pod.get("spec") or {}).get("containers") or ():
                     gpus += int(((c.get("resources") or {}).get("limits") or {}).get(bench.GPU, 0))
                 entry = {"job": job, "subgroup": sub, "gpus": gpus, "node": None}
-                entry.update(bound=None, running=None, gone=None)
+                entry.update(bound=None, running=None, gone=None, failed=None)
                 self.pods[name] = entry
             if kind == "DELETED":
                 entry["gone"] = entry["gone"] if entry["gone"] is not None else now
@@ -346,8 +351,12 @@ class PodLog:
             node = (pod.get("spec") or {}).get("nodeName")
             if node and entry["bound"] is None:
                 entry["node"], entry["bound"] = str(node), now
-            if (pod.get("status") or {}).get("phase") == "Running" and entry["running"] is None:
+            status = pod.get("status") or {}
+            if status.get("phase") == "Running" and entry["running"] is None:
                 entry["running"] = now
+            if status.get("phase") in ("Failed", "Succeeded") and entry["gone"] is None:
+                entry["gone"] = now  # holds nothing any more, for the scheduler as for the figures
+                entry["failed"] = str(status.get("reason") or status.get("phase"))
 
     def _run(self) -> None:
         from topology.kube import KubeError  # noqa: PLC0415
@@ -386,7 +395,16 @@ class PodLog:
     def records(self) -> list[PodRecord]:
         with self._lock:
             return [
-                PodRecord(e["job"], e["subgroup"], e["gpus"], e["node"], e["bound"], e["running"], e["gone"])
+                PodRecord(
+                    e["job"],
+                    e["subgroup"],
+                    e["gpus"],
+                    e["node"],
+                    e["bound"],
+                    e["running"],
+                    e["gone"],
+                    e["failed"],
+                )
                 for e in self.pods.values()
                 if e["job"]
             ]

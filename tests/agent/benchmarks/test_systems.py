@@ -98,6 +98,7 @@ def _record() -> s.Record:
         s.PodRecord("h", 0, 4, "b1", 3.0, None, None),
         s.PodRecord("h", 0, 4, None, None, None, None),
         s.PodRecord("s", 0, 4, "a1", 7.0, 7.5, 9.0),
+        s.PodRecord("t", 0, 4, "a2", 8.0, None, 8.0, "UnexpectedAdmissionError"),  # not a job of the stream
     ]
     return s.Record(
         system="x",
@@ -137,6 +138,7 @@ def test_figures_from_a_synthetic_record() -> None:
     assert f["wait_p95_s"] == 8.0
     assert (f["to_running_mean_s"], f["to_running_p95_s"]) == (2.75, 3.5)
     assert f["half_placed_gangs"] == 1
+    assert (f["failed_pods"], f["failed_reasons"]) == (1, ["UnexpectedAdmissionError"])
     # stranded (free GPUs of domains that cannot host the smallest waiting unit):
     # 0..1 g waits, unit (2, 2): both domains can -> 0; 1..2 nobody waits -> 0;
     # 2..3 h (2, 4): A 2 free (room 0) + B 6 free (room 1) -> 8; 3..4 h: A 2 + B 2 -> 4;
