@@ -1,5 +1,7 @@
 """Start and stop the real counterparts on loopback: etcd, kube-apiserver, kube-scheduler, Volcano's
-scheduler and the kubelet device-manager harness (``tests/e2e/counterparts/dmharness``).
+scheduler and the kubelet device-manager harness (``tests/e2e/counterparts/dmharness``), hollow GPU nodes,
+and the operators users run on top (vc-controller-manager, the KubeRay operator, Kueue,
+kube-controller-manager's Job controller).
 
 Used by the e2e tests and by ``gpu-node-agent demo`` (which publishes to this control plane when it is
 built). The binaries come from ``tests/e2e/counterparts/build.sh``, run by the test command (see the
@@ -541,13 +543,15 @@ def kube_scheduler_config(
 def extender_entry(
     url: str, *, managed_resource: str | None = "nvidia.com/gpu", tls: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
-    """kube-scheduler's ``extenders`` entry for our extender at ``url`` (filter, prioritize and bind;
-    ``tls``: the ``tlsConfig`` client side, ``certFile``/``keyFile``/``caFile``, with ``enableHTTPS``)."""
+    """kube-scheduler's ``extenders`` entry for our extender at ``url`` (filter, prioritize, bind and
+    preempt: kube-scheduler's own preemption asks it, so it never takes part of a gang; ``tls``: the
+    ``tlsConfig`` client side, ``certFile``/``keyFile``/``caFile``, with ``enableHTTPS``)."""
     entry: dict[str, Any] = {
         "urlPrefix": url,
         "filterVerb": "filter",
         "prioritizeVerb": "prioritize",
         "bindVerb": "bind",
+        "preemptVerb": "preempt",
         "weight": 5,
         "nodeCacheCapable": True,
         "httpTimeout": "30s",
@@ -1001,7 +1005,7 @@ def start_kueue(
     )
     (d / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     with apiserver.api_client() as api:
-        apply_crds(api, crds)
+        apply_crds(api, crds, timeout_s=300)  # large schemas; a loaded machine needs longer
         try:
             namespace: Any = {"metadata": {"name": KUEUE_NAMESPACE}}
             client.CoreV1Api(api).create_namespace(namespace)

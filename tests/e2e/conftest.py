@@ -42,6 +42,13 @@ The pattern for a new e2e test (follow it in later features)
      Use them for anything about what a node offers, instead of ``gpu_nodes``; pin pods with
      ``nodeSelector: {kubernetes.io/hostname: <node>}``. ``module_kube_scheduler`` binds them (one
      ``default-scheduler`` per module). Example: ``test_hollow_nodes.py``.
+   - operators (issue 19; module-scoped, each stopped after the module): ``volcano_controllers``
+     (vc-controller-manager), ``kuberay_volcano`` / ``kuberay_plain`` (the KubeRay operator with or
+     without ``--batch-scheduler=volcano``), ``kueue`` (Kueue with its webhooks on loopback; root),
+     ``job_controller`` (kube-controller-manager's Job controller), ``kuberay_crds``; and
+     ``start_gpu_racks(...)`` (``yield from`` it in a module fixture: hollow GB200 racks plus a CPU-only
+     node, on any API server) with ``run_topology_controller_once(...)``. Examples:
+     ``test_operators_volcano.py``, ``test_operators_kueue.py``, ``test_operators_native.py``.
 3. Wait for outcomes with ``cluster.wait_until(predicate, what=...)`` (it polls and names what it
    waited for); never assert on elapsed time.
 4. Anything your test starts itself (a helper server, a plugin) is stopped in a ``finally`` or by a
@@ -52,7 +59,9 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -317,3 +326,285 @@ def hollow_gpu_nodes(
                 if e.status != 404:
                     raise
         cluster.delete_nodes(api_client, [n.name for n in started])
+
+
+# ------------------------------------------------------------------------------- real operators (issue 19)
+#
+# The operators users run on top of the schedulers: vc-controller-manager (Volcano Jobs, Queue state,
+# PodGroups for plain pods), the KubeRay operator (with Volcano as its batch scheduler, or plain for Kueue),
+# Kueue's controller manager (webhooks on loopback) and kube-controller-manager's Job controller. Module
+# scope: an operator runs for the module that asks for it and is stopped after it (two KubeRay operators
+# must never reconcile the same API server at once).
+
+
+@dataclass
+class GpuRacks:
+    """Hollow GB200 trays with their agents, ``racks[rack][tray]`` (one NVLink domain per rack), and one
+    CPU-only hollow node (no GPUs, no agent) for what needs no GPU, such as a Ray head. Every node carries
+    ``gpuagent.dev/e2e-test=<label>`` and ``gpuagent.dev/cpu-only`` (``true`` on the CPU node only).
+    Trays report 16 CPUs and 64 GiB, the CPU node 8 and 16 GiB."""
+
+    shape: str
+    label: str
+    racks: list[list[cluster.HollowGpuNode]]
+    cpu_node: cluster.HollowNode
+    workdir: Path
+
+    @property
+    def trays(self) -> int:
+        return len(self.racks[0])
+
+    def names(self, rack: int) -> list[str]:
+        return [n.name for n in self.racks[rack]]
+
+    def by_name(self) -> dict[str, cluster.HollowGpuNode]:
+        return {n.name: n for rack in self.racks for n in rack}
+
+    def ibnetdiscover(self) -> Path:
+        """The fabric the racks' simulated HCAs cable into, as ``ibnetdiscover`` prints it."""
+        from agent.nvml.sim_sysfs import ibnetdiscover_sample
+        from agent.nvml.simulate import parse_spec
+
+        path = self.workdir / "fabric.ibnetdiscover"
+        path.write_text(ibnetdiscover_sample([parse_spec(n.spec.simulate) for n in self.by_name().values()]))
+        return path
+
+
+CPU_ONLY_LABEL = "gpuagent.dev/cpu-only"
+
+
+def start_gpu_racks(
+    request: pytest.FixtureRequest,
+    counterparts: cluster.Counterparts,
+    apiserver: cluster.ApiServer,
+    api_client: Any,
+    workdir: Path,
+    *,
+    prefix: str,
+    racks: int,
+    trays: int,
+    timeout_s: float = 120.0,
+) -> Iterator[GpuRacks]:
+    """Generator for a module fixture (``yield from``): ``racks`` x ``trays`` hollow ``gb200-nvl72`` trays
+    with an agent each, plus a CPU-only node; waits until every tray offers 4 GPUs and its NVLink-domain
+    label. At the end everything is stopped and its Node and GPUNode objects are deleted."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    _require(counterparts, "hollownode")
+    if os.geteuid() != 0:
+        _unavailable("hollow nodes need root: each bind-mounts its device-plugin folder in its own namespace")
+    # the agents publish their GPUNode into it (this API server may be another than the shared one)
+    cluster.apply_crds(
+        api_client, cluster.load_yaml_documents([REPO_ROOT / "daemonset" / "crds" / "gpunode.yaml"])
+    )
+    shape = f"{racks}x{trays}"
+    label = f"{prefix}-{shape}"
+    specs = [
+        cluster.GpuNodeSpec(f"{prefix}{shape}-r{r}-t{t:02d}", f"gb200-nvl72:rack={r},tray={t}")
+        for r in range(racks)
+        for t in range(trays)
+    ]
+    cpu_name = f"{prefix}{shape}-cpu"
+    labels = {"gpuagent.dev/e2e-test": label, "gpuagent.dev/hollow": "true"}
+    nodes: list[cluster.HollowGpuNode] = []
+    cpu: cluster.HollowNode | None = None
+    try:
+        cpu = cluster.start_hollow_node(
+            counterparts,
+            workdir,
+            apiserver=apiserver,
+            name=cpu_name,
+            labels={**labels, CPU_ONLY_LABEL: "true"},
+            cpus=8,
+            memory="16Gi",
+            timeout_s=timeout_s,
+        )
+        nodes = cluster.start_hollow_gpu_nodes(
+            counterparts,
+            workdir,
+            apiserver=apiserver,
+            specs=specs,
+            labels={**labels, CPU_ONLY_LABEL: "false"},
+            cpus=16,  # room for a Ray head or other CPU pods beside a tray's GPU pods
+            memory="64Gi",
+            timeout_s=timeout_s,
+        )
+
+        def short() -> list[str]:
+            out = []
+            for node in nodes:
+                obj = node.node.node() or {}
+                alloc = (obj.get("status") or {}).get("allocatable") or {}
+                if alloc.get("nvidia.com/gpu") != "4" or "gpuagent.dev/nvlink-domain" not in (
+                    (obj.get("metadata") or {}).get("labels") or {}
+                ):
+                    out.append(node.name)
+            return out
+
+        try:
+            cluster.wait_until(
+                lambda: not short(),
+                what=f"{len(nodes)} hollow trays offering 4 GPUs with their NVLink-domain label",
+                timeout_s=timeout_s * max(1, len(nodes) // 8),
+            )
+        except cluster.StartupError as e:
+            raise cluster.StartupError(f"{e}; still short: {short()}") from None
+        yield GpuRacks(shape, label, [nodes[r * trays : (r + 1) * trays] for r in range(racks)], cpu, workdir)
+    finally:
+        for node in reversed(nodes):
+            node.stop()
+        if cpu is not None:
+            cpu.stop()
+        custom = client.CustomObjectsApi(api_client)
+        for spec in specs:
+            try:
+                custom.delete_cluster_custom_object(
+                    "topology.gpuagent.dev", "v1alpha1", "gpunodes", spec.name
+                )
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+        cluster.delete_nodes(api_client, [s.name for s in specs] + [cpu_name])
+
+
+def run_topology_controller_once(
+    kubeconfig: Path, racks: GpuRacks, *extra: str, timeout_s: float = 120.0
+) -> subprocess.CompletedProcess[str]:
+    """``gpu-node-agent controller --once`` against the API server, as an operator runs it: HyperNodes from
+    the agents' GPUNodes and the racks' fabric (``extra``: e.g. ``--export kueue --output FILE``)."""
+    argv = [
+        *cluster.AGENT_COMMAND,
+        "controller",
+        "--once",
+        f"--kubeconfig={kubeconfig}",
+        f"--ibnetdiscover={racks.ibnetdiscover()}",
+        "--lease-namespace=default",
+        "--log-format=json",
+        *extra,
+    ]
+    done = subprocess.run(
+        argv, env=dict(cluster.AGENT_ENV), capture_output=True, text=True, timeout=timeout_s, check=False
+    )
+    assert done.returncode == 0, f"{' '.join(argv)}: exit {done.returncode}\n{done.stderr[-3000:]}"
+    return done
+
+
+@pytest.fixture(scope="session")
+def kuberay_crds(counterparts: cluster.Counterparts, api_client: Any) -> list[str]:
+    """The ray.io CRDs (RayCluster, RayJob, RayService) of the KubeRay release in versions.env."""
+    try:
+        files = counterparts.crds("kuberay")
+    except cluster.MissingCounterpartError as e:
+        _unavailable(str(e))
+    # large CRDs (RayCluster's schema is megabytes): a loaded machine needs longer than the default
+    return cluster.apply_crds(api_client, cluster.load_yaml_documents(files), timeout_s=300)
+
+
+def _operator(start: Callable[[], cluster.Operator]) -> cluster.Operator:
+    try:
+        return start()
+    except cluster.MissingCounterpartError as e:
+        _unavailable(str(e))
+        raise  # unreachable: _unavailable skips or fails
+
+
+@pytest.fixture(scope="module")
+def volcano_controllers(
+    counterparts: cluster.Counterparts,
+    control_plane: cluster.ControlPlane,
+    volcano_crds: list[str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[cluster.Operator]:
+    """vc-controller-manager (Volcano Jobs, Queue state, PodGroups for plain pods) for this module."""
+    op = _operator(
+        lambda: cluster.start_volcano_controllers(
+            counterparts, tmp_path_factory.mktemp("vc-cm"), apiserver=control_plane.apiserver
+        )
+    )
+    try:
+        yield op
+    finally:
+        op.stop()
+
+
+@pytest.fixture(scope="module")
+def kuberay_volcano(
+    counterparts: cluster.Counterparts,
+    control_plane: cluster.ControlPlane,
+    volcano_crds: list[str],
+    kuberay_crds: list[str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[cluster.Operator]:
+    """The KubeRay operator with ``--batch-scheduler=volcano`` for this module."""
+    op = _operator(
+        lambda: cluster.start_kuberay_operator(
+            counterparts, tmp_path_factory.mktemp("kuberay"), apiserver=control_plane.apiserver
+        )
+    )
+    try:
+        yield op
+    finally:
+        op.stop()
+
+
+@pytest.fixture(scope="module")
+def kuberay_plain(
+    counterparts: cluster.Counterparts,
+    control_plane: cluster.ControlPlane,
+    kuberay_crds: list[str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[cluster.Operator]:
+    """The KubeRay operator without a batch scheduler (pods go to kube-scheduler; Kueue gates them)."""
+    op = _operator(
+        lambda: cluster.start_kuberay_operator(
+            counterparts,
+            tmp_path_factory.mktemp("kuberay"),
+            apiserver=control_plane.apiserver,
+            batch_scheduler=None,
+        )
+    )
+    try:
+        yield op
+    finally:
+        op.stop()
+
+
+@pytest.fixture(scope="module")
+def kueue(
+    counterparts: cluster.Counterparts,
+    control_plane: cluster.ControlPlane,
+    kuberay_crds: list[str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[cluster.Operator]:
+    """Kueue's controller manager (frameworks batch/job and ray.io/raycluster) with its webhooks served on
+    loopback and registered; stopped, and the webhook configurations deleted, after the module."""
+    if os.geteuid() != 0:
+        _unavailable("kueue-manager needs root: its metrics certificate path is fixed under /etc")
+    op = _operator(
+        lambda: cluster.start_kueue(
+            counterparts, tmp_path_factory.mktemp("kueue"), apiserver=control_plane.apiserver
+        )
+    )
+    try:
+        yield op
+    finally:
+        op.stop()
+
+
+@pytest.fixture(scope="module")
+def job_controller(
+    counterparts: cluster.Counterparts,
+    control_plane: cluster.ControlPlane,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[cluster.Operator]:
+    """kube-controller-manager with only the Job controller (batch Jobs get their pods)."""
+    op = _operator(
+        lambda: cluster.start_kube_controller_manager(
+            counterparts, tmp_path_factory.mktemp("kcm"), apiserver=control_plane.apiserver
+        )
+    )
+    try:
+        yield op
+    finally:
+        op.stop()

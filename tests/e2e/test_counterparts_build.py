@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -38,7 +39,14 @@ def test_directory_override() -> None:
 
 def test_versions_file_names_every_pin() -> None:
     pins = cluster.versions()
-    assert set(pins) == {"K8S_VERSION", "ETCD_VERSION", "VOLCANO_VERSION", "VOLCANO_APIS_VERSION"}
+    assert set(pins) == {
+        "K8S_VERSION",
+        "ETCD_VERSION",
+        "VOLCANO_VERSION",
+        "VOLCANO_APIS_VERSION",
+        "KUBERAY_VERSION",
+        "KUEUE_VERSION",
+    }
     assert all(v.startswith("v") for v in pins.values())
 
 
@@ -58,3 +66,32 @@ def test_missing_counterpart_fails_unless_e2e_is_optional(monkeypatch: pytest.Mo
     monkeypatch.setenv(conftest.OPTIONAL_ENV, "1")
     with pytest.raises(pytest.skip.Exception, match="etcd missing"):
         conftest._unavailable("etcd missing")
+
+
+def _keys(counterparts_dir: Path) -> dict[str, str]:
+    """``build.sh --print-keys`` of a copy of the counterparts folder: component -> cache folder name."""
+    out = subprocess.run(
+        ["bash", str(counterparts_dir / "build.sh"), "--print-keys"],
+        env={"PATH": "/usr/bin:/bin", "HOME": str(counterparts_dir)},
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return {line.split("-", 1)[0]: line for line in out.split()}
+
+
+def test_each_component_is_cached_under_its_own_pins(tmp_path: Path) -> None:
+    src = tmp_path / "counterparts"
+    shutil.copytree(cluster.COUNTERPARTS_SRC, src)
+    before = _keys(src)
+    assert set(before) == {"kubernetes", "kube_controller_manager", "volcano", "kuberay", "kueue"}
+    versions = src / "versions.env"
+    text = versions.read_text()
+    versions.write_text(text + "# a new counterpart\nSOMETHING_VERSION=v1.0.0\n")
+    assert _keys(src) == before  # adding a pin rebuilds nothing that does not use it
+    pins = cluster.versions()
+    versions.write_text(text.replace(f"KUEUE_VERSION={pins['KUEUE_VERSION']}", "KUEUE_VERSION=v9.9.9"))
+    after = _keys(src)
+    assert {k for k in before if before[k] != after[k]} == {"kueue"}
+    (src / "hollownode" / "main.go").write_text("package main // changed\n")
+    assert {k for k in before if before[k] != _keys(src)[k]} == {"kueue", "kubernetes"}

@@ -1,15 +1,30 @@
 #!/usr/bin/env bash
-# Builds the real counterparts the e2e tests start on loopback, once per machine:
-#   kube-apiserver, kube-scheduler (k8s.io/kubernetes), etcd (go.etcd.io/etcd/server/v3),
-#   dmharness (ours: the kubelet's device manager behind a small HTTP API), hollownode (ours: kubemark's
-#   hollow kubelet with the kubelet's real device manager) -- one `go build`;
-#   vc-scheduler (volcano.sh/volcano, its own module in volcano/) and Volcano's CRD YAMLs.
-# Output: ${XDG_CACHE_HOME:-$HOME/.cache}/gpu-node-agent/<hash of versions.env>/{bin,crd}.
-# Go's own caches stay where Go keeps them (go env GOCACHE GOMODCACHE).
+# Builds the real counterparts the e2e tests start on loopback, once per machine. Components:
+#   kubernetes  kube-apiserver, kube-scheduler (k8s.io/kubernetes), etcd (go.etcd.io/etcd/server/v3),
+#               dmharness (ours: the kubelet's device manager behind a small HTTP API), hollownode (ours:
+#               kubemark's hollow kubelet with the kubelet's real device manager) -- one `go build`
+#   kube_controller_manager  kube-controller-manager from the same module (the Job controller makes a
+#               batch Job's pods); its own component so that the one above stays as built
+#   volcano     vc-scheduler and vc-controller-manager (volcano.sh/volcano, module in volcano/), Volcano's
+#               CRDs (crd/volcano) and its JobFlow CRDs (crd/volcano-jobflow)
+#   kuberay     kuberay-operator (github.com/ray-project/kuberay/ray-operator, module in kuberay/) and the
+#               ray.io CRDs (crd/kuberay)
+#   kueue       kueue-manager (sigs.k8s.io/kueue/cmd/kueue, module in kueue/), its CRDs (crd/kueue) and its
+#               webhook configurations (crd/kueue-webhook/manifests.yaml, as published, service-based)
 #
-#   build.sh            build what is missing or stale; a second run does nothing
-#   build.sh --sync     rewrite go.mod/go.sum (and volcano/) from versions.env, then build
-#   build.sh --print-dir  print the output folder and exit
+# Cache: each component is built into its own folder,
+#   ${XDG_CACHE_HOME:-$HOME/.cache}/gpu-node-agent/components/<component>-<key>/{bin,crd,build.log}
+# where <key> hashes only what that component is made from: its pins in versions.env, its module files
+# (go.mod, go.sum), our sources it compiles, and its build recipe (the text of its build function below).
+# Adding or changing another component's pin therefore rebuilds nothing else. The folder the tests read,
+#   ${XDG_CACHE_HOME:-$HOME/.cache}/gpu-node-agent/<hash of versions.env>/{bin,crd}
+# (agent/localcluster.py finds it by the same hash), holds symbolic links into the component folders and
+# is rewritten on every run (cheap). Go's own caches stay where Go keeps them (go env GOCACHE GOMODCACHE).
+#
+#   build.sh              build what is missing; a second run builds nothing
+#   build.sh --sync       rewrite every go.mod/go.sum from versions.env, then build
+#   build.sh --print-dir  print the folder the tests read and exit
+#   build.sh --print-keys print each component's cache folder name (<component>-<key>) and exit
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -17,11 +32,12 @@ cd "$here"
 
 # shellcheck source=versions.env
 source "$here/versions.env"
-: "${K8S_VERSION:?versions.env must set K8S_VERSION}" "${ETCD_VERSION:?}" "${VOLCANO_VERSION:?}" "${VOLCANO_APIS_VERSION:?}"
+: "${K8S_VERSION:?versions.env must set K8S_VERSION}" "${ETCD_VERSION:?}" "${VOLCANO_VERSION:?}" \
+  "${VOLCANO_APIS_VERSION:?}" "${KUBERAY_VERSION:?}" "${KUEUE_VERSION:?}"
 
-versions_hash=$(sha256sum "$here/versions.env" | cut -c1-16)
-out="${XDG_CACHE_HOME:-$HOME/.cache}/gpu-node-agent/$versions_hash"
-bin="$out/bin"
+cache="${XDG_CACHE_HOME:-$HOME/.cache}/gpu-node-agent"
+components="$cache/components"
+out="$cache/$(sha256sum "$here/versions.env" | cut -c1-16)"
 
 if [ "${1:-}" = "--print-dir" ]; then echo "$out"; exit 0; fi
 
@@ -46,19 +62,20 @@ run_logged() {
 }
 
 mod_dir() { (cd "$1" && "$GO" list -m -f '{{.Dir}}' "$2"); }
+mod_file() { "$GO" mod download -json "$1" | sed -n 's/^\s*"GoMod": "\(.*\)",$/\1/p'; }
+go_directive() { awk '$1 == "go" {print $2; exit}' "$1"; }
 
-sync_main() {
+# ------------------------------------------------------------------------------------------ --sync
+
+sync_kubernetes() {
   step "sync go.mod: k8s.io/kubernetes $K8S_VERSION (staging modules $staging_version), etcd $ETCD_VERSION"
-  "$GO" mod download "k8s.io/kubernetes@$K8S_VERSION"
   local k8s_mod
-  k8s_mod=$("$GO" mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/^\s*"GoMod": "\(.*\)",$/\1/p')
-  local go_directive
-  go_directive=$(awk '$1 == "go" {print $2; exit}' "$k8s_mod")
+  k8s_mod=$(mod_file "k8s.io/kubernetes@$K8S_VERSION")
   {
     echo "// Written by build.sh --sync from versions.env: change versions there, not here."
     echo "module gpu-node-agent/e2e/counterparts"
     echo
-    echo "go $go_directive"
+    echo "go $(go_directive "$k8s_mod")"
     echo
     echo "tool ("
     echo "	go.etcd.io/etcd/server/v3"
@@ -86,17 +103,18 @@ sync_main() {
 sync_volcano() {
   step "sync volcano/go.mod: volcano.sh/volcano $VOLCANO_VERSION, volcano.sh/apis $VOLCANO_APIS_VERSION"
   local vc_mod
-  vc_mod=$("$GO" mod download -json "volcano.sh/volcano@$VOLCANO_VERSION" | sed -n 's/^\s*"GoMod": "\(.*\)",$/\1/p')
-  local go_directive
-  go_directive=$(awk '$1 == "go" {print $2; exit}' "$vc_mod")
+  vc_mod=$(mod_file "volcano.sh/volcano@$VOLCANO_VERSION")
   {
     echo "// Written by build.sh --sync from ../versions.env: change versions there, not here."
     echo "// A separate module because Volcano pins its own Kubernetes release."
     echo "module gpu-node-agent/e2e/counterparts/volcano"
     echo
-    echo "go $go_directive"
+    echo "go $(go_directive "$vc_mod")"
     echo
-    echo "tool volcano.sh/volcano/cmd/scheduler"
+    echo "tool ("
+    echo "	volcano.sh/volcano/cmd/controller-manager"
+    echo "	volcano.sh/volcano/cmd/scheduler"
+    echo ")"
     echo
     echo "require volcano.sh/volcano $VOLCANO_VERSION"
     echo
@@ -117,90 +135,222 @@ sync_volcano() {
   (cd volcano && run_logged /tmp/gpu-node-agent-gomod-tidy-volcano.log "$GO" mod tidy)
 }
 
-# go.mod must say what versions.env says; otherwise ask for --sync instead of building something else.
+# sync_plain DIR MODULE VERSION MAIN_PACKAGE: a module of ours whose only requirement is MODULE, built as
+# MAIN_PACKAGE. For upstream modules without replace directives (KubeRay's operator, Kueue); a module
+# with replaces would need them copied, as sync_volcano does.
+sync_plain() {
+  local dir="$1" module="$2" version="$3" main="$4"
+  step "sync $dir/go.mod: $module $version"
+  local up_mod
+  up_mod=$(mod_file "$module@$version")
+  if grep -q '^replace\|=>' "$up_mod"; then
+    echo "build.sh: $module@$version has replace directives; copy them as sync_volcano does" >&2; exit 1
+  fi
+  mkdir -p "$dir"
+  {
+    echo "// Written by build.sh --sync from ../versions.env: change versions there, not here."
+    echo "// A separate module because $module pins its own Kubernetes libraries."
+    echo "module gpu-node-agent/e2e/counterparts/$dir"
+    echo
+    echo "go $(go_directive "$up_mod")"
+    echo
+    echo "tool $main"
+    echo
+    echo "require $module $version"
+  } >"$dir/go.mod"
+  rm -f "$dir/go.sum"
+  (cd "$dir" && run_logged "/tmp/gpu-node-agent-gomod-tidy-$dir.log" "$GO" mod tidy)
+}
+
+# go.mod files must say what versions.env says; otherwise ask for --sync instead of building something else.
+require_in() {  # require_in GO_MOD WANT...
+  local file="$1" got; shift
+  got=$("$GO" mod edit -json "$file" | tr -d ' \n\t')
+  for want in "$@"; do
+    case "$got" in *"$want"*) ;; *)
+      echo "build.sh: $here/$file does not match versions.env (missing $want); run: $0 --sync" >&2; exit 1;;
+    esac
+  done
+}
+
 check_pins() {
-  local got
-  got=$("$GO" mod edit -json go.mod | tr -d ' \n\t')
-  for want in "\"Path\":\"k8s.io/kubernetes\",\"Version\":\"$K8S_VERSION\"" \
-              "\"Path\":\"go.etcd.io/etcd/server/v3\",\"Version\":\"$ETCD_VERSION\"" \
-              "\"New\":{\"Path\":\"k8s.io/api\",\"Version\":\"$staging_version\"}"; do
-    case "$got" in *"$want"*) ;; *)
-      echo "build.sh: $here/go.mod does not match versions.env (missing $want); run: $0 --sync" >&2; exit 1;;
-    esac
-  done
-  got=$("$GO" mod edit -json volcano/go.mod | tr -d ' \n\t')
-  for want in "\"Path\":\"volcano.sh/volcano\",\"Version\":\"$VOLCANO_VERSION\"" \
-              "\"New\":{\"Path\":\"volcano.sh/apis\",\"Version\":\"$VOLCANO_APIS_VERSION\"}"; do
-    case "$got" in *"$want"*) ;; *)
-      echo "build.sh: $here/volcano/go.mod does not match versions.env (missing $want); run: $0 --sync" >&2; exit 1;;
-    esac
-  done
+  require_in go.mod "\"Path\":\"k8s.io/kubernetes\",\"Version\":\"$K8S_VERSION\"" \
+    "\"Path\":\"go.etcd.io/etcd/server/v3\",\"Version\":\"$ETCD_VERSION\"" \
+    "\"New\":{\"Path\":\"k8s.io/api\",\"Version\":\"$staging_version\"}"
+  require_in volcano/go.mod "\"Path\":\"volcano.sh/volcano\",\"Version\":\"$VOLCANO_VERSION\"" \
+    "\"New\":{\"Path\":\"volcano.sh/apis\",\"Version\":\"$VOLCANO_APIS_VERSION\"}" \
+    "\"Path\":\"volcano.sh/volcano/cmd/controller-manager\""
+  require_in kuberay/go.mod \
+    "\"Path\":\"github.com/ray-project/kuberay/ray-operator\",\"Version\":\"$KUBERAY_VERSION\""
+  require_in kueue/go.mod "\"Path\":\"sigs.k8s.io/kueue\",\"Version\":\"$KUEUE_VERSION\""
 }
 
-# Hash of everything a build group is made from; stored next to the binaries when the group is built.
-inputs_hash() { cat "$@" | sha256sum | cut -c1-16; }
+# ------------------------------------------------------------------------------------- components
+# Each build_<component> DEST builds into DEST/bin (and DEST/crd); it runs inside $here. Its text is part
+# of the component's cache key, so a changed recipe rebuilds that component only.
 
-fresh() {  # fresh STAMP HASH BINARY...
-  local stamp="$1" want="$2"; shift 2
-  [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] || return 1
-  local b; for b in "$@"; do [ -x "$bin/$b" ] || return 1; done
-}
-
-if [ "${1:-}" = "--sync" ]; then
-  sync_main
-  sync_volcano
-elif [ -n "${1:-}" ]; then
-  echo "build.sh: unknown argument '$1' (use --sync or --print-dir)" >&2; exit 2
-fi
-
-check_pins
-mkdir -p "$bin" "$out/logs"
-export CGO_ENABLED=0
-total_started=$SECONDS
-
-# Group 1: one `go build` for every binary of the Kubernetes module, so shared packages compile once.
-k8s_hash=$(inputs_hash versions.env go.mod go.sum dmharness/*.go hollownode/*.go)
-if fresh "$out/.stamp-k8s" "$k8s_hash" kube-apiserver kube-scheduler etcd dmharness hollownode; then
-  step "kube-apiserver, kube-scheduler, etcd, dmharness, hollownode: up to date in $bin"
-else
-  step "building kube-apiserver kube-scheduler ($K8S_VERSION), etcd ($ETCD_VERSION), dmharness, hollownode into $bin"
-  step "(a cold build takes long on few cores; log: $out/logs/k8s.log)"
-  started=$SECONDS
-  tmp="$out/.tmp-k8s"; rm -rf "$tmp"; mkdir -p "$tmp"
-  vpkg=k8s.io/component-base/version
-  minor=${k8s_minor_patch%%.*}
-  ldflags="-s -w -X $vpkg.gitVersion=$K8S_VERSION -X $vpkg.gitMajor=1 -X $vpkg.gitMinor=$minor"
+build_kubernetes() {
+  local dest="$1"
+  local vpkg=k8s.io/component-base/version
+  local minor=${k8s_minor_patch%%.*}
+  local ldflags="-s -w -X $vpkg.gitVersion=$K8S_VERSION -X $vpkg.gitMajor=1 -X $vpkg.gitMinor=$minor"
   ldflags="$ldflags -X $vpkg.gitTreeState=clean -X $vpkg.buildDate=1970-01-01T00:00:00Z"
-  run_logged "$out/logs/k8s.log" "$GO" build -trimpath -ldflags="$ldflags" -o "$tmp/" \
+  run_logged "$dest/build.log" "$GO" build -trimpath -ldflags="$ldflags" -o "$dest/bin/" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler \
     go.etcd.io/etcd/server/v3 ./dmharness ./hollownode
   # `go build` names the etcd main package after its import path's last non-version element.
-  mv "$tmp/server" "$bin/etcd"
-  mv "$tmp/kube-apiserver" "$tmp/kube-scheduler" "$tmp/dmharness" "$tmp/hollownode" "$bin/"
-  rmdir "$tmp"
-  echo "$k8s_hash" >"$out/.stamp-k8s"
-  step "built kube-apiserver kube-scheduler etcd dmharness hollownode in $((SECONDS - started))s"
+  mv "$dest/bin/server" "$dest/bin/etcd"
+}
+
+build_kube_controller_manager() {
+  local dest="$1"
+  local vpkg=k8s.io/component-base/version
+  local minor=${k8s_minor_patch%%.*}
+  local ldflags="-s -w -X $vpkg.gitVersion=$K8S_VERSION -X $vpkg.gitMajor=1 -X $vpkg.gitMinor=$minor"
+  ldflags="$ldflags -X $vpkg.gitTreeState=clean -X $vpkg.buildDate=1970-01-01T00:00:00Z"
+  run_logged "$dest/build.log" "$GO" build -trimpath -ldflags="$ldflags" -o "$dest/bin/kube-controller-manager" \
+    k8s.io/kubernetes/cmd/kube-controller-manager
+}
+
+build_volcano() {
+  local dest="$1"
+  # One `go build` for both: the controller manager shares most packages with the scheduler.
+  (cd volcano && run_logged "$dest/build.log" "$GO" build -trimpath -ldflags="-s -w" -o "$dest/bin/" \
+    volcano.sh/volcano/cmd/scheduler volcano.sh/volcano/cmd/controller-manager)
+  mv "$dest/bin/scheduler" "$dest/bin/vc-scheduler"
+  mv "$dest/bin/controller-manager" "$dest/bin/vc-controller-manager"
+  local src
+  src=$(mod_dir volcano volcano.sh/volcano)
+  copy_yaml "$src/config/crd/volcano/bases" "$dest/crd/volcano"
+  copy_yaml "$src/config/crd/jobflow/bases" "$dest/crd/volcano-jobflow"
+}
+
+build_kuberay() {
+  local dest="$1"
+  (cd kuberay && run_logged "$dest/build.log" "$GO" build -trimpath -ldflags="-s -w" \
+    -o "$dest/bin/kuberay-operator" github.com/ray-project/kuberay/ray-operator)
+  copy_yaml "$(mod_dir kuberay github.com/ray-project/kuberay/ray-operator)/config/crd/bases" "$dest/crd/kuberay"
+}
+
+build_kueue() {
+  local dest="$1"
+  (cd kueue && run_logged "$dest/build.log" "$GO" build -trimpath -ldflags="-s -w" \
+    -o "$dest/bin/kueue-manager" sigs.k8s.io/kueue/cmd/kueue)
+  local src
+  src=$(mod_dir kueue sigs.k8s.io/kueue)
+  copy_yaml "$src/config/components/crd/bases" "$dest/crd/kueue"
+  mkdir -p "$dest/crd/kueue-webhook"
+  cp "$src/config/components/webhook/manifests.yaml" "$dest/crd/kueue-webhook/manifests.yaml"
+  chmod u+w "$dest/crd/kueue-webhook/manifests.yaml"
+}
+
+copy_yaml() {  # copy_yaml FROM TO: every *.yaml of FROM (module files are read-only) into TO
+  [ -d "$1" ] || { echo "build.sh: no CRD folder at $1" >&2; exit 1; }
+  mkdir -p "$2"
+  cp "$1"/*.yaml "$2/"
+  chmod u+w "$2"/*.yaml
+}
+
+# What each component is made from, besides its recipe: pins, then files (relative to $here).
+inputs_kubernetes() { echo "K8S_VERSION=$K8S_VERSION ETCD_VERSION=$ETCD_VERSION"; cat go.mod go.sum dmharness/*.go hollownode/*.go; }
+inputs_kube_controller_manager() { echo "K8S_VERSION=$K8S_VERSION"; cat go.mod go.sum; }
+inputs_volcano() { echo "VOLCANO_VERSION=$VOLCANO_VERSION VOLCANO_APIS_VERSION=$VOLCANO_APIS_VERSION"; cat volcano/go.mod volcano/go.sum; }
+inputs_kuberay() { echo "KUBERAY_VERSION=$KUBERAY_VERSION"; cat kuberay/go.mod kuberay/go.sum; }
+inputs_kueue() { echo "KUEUE_VERSION=$KUEUE_VERSION"; cat kueue/go.mod kueue/go.sum; }
+
+binaries_kubernetes="kube-apiserver kube-scheduler etcd dmharness hollownode"
+binaries_kube_controller_manager="kube-controller-manager"
+binaries_volcano="vc-scheduler vc-controller-manager"
+binaries_kuberay="kuberay-operator"
+binaries_kueue="kueue-manager"
+
+COMPONENTS="kubernetes kube_controller_manager volcano kuberay kueue"
+
+component_key() {
+  { "inputs_$1"; declare -f "build_$1" copy_yaml run_logged; } | sha256sum | cut -c1-16
+}
+
+# Binaries of the kubernetes group that the previous layout (one folder per hash of the whole
+# versions.env, stamped with a hash of versions.env + go.mod + go.sum + our sources) built from exactly
+# today's go.mod, go.sum and sources, with the same recipe: taken over instead of rebuilt (~20 min).
+adopt_previous_kubernetes() {
+  local dest="$1" old stamp version
+  for old in "$cache"/*/; do
+    old=${old%/}
+    [ -f "$old/.stamp-k8s" ] && [ -f "$old/versions.env" ] || continue
+    version=$(sed -n 's/^K8S_VERSION=//p' "$old/versions.env")
+    [ "$version" = "$K8S_VERSION" ] || continue
+    stamp=$(cat "$old/versions.env" go.mod go.sum dmharness/*.go hollownode/*.go | sha256sum | cut -c1-16)
+    [ "$stamp" = "$(cat "$old/.stamp-k8s")" ] || continue
+    local b ok=1
+    for b in $binaries_kubernetes; do [ -x "$old/bin/$b" ] && [ ! -L "$old/bin/$b" ] || ok=0; done
+    [ "$ok" = 1 ] || continue
+    mkdir -p "$dest/bin"
+    for b in $binaries_kubernetes; do cp -l "$old/bin/$b" "$dest/bin/$b" 2>/dev/null || cp "$old/bin/$b" "$dest/bin/$b"; done
+    echo "taken over from $old (built from the same go.mod, go.sum and sources)" >"$dest/build.log"
+    step "kubernetes: binaries built earlier from the same inputs taken over from $old"
+    return 0
+  done
+  return 1
+}
+
+# ensure COMPONENT: the component's folder, built if missing; prints nothing else on stdout.
+ensure() {
+  local name="$1" key dir tmp started b
+  key=$(component_key "$name")
+  dir="$components/$name-$key"
+  local bins_var="binaries_$name"
+  if [ -f "$dir/.complete" ]; then
+    for b in ${!bins_var}; do [ -x "$dir/bin/$b" ] || rm -f "$dir/.complete"; done
+  fi
+  if [ -f "$dir/.complete" ]; then
+    step "$name: up to date ($dir)" >&2
+  else
+    tmp="$dir.tmp"
+    rm -rf "$tmp"; mkdir -p "$tmp/bin"
+    if ! { [ "$name" = kubernetes ] && adopt_previous_kubernetes "$tmp" >&2; }; then
+      step "$name: building ${!bins_var} (log: $dir/build.log; a cold build takes minutes on few cores)" >&2
+      started=$SECONDS
+      "build_$name" "$tmp"
+      step "$name: built in $((SECONDS - started))s" >&2
+    fi
+    for b in ${!bins_var}; do
+      [ -x "$tmp/bin/$b" ] || { echo "build.sh: $name: $b was not produced (see $tmp/build.log)" >&2; exit 1; }
+    done
+    touch "$tmp/.complete"
+    rm -rf "$dir"; mv "$tmp" "$dir"
+  fi
+  echo "$dir"
+}
+
+if [ "${1:-}" = "--print-keys" ]; then  # each component's cache folder name; builds nothing
+  for name in $COMPONENTS; do echo "$name-$(component_key "$name")"; done
+  exit 0
 fi
 
-# Group 2: Volcano's scheduler and CRDs, from their own module.
-vc_hash=$(inputs_hash versions.env volcano/go.mod volcano/go.sum)
-if fresh "$out/.stamp-volcano" "$vc_hash" vc-scheduler && [ -d "$out/crd/volcano" ]; then
-  step "vc-scheduler and Volcano CRDs: up to date in $out"
-else
-  step "building vc-scheduler (volcano.sh/volcano $VOLCANO_VERSION) into $bin (log: $out/logs/volcano.log)"
-  started=$SECONDS
-  (cd volcano && run_logged "$out/logs/volcano.log" "$GO" build -trimpath -ldflags="-s -w" \
-    -o "$bin/vc-scheduler.tmp" volcano.sh/volcano/cmd/scheduler)
-  mv "$bin/vc-scheduler.tmp" "$bin/vc-scheduler"
-  vc_dir=$(mod_dir volcano volcano.sh/volcano)
-  crd_src="$vc_dir/config/crd/volcano/bases"
-  [ -d "$crd_src" ] || { echo "build.sh: Volcano CRDs not found at $crd_src" >&2; exit 1; }
-  rm -rf "$out/crd/volcano"; mkdir -p "$out/crd/volcano"
-  cp "$crd_src"/*.yaml "$out/crd/volcano/"
-  chmod u+w "$out/crd/volcano"/*.yaml
-  echo "$vc_hash" >"$out/.stamp-volcano"
-  step "built vc-scheduler and copied $(ls "$out/crd/volcano" | wc -l) CRDs in $((SECONDS - started))s"
+if [ "${1:-}" = "--sync" ]; then
+  "$GO" mod download "k8s.io/kubernetes@$K8S_VERSION"
+  sync_kubernetes
+  sync_volcano
+  sync_plain kuberay github.com/ray-project/kuberay/ray-operator "$KUBERAY_VERSION" \
+    github.com/ray-project/kuberay/ray-operator
+  sync_plain kueue sigs.k8s.io/kueue "$KUEUE_VERSION" sigs.k8s.io/kueue/cmd/kueue
+elif [ -n "${1:-}" ]; then
+  echo "build.sh: unknown argument '$1' (use --sync, --print-dir or --print-keys)" >&2; exit 2
 fi
 
-cat >"$out/versions.env" <"$here/versions.env"
+check_pins
+mkdir -p "$components" "$out/bin" "$out/crd"
+export CGO_ENABLED=0
+total_started=$SECONDS
+
+# The tests' folder: links to each component's binaries and CRD folders.
+for name in $COMPONENTS; do
+  dir=$(ensure "$name")
+  for f in "$dir"/bin/*; do ln -sfn "$f" "$out/bin/$(basename "$f")"; done
+  if [ -d "$dir/crd" ]; then
+    for d in "$dir"/crd/*/; do d=${d%/}; rm -rf "${out:?}/crd/$(basename "$d")"; ln -sfn "$d" "$out/crd/$(basename "$d")"; done
+  fi
+done
+cp "$here/versions.env" "$out/versions.env"
 step "done in $((SECONDS - total_started))s: $out"
