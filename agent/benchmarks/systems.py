@@ -424,7 +424,10 @@ class SystemSkippedError(RuntimeError):
 
 
 class System(Protocol):
+    """One scheduling system: its processes, and how a job of the stream becomes its objects."""
+
     name: str
+    jobs: Sequence[JobSpec]  # the stream being run (set by :func:`run_stream`)
 
     def start(self) -> None: ...
     def submit(self, job: JobSpec) -> None: ...
@@ -480,6 +483,7 @@ def _stop_all(parts: list[Any]) -> None:
 
 class Ours:
     name = "ours"
+    jobs: Sequence[JobSpec] = ()
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -767,6 +771,7 @@ def kueue_setup_objects(*, total_gpus: int) -> list[tuple[str, dict[str, Any]]]:
 
 class Kueue:
     name = "kueue"
+    jobs: Sequence[JobSpec] = ()
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -867,8 +872,6 @@ class Kueue:
         size = next((j.subgroup_size for j in self.jobs if j.name == job), 0) if job else 0
         return job, index // size if size else 0
 
-    jobs: Sequence[JobSpec] = ()
-
     def stop(self) -> None:
         kube = self.ctx.kube()
         for path in reversed(self.created):
@@ -880,7 +883,7 @@ class Kueue:
         _stop_all(self.parts)
 
 
-SYSTEM_CLASSES: dict[str, Callable[[Context], Any]] = {
+SYSTEM_CLASSES: dict[str, Callable[[Context], System]] = {
     "ours": Ours,
     "volcano": Volcano,
     "kueue": Kueue,
@@ -891,7 +894,7 @@ SYSTEM_CLASSES: dict[str, Callable[[Context], Any]] = {
 # ------------------------------------------------------------------------------------------ the run
 
 
-def run_stream(system: Any, ctx: Context, jobs: Sequence[JobSpec], *, window_s: float) -> Record:
+def run_stream(system: System, ctx: Context, jobs: Sequence[JobSpec], *, window_s: float) -> Record:
     """Submit ``jobs`` at their arrival times, end each ``runtime_s`` after all its pods are ``Running``,
     stop at ``window_s`` at the latest; then delete whatever is left and wait until its pods are gone."""
     system.jobs = jobs

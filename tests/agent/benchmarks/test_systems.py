@@ -4,6 +4,7 @@ gets, the options; and one small run on hollow nodes (e2e, slow)."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -289,3 +290,31 @@ def test_small_comparison_on_hollow_nodes(tmp_path: Path, capsys: pytest.Capture
     assert ours["nvlink_local_ratio"] in (None, 1.0)  # the extender keeps every subgroup in its domain
     assert ours["half_placed_gangs"] == 0
     assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_pod_log_keeps_first_bind_first_running_failure_and_deletion() -> None:
+    log = s.PodLog.__new__(s.PodLog)
+    log.__dict__.update(_lock=threading.Lock(), t0=0.0, pods={}, _identify=s._by_label)
+    clock = iter([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    log.now = lambda: next(clock)  # type: ignore[method-assign]
+
+    def pod(name: str, node: str | None, phase: str, reason: str | None = None) -> dict[str, object]:
+        limits = {bench.GPU: "4"}
+        return {
+            "metadata": {"name": name, "labels": {s.JOB_LABEL: "j", s.SUBGROUP_LABEL: "1"}},
+            "spec": {"nodeName": node, "containers": [{"resources": {"limits": limits}}, {}]},
+            "status": {"phase": phase, **({"reason": reason} if reason else {})},
+        }
+
+    log._see("ADDED", pod("p", None, "Pending"))  # 1
+    log._see("MODIFIED", pod("p", "n1", "Pending"))  # 2: bound
+    log._see("MODIFIED", pod("p", "n1", "Running"))  # 3: Running
+    log._see("MODIFIED", pod("p", "n1", "Running"))  # 4: nothing new
+    log._see("DELETED", pod("p", "n1", "Running"))  # 5: gone
+    log._see("MODIFIED", pod("q", "n2", "Failed", "UnexpectedAdmissionError"))  # 6
+    assert log.records() == [
+        s.PodRecord("j", 1, 4, "n1", 2.0, 3.0, 5.0, None),
+        s.PodRecord("j", 1, 4, "n2", 6.0, None, 6.0, "UnexpectedAdmissionError"),
+    ]
+    assert log.running("j") == 0
+    assert log.live() == 0
