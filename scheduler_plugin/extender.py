@@ -3,7 +3,15 @@
 Wire format (kube-scheduler ``extender/v1``; the Go structs have no JSON tags, so keys are the Go
 field names): ``ExtenderArgs{Pod, Nodes, NodeNames}`` in, ``ExtenderFilterResult{Nodes, NodeNames,
 FailedNodes, FailedAndUnresolvableNodes, Error}`` out; ``[{"Host", "Score"}]`` for prioritize;
-``ExtenderBindingArgs{PodName, PodNamespace, PodUID, Node}`` in, ``{"Error"}`` out for bind.
+``ExtenderBindingArgs{PodName, PodNamespace, PodUID, Node}`` in, ``{"Error"}`` out for bind;
+``ExtenderPreemptionArgs{Pod, NodeNameToVictims, NodeNameToMetaVictims}`` in,
+``ExtenderPreemptionResult{NodeNameToMetaVictims}`` out for preempt (victim sets kept only where they
+take whole gangs; none for a gang's pod, whose preemption is the queue's).
+
+The queue (``ClusterState.queue_tick``) also runs on its own every ``queue_interval_s``: what it
+decides outside a request (node annotations ``gpuagent.dev/reserved-for``, evictions of whole gangs
+through the Eviction API, Events) is carried out through ``QueueCluster``. The health listener serves
+the queue's metrics at ``GET /metrics``.
 
 The HTTP connection handling (keep-alive, ``Content-Length`` bodies only, bounded heads and bodies;
 head, body, idle and write timeouts; a connection cap that evicts the connections not answering a
@@ -25,6 +33,7 @@ gang can take seconds) in a worker thread under the lock. Large bodies are decod
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import ssl
 import threading
@@ -36,7 +45,8 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from scheduler_plugin.state import BindDecision, ClusterState, EventRecord
+from scheduler_plugin.queueing import VictimsError, parse_victims
+from scheduler_plugin.state import BindDecision, ClusterState, EventRecord, QueueActions
 from topology import logs
 from topology.httpserver import ConnectionStats, HttpServer, Limits, Request, Response
 
@@ -57,6 +67,25 @@ class Cluster(Protocol):
     def bind(self, namespace: str, name: str, uid: str, node: str) -> None: ...
 
     def event(self, pod: Mapping[str, Any], *, reason: str, message: str, warning: bool) -> None: ...
+
+
+class QueueCluster(Protocol):
+    """The API calls the queue makes besides ``Cluster``'s."""
+
+    def annotate_node(self, node: str, value: str | None) -> None:
+        """Set (None: remove) the node's ``gpuagent.dev/reserved-for`` annotation."""
+
+    def evict(self, namespace: str, name: str, uid: str) -> str | None:
+        """Evict a pod through the Eviction API: None when done (or the pod is gone), else why the API
+        refused (a PodDisruptionBudget: HTTP 429)."""
+
+
+@dataclass(frozen=True)
+class Text:
+    """A response body that is not JSON (the metrics)."""
+
+    content_type: str
+    body: bytes
 
 
 class BadRequestError(ValueError):
@@ -179,9 +208,13 @@ class Extender:
         clock: Callable[[], float] = time.monotonic,
         ready: Callable[[], bool] = lambda: True,
         unknown_pod_grace_s: float = UNKNOWN_POD_GRACE_S,
+        wall: Callable[[], float] = time.time,
+        queue_cluster: QueueCluster | None = None,
     ) -> None:
         self.state = state
         self.cluster = cluster
+        self.wall = wall
+        self.queue_cluster = queue_cluster
         self.lock = lock or threading.Lock()
         self.clock = clock
         self.ready = ready
@@ -210,19 +243,25 @@ class Extender:
         return await asyncio.to_thread(call)
 
     # -- verbs ---------------------------------------------------------------------------------
+    def _note_synced(self) -> None:
+        """The queue reads the cluster (and rebuilds its reservations) once every informer has listed."""
+        if not self.state.synced and self.ready():
+            self.state.synced = True
+
     async def filter(self, args: Mapping[str, Any]) -> dict[str, Any]:
         pod = _pod(args)
         names, objs = _node_names(args)
+        self._note_synced()
 
         def quick() -> bool:
             return not self.state.may_plan(pod)
 
-        out = await self._locked(self.state.filter, pod, names, self.clock(), quick=quick)
+        out = await self._locked(self.state.filter, pod, names, self.clock(), self.wall(), quick=quick)
         # kube-scheduler may name a pod a moment before the extender's informer reports it: ask again
         # for a little while (off the loop) so a real pod is not refused for that; a forged one still is
         for _ in range(int(self.unknown_pod_grace_s / 0.05) if out.unseen else 0):
             await asyncio.sleep(0.05)
-            out = await self._locked(self.state.filter, pod, names, self.clock(), quick=quick)
+            out = await self._locked(self.state.filter, pod, names, self.clock(), self.wall(), quick=quick)
             if not out.unseen:
                 break
         self._record(out.events)
@@ -275,6 +314,76 @@ class Extender:
         if decision.action == "error":
             log.warning("bind_refused", pod=key, node=fields["Node"], error=decision.error)
         return {"Error": await self._carry_out(decision, key, fut)}
+
+    async def preempt(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        pod = _pod(args)
+        try:
+            victims = parse_victims(args)
+        except VictimsError as exc:
+            raise BadRequestError(str(exc)) from None
+        kept = await self._locked(
+            self.state.preempt, pod, victims, self.wall(), quick=lambda: len(victims) <= 1000
+        )
+        return {"NodeNameToMetaVictims": kept}
+
+    # -- the queue -----------------------------------------------------------------------------
+    async def queue_once(self) -> QueueActions:
+        """One tick of the queue (a pass when due) and what it decided carried out."""
+        actions = await self._locked(self.state.queue_tick, self.clock(), self.wall(), quick=lambda: False)
+        await self.carry_out_queue(actions)
+        return actions
+
+    async def run_queue(self, stop: asyncio.Event, interval_s: float = 1.0) -> None:
+        """Tick the queue every ``interval_s`` until ``stop``, once the informers are synced (a restart
+        rebuilds the reservations from what they list)."""
+        while not stop.is_set():
+            self._note_synced()
+            if self.state.synced:
+                try:
+                    await self.queue_once()
+                except Exception:  # a bug in one tick is logged; the next tick runs
+                    log.exception("queue_tick_failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval_s)
+
+    async def carry_out_queue(self, actions: QueueActions) -> None:
+        self._record(actions.events)
+        qc = self.queue_cluster
+        if qc is None:
+            return
+        for node, value in sorted(actions.annotate.items()):
+            try:
+                await asyncio.to_thread(qc.annotate_node, node, value)
+                log.info("node_reservation_annotated", node=node, reserved_for=value)
+            except Exception as exc:  # the next tick tries again: the annotation still differs
+                log.warning("node_annotation_failed", node=node, error=_short(exc))
+        for ev in actions.evictions:
+            meta = ev.pod.get("metadata") or {}
+            ns, name, uid = (
+                str(meta.get("namespace") or "default"),
+                str(meta.get("name")),
+                str(meta.get("uid") or ""),
+            )
+            try:
+                refused = await asyncio.to_thread(qc.evict, ns, name, uid)
+            except Exception as exc:
+                refused = f"eviction failed: {_short(exc)}"
+            if refused is None:
+                await self._locked(self.state.eviction_done, f"{ns}/{name}")
+                log.info("pod_evicted", pod=f"{ns}/{name}", gang=ev.victim, reason=ev.message)
+                self._record([EventRecord(pod=ev.pod, reason="Preempted", message=ev.message)])
+            else:
+                await self._locked(self.state.eviction_refused, f"{ns}/{name}")
+                log.warning("eviction_refused", pod=f"{ns}/{name}", gang=ev.victim, error=refused)
+                self._record(
+                    [
+                        EventRecord(
+                            pod=ev.pod,
+                            reason="PreemptionBlocked",
+                            message=f"not evicted: {refused}; asked again later ({ev.message})",
+                        )
+                    ]
+                )
 
     # -- the barrier ---------------------------------------------------------------------------
     async def _carry_out(self, decision: BindDecision, key: str, fut: asyncio.Future[str]) -> str:
@@ -335,6 +444,8 @@ class Extender:
                 w.future.set_result(errors.get(w.key, error))
 
     def _record(self, events: tuple[EventRecord, ...] | list[EventRecord]) -> None:
+        if not events:
+            return
         for ev in events:
             task = asyncio.get_running_loop().create_task(self._send_event(ev))
             self._background.add(task)
@@ -371,7 +482,12 @@ class Extender:
         route = path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
         if method == "GET" and route in HEALTH_ROUTES:
             return self._health(route)
-        return 404, {"Error": f"unknown path {path}; this listener serves GET healthz, livez and readyz"}
+        if method == "GET" and route == "metrics":
+            body = await self._locked(self.state.metrics_text)
+            return 200, Text("text/plain; version=0.0.4; charset=utf-8", body)
+        return 404, {
+            "Error": f"unknown path {path}; this listener serves GET healthz, livez, readyz and metrics"
+        }
 
     async def dispatch(
         self, method: str, path: str, body: bytes, content_type: str = "application/json"
@@ -379,10 +495,15 @@ class Extender:
         route = path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
         if method == "GET" and route in HEALTH_ROUTES:
             return self._health(route)
-        handlers = {"filter": self.filter, "prioritize": self.prioritize, "bind": self.bind}
+        handlers = {
+            "filter": self.filter,
+            "prioritize": self.prioritize,
+            "bind": self.bind,
+            "preempt": self.preempt,
+        }
         handler = handlers.get(route)
         if handler is None:
-            return 404, {"Error": f"unknown path {path}; POST filter, prioritize or bind"}
+            return 404, {"Error": f"unknown path {path}; POST filter, prioritize, bind or preempt"}
         if method != "POST":
             return 405, {"Error": f"{route}: POST only"}
         media = content_type.split(";", 1)[0].strip().lower()
@@ -400,7 +521,7 @@ class Extender:
             return 200, await handler(_obj(args, "body"))
         except BadRequestError as exc:
             log.warning("bad_request", verb=route, error=str(exc))
-            if route == "prioritize":
+            if route in ("prioritize", "preempt"):  # results without an Error field
                 return 400, {"Error": f"{route}: {exc}"}
             return 200, {"Error": f"{route}: {exc}"}
         except Exception as exc:  # a bug answers this request, never stops the server
@@ -510,4 +631,7 @@ class ExtenderServer:
         await self._http.stop(grace_s)
 
     async def _handle(self, request: Request, body: bytes) -> Response:
-        return _json_response(*await self.handler(request.method, request.path, body, request.content_type))
+        status, payload = await self.handler(request.method, request.path, body, request.content_type)
+        if isinstance(payload, Text):
+            return Response(status, payload.content_type, payload.body)
+        return _json_response(status, payload)

@@ -544,6 +544,8 @@ class ClusterState:
         """One pass of the queue (module docstring) at ``wall`` (seconds since the epoch; ``now`` is the
         clock of reservations and barriers). Gangs it starts get their plan as a reservation at once;
         what a user should see (Events), and evictions, wait in ``take_actions``."""
+        if not self.synced:  # a partial listing would misjudge the queue and the nodes' annotations
+            return
         self._queue_dirty = False
         self._queue_last = now
         self.queue_metrics.passes += 1
@@ -638,7 +640,8 @@ class ClusterState:
         self.queue_reservations = dict(decision.reservations)
         self._queue_running = dict(rebuilt.running)
         self._queue_wake = decision.wake_s
-        self._queue_waiting = [w.name for w in order(waiting)]
+        started = {st.gang for st in decision.starts}
+        self._queue_waiting = [w.name for w in order(waiting) if w.name not in started]
         for start in decision.starts:
             spec, gang, members, _, _ = prepared[start.gang]
             self.reservations[start.gang] = self._reservation_from(
@@ -684,7 +687,7 @@ class ClusterState:
     def queue_tick(self, now: float, wall: float) -> QueueActions:
         """The periodic side of the queue: run a pass when the cluster changed or a wait ended, then
         hand over what to carry out (``take_actions``)."""
-        if self._queue_dirty or wall >= self._queue_wake:
+        if self._queue_dirty or wall >= self._queue_wake or not self._queue_rebuilt:
             self.queue_pass(now, wall)
         return self.take_actions()
 
@@ -692,6 +695,10 @@ class ClusterState:
         """What the queue's passes decided that the caller carries out: Events, the node annotations
         that differ from what the nodes show (node -> ``gpuagent.dev/reserved-for`` value, None to
         remove), and evictions (whole gangs)."""
+        events, self._pending_events = self._pending_events, []
+        evictions, self._pending_evictions = self._pending_evictions, []
+        if not self._queue_rebuilt:  # the nodes' annotations are still to be read back
+            return QueueActions(events=tuple(events), evictions=tuple(evictions))
         wanted: dict[str, set[str]] = {}
         for name, r in self.queue_reservations.items():
             for node in r.claims:
@@ -700,10 +707,8 @@ class ClusterState:
         for node_name, obj in sorted(self.nodes.items()):
             have = ((obj.get("metadata") or {}).get("annotations") or {}).get(RESERVED_FOR)
             want = reserved_for_value(wanted[node_name]) if node_name in wanted else None
-            if (have or None) != want and (want is not None or self._queue_rebuilt):
+            if (have or None) != want:
                 annotate[node_name] = want
-        events, self._pending_events = self._pending_events, []
-        evictions, self._pending_evictions = self._pending_evictions, []
         return QueueActions(events=tuple(events), annotate=annotate, evictions=tuple(evictions))
 
     def eviction_refused(self, key: str) -> None:
@@ -715,6 +720,8 @@ class ClusterState:
 
     def queue_position(self, gang: str) -> str:
         """Where ``gang`` stands in the queue, in words, for filter's message."""
+        if not self.synced:
+            return "the extender's informers have not listed the cluster yet"
         if gang not in self._queue_waiting:
             return "not in the queue yet"
         r = self.queue_reservations.get(gang)

@@ -9,6 +9,15 @@ binds, stop informers. Every kind but Nodes and Pods is optional: an API that is
 not installed, ``scheduling.k8s.io/v1beta1`` off) or forbidden (403, RBAC without it) is that source
 off, logged once (``source_off`` / ``source_forbidden``), counted as empty and looked for again.
 
+The queue (``scheduler_plugin.queue`` through ``ClusterState``): gangs that do not fit wait in
+PriorityClass-then-creation order; the head's nodes are held for it and carry the annotation
+``gpuagent.dev/reserved-for: <namespace>/<gang>`` (merge-patched here, removed on release, read back
+after a restart); a gang of higher priority that has waited ``--preempt-after`` seconds evicts whole
+lower-priority gangs inside one domain through the Eviction API (``pods/eviction``; a
+PodDisruptionBudget's refusal, HTTP 429, is said in an Event and asked again later). Jobs are read
+(optional) for their ``activeDeadlineSeconds``, a time limit of their pods. The queue's metrics are
+served at ``/metrics`` on ``--health-addr``.
+
 Trust: the extender answers kube-scheduler only. By default it listens on loopback, as a container in
 the pod of its own kube-scheduler (``daemonset/base/scheduler-deployment.yaml``). On any other address
 it requires TLS with a client certificate (``--tls-cert``, ``--tls-key``, ``--client-ca``: the server
@@ -31,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler_plugin.extender import Extender, ExtenderServer, ServerLimits, server_tls_context
+from scheduler_plugin.queue import RESERVED_FOR, QueueConfig
 from scheduler_plugin.state import SCHEDULER_NAME, ClusterState
 from topology import logs
 from topology.kube import (
@@ -52,6 +62,8 @@ COMPONENT = "gpu-topology-extender"  # Events' source.component / reportingCompo
 RAYCLUSTERS = "/apis/ray.io/v1/rayclusters"  # KubeRay, every namespace
 WORKLOADS = "/apis/scheduling.k8s.io/v1beta1/workloads"  # Kubernetes 1.37, gate GenericWorkload
 WORKLOAD_PODGROUPS = "/apis/scheduling.k8s.io/v1beta1/podgroups"
+JOBS = "/apis/batch/v1/jobs"  # a Job's activeDeadlineSeconds is its pods' time limit
+MERGE_PATCH = "application/merge-patch+json"
 SOURCES = (  # (ClusterState kind, collection, optional: an API that may not be served)
     ("nodes", NODES, False),
     ("pods", PODS, False),
@@ -60,6 +72,7 @@ SOURCES = (  # (ClusterState kind, collection, optional: an API that may not be 
     ("rayclusters", RAYCLUSTERS, True),
     ("workloads", WORKLOADS, True),
     ("workload_podgroups", WORKLOAD_PODGROUPS, True),
+    ("jobs", JOBS, True),
 )
 
 
@@ -123,6 +136,9 @@ class Settings:
     health_host: str | None = None  # None: no separate health listener
     health_port: int = 0
     max_connections: int = ServerLimits.max_connections
+    preempt_after_s: float | None = 600.0  # None: the queue never preempts
+    reserve_after_s: float = 0.0
+    queue_interval_s: float = 1.0
 
     @property
     def tls(self) -> bool:
@@ -204,6 +220,24 @@ def parse_settings(argv: list[str]) -> Settings:
     p.add_argument(
         "--watch-timeout", type=int, default=300, help="seconds per watch request before re-watching"
     )
+    p.add_argument(
+        "--preempt-after",
+        default="600",
+        help="seconds a gang waits before it may evict whole gangs of lower priority inside one domain "
+        "(default 600; 'never' turns gang preemption off)",
+    )
+    p.add_argument(
+        "--reserve-after",
+        type=float,
+        default=0.0,
+        help="seconds a gang waits before the queue holds nodes back for it (default 0: at once)",
+    )
+    p.add_argument(
+        "--queue-interval",
+        type=float,
+        default=1.0,
+        help="seconds between the queue's own passes (node annotations, releases, preemptions)",
+    )
     p.add_argument("--log-format", choices=logs.FORMATS, default="auto", help="auto: text on a TTY")
     p.add_argument("--log-level", choices=logs.LEVELS, default="info")
     a = p.parse_args(argv)
@@ -221,6 +255,18 @@ def parse_settings(argv: list[str]) -> Settings:
         p.error("--max-connections: must be at least 8")
     if not a.scheduler_name:
         p.error("--scheduler-name: must not be empty")
+    preempt_after: float | None = None
+    if a.preempt_after.strip().lower() != "never":
+        try:
+            preempt_after = float(a.preempt_after)
+        except ValueError:
+            p.error(f"--preempt-after: expected seconds or 'never', got {a.preempt_after[:40]!r}")
+        if not (preempt_after is not None and 0 <= preempt_after < float("inf")):
+            p.error(f"--preempt-after: must be a finite number of seconds >= 0, got {a.preempt_after[:40]!r}")
+    if not 0 <= a.reserve_after < float("inf"):
+        p.error("--reserve-after: must be a finite number of seconds >= 0")
+    if not 0.05 <= a.queue_interval <= 3600:
+        p.error("--queue-interval: must be between 0.05 and 3600 seconds")
     settings = Settings(
         host=host,
         port=port,
@@ -238,6 +284,9 @@ def parse_settings(argv: list[str]) -> Settings:
         health_host=health_host,
         health_port=health_port,
         max_connections=a.max_connections,
+        preempt_after_s=preempt_after,
+        reserve_after_s=a.reserve_after,
+        queue_interval_s=a.queue_interval,
     )
     problem = exposure_error(settings)
     if problem:
@@ -272,6 +321,35 @@ class KubeCluster:
             uid=str(meta.get("uid") or ""),
         )
         self.recorder.record(about, reason=reason, message=message, warning=warning)
+
+    def annotate_node(self, node: str, value: str | None) -> None:
+        """Merge-patch the node's ``gpuagent.dev/reserved-for`` annotation (None removes it)."""
+        self.kube.request(
+            "PATCH",
+            f"{NODES}/{node}",
+            body={"metadata": {"annotations": {RESERVED_FOR: value}}},
+            content_type=MERGE_PATCH,
+        )
+
+    def evict(self, namespace: str, name: str, uid: str) -> str | None:
+        """A policy/v1 Eviction of the pod (its uid as a precondition): None when done or the pod is
+        gone, the API's message when it refuses (429: a PodDisruptionBudget)."""
+        body: dict[str, Any] = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+        }
+        if uid:
+            body["deleteOptions"] = {"preconditions": {"uid": uid}}
+        try:
+            self.kube.create(f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body)
+        except KubeError as exc:
+            if exc.status in (404, 409):  # gone, or another pod of that name now: nothing to evict
+                return None
+            if exc.status == 429:
+                return f"the API refused the eviction (PodDisruptionBudget): {str(exc)[:300]}"
+            raise
+        return None
 
 
 @dataclass(frozen=True)
@@ -310,7 +388,11 @@ class Service:
             reservation_ttl_s=settings.reservation_ttl_s,
             barrier_timeout_s=settings.barrier_timeout_s,
             scheduler_name=settings.scheduler_name,
+            queue=QueueConfig(
+                preempt_after_s=settings.preempt_after_s, reserve_after_s=settings.reserve_after_s
+            ),
         )
+        self.state.synced = False  # the queue rebuilds its reservations once every informer has listed
 
         def reporter(kind: str) -> Callable[[BaseException], None]:
             def report(exc: BaseException) -> None:
@@ -331,12 +413,16 @@ class Service:
             )
             for kind, path, optional in SOURCES
         ]
+        cluster = KubeCluster(self.kube)
         self.extender = Extender(
             state=self.state,
-            cluster=KubeCluster(self.kube),
+            cluster=cluster,
             lock=self.lock,
             ready=lambda: all(i.synced.is_set() for i in self.informers),
+            queue_cluster=cluster,
         )
+        self._queue_stop = asyncio.Event()
+        self._queue_task: asyncio.Task[None] | None = None
         limits = ServerLimits(max_connections=settings.max_connections)
         self.server = ExtenderServer(
             self.extender, max_body_bytes=settings.max_body_bytes, limits=limits, tls=tls
@@ -348,6 +434,10 @@ class Service:
     async def start(self) -> None:
         for inf in self.informers:
             inf.start()
+        self._queue_stop.clear()
+        self._queue_task = asyncio.get_running_loop().create_task(
+            self.extender.run_queue(self._queue_stop, self.settings.queue_interval_s)
+        )
         await self.server.start(self.settings.host, self.settings.port)
         log.info(
             "extender_listening",
@@ -360,6 +450,10 @@ class Service:
             log.info("health_listening", host=self.settings.health_host, port=self.health.port)
 
     async def stop(self) -> None:
+        self._queue_stop.set()
+        if self._queue_task is not None:
+            await self._queue_task
+            self._queue_task = None
         if self.health is not None:
             await self.health.stop()
         await self.server.stop()

@@ -285,7 +285,7 @@ def test_handlers_report_a_failed_binding() -> None:
         pytest.param("GET", "/healthz", 200, id="healthz"),
         pytest.param("GET", "/readyz", 200, id="readyz"),
         pytest.param("GET", "/filter", 405, id="filter-get"),
-        pytest.param("POST", "/preempt", 404, id="unknown-verb"),
+        pytest.param("POST", "/evict", 404, id="unknown-verb"),
     ],
 )
 def test_dispatch_routes(method: str, path: str, status: int) -> None:

@@ -68,8 +68,14 @@ def test_sources_not_served_are_off_logged_once_and_synced(caplog: pytest.LogCap
             "rayclusters",
             "workloads",
             "workload_podgroups",
+            "jobs",  # batch/v1 Jobs (time limits for the queue), not served by this fake either
         }
-        assert _source_logs(caplog, "source_off") == ["rayclusters", "workload_podgroups", "workloads"]
+        assert _source_logs(caplog, "source_off") == [
+            "jobs",
+            "rayclusters",
+            "workload_podgroups",
+            "workloads",
+        ]
         # the sources being off changes nothing for the others: a pod on its own still passes
         p = pod("solo", 4)
         fake.put("pods", p)

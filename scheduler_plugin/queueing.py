@@ -1,0 +1,294 @@
+"""What the extender's queue reads from API objects and answers kube-scheduler's ``preempt`` verb. Pure.
+
+``scheduler_plugin.queue`` decides (order, reservations, backfill, whole-gang preemption); this module
+turns the informer's plain API dicts into its inputs and its decisions into what a user sees:
+
+- a pod's priority (``spec.priority``, which the API server fills from the pod's PriorityClass), its
+  creation and start times (RFC 3339 in the API, seconds since the epoch here) and its time limit
+  (``gpuagent.dev/time-limit``, Kueue's ``kueue.x-k8s.io/max-exec-time-seconds``, the pod's own
+  ``activeDeadlineSeconds`` and its Job's, the smallest wins);
+- the capacity a pod that is not part of a gang may use on a reserved node (``held_back_caps``, the
+  queue's backfill rule: a reservation whose expected start comes before the pod's end keeps its claim
+  plus what running work still holds at that start);
+- the answer to ``preempt`` (``preempt_answer``): kube-scheduler proposes victims per node for a pod
+  on its own; a node is kept only when every gang with a pod among its victims is there whole (all its
+  pods that hold resources are victims on that node), so kube-scheduler's preemption never takes part of
+  a gang. Gang pods get no victims at all: the queue preempts for them, whole gangs inside one domain;
+- the node annotation ``gpuagent.dev/reserved-for`` naming the gangs a node is held for;
+- the Prometheus text of the extender's queue metrics (``render_metrics``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from scheduler_plugin.queue import QueueError, Reservation, Running, time_limit
+
+__all__ = [
+    "MAX_VICTIM_PODS",
+    "QueueMetrics",
+    "VictimSet",
+    "held_back_caps",
+    "parse_victims",
+    "pod_limit",
+    "pod_priority",
+    "preempt_answer",
+    "render_metrics",
+    "reserved_for_value",
+    "timestamp",
+]
+
+MAX_VICTIM_PODS = 100_000  # victims one preempt call may name, over all nodes
+_INT32 = 2**31 - 1
+
+
+class VictimsError(ValueError):
+    """A ``preempt`` request that cannot be read; the message names the field."""
+
+
+def timestamp(value: Any) -> float | None:
+    """An API time (RFC 3339, ``2026-12-02T00:36:58Z``) in seconds since the epoch; None if absent or bad."""
+    if not isinstance(value, str) or not value or len(value) > 64:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _get(obj: Mapping[str, Any], *path: str) -> Any:
+    cur: Any = obj
+    for p in path:
+        if not isinstance(cur, Mapping):
+            return None
+        cur = cur.get(p)
+    return cur
+
+
+def pod_priority(pod: Mapping[str, Any]) -> int:
+    """``spec.priority`` (the PriorityClass value the API server filled in); 0 when unset or not an
+    int32."""
+    value = _get(pod, "spec", "priority")
+    if isinstance(value, bool) or not isinstance(value, int) or not -_INT32 - 1 <= value <= _INT32:
+        return 0
+    return value
+
+
+def owning_job(pod: Mapping[str, Any]) -> str | None:
+    """``<namespace>/<name>`` of the Job that owns ``pod`` (its controller ownerReference), or None."""
+    refs = _get(pod, "metadata", "ownerReferences")
+    if not isinstance(refs, list):
+        return None
+    for ref in refs:
+        if isinstance(ref, Mapping) and ref.get("kind") == "Job" and isinstance(ref.get("name"), str):
+            ns = _get(pod, "metadata", "namespace") or "default"
+            return f"{ns}/{ref['name']}"
+    return None
+
+
+def pod_limit(pod: Mapping[str, Any], jobs: Mapping[str, Mapping[str, Any]]) -> float | None:
+    """The pod's time limit in seconds (module docstring) or None. Raises ``QueueError`` naming the pod and
+    the field for a bad value."""
+    meta = _get(pod, "metadata") or {}
+    where = f"pod {meta.get('namespace') or 'default'}/{meta.get('name', '')}"
+    ann = meta.get("annotations") if isinstance(meta, Mapping) else None
+    annotations = {k: v for k, v in ann.items() if isinstance(v, str)} if isinstance(ann, Mapping) else {}
+    deadlines = [_get(pod, "spec", "activeDeadlineSeconds")]
+    job = owning_job(pod)
+    if job is not None and job in jobs:
+        deadlines.append(_get(jobs[job], "spec", "activeDeadlineSeconds"))
+    given = [d for d in deadlines if d is not None]
+    for d in given:
+        if isinstance(d, bool) or not isinstance(d, int):
+            raise QueueError(f"{where}: activeDeadlineSeconds={str(d)[:40]!r} is not an integer")
+    return time_limit(annotations, min(given) if given else None, where=where)
+
+
+def reserved_for_value(gangs: Iterable[str]) -> str:
+    """The ``gpuagent.dev/reserved-for`` value for a node held for ``gangs`` (comma-separated, sorted)."""
+    return ",".join(sorted(set(gangs)))
+
+
+def held_back_caps(
+    reservations: Iterable[Reservation],
+    running: Iterable[Running],
+    allocatable: Mapping[str, int],
+    end: float,
+) -> dict[str, int]:
+    """GPUs a pod ending at ``end`` may use at most on each reserved node (nodes absent: no limit): on
+    every node of a reservation that starts before ``end``, what is left at the earliest such start once
+    the claims and the running work still there then are counted (``queue``'s backfill rule)."""
+    claims: dict[str, int] = {}
+    first: dict[str, float] = {}
+    for r in reservations:
+        if r.start_s >= end:
+            continue
+        for node, g in r.claims.items():
+            claims[node] = claims.get(node, 0) + g
+            first[node] = min(first.get(node, math.inf), r.start_s)
+    if not claims:
+        return {}
+    busy: dict[str, list[tuple[float, int]]] = {}
+    for run in running:
+        for node, g in run.claims.items():
+            if node in claims:
+                busy.setdefault(node, []).append((run.ends_s, g))
+    return {
+        node: allocatable.get(node, 0) - sum(g for e, g in busy.get(node, ()) if e > first[node]) - g
+        for node, g in claims.items()
+    }
+
+
+# -- the preempt verb ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class VictimSet:
+    """The victims kube-scheduler proposes on one node: pod UIDs and its count of PDB violations."""
+
+    uids: tuple[str, ...]
+    pdb_violations: int
+
+
+def parse_victims(args: Mapping[str, Any]) -> dict[str, VictimSet]:
+    """``ExtenderPreemptionArgs``'s victims per node: ``NodeNameToMetaVictims`` (``{"Pods": [{"UID"}],
+    "NumPDBViolations"}``, sent when the extender is ``nodeCacheCapable``) or ``NodeNameToVictims``
+    (full pods). Raises ``VictimsError`` naming the field; at most ``MAX_VICTIM_PODS`` pods in all."""
+    meta = args.get("NodeNameToMetaVictims")
+    full = args.get("NodeNameToVictims")
+    field, given = ("NodeNameToMetaVictims", meta) if meta is not None else ("NodeNameToVictims", full)
+    if given is None:
+        return {}
+    if not isinstance(given, dict):
+        raise VictimsError(f"{field}: expected an object of node name -> victims")
+    out: dict[str, VictimSet] = {}
+    total = 0
+    for node, victims in given.items():
+        where = f"{field}[{node[:100]!r}]"
+        if victims is None:
+            continue
+        if not isinstance(victims, dict):
+            raise VictimsError(f"{where}: expected an object with Pods and NumPDBViolations")
+        pods = victims.get("Pods") or []
+        if not isinstance(pods, list):
+            raise VictimsError(f"{where}.Pods: expected a list")
+        total += len(pods)
+        if total > MAX_VICTIM_PODS:
+            raise VictimsError(f"{field}: more than {MAX_VICTIM_PODS} victim pods")
+        uids: list[str] = []
+        for i, p in enumerate(pods):
+            uid = (
+                (p.get("UID") if field == "NodeNameToMetaVictims" else _get(p, "metadata", "uid"))
+                if (isinstance(p, dict))
+                else None
+            )
+            if not isinstance(uid, str) or not uid:
+                raise VictimsError(f"{where}.Pods[{i}]: expected a pod with a UID")
+            uids.append(uid)
+        pdb = victims.get("NumPDBViolations", 0)
+        if isinstance(pdb, bool) or not isinstance(pdb, int) or pdb < 0:
+            raise VictimsError(f"{where}.NumPDBViolations: expected a non-negative integer")
+        out[node] = VictimSet(tuple(uids), pdb)
+    return out
+
+
+def preempt_answer(
+    victims: Mapping[str, VictimSet],
+    *,
+    gang_of_uid: Mapping[str, str | None],
+    gang_members: Mapping[str, Sequence[str]],
+    refused_nodes: Iterable[str] = (),
+) -> dict[str, dict[str, Any]]:
+    """``ExtenderPreemptionResult.NodeNameToMetaVictims``: the nodes whose victim set takes only whole
+    gangs (``gang_of_uid``: uid -> gang name, None for a pod on its own; a uid missing there is unknown
+    and its node is dropped; ``gang_members``: gang -> UIDs of its pods that hold resources), minus
+    ``refused_nodes``."""
+    refused = set(refused_nodes)
+    out: dict[str, dict[str, Any]] = {}
+    for node, vs in sorted(victims.items()):
+        if node in refused:
+            continue
+        chosen = set(vs.uids)
+        whole = True
+        for uid in vs.uids:
+            if uid not in gang_of_uid:
+                whole = False  # a pod this extender does not know: it cannot vouch for it
+                break
+            gang = gang_of_uid[uid]
+            if gang is not None and not set(gang_members.get(gang, ())) <= chosen:
+                whole = False
+                break
+        if whole:
+            out[node] = {"Pods": [{"UID": u} for u in vs.uids], "NumPDBViolations": vs.pdb_violations}
+    return out
+
+
+# -- metrics ---------------------------------------------------------------------------------------
+@dataclass
+class QueueMetrics:
+    """Counters of what the queue did; gauges are read from the state at each scrape."""
+
+    preemptions: int = 0
+    evictions: int = 0
+    evictions_refused: int = 0
+    passes: int = 0
+
+
+def render_metrics(
+    metrics: QueueMetrics,
+    *,
+    reservations: int,
+    reserved_gpus: int,
+    reserved_nodes: int,
+    waiting_gangs: int,
+) -> bytes:
+    """The extender's queue metrics in the Prometheus text format (version 0.0.4)."""
+    rows = (
+        ("gpuagent_extender_reservations", "gauge", "Gangs holding a reservation now.", reservations),
+        (
+            "gpuagent_extender_reserved_gpus",
+            "gauge",
+            "GPUs held by reservations for waiting gangs.",
+            reserved_gpus,
+        ),
+        (
+            "gpuagent_extender_reserved_nodes",
+            "gauge",
+            "Nodes annotated gpuagent.dev/reserved-for.",
+            reserved_nodes,
+        ),
+        ("gpuagent_extender_waiting_gangs", "gauge", "Gangs waiting in the extender's queue.", waiting_gangs),
+        (
+            "gpuagent_extender_queue_passes_total",
+            "counter",
+            "Scheduling passes of the queue.",
+            metrics.passes,
+        ),
+        (
+            "gpuagent_extender_preemptions_total",
+            "counter",
+            "Gang preemptions decided (each evicts whole lower-priority gangs).",
+            metrics.preemptions,
+        ),
+        (
+            "gpuagent_extender_evicted_pods_total",
+            "counter",
+            "Pods evicted for preemption.",
+            metrics.evictions,
+        ),
+        (
+            "gpuagent_extender_evictions_refused_total",
+            "counter",
+            "Evictions the API refused (PodDisruptionBudget, HTTP 429).",
+            metrics.evictions_refused,
+        ),
+    )
+    lines: list[str] = []
+    for name, kind, text, value in rows:
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name} {value}"]
+    return ("\n".join(lines) + "\n").encode()
+
+
+__all__ += ["QueueError", "VictimsError", "owning_job"]

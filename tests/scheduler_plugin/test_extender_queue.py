@@ -1,0 +1,373 @@
+"""The extender's queue (``ClusterState.queue_pass``/``take_actions``, the preempt verb, the queue loop's
+actions through ``Extender``): reservations with Events, node annotations and metrics; backfill by time
+limit for gangs and pods on their own; release; rebuild after a restart; whole-gang preemption.
+
+Cluster: two NVLink domains (nvl-0: r0-t0..3, nvl-1: r1-t0..3) of four 4-GPU nodes. Times are seconds
+since the epoch (``T0``); pods carry creation and start times as the API shows them."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from scheduler_plugin.extender import Extender
+from scheduler_plugin.queue import RESERVED_FOR, QueueConfig
+from scheduler_plugin.queueing import VictimSet, parse_victims, pod_limit, timestamp
+from scheduler_plugin.state import ClusterState
+from tests.integration.fakekube import hypernode, node, pod
+
+NODES = [f"r{r}-t{t}" for r in range(2) for t in range(4)]
+DOMAIN0 = NODES[:4]
+T0 = 1_800_000_000.0
+
+
+def iso(t: float) -> str:
+    return datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def timed(
+    p: dict[str, Any], *, created: float, started: float | None = None, priority: int = 0
+) -> dict[str, Any]:
+    p["metadata"]["creationTimestamp"] = iso(created)
+    if started is not None:
+        p["status"]["startTime"] = iso(started)
+    p["spec"]["priority"] = priority
+    return p
+
+
+def solo(
+    name: str, gpus: int, *, on: str | None = None, limit: float | None = None, at: float = T0
+) -> dict[str, Any]:
+    ann = {"gpuagent.dev/time-limit": str(limit)} if limit is not None else {}
+    return timed(pod(name, gpus, annotations=ann, node_name=on), created=at, started=at if on else None)
+
+
+def member(
+    gang: str,
+    rank: int,
+    *,
+    size: int = 4,
+    gpus: int = 4,
+    on: str | None = None,
+    limit: float | None = None,
+    priority: int = 0,
+    at: float = T0,
+) -> dict[str, Any]:
+    ann = {
+        "gpuagent.dev/gang": gang,
+        "gpuagent.dev/gang-size": str(size),
+        "gpuagent.dev/gang-tier": "nvlink",
+        "gpuagent.dev/rank": str(rank),
+    }
+    if limit is not None:
+        ann["gpuagent.dev/time-limit"] = str(limit)
+    p = pod(f"{gang}-{rank}", gpus, annotations=ann, node_name=on)
+    return timed(p, created=at, started=at if on else None, priority=priority)
+
+
+def make_state(
+    pods: list[dict[str, Any]], *, config: QueueConfig | None = None, annotated: dict[str, str] | None = None
+) -> ClusterState:
+    if annotated is None:
+        annotated = {}
+    s = ClusterState(reservation_ttl_s=30.0, barrier_timeout_s=5.0, queue=config)
+    nodes = [node(n, 4) for n in NODES]
+    for n in nodes:
+        if n["metadata"]["name"] in annotated:
+            n["metadata"]["annotations"] = {RESERVED_FOR: annotated[n["metadata"]["name"]]}
+    s.replace("nodes", nodes)
+    s.replace(
+        "hypernodes", [hypernode(f"nvl-{r}", 1, "nvlink", [f"r{r}-t{t}" for t in range(4)]) for r in range(2)]
+    )
+    s.replace("pods", pods)
+    return s
+
+
+def busy_cluster() -> list[dict[str, Any]]:
+    """r0-t0 busy until T0+100, r1-t0 busy until T0+300 (pods on their own): no domain is free whole."""
+    return [solo("a", 4, on="r0-t0", limit=100), solo("b", 4, on="r1-t0", limit=300)]
+
+
+def big_gang(at: float = T0 + 10, **kw: Any) -> list[dict[str, Any]]:
+    return [member("big", i, at=at, **kw) for i in range(4)]
+
+
+def test_the_head_gang_reserves_the_domain_that_frees_first_and_shows_it() -> None:
+    s = make_state([*busy_cluster(), *big_gang()])
+    now = T0 + 20
+    out = s.filter(s.pods["default/big-0"], NODES, 1.0, now)
+    assert out.passed == []
+    assert "does not fit" in next(iter(out.failed.values()))
+    assert "next in the queue" in next(iter(out.failed.values()))
+    r = s.queue_reservations["default/big"]
+    assert sorted(r.claims) == DOMAIN0
+    assert r.start_s == T0 + 100
+    assert r.domain == "nvl-0"
+    reserved = [e for e in out.events if e.reason == "GangReserved"]
+    assert {e.pod["metadata"]["name"] for e in reserved} == {f"big-{i}" for i in range(4)}
+    assert iso(T0 + 100) in reserved[0].message
+    assert "nvl-0" in reserved[0].message
+    actions = s.take_actions()
+    assert actions.annotate == dict.fromkeys(DOMAIN0, "default/big")
+    text = s.metrics_text().decode()
+    assert "gpuagent_extender_reservations 1" in text
+    assert "gpuagent_extender_reserved_gpus 16" in text
+    assert "gpuagent_extender_waiting_gangs 1" in text
+
+
+def test_pods_on_their_own_use_reserved_nodes_only_when_they_end_before_its_start() -> None:
+    s = make_state([*busy_cluster(), *big_gang()])
+    s.filter(s.pods["default/big-0"], NODES, 1.0, T0 + 20)
+    endless = solo("endless", 4, at=T0 + 30)
+    short = solo("short", 4, limit=50, at=T0 + 30)  # ends at T0+80, before the start at T0+100
+    long = solo("long", 4, limit=500, at=T0 + 30)
+    for p in (endless, short, long):
+        s.apply("pods", "ADDED", p)
+    for p, reserved_ok in ((endless, False), (short, True), (long, False)):
+        out = s.filter(p, NODES, 2.0, T0 + 30)
+        assert ("r0-t1" in out.passed) is reserved_ok, (p["metadata"]["name"], out.failed.get("r0-t1"))
+        assert "r1-t1" in out.passed  # not reserved
+        if not reserved_ok:
+            assert RESERVED_FOR in out.failed["r0-t1"]
+
+
+def test_a_gang_backfills_reserved_nodes_only_when_it_ends_before_the_start() -> None:
+    s = make_state([*busy_cluster(), *big_gang()])
+    s.filter(s.pods["default/big-0"], NODES, 1.0, T0 + 20)
+    # a 2-pod gang without a limit may not take reserved capacity: it goes to nvl-1
+    for p in [member("endless", i, size=2, at=T0 + 30) for i in range(2)]:
+        s.apply("pods", "ADDED", p)
+    out = s.filter(s.pods["default/endless-0"], NODES, 2.0, T0 + 30)
+    assert out.passed
+    assert out.passed[0].startswith("r1-")
+    # one with a limit ending before the reservation's start is offered the reserved (idle) capacity
+    for p in [member("quick", i, size=2, limit=30, at=T0 + 30) for i in range(2)]:
+        s.apply("pods", "ADDED", p)
+    out = s.filter(s.pods["default/quick-0"], NODES, 3.0, T0 + 31)
+    assert out.passed
+    assert out.passed[0] in DOMAIN0
+    assert s.queue_reservations["default/big"].start_s == T0 + 100  # its start is not delayed
+
+
+def test_the_reservation_is_released_when_the_gang_starts_and_the_annotation_goes() -> None:
+    s = make_state([*busy_cluster(), *big_gang()])
+    s.filter(s.pods["default/big-0"], NODES, 1.0, T0 + 20)
+    for n in DOMAIN0:  # the annotations as the API now shows them
+        obj = dict(s.nodes[n])
+        obj["metadata"] = {**obj["metadata"], "annotations": {RESERVED_FOR: "default/big"}}
+        s.apply("nodes", "MODIFIED", obj)
+    assert s.take_actions().annotate == {}
+    s.apply("pods", "DELETED", s.pods["default/a"])  # the job on r0-t0 ended early
+    out = s.filter(s.pods["default/big-0"], NODES, 2.0, T0 + 40)
+    assert out.passed
+    assert out.passed[0] in DOMAIN0
+    assert "default/big" not in s.queue_reservations
+    assert s.take_actions().annotate == dict.fromkeys(DOMAIN0)
+    assert "gpuagent_extender_reservations 0" in s.metrics_text().decode()
+
+
+def test_the_reservation_is_released_when_the_gang_is_deleted() -> None:
+    s = make_state([*busy_cluster(), *big_gang()])
+    s.filter(s.pods["default/big-0"], NODES, 1.0, T0 + 20)
+    assert s.queue_reservations
+    for i in range(4):
+        s.apply("pods", "DELETED", s.pods[f"default/big-{i}"])
+    assert s.queue_tick(2.0, T0 + 21).annotate == {}  # nothing was annotated yet: nothing to remove
+    assert s.queue_reservations == {}
+
+
+def test_a_lost_node_moves_the_reservation() -> None:
+    s = make_state([*busy_cluster(), *big_gang()])
+    s.filter(s.pods["default/big-0"], NODES, 1.0, T0 + 20)
+    lost = dict(s.nodes["r0-t2"])
+    lost["spec"] = {"unschedulable": True}
+    s.apply("nodes", "MODIFIED", lost)
+    s.queue_tick(2.0, T0 + 21)
+    r = s.queue_reservations["default/big"]
+    assert r.domain == "nvl-1"
+    assert r.start_s == T0 + 300
+
+
+def test_reservations_are_rebuilt_from_node_annotations_after_a_restart() -> None:
+    pods = [*busy_cluster(), *big_gang()]
+    first = make_state(pods)
+    first.filter(first.pods["default/big-0"], NODES, 1.0, T0 + 20)
+    held = first.queue_reservations["default/big"]
+    annotated = dict.fromkeys(held.claims, "default/big") | {"r1-t3": "default/gone"}
+    again = make_state(pods, annotated=annotated)
+    again.synced = False
+    assert again.queue_tick(1.0, T0 + 25).annotate == {}  # informers not synced: nothing read or written
+    assert again.queue_reservations == {}
+    again.synced = True
+    actions = again.queue_tick(2.0, T0 + 26)
+    rebuilt = again.queue_reservations["default/big"]
+    assert dict(rebuilt.claims) == dict(held.claims)
+    assert rebuilt.start_s == held.start_s
+    assert actions.annotate == {"r1-t3": None}  # the stale one goes, the held ones stay
+
+
+def preemption_cluster() -> list[dict[str, Any]]:
+    """nvl-0 runs low-priority gang lo0 (2 pods) and lo1 (2 pods); nvl-1 runs lo2 (4 pods) and a pod."""
+    pods = [member("lo0", i, size=2, on=f"r0-t{i}", at=T0) for i in range(2)]
+    pods += [member("lo1", i, size=2, on=f"r0-t{2 + i}", at=T0 - 1000) for i in range(2)]
+    pods += [member("lo2", i, size=3, on=f"r1-t{i}", at=T0 - 50) for i in range(3)]
+    pods.append(solo("lone", 4, on="r1-t3", at=T0))
+    return pods
+
+
+def test_a_high_priority_gang_evicts_whole_gangs_inside_one_domain() -> None:
+    hi = [member("hi", i, priority=1000, at=T0 + 10) for i in range(4)]
+    s = make_state([*preemption_cluster(), *hi], config=QueueConfig(preempt_after_s=30))
+    early = s.filter(s.pods["default/hi-0"], NODES, 1.0, T0 + 20)
+    assert early.passed == []
+    assert s.take_actions().evictions == ()
+    actions = s.queue_tick(2.0, T0 + 41)  # the wait ended (wake time)
+    evicted = sorted(e.pod["metadata"]["name"] for e in actions.evictions)
+    victims = {e.victim for e in actions.evictions}
+    # the least GPU-time lost inside one domain: nvl-0 (lo0 and lo1, 2 pods each, both whole) costs
+    # 16 GPUs x their run time; nvl-1 would need lo2 (3 pods, ran 50 s longer) and the lone pod
+    assert victims in ({"default/lo0", "default/lo1"}, {"default/lo2", "pod:default/lone"})
+    for gang in victims - {"pod:default/lone"}:
+        name = gang.split("/")[1]
+        size = 3 if name == "lo2" else 2
+        assert {f"{name}-{i}" for i in range(size)} <= set(evicted)  # whole gangs only
+    assert any(e.reason == "GangPreempting" for e in actions.events)
+    assert "gpuagent_extender_preemptions_total 1" in s.metrics_text().decode()
+    # the next tick does not ask again while the evictions are under way
+    s._queue_dirty = True
+    assert s.queue_tick(3.0, T0 + 42).evictions == ()
+
+
+def test_equal_or_lower_priority_never_preempts() -> None:
+    same = [member("same", i, at=T0 + 10) for i in range(4)]
+    s = make_state([*preemption_cluster(), *same], config=QueueConfig(preempt_after_s=0))
+    assert s.queue_tick(1.0, T0 + 1000).evictions == ()
+
+
+# -- the preempt verb ------------------------------------------------------------------------------
+def test_preempt_keeps_only_victim_sets_that_take_whole_gangs() -> None:
+    s = make_state([*preemption_cluster(), solo("urgent", 4, at=T0 + 5)])
+    urgent = s.pods["default/urgent"]
+    uid = {k.split("/")[1]: p["metadata"]["uid"] for k, p in s.pods.items()}
+    victims = {
+        "r0-t0": VictimSet((uid["lo0-0"],), 0),  # half of gang lo0: refused
+        "r1-t3": VictimSet((uid["lone"],), 0),  # a pod on its own: kept
+        "r1-t0": VictimSet(("uid-nobody",), 0),  # unknown: refused
+    }
+    kept = s.preempt(urgent, victims, T0 + 5)
+    assert kept == {"r1-t3": {"Pods": [{"UID": uid["lone"]}], "NumPDBViolations": 0}}
+    # a gang pod's preemption is the queue's: kube-scheduler gets no victims for it
+    hi = member("hi", 0, size=1, priority=10, at=T0)
+    s.apply("pods", "ADDED", hi)
+    assert s.preempt(hi, {"r1-t3": VictimSet((uid["lone"],), 0)}, T0 + 5) == {}
+
+
+def test_preempt_takes_a_gang_that_lies_whole_on_the_node() -> None:
+    pods = [member("pair", i, size=2, gpus=2, on="r0-t0", at=T0) for i in range(2)]
+    s = make_state([*pods, solo("urgent", 4, at=T0 + 5)])
+    uids = tuple(p["metadata"]["uid"] for p in pods)
+    kept = s.preempt(s.pods["default/urgent"], {"r0-t0": VictimSet(uids, 1)}, T0 + 5)
+    assert kept == {"r0-t0": {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": 1}}
+
+
+def test_preempt_refuses_reserved_nodes_a_pod_without_a_limit_could_not_use() -> None:
+    s = make_state([*busy_cluster(), *big_gang(), solo("c", 4, on="r0-t1", limit=50, at=T0)])
+    s.filter(s.pods["default/big-0"], NODES, 1.0, T0 + 20)
+    s.apply("pods", "ADDED", solo("urgent", 4, at=T0 + 30))
+    uid = s.pods["default/c"]["metadata"]["uid"]
+    assert s.preempt(s.pods["default/urgent"], {"r0-t1": VictimSet((uid,), 0)}, T0 + 30) == {}
+
+
+def test_parse_victims_reads_both_forms() -> None:
+    meta = parse_victims({"NodeNameToMetaVictims": {"n": {"Pods": [{"UID": "u1"}], "NumPDBViolations": 2}}})
+    assert meta == {"n": VictimSet(("u1",), 2)}
+    full = parse_victims({"NodeNameToVictims": {"n": {"Pods": [{"metadata": {"uid": "u2"}}]}, "m": None}})
+    assert full == {"n": VictimSet(("u2",), 0)}
+    assert parse_victims({}) == {}
+
+
+# -- time limits ------------------------------------------------------------------------------------
+def test_time_limits_from_annotations_the_pod_and_its_job() -> None:
+    p = pod("p", 1, annotations={"kueue.x-k8s.io/max-exec-time-seconds": "900"})
+    p["spec"]["activeDeadlineSeconds"] = 1200
+    assert pod_limit(p, {}) == 900
+    p["metadata"]["ownerReferences"] = [{"kind": "Job", "name": "j", "controller": True}]
+    assert pod_limit(p, {"default/j": {"spec": {"activeDeadlineSeconds": 60}}}) == 60
+    assert timestamp("2026-12-02T00:00:00Z") == datetime(2026, 12, 2, tzinfo=UTC).timestamp()
+    assert timestamp("yesterday") is None
+    assert timestamp(7) is None
+
+
+def test_a_bad_time_limit_is_said_on_the_pod_and_counts_as_none() -> None:
+    s = make_state([*busy_cluster(), *big_gang()])
+    s.filter(s.pods["default/big-0"], NODES, 1.0, T0 + 20)
+    bad = solo("bad", 4, at=T0 + 30)
+    bad["metadata"]["annotations"]["gpuagent.dev/time-limit"] = "soon"
+    s.apply("pods", "ADDED", bad)
+    out = s.filter(bad, NODES, 2.0, T0 + 30)
+    assert "r0-t1" not in out.passed  # counted as never ending: not on reserved nodes
+    events = s.take_actions().events
+    assert [e.reason for e in events] == ["InvalidTimeLimit"]
+    assert "gpuagent.dev/time-limit" in events[0].message
+
+
+# -- the extender carries out the queue's actions ------------------------------------------------------
+class FakeQueueCluster:
+    def __init__(self, refuse: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+        self.annotations: list[tuple[str, str | None]] = []
+        self.evicted: list[str] = []
+        self.events: list[tuple[str, str, str]] = []
+        self.refuse = refuse
+
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        raise AssertionError("no binding expected")
+
+    def event(self, pod: Any, *, reason: str, message: str, warning: bool) -> None:
+        self.events.append((pod["metadata"]["name"], reason, message))
+
+    def annotate_node(self, node: str, value: str | None) -> None:
+        self.annotations.append((node, value))
+
+    def evict(self, namespace: str, name: str, uid: str) -> str | None:
+        if name in self.refuse:
+            return "the API refused the eviction (PodDisruptionBudget): Cannot evict pod"
+        self.evicted.append(name)
+        return None
+
+
+def test_the_queue_loop_annotates_evicts_and_says_when_a_budget_refuses() -> None:
+    hi = [member("hi", i, priority=1000, at=T0) for i in range(4)]
+    s = make_state([*preemption_cluster(), *hi], config=QueueConfig(preempt_after_s=0))
+    fake = FakeQueueCluster(refuse={"lo0-1", "lo2-1"})
+    wall = [T0 + 10]
+    ext = Extender(state=s, cluster=fake, queue_cluster=fake, wall=lambda: wall[0], clock=lambda: 5.0)
+
+    async def run() -> None:
+        await ext.queue_once()
+        await asyncio.sleep(0.05)  # Events are recorded in the background
+        status, metrics = await ext.dispatch_health("GET", "/metrics", b"")
+        assert status == 200
+        assert b"gpuagent_extender_evictions_refused_total 1" in metrics.body
+        await ext.drain()
+
+    asyncio.run(run())
+    assert len(fake.evicted) == 3  # the victims' pods but the refused one
+    blocked = [e for e in fake.events if e[1] == "PreemptionBlocked"]
+    assert len(blocked) == 1
+    assert "PodDisruptionBudget" in blocked[0][2]
+    assert {e[1] for e in fake.events} >= {"Preempted", "GangPreempting"}
+    held = sorted(n for n, v in fake.annotations if v == "default/hi")
+    assert len(held) == 4  # the preemptor holds its planned nodes
+
+
+@pytest.mark.parametrize(
+    ("path", "status"),
+    [pytest.param("/metrics", 200, id="metrics"), pytest.param("/filter", 404, id="no-verbs-there")],
+)
+def test_health_listener_serves_metrics(path: str, status: int) -> None:
+    ext = Extender(state=make_state([]), cluster=FakeQueueCluster())
+    got, _ = asyncio.run(ext.dispatch_health("GET", path, b""))
+    assert got == status
