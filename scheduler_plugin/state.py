@@ -7,14 +7,23 @@ Fed by informer events (plain API dicts) and by the scheduler's calls; the clock
 Nothing here talks to the network: the decisions come back as values (which nodes pass, which pods
 to bind, which Events to record) and ``scheduler_plugin.extender`` carries them out.
 
-Gangs: the first pod of a gang to reach filter makes a plan for the whole gang (``planner.plan``) on
-the nodes its pods' ``nodeSelector`` allows, minus other gangs' reservations, and the plan becomes
-a reservation: its nodes' GPUs are held for the gang and every pod of the gang is filtered to its
-planned node. Bind waits at a barrier until every planned pod has arrived, then all are bound
-together; on ``barrier_timeout_s`` the pods bind only if at least the gang minimum arrived,
-otherwise nothing binds and the reservation is released. A reservation no pod has reached bind for
-in ``reservation_ttl_s`` expires. A restart rebuilds everything from the API: bound pods count as
-used; reservations are made afresh.
+Gangs: the first pod of a gang to reach filter runs the queue (``queue.decide``, fed by
+``queue_pass``: running gangs from bound pods, waiting gangs in PriorityClass-then-creation order, the
+reservations of earlier passes). A gang the queue starts gets a plan on the nodes its pods'
+``nodeSelector`` allows, and the plan becomes a reservation: its nodes' GPUs are held for the gang and
+every pod of the gang is filtered to its planned node. A gang that does not start waits: the head of
+the queue holds the nodes it will get (``queue_reservations``, an Event ``GangReserved`` with the
+expected start, the node annotation ``gpuagent.dev/reserved-for``); other gangs, and pods on their own,
+use those nodes only if their time limit ends before that start. A gang of higher priority that has
+waited ``QueueConfig.preempt_after_s`` evicts whole lower-priority gangs inside one domain
+(``take_actions`` hands the evictions to the caller). After a restart the queue's reservations are
+rebuilt from the pods and the node annotations (``queue.rebuild``).
+
+Bind waits at a barrier until every planned pod has arrived, then all are bound together; on
+``barrier_timeout_s`` the pods bind only if at least the gang minimum arrived, otherwise nothing
+binds and the reservation is released. A reservation no pod has reached bind for in
+``reservation_ttl_s`` expires. A restart rebuilds everything from the API: bound pods count as
+used; plans are made afresh.
 
 Pods on their own pass filter wherever the GPUs not reserved for a gang cover their request, and get
 a fragmentation-aware priority (0..10, kube-scheduler's extender range; it scales by weight x 10):
@@ -25,8 +34,10 @@ the node end up, so wholly free domains stay whole for gangs.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from scheduler_plugin.cluster import (
@@ -38,11 +49,46 @@ from scheduler_plugin.cluster import (
 )
 from scheduler_plugin.gangs import GangError, GangIncompleteError, GangSpec, gang_for_pod, gang_key_of
 from scheduler_plugin.planner import SnapshotCache, plan
-from scheduler_plugin.snapshot import MAX_GANG_PODS, ClusterSnapshot, Gang, Infeasible, PodSlot, Role
+from scheduler_plugin.queue import (
+    RESERVED_FOR,
+    PodFacts,
+    QueueConfig,
+    QueueError,
+    Running,
+    Waiting,
+    decide,
+    order,
+    rebuild,
+)
+from scheduler_plugin.queue import Reservation as QueueReservation
+from scheduler_plugin.queueing import (
+    QueueMetrics,
+    VictimSet,
+    held_back_caps,
+    pod_limit,
+    pod_priority,
+    preempt_answer,
+    render_metrics,
+    reserved_for_value,
+    timestamp,
+)
+from scheduler_plugin.snapshot import (
+    MAX_GANG_PODS,
+    ClusterSnapshot,
+    Gang,
+    Infeasible,
+    NodeState,
+    PlanResult,
+    PodSlot,
+    Role,
+)
 
 MAX_PRIORITY = 10  # kube-scheduler's MaxExtenderPriority
 # kinds keyed "<namespace>/<name>"; the rest (nodes, hypernodes) are cluster-scoped
-_NAMESPACED = frozenset({"pods", "podgroups", "rayclusters", "workloads", "workload_podgroups"})
+_NAMESPACED = frozenset({"pods", "podgroups", "rayclusters", "workloads", "workload_podgroups", "jobs"})
+SOLO = "pod:"  # the queue's name of a running pod on its own: "pod:<namespace>/<name>"
+QUEUE_RETRY_S = 0.5  # a waiting gang's pods run the queue again at most this often (unless it is new)
+EVICTION_RETRY_S = 10.0  # an eviction asked for is not asked again before this
 SCHEDULER_NAME = "gpu-topology-scheduler"  # ARCHITECTURE.md: the second kube-scheduler that calls us
 
 
@@ -83,6 +129,24 @@ class Reservation:
 
 
 @dataclass(frozen=True)
+class Eviction:
+    """A pod to evict for a preemption: it belongs to ``victim`` (a whole gang, or ``pod:<key>``)."""
+
+    pod: Mapping[str, Any]
+    victim: str
+    message: str
+
+
+@dataclass(frozen=True)
+class QueueActions:
+    """What a pass of the queue leaves to the caller (``ClusterState.take_actions``)."""
+
+    events: tuple[EventRecord, ...] = ()
+    annotate: Mapping[str, str | None] = field(default_factory=dict)
+    evictions: tuple[Eviction, ...] = ()
+
+
+@dataclass(frozen=True)
 class BindDecision:
     """What to do with a bind call.
 
@@ -105,6 +169,7 @@ class ClusterState:
         reservation_ttl_s: float = 120.0,
         barrier_timeout_s: float = 20.0,
         scheduler_name: str = SCHEDULER_NAME,
+        queue: QueueConfig | None = None,
     ) -> None:
         self.reservation_ttl_s = reservation_ttl_s
         self.barrier_timeout_s = barrier_timeout_s
@@ -132,6 +197,23 @@ class ClusterState:
         # pod key -> (uid, valid until): pods on their own this extender passed in filter, for bind
         self._filtered: dict[str, tuple[str, float]] = {}
         self._next_prune = 0.0
+        # the queue (module docstring): its config, what its last pass held and saw, and what the
+        # caller still has to carry out (Events, node annotations, evictions; ``take_actions``)
+        self.queue_config = queue if queue is not None else QueueConfig()
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.queue_reservations: dict[str, QueueReservation] = {}
+        self.queue_metrics = QueueMetrics()
+        self.synced = True  # the composition root clears it until every informer has listed once
+        self._queue_rebuilt = False
+        self._queue_dirty = True
+        self._queue_last = -math.inf
+        self._queue_wake = math.inf
+        self._queue_waiting: list[str] = []  # gang names in queue order, at the last pass
+        self._queue_running: dict[str, Running] = {}
+        self._first_seen: dict[str, float] = {}
+        self._evicting: dict[str, float] = {}  # pod key -> when its eviction was asked for
+        self._pending_events: list[EventRecord] = []
+        self._pending_evictions: list[Eviction] = []
 
     # -- informer side ---------------------------------------------------------------------------
     @staticmethod
@@ -150,12 +232,14 @@ class ClusterState:
             "rayclusters": self.rayclusters,
             "workloads": self.workloads,
             "workload_podgroups": self.workload_podgroups,
+            "jobs": self.jobs,
         }[kind]
 
     def replace(self, kind: str, items: Iterable[Mapping[str, Any]]) -> None:
         """A fresh listing of one kind replaces what was known."""
         store = self._store(kind)
         store.clear()
+        self._queue_dirty = True
         for obj in items:
             store[self._key(kind, obj)] = dict(obj)
         if kind == "pods":
@@ -173,6 +257,8 @@ class ClusterState:
         """One watch event (ADDED / MODIFIED / DELETED)."""
         store = self._store(kind)
         key = self._key(kind, obj)
+        if kind in ("pods", "nodes", "jobs"):
+            self._queue_dirty = True
         if event_type == "DELETED":
             store.pop(key, None)
         else:
@@ -303,15 +389,65 @@ class ClusterState:
             for r, v in role.resources_per_pod.items():
                 hold[r] = max(0, hold.get(r, 0) - v)
 
-    def _plan_gang(self, spec: GangSpec, now: float) -> Reservation | str:
+    def _holds(self, *, except_gang: str | None = None) -> dict[str, dict[str, int]]:
+        """Resources held per node for gangs planned but not bound (other than ``except_gang``)."""
         others: dict[str, dict[str, int]] = {}
         for k, r in self.reservations.items():
-            if k == spec.key:
+            if k == except_gang:
                 continue
             for node, res in r.held.items():
                 acc = others.setdefault(node, {})
                 for name, v in res.items():
                     acc[name] = acc.get(name, 0) + v
+        return others
+
+    def _plan_gang(self, spec: GangSpec, now: float) -> Reservation | str:
+        others = self._holds(except_gang=spec.key)
+        inputs = self._gang_inputs(spec)
+        if isinstance(inputs, str):
+            return inputs
+        gang, members, nodes, by_role = inputs
+        snapshot = snapshot_from_objects(
+            nodes, self.pods.values(), self.hypernodes.values(), reserved=others, previous=self._last_snapshot
+        )
+        self._last_snapshot = snapshot
+        planned_gang = gang
+        if len({tuple(sorted(sel.items())) for sel in by_role.values()}) > 1:
+            snapshot, planned_gang = _per_role_selectors(snapshot, gang, by_role, self.nodes)
+        result = plan(snapshot, planned_gang, cache=self._snapshots)
+        if isinstance(result, Infeasible):
+            return result.reason
+        return self._reservation_from(spec, gang, members, result.placement, now)
+
+    def _reservation_from(
+        self,
+        spec: GangSpec,
+        gang: Gang,
+        members: dict[str, PodSlot],
+        placement: Mapping[PodSlot, str],
+        now: float,
+    ) -> Reservation:
+        roles = {r.name: r for r in gang.roles}
+        held: dict[str, dict[str, int]] = {}
+        for planned, node in placement.items():
+            role = roles[planned.role]
+            acc = held.setdefault(node, {})
+            acc[GPU] = acc.get(GPU, 0) + role.gpus_per_pod
+            for rname, v in role.resources_per_pod.items():
+                acc[rname] = acc.get(rname, 0) + v
+        respec = GangSpec(
+            key=spec.key, gang=gang, members=members, min_member=spec.min_member, source=spec.source
+        )
+        return Reservation(
+            spec=respec, nodes=dict(placement), held=held, expires_at=now + self.reservation_ttl_s
+        )
+
+    def _gang_inputs(
+        self, spec: GangSpec
+    ) -> tuple[Gang, dict[str, PodSlot], list[dict[str, Any]], dict[str, dict[str, str]]] | str:
+        """What a plan of ``spec`` needs: the gang left to place (its unbound part), its pods' places,
+        the nodes its pods may go to (nodeSelector, tolerations, not ruled out by kube-scheduler) and
+        each role's nodeSelector; or why it cannot be planned."""
         gang, members = _unbound_part(spec, self.pods)
         if gang is None:
             return "every pod of the gang is already bound"
@@ -340,30 +476,7 @@ class ClusterState:
         if not nodes:
             shown = " or ".join(str(dict(sel)) for sel in sorted(selectors)) or "{}"
             return f"no node matches the gang's nodeSelector {shown} and tolerations"
-        snapshot = snapshot_from_objects(
-            nodes, self.pods.values(), self.hypernodes.values(), reserved=others, previous=self._last_snapshot
-        )
-        self._last_snapshot = snapshot
-        planned_gang = gang
-        if len(selectors) > 1:  # roles on different node pools (a Ray head on CPU nodes): one per role
-            snapshot, planned_gang = _per_role_selectors(snapshot, gang, by_role, self.nodes)
-        result = plan(snapshot, planned_gang, cache=self._snapshots)
-        if isinstance(result, Infeasible):
-            return result.reason
-        roles = {r.name: r for r in gang.roles}
-        held: dict[str, dict[str, int]] = {}
-        for planned, node in result.placement.items():
-            role = roles[planned.role]
-            acc = held.setdefault(node, {})
-            acc[GPU] = acc.get(GPU, 0) + role.gpus_per_pod
-            for rname, v in role.resources_per_pod.items():
-                acc[rname] = acc.get(rname, 0) + v
-        respec = GangSpec(
-            key=spec.key, gang=gang, members=members, min_member=spec.min_member, source=spec.source
-        )
-        return Reservation(
-            spec=respec, nodes=dict(result.placement), held=held, expires_at=now + self.reservation_ttl_s
-        )
+        return gang, members, nodes, by_role
 
     def _event_once(
         self, pod: Mapping[str, Any], reason: str, message: str, *, warning: bool = True
@@ -373,6 +486,295 @@ class ClusterState:
             return []
         self._last_event[key] = (reason, message)
         return [EventRecord(pod=pod, reason=reason, message=message, warning=warning)]
+
+    # -- the queue -------------------------------------------------------------------------------
+    def _pod_time(self, pod: Mapping[str, Any], path: str, wall: float) -> float:
+        meta = pod.get("metadata") or {}
+        t = timestamp(
+            (pod.get("status") or {}).get("startTime") if path == "start" else meta.get("creationTimestamp")
+        )
+        if t is not None:
+            return t
+        return self._first_seen.setdefault(pod_key(pod), wall)  # no time in the API object: first seen
+
+    def _limit(self, pod: Mapping[str, Any]) -> float | None:
+        try:
+            return pod_limit(pod, self.jobs)
+        except QueueError as exc:  # said once on the pod; it counts as never ending
+            self._pending_events += self._event_once(pod, "InvalidTimeLimit", f"{exc}; counted as no limit")
+            return None
+
+    def _queue_place(
+        self,
+        prepared: Mapping[
+            str, tuple[GangSpec, Gang, dict[str, PodSlot], set[str], dict[str, dict[str, str]]]
+        ],
+    ) -> Callable[[ClusterSnapshot, Gang], PlanResult]:
+        """The planner as the queue calls it: each gang on the nodes its pods may use (others count as
+        full), roles with different nodeSelectors each on their own nodes."""
+        zeros: dict[str, NodeState] = {}
+
+        def place(snapshot: ClusterSnapshot, gang: Gang) -> PlanResult:
+            _, _, _, allowed, by_role = prepared[gang.name]
+            if len(allowed) < len(snapshot.nodes):
+                nodes = []
+                for n in snapshot.nodes:
+                    if n.name in allowed or n.free == 0:
+                        nodes.append(n)
+                        continue
+                    z = zeros.get(n.name)
+                    if z is None or z.gpus != n.gpus or z.domains != n.domains:
+                        z = zeros[n.name] = dataclasses.replace(n, free=0)
+                    nodes.append(z)
+                snapshot = dataclasses.replace(snapshot, nodes=tuple(nodes))
+            if len({tuple(sorted(sel.items())) for sel in by_role.values()}) > 1:
+                snapshot, gang = _per_role_selectors(snapshot, gang, by_role, self.nodes)
+            return plan(snapshot, gang, cache=self._snapshots)
+
+        return place
+
+    def queue_due(self, gang: str, now: float) -> bool:
+        """Whether a filter of ``gang``'s pod should run the queue again: a gang the last pass did not
+        see, or the cluster changed and the last pass is ``QUEUE_RETRY_S`` old."""
+        return gang not in self._queue_waiting or (
+            self._queue_dirty and now - self._queue_last >= QUEUE_RETRY_S
+        )
+
+    def queue_pass(self, now: float, wall: float) -> None:
+        """One pass of the queue (module docstring) at ``wall`` (seconds since the epoch; ``now`` is the
+        clock of reservations and barriers). Gangs it starts get their plan as a reservation at once;
+        what a user should see (Events), and evictions, wait in ``take_actions``."""
+        if not self.synced:  # a partial listing would misjudge the queue and the nodes' annotations
+            return
+        self._queue_dirty = False
+        self._queue_last = now
+        self.queue_metrics.passes += 1
+        snapshot = snapshot_from_objects(
+            self.nodes.values(),
+            self.pods.values(),
+            self.hypernodes.values(),
+            reserved=self._holds(),
+            previous=self._last_snapshot,
+        )
+        self._last_snapshot = snapshot
+        facts: list[PodFacts] = []
+        pending: dict[str, list[str]] = {}
+        for key, pod in self.pods.items():
+            found = gang_key_of(pod)
+            if holds_resources(pod):
+                gpus = pod_requests(pod).get(GPU, 0)
+                if found is None and gpus <= 0:
+                    continue
+                name = found[1] if found is not None else SOLO + key
+                facts.append(
+                    PodFacts(
+                        gang=name,
+                        priority=pod_priority(pod),
+                        created_s=self._pod_time(pod, "created", wall),
+                        limit_s=self._limit(pod),
+                        node=str((pod.get("spec") or {}).get("nodeName")),
+                        gpus=gpus,
+                        started_s=self._pod_time(pod, "start", wall),
+                    )
+                )
+            elif (
+                found is not None
+                and found[1] not in self.reservations
+                and not (pod.get("spec") or {}).get("nodeName")
+                and not (pod.get("metadata") or {}).get("deletionTimestamp")
+                and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+                and _scheduler_of(pod) == self.scheduler_name
+            ):
+                pending.setdefault(found[1], []).append(key)
+        prepared: dict[
+            str, tuple[GangSpec, Gang, dict[str, PodSlot], set[str], dict[str, dict[str, str]]]
+        ] = {}
+        waiting: list[Waiting] = []
+        for name, keys in sorted(pending.items()):
+            try:
+                spec = gang_for_pod(
+                    self.pods[keys[0]],
+                    self.pods.values(),
+                    self.podgroups,
+                    snapshot.tiers,
+                    rayclusters=self.rayclusters,
+                    workload_podgroups=self.workload_podgroups,
+                    workloads=self.workloads,
+                )
+            except GangError:  # incomplete or invalid: its pods' filter says why; not in the queue yet
+                continue
+            if spec is None:
+                continue
+            inputs = self._gang_inputs(spec)
+            if isinstance(inputs, str):
+                continue
+            gang, members, nodes, by_role = inputs
+            allowed = {str((n.get("metadata") or {}).get("name")) for n in nodes}
+            prepared[name] = (spec, gang, members, allowed, by_role)
+            mates = [self.pods[k] for k in spec.members if k in self.pods]
+            limits = [lim for lim in (self._limit(p) for p in mates) if lim is not None]
+            waiting.append(
+                Waiting(
+                    name=name,
+                    gang=dataclasses.replace(gang, name=name),
+                    priority=max(pod_priority(p) for p in mates),
+                    created_s=min(self._pod_time(p, "created", wall) for p in mates),
+                    limit_s=min(limits) if limits else None,
+                )
+            )
+        place = self._queue_place(prepared)
+        reserved_for: dict[str, str] = {}
+        if not self._queue_rebuilt and self.synced:  # after a restart: what the nodes say is held
+            for node_name, obj in self.nodes.items():
+                value = ((obj.get("metadata") or {}).get("annotations") or {}).get(RESERVED_FOR)
+                if isinstance(value, str) and value:
+                    reserved_for[node_name] = value.split(",")[0]
+        rebuilt = rebuild(wall, snapshot, facts, waiting, reserved_for, place=place)
+        if not self._queue_rebuilt and self.synced:
+            self._queue_rebuilt = True
+            self.queue_reservations = dict(rebuilt.reservations)
+        before = dict(self.queue_reservations)
+        decision = decide(
+            wall, snapshot, rebuilt.running, waiting, before, place=place, config=self.queue_config
+        )
+        self.queue_reservations = dict(decision.reservations)
+        self._queue_running = dict(rebuilt.running)
+        self._queue_wake = decision.wake_s
+        started = {st.gang for st in decision.starts}
+        self._queue_waiting = [w.name for w in order(waiting) if w.name not in started]
+        for start in decision.starts:
+            spec, gang, members, _, _ = prepared[start.gang]
+            self.reservations[start.gang] = self._reservation_from(
+                spec, gang, members, start.plan.placement, now
+            )
+            self._excluded.pop(start.gang, None)
+        for name, r in sorted(self.queue_reservations.items()):
+            old = before.get(name)
+            if old is not None and old.start_s == r.start_s and dict(old.claims) == dict(r.claims):
+                continue
+            where = f" in {r.domain}" if r.domain else ""
+            waits = f"; waits for {len(r.waits_for)} running job(s) to end" if r.waits_for else ""
+            msg = (
+                f"gang {name} is next in the queue: {sum(r.claims.values())} GPU(s) on {len(r.claims)} "
+                f"node(s){where} reserved, expected start {_utc(r.start_s)}{waits}"
+            )
+            for k in pending.get(name, ()):
+                self._pending_events += self._event_once(self.pods[k], "GangReserved", msg, warning=False)
+        by_gang: dict[str, list[str]] = {}
+        for key, pod in self.pods.items():
+            if holds_resources(pod):
+                found = gang_key_of(pod)
+                by_gang.setdefault(found[1] if found is not None else SOLO + key, []).append(key)
+        for pre in decision.preemptions:
+            self.queue_metrics.preemptions += 1
+            msg = (
+                f"gang {pre.gang} (priority {next((w.priority for w in waiting if w.name == pre.gang), 0)}) "
+                f"preempts whole gang(s) {', '.join(pre.victims)} in {pre.tier} domain {pre.domain} "
+                f"({pre.lost_gpu_s / 3600:.2f} GPU-hours of work lost)"
+            )
+            for k in pending.get(pre.gang, ()):
+                self._pending_events += self._event_once(self.pods[k], "GangPreempting", msg)
+            for victim in pre.victims:
+                for k in by_gang.get(victim, ()):
+                    asked = self._evicting.get(k)
+                    if asked is not None and now - asked < EVICTION_RETRY_S:
+                        continue
+                    if (self.pods[k].get("metadata") or {}).get("deletionTimestamp"):
+                        continue
+                    self._evicting[k] = now
+                    self._pending_evictions.append(Eviction(pod=self.pods[k], victim=victim, message=msg))
+
+    def queue_tick(self, now: float, wall: float) -> QueueActions:
+        """The periodic side of the queue: run a pass when the cluster changed or a wait ended, then
+        hand over what to carry out (``take_actions``)."""
+        if self._queue_dirty or wall >= self._queue_wake or not self._queue_rebuilt:
+            self.queue_pass(now, wall)
+        return self.take_actions()
+
+    def take_actions(self) -> QueueActions:
+        """What the queue's passes decided that the caller carries out: Events, the node annotations
+        that differ from what the nodes show (node -> ``gpuagent.dev/reserved-for`` value, None to
+        remove), and evictions (whole gangs)."""
+        events, self._pending_events = self._pending_events, []
+        evictions, self._pending_evictions = self._pending_evictions, []
+        if not self._queue_rebuilt:  # the nodes' annotations are still to be read back
+            return QueueActions(events=tuple(events), evictions=tuple(evictions))
+        wanted: dict[str, set[str]] = {}
+        for name, r in self.queue_reservations.items():
+            for node in r.claims:
+                wanted.setdefault(node, set()).add(name)
+        annotate: dict[str, str | None] = {}
+        for node_name, obj in sorted(self.nodes.items()):
+            have = ((obj.get("metadata") or {}).get("annotations") or {}).get(RESERVED_FOR)
+            want = reserved_for_value(wanted[node_name]) if node_name in wanted else None
+            if (have or None) != want:
+                annotate[node_name] = want
+        return QueueActions(events=tuple(events), annotate=annotate, evictions=tuple(evictions))
+
+    def eviction_refused(self, key: str) -> None:
+        """The API refused to evict ``key`` (a PodDisruptionBudget): counted; asked again later."""
+        self.queue_metrics.evictions_refused += 1
+
+    def eviction_done(self, key: str) -> None:
+        self.queue_metrics.evictions += 1
+
+    def queue_position(self, gang: str) -> str:
+        """Where ``gang`` stands in the queue, in words, for filter's message."""
+        if not self.synced:
+            return "the extender's informers have not listed the cluster yet"
+        if gang not in self._queue_waiting:
+            return "not in the queue yet"
+        r = self.queue_reservations.get(gang)
+        if r is not None:
+            return f"next in the queue, nodes reserved, expected start {_utc(r.start_s)}"
+        at, of = self._queue_waiting.index(gang) + 1, len(self._queue_waiting)
+        return f"waits in the queue at position {at} of {of}"
+
+    def metrics_text(self) -> bytes:
+        """The queue's metrics in the Prometheus text format."""
+        nodes = {n for r in self.queue_reservations.values() for n in r.claims}
+        return render_metrics(
+            self.queue_metrics,
+            reservations=len(self.queue_reservations),
+            reserved_gpus=sum(sum(r.claims.values()) for r in self.queue_reservations.values()),
+            reserved_nodes=len(nodes),
+            waiting_gangs=len(self._queue_waiting),
+        )
+
+    def _queue_caps(self, pod: Mapping[str, Any], wall: float) -> dict[str, int]:
+        """GPUs a pod on its own may use per reserved node (the queue's backfill rule)."""
+        if not self.queue_reservations:
+            return {}
+        limit = self._limit(pod)
+        end = wall + limit if limit is not None else math.inf
+        alloc = {n: self._allocatable_gpus(n) for r in self.queue_reservations.values() for n in r.claims}
+        return held_back_caps(self.queue_reservations.values(), self._queue_running.values(), alloc, end)
+
+    # -- preempt ---------------------------------------------------------------------------------
+    def preempt(
+        self, pod: Mapping[str, Any], victims: Mapping[str, VictimSet], wall: float
+    ) -> dict[str, Any]:
+        """kube-scheduler's ``preempt`` verb: the victim sets it proposes, kept only where they take whole
+        gangs (``queueing.preempt_answer``). A pod of a gang gets none (the queue preempts for gangs,
+        whole gangs inside one domain), nor a pod the informer does not know; a pod on its own loses
+        the nodes it could not use anyway because they are reserved for a gang starting before it ends."""
+        known, _ = self.known_pod(pod)
+        if known is None or gang_key_of(known) is not None or not victims:
+            return {}
+        gang_of_uid: dict[str, str | None] = {}
+        members: dict[str, list[str]] = {}
+        for p in self.pods.values():
+            uid = _uid(p)
+            if not uid or not holds_resources(p):
+                continue
+            found = gang_key_of(p)
+            gang_of_uid[uid] = found[1] if found is not None else None
+            if found is not None:
+                members.setdefault(found[1], []).append(uid)
+        need = pod_requests(known).get(GPU, 0)
+        caps = self._queue_caps(known, wall) if need else {}
+        refused = [n for n, cap in caps.items() if cap < need]
+        return preempt_answer(victims, gang_of_uid=gang_of_uid, gang_members=members, refused_nodes=refused)
 
     # -- filter ----------------------------------------------------------------------------------
     def known_pod(self, pod: Mapping[str, Any]) -> tuple[Mapping[str, Any] | None, str]:
@@ -407,7 +809,12 @@ class ClusterState:
         res = self.reservations.get(found[1])
         return res is None or pod_key(pod) not in res.spec.members
 
-    def filter(self, pod: Mapping[str, Any], node_names: Sequence[str], now: float) -> FilterOutcome:
+    def filter(
+        self, pod: Mapping[str, Any], node_names: Sequence[str], now: float, wall: float | None = None
+    ) -> FilterOutcome:
+        """``now``: the clock of reservations and barriers; ``wall``: seconds since the epoch, the
+        queue's clock (API times and time limits); ``now`` when not given."""
+        wall = now if wall is None else wall
         self.expire(now)
         out = FilterOutcome()
         known, why = self.known_pod(pod)
@@ -421,6 +828,7 @@ class ClusterState:
         if found is None:
             need = pod_requests(pod).get(GPU, 0)
             held = self.held_gpus()
+            caps = self._queue_caps(pod, wall) if need else {}
             nodes, used, passed = self.nodes, self._node_used, out.passed
             for n in node_names:  # the hot loop of the extender: plain dict look-ups only
                 if n not in nodes:
@@ -428,6 +836,12 @@ class ClusterState:
                     continue
                 u = used.get(n)
                 free = self._allocatable_gpus(n) - (u.get(GPU, 0) if u else 0) - held.get(n, 0)
+                if n in caps and caps[n] < need <= free:
+                    out.failed[n] = (
+                        f"{need} GPU(s) requested; reserved for queued gang(s) starting before this pod's "
+                        f"time limit ends ({RESERVED_FOR}); {max(caps[n], 0)} usable"
+                    )
+                    continue
                 if free >= need:
                     passed.append(n)
                 elif self.free_gpus(n, holds=False) >= need:
@@ -472,14 +886,24 @@ class ClusterState:
                 return out
         if res is None or spec is not None:
             assert spec is not None
-            planned = self._plan_gang(spec, now)
-            if isinstance(planned, str):
-                msg = f"gang {gang_name} does not fit: {planned}"
+            self.reservations.pop(gang_name, None)  # changed or new: the queue decides when it starts
+            if self.queue_due(gang_name, now):
+                self.queue_pass(now, wall)
+            out.events += self._pending_events
+            self._pending_events = []
+            started = self.reservations.get(gang_name)
+            if started is None or key not in started.spec.members:
+                planned = self._plan_gang(spec, now)  # why it waits: the planner's reason on what is free
+                reason = (
+                    planned
+                    if isinstance(planned, str)
+                    else "the capacity it fits on is held for gangs before it in the queue"
+                )
+                msg = f"gang {gang_name} does not fit: {reason}; {self.queue_position(gang_name)}"
                 out.failed = dict.fromkeys(node_names, msg)
                 out.events += self._event_once(pod, "GangUnschedulable", msg)
-                self.reservations.pop(gang_name, None)
                 return out
-            self.reservations[gang_name] = res = planned
+            res = started
             out.events += self._event_once(
                 pod,
                 "GangPlanned",
@@ -687,6 +1111,13 @@ class ClusterState:
         self.reservations.pop(gang_name, None)
 
 
+def _utc(t: float) -> str:
+    """Seconds since the epoch as an RFC 3339 UTC time (``never`` for infinity)."""
+    if not math.isfinite(t):
+        return "never"
+    return datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _refuse(error: str) -> BindDecision:
     return BindDecision(action="error", error=error)
 
@@ -804,6 +1235,8 @@ __all__ = [
     "BindDecision",
     "ClusterState",
     "EventRecord",
+    "Eviction",
     "FilterOutcome",
+    "QueueActions",
     "Reservation",
 ]
