@@ -1,0 +1,128 @@
+"""The extender command's queue wiring: the flags (``--preempt-after``, ``--reserve-after``,
+``--queue-interval``) and the API calls the queue makes (node annotation merge patch, policy/v1
+Eviction; a PodDisruptionBudget's 429 comes back as the refusal) against a small HTTP server standing
+in for the API at the HTTP level."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from agent.commands.extender import KubeCluster, parse_settings
+from scheduler_plugin.queue import RESERVED_FOR
+from topology.kube import Kube, KubeError
+
+
+class Api:
+    """Records (method, path, content type, body) and answers ``status`` per path."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, str, Any]] = []
+        self.status: dict[str, int] = {}
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"null")
+                api.calls.append((self.command, self.path, self.headers.get("Content-Type", ""), body))
+                code = api.status.get(self.path, 201 if self.command == "POST" else 200)
+                reply = {"kind": "Status", "code": code, "message": f"answer {code}"}
+                data = json.dumps(reply).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_POST = do_PATCH = _answer  # noqa: N815 -- http.server's method names
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
+@pytest.fixture
+def api() -> Iterator[Api]:
+    a = Api()
+    a.thread.start()
+    yield a
+    a.server.shutdown()
+    a.server.server_close()
+    a.thread.join(5)
+
+
+def _cluster(api: Api) -> KubeCluster:
+    return KubeCluster(Kube(client.ApiClient(client.Configuration(host=api.url)), request_timeout_s=5))
+
+
+def test_node_annotation_is_a_merge_patch_that_sets_and_removes(api: Api) -> None:
+    kc = _cluster(api)
+    kc.annotate_node("r0-t0", "ml/train")
+    kc.annotate_node("r0-t0", None)
+    assert [(m, p, t) for m, p, t, _ in api.calls] == [
+        ("PATCH", "/api/v1/nodes/r0-t0", "application/merge-patch+json")
+    ] * 2
+    assert api.calls[0][3] == {"metadata": {"annotations": {RESERVED_FOR: "ml/train"}}}
+    assert api.calls[1][3] == {"metadata": {"annotations": {RESERVED_FOR: None}}}
+
+
+def test_eviction_is_policy_v1_with_the_uid_and_a_budget_refusal_comes_back(api: Api) -> None:
+    kc = _cluster(api)
+    path = "/api/v1/namespaces/ml/pods/w-0/eviction"
+    assert kc.evict("ml", "w-0", "uid-1") is None
+    _, got, _, body = api.calls[0]
+    assert got == path
+    assert body["apiVersion"] == "policy/v1"
+    assert body["kind"] == "Eviction"
+    assert body["deleteOptions"] == {"preconditions": {"uid": "uid-1"}}
+    api.status[path] = 429
+    refused = kc.evict("ml", "w-0", "uid-1")
+    assert refused is not None
+    assert "PodDisruptionBudget" in refused
+    api.status[path] = 404  # gone already: nothing to evict
+    assert kc.evict("ml", "w-0", "") is None
+    api.status[path] = 500
+    with pytest.raises(KubeError):
+        kc.evict("ml", "w-0", "uid-1")
+
+
+def test_queue_flags() -> None:
+    s = parse_settings(["--preempt-after", "never", "--reserve-after", "30", "--queue-interval", "0.5"])
+    assert s.preempt_after_s is None
+    assert s.reserve_after_s == 30
+    assert s.queue_interval_s == 0.5
+    assert parse_settings([]).preempt_after_s == 600
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        pytest.param(["--preempt-after", "soon"], "--preempt-after: expected seconds", id="preempt-word"),
+        pytest.param(["--preempt-after", "-1"], "--preempt-after: must be", id="preempt-negative"),
+        pytest.param(["--preempt-after", "inf"], "--preempt-after: must be", id="preempt-inf"),
+        pytest.param(["--reserve-after", "-5"], "--reserve-after: must be", id="reserve-negative"),
+        pytest.param(["--queue-interval", "0"], "--queue-interval: must be", id="interval-zero"),
+    ],
+)
+def test_bad_queue_flags_exit_2_with_one_line(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_settings(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err
+    assert err.count("\n") == 1
