@@ -264,7 +264,7 @@ binaries_volcano="vc-scheduler vc-controller-manager"
 binaries_kuberay="kuberay-operator"
 binaries_kueue="kueue-manager"
 
-COMPONENTS="kubernetes kube_controller_manager volcano kuberay kueue"
+COMPONENTS="kubernetes volcano kuberay kueue kube_controller_manager"
 
 component_key() {
   { "inputs_$1"; declare -f "build_$1" copy_yaml run_logged; } | sha256sum | cut -c1-16
@@ -345,12 +345,20 @@ export CGO_ENABLED=0
 total_started=$SECONDS
 
 # The tests' folder: links to each component's binaries and CRD folders.
-for name in $COMPONENTS; do
-  dir=$(ensure "$name")
-  for f in "$dir"/bin/*; do ln -sfn "$f" "$out/bin/$(basename "$f")"; done
-  if [ -d "$dir/crd" ]; then
-    for d in "$dir"/crd/*/; do d=${d%/}; rm -rf "${out:?}/crd/$(basename "$d")"; ln -sfn "$d" "$out/crd/$(basename "$d")"; done
+link() {  # link COMPONENT_DIR
+  local f d
+  for f in "$1"/bin/*; do ln -sfn "$f" "$out/bin/$(basename "$f")"; done
+  if [ -d "$1/crd" ]; then
+    for d in "$1"/crd/*/; do d=${d%/}; rm -rf "${out:?}/crd/$(basename "$d")"; ln -sfn "$d" "$out/crd/$(basename "$d")"; done
   fi
+}
+# Components already built are linked first, so that what exists is usable while the rest builds.
+for name in $COMPONENTS; do
+  dir="$components/$name-$(component_key "$name")"
+  if [ -f "$dir/.complete" ]; then link "$dir"; fi
+done
+for name in $COMPONENTS; do
+  link "$(ensure "$name")"
 done
 cp "$here/versions.env" "$out/versions.env"
 step "done in $((SECONDS - total_started))s: $out"
