@@ -89,6 +89,10 @@ _NAMESPACED = frozenset({"pods", "podgroups", "rayclusters", "workloads", "workl
 SOLO = "pod:"  # the queue's name of a running pod on its own: "pod:<namespace>/<name>"
 QUEUE_RETRY_S = 0.5  # a waiting gang's pods run the queue again at most this often (unless it is new)
 EVICTION_RETRY_S = 10.0  # an eviction asked for is not asked again before this
+# work still running past its declared limit is expected to end within this (its controller ends it, as
+# Slurm's OverTimeLimit or a Job's activeDeadlineSeconds do); counting it as never ending instead would
+# move a reservation away from the nodes about to free the moment their jobs run a little late
+OVERDUE_GRACE_S = 30.0
 SCHEDULER_NAME = "gpu-topology-scheduler"  # ARCHITECTURE.md: the second kube-scheduler that calls us
 
 
@@ -634,11 +638,13 @@ class ClusterState:
             self._queue_rebuilt = True
             self.queue_reservations = dict(rebuilt.reservations)
         before = dict(self.queue_reservations)
-        decision = decide(
-            wall, snapshot, rebuilt.running, waiting, before, place=place, config=self.queue_config
-        )
+        running = {
+            name: (dataclasses.replace(r, ends_s=wall + OVERDUE_GRACE_S) if r.ends_s <= wall else r)
+            for name, r in rebuilt.running.items()
+        }
+        decision = decide(wall, snapshot, running, waiting, before, place=place, config=self.queue_config)
         self.queue_reservations = dict(decision.reservations)
-        self._queue_running = dict(rebuilt.running)
+        self._queue_running = running
         self._queue_wake = decision.wake_s
         started = {st.gang for st in decision.starts}
         self._queue_waiting = [w.name for w in order(waiting) if w.name not in started]
@@ -650,8 +656,8 @@ class ClusterState:
             self._excluded.pop(start.gang, None)
         for name, r in sorted(self.queue_reservations.items()):
             old = before.get(name)
-            if old is not None and old.start_s == r.start_s and dict(old.claims) == dict(r.claims):
-                continue
+            if old is not None and dict(old.claims) == dict(r.claims):
+                continue  # the same nodes (its start may be re-judged each pass): said already
             where = f" in {r.domain}" if r.domain else ""
             waits = f"; waits for {len(r.waits_for)} running job(s) to end" if r.waits_for else ""
             msg = (
