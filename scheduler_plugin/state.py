@@ -693,8 +693,9 @@ class ClusterState:
     def queue_tick(self, now: float, wall: float) -> QueueActions:
         """The periodic side of the queue: run a pass when the cluster changed or a wait ended, then
         hand over what to carry out (``take_actions``)."""
-        if self._queue_dirty or wall >= self._queue_wake or not self._queue_rebuilt:
-            self.queue_pass(now, wall)
+        due = min((r.start_s for r in self.queue_reservations.values()), default=math.inf)
+        if self._queue_dirty or wall >= min(self._queue_wake, due) or not self._queue_rebuilt:
+            self.queue_pass(now, wall)  # a reservation whose start came is judged again
         return self.take_actions()
 
     def take_actions(self) -> QueueActions:

@@ -371,3 +371,50 @@ def test_health_listener_serves_metrics(path: str, status: int) -> None:
     ext = Extender(state=make_state([]), cluster=FakeQueueCluster())
     got, _ = asyncio.run(ext.dispatch_health("GET", path, b""))
     assert got == status
+
+
+def test_overdue_work_keeps_the_reservation_on_the_nodes_about_to_free() -> None:
+    s = make_state([*busy_cluster(), *big_gang()])
+    s.filter(s.pods["default/big-0"], NODES, 1.0, T0 + 20)
+    assert s.queue_reservations["default/big"].domain == "nvl-0"
+    s.queue_tick(2.0, T0 + 101)  # the job on r0-t0 is past its limit and still running
+    r = s.queue_reservations["default/big"]
+    assert r.domain == "nvl-0"  # not moved to nvl-1, which frees only at T0+300
+    assert T0 + 101 < r.start_s <= T0 + 131
+
+
+class FlakyQueueCluster(FakeQueueCluster):
+    def annotate_node(self, node: str, value: str | None) -> None:
+        raise RuntimeError("API unreachable")
+
+    def evict(self, namespace: str, name: str, uid: str) -> str | None:
+        raise RuntimeError("API unreachable")
+
+
+def test_the_queue_loop_ticks_until_stopped_and_retries_what_failed() -> None:
+    hi = [member("hi", i, priority=1000, at=T0) for i in range(4)]
+    s = make_state([*preemption_cluster(), *big_gang(), *hi], config=QueueConfig(preempt_after_s=0))
+    s.synced = False
+    fake = FlakyQueueCluster()
+    ready = [False]
+    ext = Extender(state=s, cluster=fake, queue_cluster=fake, wall=lambda: T0 + 10, ready=lambda: ready[0])
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.create_task(ext.run_queue(stop, 0.01))
+        await asyncio.sleep(0.1)
+        assert s.queue_metrics.passes == 0  # informers not synced: the queue waits
+        ready[0] = True
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if s.queue_metrics.passes >= 2:
+                break
+        stop.set()
+        await loop
+        await ext.drain()
+
+    asyncio.run(run())
+    assert s.synced
+    assert s.queue_metrics.preemptions >= 1
+    assert s.queue_metrics.evictions_refused >= 1  # the failed eviction is counted, asked again later
+    assert any(e[1] == "PreemptionBlocked" for e in fake.events)
