@@ -89,9 +89,10 @@ _NAMESPACED = frozenset({"pods", "podgroups", "rayclusters", "workloads", "workl
 SOLO = "pod:"  # the queue's name of a running pod on its own: "pod:<namespace>/<name>"
 QUEUE_RETRY_S = 0.5  # a waiting gang's pods run the queue again at most this often (unless it is new)
 EVICTION_RETRY_S = 10.0  # an eviction asked for is not asked again before this
-# work still running past its declared limit is expected to end within this (its controller ends it, as
-# Slurm's OverTimeLimit or a Job's activeDeadlineSeconds do); counting it as never ending instead would
-# move a reservation away from the nodes about to free the moment their jobs run a little late
+# work still running past its declared limit is expected to end soon (its controller ends it, as Slurm's
+# OverTimeLimit or a Job's activeDeadlineSeconds do): within as long as it has run over, at least 1 s and
+# at most this. Counting it as never ending instead would move a reservation away from the nodes about to
+# free the moment their jobs run a little late, and let others take them
 OVERDUE_GRACE_S = 30.0
 SCHEDULER_NAME = "gpu-topology-scheduler"  # ARCHITECTURE.md: the second kube-scheduler that calls us
 
@@ -639,7 +640,11 @@ class ClusterState:
             self.queue_reservations = dict(rebuilt.reservations)
         before = dict(self.queue_reservations)
         running = {
-            name: (dataclasses.replace(r, ends_s=wall + OVERDUE_GRACE_S) if r.ends_s <= wall else r)
+            name: (
+                dataclasses.replace(r, ends_s=wall + min(OVERDUE_GRACE_S, max(1.0, wall - r.ends_s)))
+                if r.ends_s <= wall
+                else r
+            )
             for name, r in rebuilt.running.items()
         }
         decision = decide(wall, snapshot, running, waiting, before, place=place, config=self.queue_config)

@@ -383,6 +383,22 @@ def test_overdue_work_keeps_the_reservation_on_the_nodes_about_to_free() -> None
     assert T0 + 101 < r.start_s <= T0 + 131
 
 
+def test_a_job_a_moment_late_does_not_give_its_domain_away_to_the_stream() -> None:
+    """Rack 0's jobs end at T0+6..9, rack 1's at T0+15..18; the job on r0-t0 runs 1.6 s past its limit
+    while one on r0-t1 has ended: the hold stays on rack 0, and a pod running past its start is kept off."""
+    pods = [solo(f"early-{i}", 4, on=f"r0-t{i}", limit=6 + i) for i in range(4)]
+    pods += [solo(f"late-{i}", 4, on=f"r1-t{i}", limit=15 + i) for i in range(4)]
+    s = make_state([*pods, *big_gang(at=T0 + 2)])
+    s.filter(s.pods["default/big-0"], NODES, 1.0, T0 + 3)
+    assert s.queue_reservations["default/big"].domain == "nvl-0"
+    stream = solo("stream-0", 4, limit=60, at=T0 + 4)
+    s.apply("pods", "ADDED", stream)
+    s.apply("pods", "DELETED", s.pods["default/early-1"])
+    s.queue_tick(2.0, T0 + 7.6)
+    assert s.queue_reservations["default/big"].domain == "nvl-0"
+    assert "r0-t1" not in s.filter(stream, NODES, 3.0, T0 + 7.7).passed
+
+
 class FlakyQueueCluster(FakeQueueCluster):
     def annotate_node(self, node: str, value: str | None) -> None:
         raise RuntimeError("API unreachable")
