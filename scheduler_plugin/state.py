@@ -217,6 +217,7 @@ class ClusterState:
         self._queue_running: dict[str, Running] = {}
         self._first_seen: dict[str, float] = {}
         self._evicting: dict[str, float] = {}  # pod key -> when its eviction was asked for
+        self._preempting: dict[str, tuple[str, ...]] = {}  # gang -> the victims it last evicts
         self._pending_events: list[EventRecord] = []
         self._pending_evictions: list[Eviction] = []
 
@@ -676,14 +677,18 @@ class ClusterState:
             if holds_resources(pod):
                 found = gang_key_of(pod)
                 by_gang.setdefault(found[1] if found is not None else SOLO + key, []).append(key)
+        self._preempting = {g: v for g, v in self._preempting.items() if g in pending}
         for pre in decision.preemptions:
-            self.queue_metrics.preemptions += 1
+            again = self._preempting.get(pre.gang) == pre.victims  # the victims are still going
+            self._preempting[pre.gang] = pre.victims
+            if not again:
+                self.queue_metrics.preemptions += 1
             msg = (
                 f"gang {pre.gang} (priority {next((w.priority for w in waiting if w.name == pre.gang), 0)}) "
                 f"preempts whole gang(s) {', '.join(pre.victims)} in {pre.tier} domain {pre.domain} "
                 f"({pre.lost_gpu_s / 3600:.2f} GPU-hours of work lost)"
             )
-            for k in pending.get(pre.gang, ()):
+            for k in pending.get(pre.gang, ()) if not again else ():
                 self._pending_events += self._event_once(self.pods[k], "GangPreempting", msg)
             for victim in pre.victims:
                 for k in by_gang.get(victim, ()):

@@ -238,7 +238,10 @@ def test_a_high_priority_gang_evicts_whole_gangs_inside_one_domain() -> None:
     assert "gpuagent_extender_preemptions_total 1" in s.metrics_text().decode()
     # the next tick does not ask again while the evictions are under way
     s._queue_dirty = True
-    assert s.queue_tick(3.0, T0 + 42).evictions == ()
+    again = s.queue_tick(3.0, T0 + 42)
+    assert again.evictions == ()
+    assert not [e for e in again.events if e.reason == "GangPreempting"]
+    assert "gpuagent_extender_preemptions_total 1" in s.metrics_text().decode()  # counted once
 
 
 def test_equal_or_lower_priority_never_preempts() -> None:
