@@ -356,7 +356,8 @@ class PodLog:
                 entry["running"] = now
             if status.get("phase") in ("Failed", "Succeeded") and entry["gone"] is None:
                 entry["gone"] = now  # holds nothing any more, for the scheduler as for the figures
-                entry["failed"] = str(status.get("reason") or status.get("phase"))
+                if status.get("phase") == "Failed":  # Succeeded: its container stopped on deletion
+                    entry["failed"] = str(status.get("reason") or "Failed")
 
     def _run(self) -> None:
         from topology.kube import KubeError  # noqa: PLC0415

@@ -295,7 +295,7 @@ def test_small_comparison_on_hollow_nodes(tmp_path: Path, capsys: pytest.Capture
 def test_pod_log_keeps_first_bind_first_running_failure_and_deletion() -> None:
     log = s.PodLog.__new__(s.PodLog)
     log.__dict__.update(_lock=threading.Lock(), t0=0.0, pods={}, _identify=s._by_label)
-    clock = iter([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    clock = iter([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])
     log.now = lambda: next(clock)  # type: ignore[method-assign]
 
     def pod(name: str, node: str | None, phase: str, reason: str | None = None) -> dict[str, object]:
@@ -312,9 +312,12 @@ def test_pod_log_keeps_first_bind_first_running_failure_and_deletion() -> None:
     log._see("MODIFIED", pod("p", "n1", "Running"))  # 4: nothing new
     log._see("DELETED", pod("p", "n1", "Running"))  # 5: gone
     log._see("MODIFIED", pod("q", "n2", "Failed", "UnexpectedAdmissionError"))  # 6
+    log._see("MODIFIED", pod("r", "n2", "Running"))  # 7
+    log._see("MODIFIED", pod("r", "n2", "Succeeded"))  # 8: stopped on deletion, not a failure
     assert log.records() == [
         s.PodRecord("j", 1, 4, "n1", 2.0, 3.0, 5.0, None),
         s.PodRecord("j", 1, 4, "n2", 6.0, None, 6.0, "UnexpectedAdmissionError"),
+        s.PodRecord("j", 1, 4, "n2", 7.0, 7.0, 8.0, None),
     ]
     assert log.running("j") == 0
     assert log.live() == 0
