@@ -44,7 +44,8 @@ from tests.e2e.conftest import REPO_ROOT, _require, _unavailable
 from tests.e2e.test_extender_e2e import RunningExtender
 from tests.e2e.test_hollow_scheduling import held, node_gpus, settled
 
-pytestmark = pytest.mark.e2e
+# the module starts a control plane, five hollow nodes and four agents: room for a loaded machine
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 GPU = "nvidia.com/gpu"
 SCHEDULER = "gpu-topology-scheduler"
