@@ -1733,24 +1733,27 @@ def apply_crds(api_client: Any, crds: Iterable[Mapping[str, Any]], *, timeout_s:
     """Server-side apply each CRD (field manager ``gpu-node-agent``) and wait until all are Established."""
     from kubernetes import client
 
-    ext = client.ApiextensionsV1Api(api_client)
+    ext: Any = client.ApiextensionsV1Api(api_client)  # raw answers below; the stubs type only models
     names = []
     for crd in crds:
         name = crd["metadata"]["name"]
+        # Raw answers (``_preload_content=False``): the client's typed model of a large CRD (KubeRay's
+        # schemas are megabytes) costs seconds of CPU per read; only the status conditions are needed.
         ext.patch_custom_resource_definition(
             name,
             dict(crd),
             field_manager=FIELD_MANAGER,
             force=True,
             _content_type="application/apply-patch+yaml",
-        )
+            _preload_content=False,
+        ).read()
         names.append(name)
 
     def established() -> bool:
         for name in names:
-            status = ext.read_custom_resource_definition(name).status
-            conds = (status.conditions if status is not None else None) or []
-            if not any(c.type == "Established" and c.status == "True" for c in conds):
+            raw = ext.read_custom_resource_definition(name, _preload_content=False).read()
+            conds = (json.loads(raw).get("status") or {}).get("conditions") or []
+            if not any(c.get("type") == "Established" and c.get("status") == "True" for c in conds):
                 return False
         return True
 

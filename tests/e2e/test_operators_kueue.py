@@ -303,6 +303,8 @@ def test_batch_job_with_required_nvlink_topology_is_admitted_into_one_domain(
     assert len({exported[node] for node in where.values()}) == 1, where  # one NVLink domain
     assert_running_with_devices(api_client, namespace, where, racks)  # type: ignore[arg-type]
     assert client.BatchV1Api(api_client).read_namespaced_job("tas", namespace).spec.suspend is False
+    assert job_controller.process.alive()
+    print(f"{job_controller.name}: VmRSS {job_controller.rss_bytes() / 2**20:.0f} MiB")
 
 
 def ray_cluster_for_kueue(name: str, *, queue: str, label: str, groups: dict[str, int]) -> dict[str, Any]:
