@@ -679,8 +679,10 @@ class ClusterState:
                 by_gang.setdefault(found[1] if found is not None else SOLO + key, []).append(key)
         self._preempting = {g: v for g, v in self._preempting.items() if g in pending}
         for pre in decision.preemptions:
-            again = self._preempting.get(pre.gang) == pre.victims  # the victims are still going
-            self._preempting[pre.gang] = pre.victims
+            # the victims are still going (fewer of them as their pods leave): the same preemption
+            again = set(pre.victims) <= set(self._preempting.get(pre.gang, ()))
+            if not again:
+                self._preempting[pre.gang] = pre.victims
             if not again:
                 self.queue_metrics.preemptions += 1
             msg = (

@@ -242,6 +242,14 @@ def test_a_high_priority_gang_evicts_whole_gangs_inside_one_domain() -> None:
     assert again.evictions == ()
     assert not [e for e in again.events if e.reason == "GangPreempting"]
     assert "gpuagent_extender_preemptions_total 1" in s.metrics_text().decode()  # counted once
+    # one victim gang's pods are gone, the other's still terminating: the same preemption, not a new one
+    gone = next(iter(victims))
+    for e in actions.evictions:
+        if e.victim == gone:
+            s.apply("pods", "DELETED", e.pod)
+    later = s.queue_tick(4.0, T0 + 43)
+    assert not [e for e in later.events if e.reason == "GangPreempting"]
+    assert "gpuagent_extender_preemptions_total 1" in s.metrics_text().decode()
 
 
 def test_equal_or_lower_priority_never_preempts() -> None:
