@@ -1193,6 +1193,9 @@ def _per_role_selectors(
     roles = []
     for role in gang.roles:
         sel = tuple(sorted((by_role.get(role.name) or {}).items()))
+        if sel not in names:  # no pod of the role exists yet: nothing known to keep it anywhere
+            roles.append(role)
+            continue
         roles.append(dataclasses.replace(role, resources_per_pod={**role.resources_per_pod, names[sel]: 1}))
     states = []
     for n in snapshot.nodes:

@@ -769,3 +769,19 @@ def test_a_call_narrowed_to_another_domain_keeps_the_plan() -> None:
     out = s.filter(pods[0], [n for n in RACK_NODES if n != first], now=4.0)
     assert [e.reason for e in out.events] == ["GangNodeFiltered"]
     assert "ml/pg" not in s.reservations
+
+
+def test_state_roles_on_different_pools_while_a_role_has_no_pod_yet() -> None:
+    """Found by the e2e with the real KubeRay operator, which creates a RayCluster's pods one at a time:
+    the head (CPU pool) and the first worker group exist, the second group's pods do not yet."""
+    s = _state()
+    cpu = node("cpu-0", 0, labels={"pool": "cpu"})
+    s.replace("nodes", [*(node(n, 4, labels={"pool": "gpu"}) for n in RACK_NODES), cpu])
+    pods = [_ours(p) for p in ray_pods() if "gpu-b" not in p["metadata"]["name"]]
+    for p in pods:
+        p["spec"]["nodeSelector"] = {"pool": "cpu" if p["metadata"]["name"] == "rc-head-x" else "gpu"}
+    s.replace("pods", pods)
+    s.replace("rayclusters", [two_groups()])
+    out = s.filter(pods[0], [*RACK_NODES, "cpu-0"], now=1.0)
+    assert out.passed == ["cpu-0"]
+    assert s.reservations["ml/rc"].target == 9  # the whole gang is planned, gpu-b's places too
