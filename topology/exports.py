@@ -1,9 +1,12 @@
 """Exports of one HyperNode tree for other schedulers. Pure: a :class:`~topology.builder.Tree` in, text
 or plain objects out.
 
-- **Kueue**: a ``Topology`` CR whose levels are node labels ``gpuagent.dev/topology-<tier>`` (top tier
-  first, ``kubernetes.io/hostname`` last), plus those labels for every node (partial ``Node`` objects
-  that ``kubectl apply --server-side`` can apply). Tiers no node reaches are left out of the levels.
+- **Kueue**: a ``Topology`` CR whose levels are node labels, top tier first and ``kubernetes.io/hostname``
+  last: ``gpuagent.dev/topology-<tier>`` for the switch tiers, and for the NVLink tier the agent's own
+  ``gpuagent.dev/nvlink-domain`` (the key users write in ``podset-required-topology``, the same one the
+  extender and kube-scheduler's native gang API read), plus the ``gpuagent.dev/topology-<tier>`` labels for
+  every node (partial ``Node`` objects that ``kubectl apply --server-side`` can apply). Tiers no node
+  reaches are left out of the levels.
 - **labels**: the same ``gpuagent.dev/topology-<tier>`` labels and topograph-compatible ones:
   ``accelerator.topograph.run/domain`` (``<clusterUuid>.<cliqueId>`` for a clique, else the tier-1
   name) and ``fabric.topograph.run/tier-N`` (tier 0 = the leaf domain, then spine, core).
@@ -24,6 +27,7 @@ from typing import Any
 import yaml
 
 from topology.builder import LEAF, NVLINK, Tree
+from topology.labels import LABEL_NVLINK_DOMAIN
 from topology.model import TIERS
 from topology.names import topograph_value
 
@@ -78,7 +82,10 @@ def node_label_objects(labels: Mapping[str, Mapping[str, str]]) -> list[dict[str
 def kueue_objects(
     tree: Tree, *, name: str = "gpu-node-agent", api_version: str = KUEUE_API_VERSION
 ) -> list[dict[str, Any]]:
-    levels = [{"nodeLabel": topology_label(t)} for t in reversed(tiers_used(tree))]
+    levels = [
+        {"nodeLabel": LABEL_NVLINK_DOMAIN if t == NVLINK else topology_label(t)}
+        for t in reversed(tiers_used(tree))
+    ]
     levels.append({"nodeLabel": HOSTNAME})
     topology = {
         "apiVersion": api_version,

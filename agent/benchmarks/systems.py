@@ -844,7 +844,7 @@ class Kueue:
         docs = [d for d in yaml.safe_load_all(out.read_text()) if d]
         topology = next(d for d in docs if d.get("kind") == "Topology")
         self.level = next(
-            lv["nodeLabel"] for lv in topology["spec"]["levels"] if lv["nodeLabel"].endswith("-nvlink")
+            lv["nodeLabel"] for lv in topology["spec"]["levels"] if lv["nodeLabel"] == NVLINK_LABEL
         )
         return topology, [d for d in docs if d.get("kind") == "Node"]
 

@@ -7,9 +7,9 @@ applied as a user applies the file); Kueue v0.17's controller manager with its w
 127.0.0.1 (frameworks ``batch/job`` and ``ray.io/raycluster``); kube-controller-manager's Job controller
 (a batch Job's pods); the KubeRay operator without a batch scheduler; a plain kube-scheduler.
 
-Kueue levels are our export's labels, so a pod set asks for one NVLink domain with
-``kueue.x-k8s.io/podset-required-topology: gpuagent.dev/topology-nvlink`` (the export's tier-1 level; the
-agent's own ``gpuagent.dev/nvlink-domain`` label is not a level of the exported Topology).
+A pod set asks for one NVLink domain with
+``kueue.x-k8s.io/podset-required-topology: gpuagent.dev/nvlink-domain``: the exported Topology's NVLink level
+is the agent's own label, the key the extender and kube-scheduler's native gang API read too.
 
 Default run only (2x4, about a minute and a half of scheduling after the racks are up); the objects a user
 applies are in ``docs/integrations.md``.
@@ -27,14 +27,14 @@ from agent import localcluster as cluster
 from tests.e2e.conftest import GpuRacks, run_topology_controller_once, start_gpu_racks
 from tests.e2e.test_hollow_scheduling import assert_running_with_devices, held, settled
 from topology.builder import SOURCE_LABEL, SOURCE_VALUE
-from topology.exports import topology_label
 from topology.kube import HYPERNODES, Kube
+from topology.labels import LABEL_NVLINK_DOMAIN
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # starting the racks is part of the first test
 
 WAIT_S = 180.0
 GPU = "nvidia.com/gpu"
-NVLINK_LEVEL = topology_label("nvlink")  # gpuagent.dev/topology-nvlink
+NVLINK_LEVEL = LABEL_NVLINK_DOMAIN  # gpuagent.dev/nvlink-domain, the export's NVLink level
 KUEUE = "kueue.x-k8s.io"
 TOPOLOGY = "gb200-e2e"
 FLAVOR = "gb200"

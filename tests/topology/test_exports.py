@@ -48,7 +48,7 @@ def test_kueue_topology_and_labels() -> None:
         "gpuagent.dev/topology-core",
         "gpuagent.dev/topology-spine",
         "gpuagent.dev/topology-leaf",
-        "gpuagent.dev/topology-nvlink",
+        "gpuagent.dev/nvlink-domain",  # the agent's own label: what users and the other gang APIs name
         "kubernetes.io/hostname",
     ]
     assert len(nodes) == 54

@@ -179,10 +179,10 @@ def test_each_system_expresses_the_subgroups() -> None:
     for _, pg_ in objs[1:]:
         assert pg_["spec"]["schedulingPolicy"] == {"gang": {"minCount": 4}}
         assert pg_["spec"]["schedulingConstraints"] == {"topology": [{"key": s.NVLINK_LABEL}]}
-    sliced = s.kueue_job(job, level="gpuagent.dev/topology-nvlink")
+    sliced = s.kueue_job(job, level="gpuagent.dev/nvlink-domain")
     ann = sliced["spec"]["template"]["metadata"]["annotations"]
     assert ann == {
-        f"{s.KUEUE}/podset-slice-required-topology": "gpuagent.dev/topology-nvlink",
+        f"{s.KUEUE}/podset-slice-required-topology": "gpuagent.dev/nvlink-domain",
         f"{s.KUEUE}/podset-slice-size": "4",
     }
     assert sliced["spec"]["completionMode"] == "Indexed"
