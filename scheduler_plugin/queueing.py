@@ -5,8 +5,9 @@ turns the informer's plain API dicts into its inputs and its decisions into what
 
 - a pod's priority (``spec.priority``, which the API server fills from the pod's PriorityClass), its
   creation and start times (RFC 3339 in the API, seconds since the epoch here) and its time limit
-  (``gpuagent.dev/time-limit``, Kueue's ``kueue.x-k8s.io/max-exec-time-seconds``, the pod's own
-  ``activeDeadlineSeconds`` and its Job's, the smallest wins);
+  (``gpuagent.dev/time-limit``, Kueue's ``kueue.x-k8s.io/max-exec-time-seconds``, as annotations or
+  labels of the pod or its Job, the pod's own ``activeDeadlineSeconds`` and its Job's; the smallest
+  wins);
 - the capacity a pod that is not part of a gang may use on a reserved node (``held_back_caps``, the
   queue's backfill rule: a reservation whose expected start comes before the pod's end keeps its claim
   plus what running work still holds at that start);
@@ -90,22 +91,34 @@ def owning_job(pod: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _strings(value: Any) -> dict[str, str]:
+    return {k: v for k, v in value.items() if isinstance(v, str)} if isinstance(value, Mapping) else {}
+
+
 def pod_limit(pod: Mapping[str, Any], jobs: Mapping[str, Mapping[str, Any]]) -> float | None:
-    """The pod's time limit in seconds (module docstring) or None. Raises ``QueueError`` naming the pod and
-    the field for a bad value."""
+    """The pod's time limit in seconds (module docstring) or None: the smallest of the limit annotations
+    (or labels: Kueue's is a label on the Job) on the pod and on the Job that owns it, and both
+    ``activeDeadlineSeconds``. Raises ``QueueError`` naming the object and the field for a bad value."""
     meta = _get(pod, "metadata") or {}
     where = f"pod {meta.get('namespace') or 'default'}/{meta.get('name', '')}"
-    ann = meta.get("annotations") if isinstance(meta, Mapping) else None
-    annotations = {k: v for k, v in ann.items() if isinstance(v, str)} if isinstance(ann, Mapping) else {}
-    deadlines = [_get(pod, "spec", "activeDeadlineSeconds")]
+    sources: list[tuple[str, Mapping[str, Any]]] = [(where, pod)]
     job = owning_job(pod)
     if job is not None and job in jobs:
-        deadlines.append(_get(jobs[job], "spec", "activeDeadlineSeconds"))
-    given = [d for d in deadlines if d is not None]
-    for d in given:
-        if isinstance(d, bool) or not isinstance(d, int):
-            raise QueueError(f"{where}: activeDeadlineSeconds={str(d)[:40]!r} is not an integer")
-    return time_limit(annotations, min(given) if given else None, where=where)
+        sources.append((f"job {job}", jobs[job]))
+    found: list[float] = []
+    for what, obj in sources:
+        deadline = _get(obj, "spec", "activeDeadlineSeconds")
+        if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, int)):
+            raise QueueError(f"{what}: activeDeadlineSeconds={str(deadline)[:40]!r} is not an integer")
+        for kind in ("labels", "annotations"):
+            limit = time_limit(
+                _strings(_get(obj, "metadata", kind)),
+                deadline if kind == "annotations" else None,
+                where=f"{what} {kind}",
+            )
+            if limit is not None:
+                found.append(limit)
+    return min(found) if found else None
 
 
 def reserved_for_value(gangs: Iterable[str]) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from scheduler_plugin.extender import Extender
-from scheduler_plugin.queue import RESERVED_FOR, QueueConfig
+from scheduler_plugin.queue import RESERVED_FOR, QueueConfig, QueueError
 from scheduler_plugin.queueing import VictimSet, parse_victims, pod_limit, timestamp
 from scheduler_plugin.state import ClusterState
 from tests.integration.fakekube import hypernode, node, pod
@@ -307,6 +307,10 @@ def test_time_limits_from_annotations_the_pod_and_its_job() -> None:
     assert pod_limit(p, {}) == 900
     p["metadata"]["ownerReferences"] = [{"kind": "Job", "name": "j", "controller": True}]
     assert pod_limit(p, {"default/j": {"spec": {"activeDeadlineSeconds": 60}}}) == 60
+    kueue_job = {"metadata": {"labels": {"kueue.x-k8s.io/max-exec-time-seconds": "30"}}, "spec": {}}
+    assert pod_limit(p, {"default/j": kueue_job}) == 30  # Kueue's limit is a label on the Job
+    with pytest.raises(QueueError, match="job default/j"):
+        pod_limit(p, {"default/j": {"spec": {"activeDeadlineSeconds": "soon"}}})
     assert timestamp("2026-12-02T00:00:00Z") == datetime(2026, 12, 2, tzinfo=UTC).timestamp()
     assert timestamp("yesterday") is None
     assert timestamp(7) is None
