@@ -209,6 +209,9 @@ class ClusterState:
         self.queue_reservations: dict[str, QueueReservation] = {}
         self.queue_metrics = QueueMetrics()
         self.synced = True  # the composition root clears it until every informer has listed once
+        # the least time between passes the cluster's changes alone start: the caller sets it from how
+        # long a pass takes (a pass holds the state lock), so passes never crowd out the verbs
+        self.queue_min_gap_s = 0.0
         self._queue_rebuilt = False
         self._queue_dirty = True
         self._queue_last = -math.inf
@@ -543,7 +546,7 @@ class ClusterState:
         """Whether a filter of ``gang``'s pod should run the queue again: a gang the last pass did not
         see, or the cluster changed and the last pass is ``QUEUE_RETRY_S`` old."""
         return gang not in self._queue_waiting or (
-            self._queue_dirty and now - self._queue_last >= QUEUE_RETRY_S
+            self._queue_dirty and now - self._queue_last >= max(QUEUE_RETRY_S, self.queue_min_gap_s)
         )
 
     def queue_pass(self, now: float, wall: float) -> None:
@@ -706,7 +709,8 @@ class ClusterState:
         """The periodic side of the queue: run a pass when the cluster changed or a wait ended, then
         hand over what to carry out (``take_actions``)."""
         due = min((r.start_s for r in self.queue_reservations.values()), default=math.inf)
-        if self._queue_dirty or wall >= min(self._queue_wake, due) or not self._queue_rebuilt:
+        changed = self._queue_dirty and now - self._queue_last >= self.queue_min_gap_s
+        if changed or wall >= min(self._queue_wake, due) or not self._queue_rebuilt:
             self.queue_pass(now, wall)  # a reservation whose start came is judged again
         return self.take_actions()
 

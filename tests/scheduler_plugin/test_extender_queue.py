@@ -449,3 +449,16 @@ def test_the_queue_loop_ticks_until_stopped_and_retries_what_failed() -> None:
     assert s.queue_metrics.preemptions >= 1
     assert s.queue_metrics.evictions_refused >= 1  # the failed eviction is counted, asked again later
     assert any(e[1] == "PreemptionBlocked" for e in fake.events)
+
+
+def test_passes_started_by_changes_keep_the_gap_the_caller_sets() -> None:
+    s = make_state([*busy_cluster(), *big_gang()])
+    s.queue_tick(1.0, T0 + 20)
+    assert s.queue_metrics.passes == 1
+    s.queue_min_gap_s = 5.0  # a pass took over a second: the verbs keep the lock most of the time
+    s.apply("pods", "ADDED", solo("new", 4, at=T0 + 21))
+    s.queue_tick(2.0, T0 + 21)
+    assert s.queue_metrics.passes == 1  # changed, but too soon
+    assert not s.queue_due("default/big", 2.0)
+    s.queue_tick(6.5, T0 + 26)
+    assert s.queue_metrics.passes == 2
