@@ -98,7 +98,9 @@ def exported(
             core.patch_node(
                 doc["metadata"]["name"],
                 doc,
-                field_manager=cluster.FIELD_MANAGER,
+                # as `kubectl apply --server-side` does: its own field manager, not the agent's (applying
+                # with the agent's would take away the labels the agent owns and this file omits)
+                field_manager="kubectl",
                 force=True,
                 _content_type="application/apply-patch+yaml",
             )
