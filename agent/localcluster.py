@@ -541,7 +541,7 @@ def kube_scheduler_config(
 
 
 def extender_entry(
-    url: str, *, managed_resource: str | None = "nvidia.com/gpu", tls: Mapping[str, str] | None = None
+    url: str, *, managed_resource: str | None = None, tls: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
     """kube-scheduler's ``extenders`` entry for our extender at ``url`` (filter, prioritize, bind and
     preempt: kube-scheduler's own preemption asks it, so it never takes part of a gang; ``tls``: the
