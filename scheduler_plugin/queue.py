@@ -40,18 +40,39 @@ No starvation, by design
     A reservation is never given away: no gang of the same or lower priority may use reserved capacity
     unless it ends before the reservation's start, so the head's start is bounded by the time limits
     of the work running when it was planned; then the next gang becomes the head. Within one priority
-    class every gang therefore starts after finitely many others. Higher-priority gangs are planned
-    around existing reservations too; only preemption (below) takes capacity from lower priority.
+    class every gang therefore starts after finitely many others. A gang of higher priority is held
+    back only by reservations of its own class or higher: a reservation of a lower class gives way to
+    it (dropped when the higher gang starts on its capacity or reserves its nodes, and planned again
+    when its gang is the head), as a strict priority order requires; running work of a lower class
+    is taken only by preemption (below).
 
 Preemption
     A gang that has waited ``QueueConfig.preempt_after_s`` since its creation and still cannot start
     evicts **whole** running gangs of lower priority, never part of one, all inside one domain of its
     scope tier (tier 1 when it has none): per domain, the set of victims whose eviction lets the
-    planner place the gang there with the least GPU-time lost (GPUs x time run, the work a restart
-    loses); exactly by enumeration in cost order when a domain has at most ``exact_victims``
-    candidates, else greedily (cheapest per GPU first) and then pruned. The domain with the least loss
-    wins. The preemptor then holds the planned nodes (a reservation starting now) until the victims'
-    pods are gone and it starts.
+    planner place the gang there with the least GPU-time lost (GPUs x time run since the victim last
+    started, the work a restart loses); exactly by enumeration in cost order when a domain has at
+    most ``exact_victims`` candidates, else greedily (cheapest per GPU first) and then pruned. The
+    domain with the least loss wins. The preemptor then holds the planned nodes (a reservation
+    starting now) until the victims' pods are gone and it starts.
+
+    Three guards keep preemption from thrashing (an evicted gang is queued again, restarts, and the
+    least-loss rule, which favours what started last, would pick it again and again). *Worth it*: a
+    preemption goes ahead only when the GPU-time its victims lose is at most
+    ``QueueConfig.preempt_loss_ratio`` times the GPU-time the preemptor would otherwise spend waiting,
+    its GPUs x (its expected start - now), the start being its reservation's (planned for it when it
+    holds none; never, so any loss is worth it, when it never fits on what will free). An 8-GPU gang
+    whose reservation starts in ten minutes no longer evicts a 1,152-GPU gang that has run ten minutes;
+    it waits. *Interrupted at most so often*: a gang already evicted ``QueueConfig.max_evictions``
+    times (``Running.evictions``, as its caller counts them) is no victim again, so a gang of a lower
+    class is interrupted at most that often and then runs to its end (LSF's ``MAX_JOB_PREEMPT``);
+    without the cap a gang that restarts where high-priority gangs keep arriving is evicted each time
+    cheaply and never finishes. *Exempt while young*: a gang that has run less than
+    ``QueueConfig.min_run_before_preempt_s`` since it (re)started is no victim (Slurm's
+    ``PreemptExemptTime``): its loss in GPU-time undercounts what a restart costs it (start-up,
+    loading its checkpoint), which is why the least-loss rule is otherwise drawn to it. Off by default,
+    since it can hold a high-priority gang back for that long; an operator whose jobs checkpoint every
+    N minutes sets it near N.
 
 Restart-safe
     The only state between passes is the reservations, and each is visible on its nodes
@@ -120,14 +141,15 @@ class Waiting:
 
 @dataclass(frozen=True, slots=True)
 class Running:
-    """A started gang: GPUs it holds per node, when it started and when its limit ends (``math.inf``
-    without a limit)."""
+    """A started gang: GPUs it holds per node, when it (last) started and when its limit ends
+    (``math.inf`` without a limit), and how often it was evicted before (0 when unknown)."""
 
     name: str
     priority: int
     started_s: float
     ends_s: float
     claims: Mapping[str, int]
+    evictions: int = 0
 
     @property
     def gpus(self) -> int:
@@ -157,19 +179,35 @@ class QueueConfig:
     offered that reservation's idle capacity (module docstring, Backfill); ``reserve_after_s``: how
     long a gang waits before it may hold anything back (0: at once; Slurm's ``bf_min_age_reserve``
     is the same idea): until then later gangs pass it freely, after that it is the head as above, so
-    its wait stays bounded by this plus the limits of the work it waits for."""
+    its wait stays bounded by this plus the limits of the work it waits for;
+    ``preempt_loss_ratio``: a preemption goes ahead only when its victims lose at most this times the
+    GPU-time the preemptor would otherwise wait (module docstring, Preemption; None: any loss);
+    ``min_run_before_preempt_s``: a gang that has run less than this since it (re)started is no
+    victim (0: every running gang may be); ``max_evictions``: a gang already evicted this many times
+    (``Running.evictions``) is no victim again (None: no cap)."""
 
     preempt_after_s: float | None = 600.0
     exact_victims: int = 10
     max_plans: int = 64
     fill_holes: bool = True
     reserve_after_s: float = 0.0
+    preempt_loss_ratio: float | None = 1.0
+    min_run_before_preempt_s: float = 0.0
+    max_evictions: int | None = 1
 
     def __post_init__(self) -> None:
         if self.preempt_after_s is not None and not (self.preempt_after_s >= 0):
             raise QueueError(f"preempt_after_s must be >= 0 or None, got {self.preempt_after_s}")
+        if self.preempt_loss_ratio is not None and not (self.preempt_loss_ratio >= 0):
+            raise QueueError(f"preempt_loss_ratio must be >= 0 or None, got {self.preempt_loss_ratio}")
+        if not (self.min_run_before_preempt_s >= 0) or math.isinf(self.min_run_before_preempt_s):
+            raise QueueError(
+                f"min_run_before_preempt_s must be a finite number >= 0, got {self.min_run_before_preempt_s}"
+            )
         if not (self.reserve_after_s >= 0) or math.isinf(self.reserve_after_s):
             raise QueueError(f"reserve_after_s must be a finite number >= 0, got {self.reserve_after_s}")
+        if self.max_evictions is not None and self.max_evictions < 0:
+            raise QueueError(f"max_evictions must be >= 0 or None, got {self.max_evictions}")
         if self.exact_victims < 0 or self.max_plans < 1:
             raise QueueError("exact_victims must be >= 0 and max_plans >= 1")
 
@@ -322,6 +360,16 @@ def _held_back(cl: _Cluster, resvs: Sequence[Reservation]) -> ClusterSnapshot:
         n = cl.nodes[i]
         free[i] = max(0, min(cl.free(i), n.gpus - cl.busy_at(node, first[node]) - g))
     return cl.with_free(free)
+
+
+def _drop_overrun(
+    held: dict[str, Reservation], prio: Mapping[str, int], w: Waiting, cl: _Cluster, now: float
+) -> None:
+    """After ``w`` started: drop the reservations of lower priority it made unkeepable (planned again
+    when their gang is the head)."""
+    for n in [n for n in held if prio[n] < w.priority]:
+        if not _still_valid(held[n], cl, now):
+            del held[n]
 
 
 def _ends(w: Waiting, now: float) -> float:
@@ -516,7 +564,7 @@ def _preempt(  # noqa: PLR0917 -- private helper, called once
     dom_of = {cl.nodes[i].name: d for d, members in domains.items() for i in members}
     by_domain: dict[str, list[Running]] = {}
     for r in cl.running.values():
-        if r.priority < w.priority:
+        if _may_evict(r, w, now, config):
             for d in sorted({dom_of[n] for n in r.claims if n in dom_of}):
                 by_domain.setdefault(d, []).append(r)
     best: Preemption | None = None
@@ -551,6 +599,40 @@ def _preempt(  # noqa: PLR0917 -- private helper, called once
         if best is None or (lost, len(cand.victims), dom) < (best.lost_gpu_s, len(best.victims), best.domain):
             best = cand
     return best
+
+
+def _worth_it(  # noqa: PLR0917 -- private helper of ``decide``, called once
+    pre: Preemption,
+    w: Waiting,
+    own: Reservation | None,
+    cl: _Cluster,
+    held: Mapping[str, Reservation],
+    ahead: Collection[str],
+    now: float,
+    place: Place,
+    config: QueueConfig,
+) -> bool:
+    """Whether ``pre`` loses at most ``preempt_loss_ratio`` times the GPU-time ``w`` would otherwise
+    wait: its GPUs x (its expected start - now), from ``own`` or a reservation planned now around the
+    others of ``ahead`` held (never fitting: an endless wait, any loss is worth it)."""
+    ratio = config.preempt_loss_ratio
+    if ratio is None or pre.lost_gpu_s <= 0:
+        return True
+    if own is not None and own.start_s > now:
+        start = own.start_s
+    else:
+        made = _reserve(w, cl, [held[n] for n in ahead if n in held], now, place)
+        start = made.start_s if made is not None else math.inf
+    return pre.lost_gpu_s <= ratio * w.gpus * (start - now)
+
+
+def _may_evict(r: Running, w: Waiting, now: float, config: QueueConfig) -> bool:
+    """``r`` may be a victim of ``w``: lower priority, run long enough, not evicted too often."""
+    return (
+        r.priority < w.priority
+        and now - r.started_s >= config.min_run_before_preempt_s
+        and (config.max_evictions is None or r.evictions < config.max_evictions)
+    )
 
 
 def _lost(r: Running, now: float) -> float:
@@ -693,13 +775,16 @@ def decide(
     holes: dict[tuple[str, ...], tuple[ClusterSnapshot, int]] = {}
     head_seen = False
     wake = math.inf
+    prio = {w.name: w.priority for w in queue}
     wait_s = config.preempt_after_s
     lowest = min((r.priority for r in cl.running.values()), default=None)
     for w in queue:
         tried = only is None or w.name in only or (not head_seen and w.name not in held)
         own = held.get(w.name)
         end = _ends(w, now)
-        blocking = tuple(sorted(n for n, r in held.items() if n != w.name and r.start_s < end))
+        # only reservations of gangs of this priority or higher hold capacity back from it
+        ahead = [n for n in held if n != w.name and prio[n] >= w.priority]
+        blocking = tuple(sorted(n for n in ahead if held[n].start_s < end))
         if tried:
             if blocking not in views:
                 snap = _held_back(cl, [held[n] for n in blocking])
@@ -719,6 +804,7 @@ def decide(
                 else:
                     starts.append(Start(w.name, res))
                     cl.take(w, res, now)
+                    _drop_overrun(held, prio, w, cl, now)
                     lowest = w.priority if lowest is None else min(lowest, w.priority)
                     views.clear()
                     holes.clear()
@@ -731,6 +817,8 @@ def decide(
             elif tried and (own is None or own.start_s > now):
                 view = _held_back(cl, [held[n] for n in blocking])
                 pre = _preempt(w, cl, view, now, place, config)
+                if pre is not None and not _worth_it(pre, w, own, cl, held, ahead, now, place, config):
+                    pre = None
                 if pre is not None:
                     preemptions.append(pre)
                     for v in pre.victims:
@@ -753,10 +841,13 @@ def decide(
                 continue  # too young to hold anything back: later gangs may pass it freely
             head_seen = True
             if w.name not in held and tried:
-                others = [r for n, r in held.items() if n != w.name]
+                others = [held[n] for n in ahead if n in held]
                 made = _reserve(w, cl, others, now, place)
                 if made is not None:
                     held[w.name] = made
+                    for n in [n for n, r in held.items() if prio[n] < w.priority]:
+                        if not set(held[n].claims).isdisjoint(made.claims):
+                            del held[n]  # a lower class gives way; planned again when it is the head
                     views.clear()
                     holes.clear()
     gone = tuple(sorted(n for n in reservations if n not in held))

@@ -319,7 +319,12 @@ def simulate(
                 name = state.spec.nodes[node].name
                 claims[name] = claims.get(name, 0) + g
             core_running[live.job.name] = gang_queue.Running(
-                live.job.name, live.job.priority, now, now + live.job.runtime_s, claims
+                live.job.name,
+                live.job.priority,
+                now,
+                now + live.job.runtime_s,
+                claims,
+                evictions=live.record.preemptions,
             )
         rec = live.record
         for role in live.job.gang.roles:

@@ -468,3 +468,190 @@ def test_reserve_after_lets_later_gangs_pass_a_young_head_then_holds_for_it() ->
     assert old.reservations["head"].start_s == 100.0
     with pytest.raises(QueueError, match="reserve_after_s"):
         QueueConfig(reserve_after_s=math.inf)
+
+
+# -- preemption guards: no thrashing -----------------------------------------------------------------
+
+
+def drive(
+    until: float,
+    running: dict[str, Running],
+    arrivals: list[Waiting],
+    config: QueueConfig,
+    step: float = 20.0,
+) -> tuple[dict[str, int], dict[str, float], dict[str, float]]:
+    """A tiny cluster loop around ``decide`` on two 4-node racks: work ends at its limit, an evicted
+    gang is queued again under its creation time and restarts from nothing. Returns evictions per gang,
+    start and end times."""
+    base = empty(4, 4)
+    place = planner_place()
+    evictions: dict[str, int] = {}
+    started: dict[str, float] = {}
+    ended: dict[str, float] = {}
+    back: dict[str, Waiting] = {}
+    resv: dict[str, Reservation] = {}
+    limits = {r.name: r.ends_s - r.started_s for r in running.values()}
+    limits.update({w.name: w.limit_s or math.inf for w in arrivals})
+    t = 0.0
+    while t <= until:
+        for name in [n for n, r in running.items() if r.ends_s <= t]:
+            ended[name] = running.pop(name).ends_s
+        waiting = [*back.values(), *(w for w in arrivals if w.created_s <= t and w.name not in started)]
+        d = decide(t, busy(base, running), running, waiting, resv, place=place, config=config)
+        by_name = {w.name: w for w in waiting}
+        for pre in d.preemptions:
+            for v in pre.victims:
+                gone = running.pop(v)
+                evictions[v] = evictions.get(v, 0) + 1
+                back[v] = Waiting(v, gang(len(gone.claims), name=v), gone.priority, 0.0, limits[v])
+        for name, p in [(s.gang, s.plan) for s in d.starts] + [(p.gang, p.plan) for p in d.preemptions]:
+            w = by_name[name]
+            claims: dict[str, int] = {}
+            for node in p.placement.values():
+                claims[node] = claims.get(node, 0) + 4
+            running[name] = Running(name, w.priority, t, t + limits[name], claims, evictions.get(name, 0))
+            started[name] = t
+            back.pop(name, None)
+        resv = dict(d.reservations)
+        t += step
+    return evictions, started, ended
+
+
+def thrash_case() -> tuple[dict[str, Running], list[Waiting]]:
+    """Rack 0: low gang ``big`` (4 nodes, 3,000 s of work). Rack 1: a low gang that has run for a day
+    and runs a day more (costly to evict). A high-priority one-node gang (300 s) arrives every 1,000 s."""
+    running = {
+        "big": run("big", nodes_of(0, 0, 1, 2, 3), started=0.0, ends=3000.0),
+        "old": run("old", nodes_of(1, 0, 1, 2, 3), started=-86400.0, ends=86400.0),
+    }
+    stream = [wait(f"hp{k}", 1, created=400.0 + 1000.0 * k, limit=300.0, priority=10) for k in range(6)]
+    return running, stream
+
+
+def test_a_gang_evicted_once_is_not_evicted_again_and_again() -> None:
+    """Without the guards ``big`` restarts after each small high-priority gang and the next one evicts
+    it again: six evictions, never done. With them it is evicted at most once and finishes."""
+    running, stream = thrash_case()
+    unguarded = QueueConfig(preempt_after_s=60.0, preempt_loss_ratio=None, max_evictions=None)
+    evictions, _, ended = drive(7000.0, dict(running), stream, unguarded)
+    assert evictions.get("big", 0) >= 5  # the thrashing the guards are for
+    assert "big" not in ended
+    evictions, started, ended = drive(7000.0, dict(running), stream, QueueConfig(preempt_after_s=60.0))
+    assert evictions == {"big": 1}
+    assert "big" in ended
+    assert all(w.name in started for w in stream)  # every high-priority gang still started
+
+
+def test_the_eviction_cap_alone_stops_the_repeats() -> None:
+    running, stream = thrash_case()
+    capped = QueueConfig(preempt_after_s=60.0, preempt_loss_ratio=None, max_evictions=2)
+    evictions, _, ended = drive(7000.0, dict(running), stream, capped)
+    assert evictions["big"] == 2
+    assert "big" in ended
+    # with no bound on the loss the stream then evicts ``old`` (a day of work) for 300 s gangs: why the
+    # default keeps both guards
+    assert evictions["old"] >= 1
+
+
+def worth_case() -> tuple[ClusterSnapshot, dict[str, Running]]:
+    """Rack 0: ``big`` (4 nodes, ran 100 s). Rack 1: ``soon`` (2 nodes, ends at 200) and ``long`` (2 nodes,
+    ran a day)."""
+    running = {
+        "big": run("big", nodes_of(0, 0, 1, 2, 3), started=0.0, ends=5000.0),
+        "soon": run("soon", nodes_of(1, 0, 1), started=-1000.0, ends=200.0),
+        "long": run("long", nodes_of(1, 2, 3), started=-86400.0, ends=86400.0),
+    }
+    return busy(empty(4, 4), running), running
+
+
+@pytest.mark.parametrize(
+    ("ratio", "victims"),
+    [
+        pytest.param(1.0, (), id="waits-for-its-start"),
+        pytest.param(2.0, ("big",), id="twice-the-wait-covers-it"),
+        pytest.param(None, ("big",), id="no-bound"),
+    ],
+)
+def test_a_preemption_must_be_worth_the_wait(ratio: float | None, victims: tuple[str, ...]) -> None:
+    """The gang (8 GPUs) starts at 200 on rack 1 anyway: 100 s x 8 GPUs of waiting is worth less than
+    the 1,600 GPU-s ``big`` would lose (the cheapest victim set), unless the bound allows twice that."""
+    snap, running = worth_case()
+    hi = wait("hi", 2, created=0.0, priority=10, subgroup=2)
+    config = QueueConfig(preempt_after_s=60.0, preempt_loss_ratio=ratio)
+    d = decide(100.0, snap, running, [hi], {}, place=planner_place(), config=config)
+    assert tuple(v for p in d.preemptions for v in p.victims) == victims
+    if not victims:
+        assert d.reservations["hi"].start_s == 200.0
+
+
+def test_a_gang_that_never_fits_on_what_frees_may_preempt_at_any_loss() -> None:
+    snap, running = worth_case()
+    running = {n: Running(n, r.priority, r.started_s, math.inf, r.claims) for n, r in running.items()}
+    hi = wait("hi", 2, created=0.0, priority=10, subgroup=2)
+    d = decide(
+        100.0, snap, running, [hi], {}, place=planner_place(), config=QueueConfig(preempt_after_s=60.0)
+    )
+    (pre,) = d.preemptions
+    assert pre.victims == ("big",)
+
+
+def test_a_gang_younger_than_the_minimum_run_is_no_victim() -> None:
+    snap, running = preempt_case()
+    hi = wait("hi", 2, created=0.0, priority=10, subgroup=2)
+    config = QueueConfig(preempt_after_s=60.0, min_run_before_preempt_s=60.0)
+    d = decide(100.0, snap, running, [hi], {}, place=planner_place(), config=config)
+    (pre,) = d.preemptions
+    # y (ran 50 s), w (1 s) and z (20 s) are too young: x (ran 100 s) frees two nodes of rack 0
+    assert (pre.victims, pre.domain, pre.lost_gpu_s) == (("x",), "nvl-0", 800.0)
+
+
+@pytest.mark.parametrize(
+    ("cap", "victims"), [pytest.param(1, ("z",), id="capped"), pytest.param(None, ("w", "y"), id="no-cap")]
+)
+def test_a_gang_evicted_max_evictions_times_is_no_victim(cap: int | None, victims: tuple[str, ...]) -> None:
+    snap, running = preempt_case()
+    running = {
+        n: Running(n, r.priority, r.started_s, r.ends_s, r.claims, 1 if n in "wy" else 0)
+        for n, r in running.items()
+    }
+    hi = wait("hi", 2, created=0.0, priority=10, subgroup=2)
+    config = QueueConfig(preempt_after_s=60.0, max_evictions=cap)
+    d = decide(100.0, snap, running, [hi], {}, place=planner_place(), config=config)
+    (pre,) = d.preemptions
+    assert pre.victims == victims
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        pytest.param({"preempt_loss_ratio": -1.0}, id="negative-ratio"),
+        pytest.param({"preempt_loss_ratio": math.nan}, id="nan-ratio"),
+        pytest.param({"min_run_before_preempt_s": -1.0}, id="negative-min-run"),
+        pytest.param({"min_run_before_preempt_s": math.inf}, id="endless-min-run"),
+        pytest.param({"min_run_before_preempt_s": math.nan}, id="nan-min-run"),
+        pytest.param({"max_evictions": -1}, id="negative-cap"),
+    ],
+)
+def test_bad_preemption_guards_are_refused_by_name(kwargs: dict[str, float]) -> None:
+    with pytest.raises(QueueError, match=next(iter(kwargs))):
+        QueueConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_reservation_of_a_lower_class_gives_way_to_a_higher_gang() -> None:
+    """Strict priority: the idle capacity held for a low-priority head goes to a high-priority gang that
+    arrives (no eviction needed); the low reservation is planned again around it; a gang of the head's
+    own class still may not take it."""
+    running = {"a": run("a", nodes_of(0, 0, 1), ends=100.0)}
+    snap = busy(empty(4), running)
+    low = wait("low", 4, created=0.0, subgroup=4)
+    first = decide(5.0, snap, running, [low], {}, place=planner_place(), config=NO_PREEMPT)
+    assert first.reservations["low"].start_s == 100.0
+    same = wait("same", 1, created=10.0, limit=1000.0)
+    held = decide(
+        10.0, snap, running, [low, same], first.reservations, place=planner_place(), config=NO_PREEMPT
+    )
+    assert held.starts == ()
+    high = wait("high", 1, created=10.0, limit=1000.0, priority=10)
+    d = decide(10.0, snap, running, [low, high], first.reservations, place=planner_place(), config=NO_PREEMPT)
+    assert [s.gang for s in d.starts] == ["high"]
+    assert d.reservations["low"].start_s == 1010.0  # planned again in the pass, after ``high`` ends
