@@ -37,7 +37,9 @@ Queues of their own (``queue=``; ``backfill`` above stays the like-for-like choi
 - ``count`` and ``reserve`` as above, in priority order.
 
 Preemption (``preempt=``): ``none``; ``core`` (inside ``decide``: whole lower-priority gangs inside one
-domain, least GPU-time lost, after ``QueueConfig.preempt_after_s``); ``kai`` (KAI's preempt action:
+domain, least GPU-time lost, after ``QueueConfig.preempt_after_s``, with the queue's guards against
+thrashing; each running gang is handed over with the number of times it was evicted before, for
+``QueueConfig.max_evictions``); ``kai`` (KAI's preempt action:
 a waiting job evicts running jobs of lower priority, lowest priority first and the latest started
 first, whole jobs, adding victims until its policy places it, anywhere in the cluster). An evicted
 job loses the GPU-time it ran (``preempted_gpu_s``) and goes back to the queue under its arrival time;

@@ -184,3 +184,34 @@ def test_high_priority_share_is_validated_and_keeps_the_stream() -> None:
     assert 0 < sum(1 for j in marked if j.priority == workloads.HIGH_PRIORITY) < len(marked)
     with pytest.raises(workloads.WorkloadError, match="--high-priority"):
         workloads.build("nvl72", high_priority=1.5, **kw)  # type: ignore[arg-type]
+
+
+def thrash_stream() -> list[Job]:
+    """Low ``big`` fills rack 0 for 10,000 s, low ``other`` rack 1 for 100,000 s; a high-priority
+    one-tray gang of 300 s arrives every 1,000 s."""
+    hp = [
+        replace(job(f"hp{k}", 500.0 + 1000.0 * k, 300, 1), priority=workloads.HIGH_PRIORITY) for k in range(5)
+    ]
+    return [job("big", 0.0, 10_000, 18, subgroup=18), job("other", 0.0, 100_000, 18, subgroup=18), *hp]
+
+
+@pytest.mark.parametrize(
+    ("guards", "most"),
+    [
+        pytest.param({}, 1, id="defaults"),
+        pytest.param({"preempt_loss_ratio": None}, 1, id="cap-counted-by-the-simulator"),
+    ],
+)
+def test_the_core_queue_does_not_evict_a_restarted_gang_again_and_again(
+    guards: dict[str, object], most: int
+) -> None:
+    unguarded = gang_queue.QueueConfig(preempt_after_s=60.0, preempt_loss_ratio=None, max_evictions=None)
+    before = {r.name: r for r in run_q(thrash_stream(), "ours", "core", "core", config=unguarded).records}
+    assert before["big"].preemptions >= 3  # the thrashing
+    config = gang_queue.QueueConfig(preempt_after_s=60.0, **guards)  # type: ignore[arg-type]
+    result = run_q(thrash_stream(), "ours", "core", "core", config=config)
+    recs = {r.name: r for r in result.records}
+    assert recs["big"].preemptions <= most
+    assert recs["big"].end_s is not None
+    assert all(r.start_s is not None for r in result.records if r.priority)
+    assert result.released_all
