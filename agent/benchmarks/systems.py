@@ -65,6 +65,7 @@ KUEUE_TOPOLOGY = "gpu-node-agent-bench"
 KUEUE_FLAVOR = "gb200-bench"
 KUEUE_CLUSTER_QUEUE = "bench-cq"
 KUEUE_LOCAL_QUEUE = "bench"
+EXPORT_FIELD_MANAGER = "kubectl"
 TICK_S = 0.25
 DRAIN_S = 180.0
 DESCRIPTIONS = {
@@ -802,8 +803,9 @@ class Kueue:
         )
         kube = self.ctx.kube()
         topology, nodes = self.export()
-        for doc in nodes:
-            kube.apply(f"/api/v1/nodes/{doc['metadata']['name']}", doc)
+        for doc in nodes:  # as `kubectl apply --server-side` would: under a manager of its own, so that
+            # the agent's labels (gpuagent.dev/nvlink-domain, applied as gpu-node-agent) are left alone
+            kube.apply(f"/api/v1/nodes/{doc['metadata']['name']}", doc, field_manager=EXPORT_FIELD_MANAGER)
         base = f"/apis/{KUEUE}/v1beta2"
         kube.create(f"{base}/topologies", topology)
         self.created.append(f"{base}/topologies/{KUEUE_TOPOLOGY}")

@@ -260,6 +260,7 @@ def test_a_load_the_stream_refuses_exits_2(capsys: pytest.CaptureFixture[str]) -
 
 @pytest.mark.e2e
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # four systems in turn, each up to its 120 s window, on a shared 2-CPU machine
 def test_small_comparison_on_hollow_nodes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """One rack of 4 trays, 5 jobs, every system (those not built are skipped with the build command).
     Run with ``.venv/bin/pytest -m slow tests/agent/benchmarks/test_systems.py``."""
