@@ -655,3 +655,15 @@ def test_a_reservation_of_a_lower_class_gives_way_to_a_higher_gang() -> None:
     d = decide(10.0, snap, running, [low, high], first.reservations, place=planner_place(), config=NO_PREEMPT)
     assert [s.gang for s in d.starts] == ["high"]
     assert d.reservations["low"].start_s == 1010.0  # planned again in the pass, after ``high`` ends
+
+
+def test_a_higher_head_takes_over_the_nodes_a_lower_reservation_held() -> None:
+    running = {"a": run("a", nodes_of(0, 0, 1), ends=100.0)}
+    snap = busy(empty(4), running)
+    low = wait("low", 4, created=0.0, subgroup=4)
+    first = decide(5.0, snap, running, [low], {}, place=planner_place(), config=NO_PREEMPT)
+    high = wait("high", 4, created=10.0, priority=10, subgroup=4)
+    d = decide(10.0, snap, running, [low, high], first.reservations, place=planner_place(), config=NO_PREEMPT)
+    assert list(d.reservations) == ["high"]
+    assert d.reservations["high"].start_s == 100.0  # where the low head would have started
+    assert d.released == ("low",)  # planned again when it is the head
