@@ -226,11 +226,15 @@ def test_running_controller_follows_a_fabric_change(topo: Topo, volcano_crds: li
         topo.publish_all(sick="topo-r2-t3")
         isolated = node_domain_name("topo-r2-t3")
         cluster.wait_until(lambda: isolated in topo.hypernodes(), what="isolated NVLink domain")
-        events, _ = topo.kube.list("/api/v1/namespaces/default/events")
-        assert any(
-            e["reason"] == "NvlinkDomainExcluded" and e["involvedObject"]["name"] == "topo-r2-t3"
-            for e in events
-        )
+
+        def excluded_event() -> bool:  # the Event is written after the HyperNodes, by the recorder
+            events, _ = topo.kube.list("/api/v1/namespaces/default/events")
+            return any(
+                e["reason"] == "NvlinkDomainExcluded" and e["involvedObject"]["name"] == "topo-r2-t3"
+                for e in events
+            )
+
+        cluster.wait_until(excluded_event, what="NvlinkDomainExcluded Event on topo-r2-t3")
     finally:
         loop.call_soon_threadsafe(stop.set)
         thread.join(timeout=30)
