@@ -75,7 +75,8 @@ def _amount(resource: str, value: object) -> int:
     return int(q.to_integral_value(rounding="ROUND_CEILING"))
 
 
-def _get(obj: Mapping[str, Any], *path: str) -> Any:
+def get_in(obj: Mapping[str, Any], *path: str) -> Any:
+    """``obj[path[0]][path[1]]...``, or ``None`` where a step is missing or not a mapping."""
     cur: Any = obj
     for p in path:
         if not isinstance(cur, Mapping):
@@ -85,7 +86,7 @@ def _get(obj: Mapping[str, Any], *path: str) -> Any:
 
 
 def pod_key(pod: Mapping[str, Any]) -> str:
-    return f"{_get(pod, 'metadata', 'namespace') or 'default'}/{_get(pod, 'metadata', 'name') or ''}"
+    return f"{get_in(pod, 'metadata', 'namespace') or 'default'}/{get_in(pod, 'metadata', 'name') or ''}"
 
 
 def pod_requests(pod: Mapping[str, Any]) -> dict[str, int]:
@@ -123,13 +124,16 @@ def pod_requests(pod: Mapping[str, Any]) -> dict[str, int]:
 
 def holds_resources(pod: Mapping[str, Any]) -> bool:
     """A pod bound to a node that has not finished (Succeeded/Failed pods free their resources)."""
-    return bool(_get(pod, "spec", "nodeName")) and _get(pod, "status", "phase") not in ("Succeeded", "Failed")
+    return bool(get_in(pod, "spec", "nodeName")) and get_in(pod, "status", "phase") not in (
+        "Succeeded",
+        "Failed",
+    )
 
 
 def node_schedulable(node: Mapping[str, Any]) -> bool:
-    if _get(node, "spec", "unschedulable"):
+    if get_in(node, "spec", "unschedulable"):
         return False
-    for cond in _get(node, "status", "conditions") or []:
+    for cond in get_in(node, "status", "conditions") or []:
         if cond.get("type") == "Ready" and cond.get("status") != "True":
             return False
     return True
@@ -153,15 +157,15 @@ def hypernode_domains(
     Members: ``Node`` by ``exactMatch``/``regexMatch``/``labelMatch.matchLabels``; ``HyperNode`` by
     ``exactMatch`` (Volcano ignores the other selectors for HyperNode members).
     """
-    hns = {str(_get(h, "metadata", "name")): h for h in hypernodes if _get(h, "metadata", "name")}
+    hns = {str(get_in(h, "metadata", "name")): h for h in hypernodes if get_in(h, "metadata", "name")}
     tier_names: dict[int, str] = {}
     tiers_of: dict[str, int] = {}
     for name, h in hns.items():
-        tier = _get(h, "spec", "tier")
+        tier = get_in(h, "spec", "tier")
         if not isinstance(tier, int) or isinstance(tier, bool):
             continue
         tiers_of[name] = tier
-        tn = _get(h, "spec", "tierName")
+        tn = get_in(h, "spec", "tierName")
         if isinstance(tn, str) and tn and tier not in tier_names:
             tier_names[tier] = tn
 
@@ -173,19 +177,19 @@ def hypernode_domains(
         if name in stack:  # a cycle: Volcano rejects it; we ignore the back edge
             return set()
         out: set[str] = set()
-        for member in _get(hns[name], "spec", "members") or []:
+        for member in get_in(hns[name], "spec", "members") or []:
             sel = member.get("selector") or {}
             if member.get("type") == "HyperNode":
-                child = _get(sel, "exactMatch", "name")
+                child = get_in(sel, "exactMatch", "name")
                 if isinstance(child, str) and child in hns:
                     out |= nodes_of(child, (*stack, name))
                 continue
-            exact = _get(sel, "exactMatch", "name")
+            exact = get_in(sel, "exactMatch", "name")
             if isinstance(exact, str):
                 if exact in node_labels:
                     out.add(exact)
                 continue
-            pattern = _get(sel, "regexMatch", "pattern")
+            pattern = get_in(sel, "regexMatch", "pattern")
             if isinstance(pattern, str):
                 try:
                     rx = re.compile(pattern)
@@ -193,7 +197,7 @@ def hypernode_domains(
                     continue
                 out |= {n for n in node_names if rx.match(n)}
                 continue
-            match_labels = _get(sel, "labelMatch", "matchLabels")
+            match_labels = get_in(sel, "labelMatch", "matchLabels")
             if isinstance(match_labels, Mapping) and match_labels:
                 out |= {
                     n for n in node_names if all(node_labels[n].get(k) == v for k, v in match_labels.items())
@@ -226,14 +230,16 @@ def snapshot_from_objects(
     ``previous``: an earlier snapshot whose ``NodeState`` objects are reused where a node's state is
     equal, so the planner, which diffs snapshots by object identity, recomputes only what changed.
     """
-    node_list = [n for n in nodes if _get(n, "metadata", "name")]
-    names = sorted(str(_get(n, "metadata", "name")) for n in node_list)
-    labels = {str(_get(n, "metadata", "name")): dict(_get(n, "metadata", "labels") or {}) for n in node_list}
+    node_list = [n for n in nodes if get_in(n, "metadata", "name")]
+    names = sorted(str(get_in(n, "metadata", "name")) for n in node_list)
+    labels = {
+        str(get_in(n, "metadata", "name")): dict(get_in(n, "metadata", "labels") or {}) for n in node_list
+    }
     used: dict[str, dict[str, int]] = {}
     for pod in pods:
         if not holds_resources(pod):
             continue
-        u = used.setdefault(str(_get(pod, "spec", "nodeName")), {})
+        u = used.setdefault(str(get_in(pod, "spec", "nodeName")), {})
         for k, v in pod_requests(pod).items():
             u[k] = u.get(k, 0) + v
     for node_name, res in (reserved or {}).items():
@@ -261,8 +267,8 @@ def snapshot_from_objects(
     before = {n.name: n for n in previous.nodes} if previous is not None else {}
     states: list[NodeState] = []
     for node in node_list:
-        name = str(_get(node, "metadata", "name"))
-        alloc = _get(node, "status", "allocatable") or {}
+        name = str(get_in(node, "metadata", "name"))
+        alloc = get_in(node, "status", "allocatable") or {}
         res_alloc: dict[str, int] = {}
         for r in (GPU, *TRACKED):
             if r in alloc:

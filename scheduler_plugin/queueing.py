@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from scheduler_plugin.cluster import get_in
 from scheduler_plugin.queue import QueueError, Reservation, Running, time_limit
 
 __all__ = [
@@ -61,19 +62,10 @@ def timestamp(value: Any) -> float | None:
         return None
 
 
-def _get(obj: Mapping[str, Any], *path: str) -> Any:
-    cur: Any = obj
-    for p in path:
-        if not isinstance(cur, Mapping):
-            return None
-        cur = cur.get(p)
-    return cur
-
-
 def pod_priority(pod: Mapping[str, Any]) -> int:
     """``spec.priority`` (the PriorityClass value the API server filled in); 0 when unset or not an
     int32."""
-    value = _get(pod, "spec", "priority")
+    value = get_in(pod, "spec", "priority")
     if isinstance(value, bool) or not isinstance(value, int) or not -_INT32 - 1 <= value <= _INT32:
         return 0
     return value
@@ -81,12 +73,12 @@ def pod_priority(pod: Mapping[str, Any]) -> int:
 
 def owning_job(pod: Mapping[str, Any]) -> str | None:
     """``<namespace>/<name>`` of the Job that owns ``pod`` (its controller ownerReference), or None."""
-    refs = _get(pod, "metadata", "ownerReferences")
+    refs = get_in(pod, "metadata", "ownerReferences")
     if not isinstance(refs, list):
         return None
     for ref in refs:
         if isinstance(ref, Mapping) and ref.get("kind") == "Job" and isinstance(ref.get("name"), str):
-            ns = _get(pod, "metadata", "namespace") or "default"
+            ns = get_in(pod, "metadata", "namespace") or "default"
             return f"{ns}/{ref['name']}"
     return None
 
@@ -99,7 +91,7 @@ def pod_limit(pod: Mapping[str, Any], jobs: Mapping[str, Mapping[str, Any]]) -> 
     """The pod's time limit in seconds (module docstring) or None: the smallest of the limit annotations
     (or labels: Kueue's is a label on the Job) on the pod and on the Job that owns it, and both
     ``activeDeadlineSeconds``. Raises ``QueueError`` naming the object and the field for a bad value."""
-    meta = _get(pod, "metadata") or {}
+    meta = get_in(pod, "metadata") or {}
     where = f"pod {meta.get('namespace') or 'default'}/{meta.get('name', '')}"
     sources: list[tuple[str, Mapping[str, Any]]] = [(where, pod)]
     job = owning_job(pod)
@@ -107,12 +99,12 @@ def pod_limit(pod: Mapping[str, Any], jobs: Mapping[str, Mapping[str, Any]]) -> 
         sources.append((f"job {job}", jobs[job]))
     found: list[float] = []
     for what, obj in sources:
-        deadline = _get(obj, "spec", "activeDeadlineSeconds")
+        deadline = get_in(obj, "spec", "activeDeadlineSeconds")
         if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, int)):
             raise QueueError(f"{what}: activeDeadlineSeconds={str(deadline)[:40]!r} is not an integer")
         for kind in ("labels", "annotations"):
             limit = time_limit(
-                _strings(_get(obj, "metadata", kind)),
+                _strings(get_in(obj, "metadata", kind)),
                 deadline if kind == "annotations" else None,
                 where=f"{what} {kind}",
             )
@@ -193,7 +185,7 @@ def parse_victims(args: Mapping[str, Any]) -> dict[str, VictimSet]:
         uids: list[str] = []
         for i, p in enumerate(pods):
             uid = (
-                (p.get("UID") if field == "NodeNameToMetaVictims" else _get(p, "metadata", "uid"))
+                (p.get("UID") if field == "NodeNameToMetaVictims" else get_in(p, "metadata", "uid"))
                 if (isinstance(p, dict))
                 else None
             )

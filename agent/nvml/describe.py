@@ -54,7 +54,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.nvml.errors import CODES
-from agent.nvml.fake import HEALTH_MASKS, TOPOLOGY_LEVELS, gi_id_for, plan_layout
+from agent.nvml.fake import (  # NVML event type bits (nvml.h nvmlEventType*): the simulator's one definition
+    EVENT_CLOCK,
+    EVENT_DBE,
+    EVENT_GPU_UNAVAILABLE,
+    EVENT_MIG_CONFIG_CHANGE,
+    EVENT_PSTATE,
+    EVENT_RECOVERY_ACTION,
+    EVENT_SBE,
+    EVENT_XID,
+    HEALTH_MASKS,
+    TOPOLOGY_LEVELS,
+    gi_id_for,
+    plan_layout,
+)
 from agent.nvml.profiles import (
     ARCH_ADA,
     ARCH_AMPERE,
@@ -71,15 +84,6 @@ FORMAT_VERSION = 1
 FEATURE_MEMORY_TEMPERATURE = 1
 FEATURE_REMAPPED_ROWS = 2
 
-# NVML event type bits (nvml.h nvmlEventType*)
-EVENT_SBE = 0x1
-EVENT_DBE = 0x2
-EVENT_PSTATE = 0x4
-EVENT_XID = 0x8
-EVENT_CLOCK = 0x10
-EVENT_MIG_CONFIG_CHANGE = 0x100
-EVENT_GPU_UNAVAILABLE = 0x4000
-EVENT_RECOVERY_ACTION = 0x8000
 
 # nvmlIntNvLinkDeviceType_t
 REMOTE_TYPES: dict[RemoteDeviceType, int] = {
