@@ -500,36 +500,83 @@ class Timing:
     cpu_s: Mapping[str, float] = field(default_factory=dict)  # process -> CPU seconds it used meanwhile
 
 
-class PodClock:
-    """When each pod of one namespace was first seen bound to a node, first seen ``Running`` and first
-    seen refused by its scheduler (``PodScheduled`` false), from one watch on a thread: the time of
-    each event as it arrives, with no polling lists loading the machine being measured."""
+class PodWatch:
+    """The pods of one namespace from one list and then one watch on a thread, resumed from the last
+    version when the stream breaks and listed again when that version is too old; subclasses say what
+    each event means (``_event``). Set a subclass's own fields before calling ``__init__``: the first
+    listing arrives during it."""
 
-    def __init__(self, client: Any, namespace: str) -> None:
+    def __init__(self, client: Any, namespace: str, *, name: str = "pod-watch") -> None:
         from topology.kube import Kube  # noqa: PLC0415
 
         self._kube = Kube(client)
         self._path = f"/api/v1/namespaces/{namespace}/pods"
+        self._stop = threading.Event()
+        self._watch: Any = None
+        self._rv = self._relist("ADDED")
+        self._thread = threading.Thread(target=self._run, daemon=True, name=name)
+        self._thread.start()
+
+    def _event(self, kind: str, pod: Mapping[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _relist(self, kind: str) -> str:
+        items, rv = self._kube.list(self._path)
+        for pod in items:
+            self._event(kind, pod)
+        return rv
+
+    def _run(self) -> None:
+        from topology.kube import KubeError  # noqa: PLC0415
+
+        while not self._stop.is_set():
+            try:
+                self._watch = self._kube.watch(self._path, self._rv, timeout_s=120)
+                for kind, obj in self._watch:
+                    self._rv = str((obj.get("metadata") or {}).get("resourceVersion") or self._rv)
+                    if kind in ("ADDED", "MODIFIED", "DELETED"):
+                        self._event(kind, obj)
+            except KubeError as exc:
+                if self._stop.is_set():
+                    return
+                if exc.status == 410:  # too old to resume: list again
+                    self._rv = self._relist("MODIFIED")
+                else:
+                    time.sleep(0.2)
+            except Exception:  # the stream broke (or close() cut it): resume from the last version
+                if self._stop.is_set():
+                    return
+                time.sleep(0.2)
+
+    def close(self) -> None:
+        self._stop.set()
+        watch = self._watch
+        if watch is not None:
+            watch.close()
+        self._thread.join(5)
+
+
+class PodClock(PodWatch):
+    """When each pod of one namespace was first seen bound to a node, first seen ``Running`` and first
+    seen refused by its scheduler (``PodScheduled`` false): the time of each watch event as it arrives,
+    with no polling lists loading the machine being measured."""
+
+    def __init__(self, client: Any, namespace: str) -> None:
         self._changed = threading.Condition()
         self.bound: dict[str, float] = {}
         self.running: dict[str, float] = {}
         self.nodes: dict[str, str] = {}
         self.refused: set[str] = set()
-        self._stop = threading.Event()
-        self._watch: Any = None
-        self._rv = self._relist()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="pod-clock")
-        self._thread.start()
+        super().__init__(client, namespace, name="pod-clock")
 
-    def _relist(self) -> str:
-        items, rv = self._kube.list(self._path)
-        now = time.monotonic()
-        for pod in items:
-            self._see(pod, now)
-        return rv
-
-    def _see(self, pod: Mapping[str, Any], now: float) -> None:
+    def _event(self, kind: str, pod: Mapping[str, Any]) -> None:
         name = str((pod.get("metadata") or {}).get("name", ""))
+        if kind == "DELETED":
+            self._forget(name)
+        else:
+            self._see(name, pod, time.monotonic())
+
+    def _see(self, name: str, pod: Mapping[str, Any], now: float) -> None:
         node = (pod.get("spec") or {}).get("nodeName")
         status = pod.get("status") or {}
         with self._changed:
@@ -548,30 +595,6 @@ class PodClock:
             self.running.pop(name, None)
             self.nodes.pop(name, None)
             self.refused.discard(name)
-
-    def _run(self) -> None:
-        from topology.kube import KubeError  # noqa: PLC0415
-
-        while not self._stop.is_set():
-            try:
-                self._watch = self._kube.watch(self._path, self._rv, timeout_s=120)
-                for kind, obj in self._watch:
-                    self._rv = str((obj.get("metadata") or {}).get("resourceVersion") or self._rv)
-                    if kind == "DELETED":
-                        self._forget(str((obj.get("metadata") or {}).get("name", "")))
-                    elif kind in ("ADDED", "MODIFIED"):
-                        self._see(obj, time.monotonic())
-            except KubeError as exc:
-                if self._stop.is_set():
-                    return
-                if exc.status == 410:  # too old to resume: list again
-                    self._rv = self._relist()
-                else:
-                    time.sleep(0.2)
-            except Exception:  # the stream broke (or close() cut it): resume from the last version
-                if self._stop.is_set():
-                    return
-                time.sleep(0.2)
 
     def wait_refused(self, names: Sequence[str], *, timeout_s: float = WAIT_S) -> None:
         """Until the scheduler has tried every pod in ``names`` and found no node."""
@@ -599,13 +622,6 @@ class PodClock:
                         f"(bound: {len(self.bound)}, Running: {len(self.running)})"
                     )
                 self._changed.wait(min(left, 0.5))
-
-    def close(self) -> None:
-        self._stop.set()
-        watch = self._watch
-        if watch is not None:
-            watch.close()
-        self._thread.join(5)
 
 
 def time_pods(

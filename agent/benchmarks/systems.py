@@ -308,31 +308,21 @@ def figures(rec: Record) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ observing
 
 
-class PodLog:
+class PodLog(bench.PodWatch):
     """Every pod of one namespace, from one list + watch on a thread: labels, node, and the times (from
     ``t0``) it was first seen bound, first seen ``Running`` and deleted."""
 
     def __init__(self, client: Any, namespace: str, identify: Callable[[Mapping[str, Any]], tuple[str, int]]):
-        from topology.kube import Kube  # noqa: PLC0415
-
-        self._kube = Kube(client)
-        self._path = f"/api/v1/namespaces/{namespace}/pods"
         self._identify = identify
         self._lock = threading.Lock()
         self.t0 = time.monotonic()
         self.pods: dict[str, dict[str, Any]] = {}
-        self._stop = threading.Event()
-        self._watch: Any = None
-        items, self._rv = self._kube.list(self._path)
-        for pod in items:
-            self._see("ADDED", pod)
-        self._thread = threading.Thread(target=self._run, daemon=True, name="pod-log")
-        self._thread.start()
+        super().__init__(client, namespace, name="pod-log")
 
     def now(self) -> float:
         return time.monotonic() - self.t0
 
-    def _see(self, kind: str, pod: Mapping[str, Any]) -> None:
+    def _event(self, kind: str, pod: Mapping[str, Any]) -> None:
         meta = pod.get("metadata") or {}
         name = str(meta.get("name", ""))
         now = self.now()
@@ -360,30 +350,6 @@ class PodLog:
                 if status.get("phase") == "Failed":  # Succeeded: its container stopped on deletion
                     entry["failed"] = str(status.get("reason") or "Failed")
 
-    def _run(self) -> None:
-        from topology.kube import KubeError  # noqa: PLC0415
-
-        while not self._stop.is_set():
-            try:
-                self._watch = self._kube.watch(self._path, self._rv, timeout_s=120)
-                for kind, obj in self._watch:
-                    self._rv = str((obj.get("metadata") or {}).get("resourceVersion") or self._rv)
-                    if kind in ("ADDED", "MODIFIED", "DELETED"):
-                        self._see(kind, obj)
-            except KubeError as exc:
-                if self._stop.is_set():
-                    return
-                if exc.status == 410:
-                    items, self._rv = self._kube.list(self._path)
-                    for pod in items:
-                        self._see("MODIFIED", pod)
-                else:
-                    time.sleep(0.2)
-            except Exception:  # the stream broke (or close() cut it): resume from the last version
-                if self._stop.is_set():
-                    return
-                time.sleep(0.2)
-
     def running(self, job: str) -> int:
         with self._lock:
             return sum(
@@ -410,12 +376,6 @@ class PodLog:
                 for e in self.pods.values()
                 if e["job"]
             ]
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._watch is not None:
-            self._watch.close()
-        self._thread.join(5)
 
 
 # ------------------------------------------------------------------------------------------ the systems

@@ -307,14 +307,14 @@ def test_pod_log_keeps_first_bind_first_running_failure_and_deletion() -> None:
             "status": {"phase": phase, **({"reason": reason} if reason else {})},
         }
 
-    log._see("ADDED", pod("p", None, "Pending"))  # 1
-    log._see("MODIFIED", pod("p", "n1", "Pending"))  # 2: bound
-    log._see("MODIFIED", pod("p", "n1", "Running"))  # 3: Running
-    log._see("MODIFIED", pod("p", "n1", "Running"))  # 4: nothing new
-    log._see("DELETED", pod("p", "n1", "Running"))  # 5: gone
-    log._see("MODIFIED", pod("q", "n2", "Failed", "UnexpectedAdmissionError"))  # 6
-    log._see("MODIFIED", pod("r", "n2", "Running"))  # 7
-    log._see("MODIFIED", pod("r", "n2", "Succeeded"))  # 8: stopped on deletion, not a failure
+    log._event("ADDED", pod("p", None, "Pending"))  # 1
+    log._event("MODIFIED", pod("p", "n1", "Pending"))  # 2: bound
+    log._event("MODIFIED", pod("p", "n1", "Running"))  # 3: Running
+    log._event("MODIFIED", pod("p", "n1", "Running"))  # 4: nothing new
+    log._event("DELETED", pod("p", "n1", "Running"))  # 5: gone
+    log._event("MODIFIED", pod("q", "n2", "Failed", "UnexpectedAdmissionError"))  # 6
+    log._event("MODIFIED", pod("r", "n2", "Running"))  # 7
+    log._event("MODIFIED", pod("r", "n2", "Succeeded"))  # 8: stopped on deletion, not a failure
     assert log.records() == [
         s.PodRecord("j", 1, 4, "n1", 2.0, 3.0, 5.0, None),
         s.PodRecord("j", 1, 4, "n2", 6.0, None, 6.0, "UnexpectedAdmissionError"),
