@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import shutil
 import threading
 from collections.abc import Callable, Iterator
@@ -173,7 +174,9 @@ def domains(api_client: Any, racks: Racks, volcano_crds: list[str]) -> Iterator[
 
     kube = Kube(api_client)
     core = client.CoreV1Api(api_client)
-    ns = f"hollow-topo-{racks.shape}"
+    # a name of its own per module using this fixture: a namespace deleted by an earlier module stays
+    # Terminating here (no namespace controller runs), and creating it again would conflict
+    ns = f"hollow-topo-{racks.shape}-{secrets.token_hex(3)}"
     core.create_namespace({"metadata": {"name": ns}})
     specs = [parse_spec(n.spec.simulate) for rack in racks.nodes for n in rack]
     kube.apply(
