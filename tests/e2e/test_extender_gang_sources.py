@@ -51,6 +51,7 @@ GPU = "nvidia.com/gpu"
 SCHEDULER = "gpu-topology-scheduler"
 NVLINK_LABEL = "gpuagent.dev/nvlink-domain"
 WAIT_S = 120.0
+UNSCHEDULABLE_FLUSH_S = 330.0  # kube-scheduler moves unschedulable pods back after 5 minutes at most
 RAY = ("ray.io", "v1", "rayclusters")
 NATIVE_PODGROUPS = ("scheduling.k8s.io", "v1beta1", "podgroups")
 WORKLOADS = ("scheduling.k8s.io", "v1beta1", "workloads")
@@ -466,11 +467,21 @@ def test_raycluster_is_one_gang_each_worker_group_in_one_nvlink_domain(
         print(f"\n[gang sources] RayCluster pods made by {maker}")
     create_raycluster(setup, ns, raycluster("train", {"gpu-a": TRAYS, "gpu-b": TRAYS}))
     want = 1 + 2 * TRAYS
-    cluster.wait_until(
-        lambda: sum(1 for p in ray_pods(setup, ns, "train") if p.spec.node_name) == want,
-        what=f"all {want} pods of RayCluster train bound",
-        timeout_s=WAIT_S,
-    )
+    try:
+        # the operator makes the pods one at a time: a pod the extender refused while its gang was
+        # incomplete waits in kube-scheduler's unschedulable pool until a cluster event (or its 5-minute
+        # flush) moves it, so this wait covers the flush
+        cluster.wait_until(
+            lambda: sum(1 for p in ray_pods(setup, ns, "train") if p.spec.node_name) == want,
+            what=f"all {want} pods of RayCluster train bound",
+            timeout_s=UNSCHEDULABLE_FLUSH_S,
+        )
+    except cluster.StartupError:
+        from kubernetes import client
+
+        for e in client.CoreV1Api(setup.api).list_namespaced_event(ns).items:
+            print(f"event {e.involved_object.name}: {e.reason}: {e.message}")
+        raise
     pods = ray_pods(setup, ns, "train")
     placement = {p.metadata.name: p.spec.node_name for p in pods}
     by_group: dict[str, set[int]] = {}
