@@ -501,12 +501,18 @@ def kuberay_crds(counterparts: cluster.Counterparts, api_client: Any) -> list[st
     return cluster.apply_crds(api_client, cluster.load_yaml_documents(files), timeout_s=300)
 
 
-def _operator(start: Callable[[], cluster.Operator]) -> cluster.Operator:
+def _operator(start: Callable[[], cluster.Operator]) -> Iterator[cluster.Operator]:
+    """A module fixture's body: the operator ``start`` runs (skipped or failed with the build command when
+    its binary is missing), yielded, and stopped after the module."""
     try:
-        return start()
+        op = start()
     except cluster.MissingCounterpartError as e:
         _unavailable(str(e))
         raise  # unreachable: _unavailable skips or fails
+    try:
+        yield op
+    finally:
+        op.stop()
 
 
 @pytest.fixture(scope="module")
@@ -517,15 +523,11 @@ def volcano_controllers(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[cluster.Operator]:
     """vc-controller-manager (Volcano Jobs, Queue state, PodGroups for plain pods) for this module."""
-    op = _operator(
+    yield from _operator(
         lambda: cluster.start_volcano_controllers(
             counterparts, tmp_path_factory.mktemp("vc-cm"), apiserver=control_plane.apiserver
         )
     )
-    try:
-        yield op
-    finally:
-        op.stop()
 
 
 @pytest.fixture(scope="module")
@@ -537,15 +539,11 @@ def kuberay_volcano(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[cluster.Operator]:
     """The KubeRay operator with ``--batch-scheduler=volcano`` for this module."""
-    op = _operator(
+    yield from _operator(
         lambda: cluster.start_kuberay_operator(
             counterparts, tmp_path_factory.mktemp("kuberay"), apiserver=control_plane.apiserver
         )
     )
-    try:
-        yield op
-    finally:
-        op.stop()
 
 
 @pytest.fixture(scope="module")
@@ -556,7 +554,7 @@ def kuberay_plain(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[cluster.Operator]:
     """The KubeRay operator without a batch scheduler (pods go to kube-scheduler; Kueue gates them)."""
-    op = _operator(
+    yield from _operator(
         lambda: cluster.start_kuberay_operator(
             counterparts,
             tmp_path_factory.mktemp("kuberay"),
@@ -564,10 +562,6 @@ def kuberay_plain(
             batch_scheduler=None,
         )
     )
-    try:
-        yield op
-    finally:
-        op.stop()
 
 
 @pytest.fixture(scope="module")
@@ -581,15 +575,11 @@ def kueue(
     loopback and registered; stopped, and the webhook configurations deleted, after the module."""
     if os.geteuid() != 0:
         _unavailable("kueue-manager needs root: its metrics certificate path is fixed under /etc")
-    op = _operator(
+    yield from _operator(
         lambda: cluster.start_kueue(
             counterparts, tmp_path_factory.mktemp("kueue"), apiserver=control_plane.apiserver
         )
     )
-    try:
-        yield op
-    finally:
-        op.stop()
 
 
 @pytest.fixture(scope="module")
@@ -599,12 +589,8 @@ def job_controller(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[cluster.Operator]:
     """kube-controller-manager with only the Job controller (batch Jobs get their pods)."""
-    op = _operator(
+    yield from _operator(
         lambda: cluster.start_kube_controller_manager(
             counterparts, tmp_path_factory.mktemp("kcm"), apiserver=control_plane.apiserver
         )
     )
-    try:
-        yield op
-    finally:
-        op.stop()
