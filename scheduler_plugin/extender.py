@@ -76,6 +76,9 @@ class QueueCluster(Protocol):
     def annotate_node(self, node: str, value: str | None) -> None:
         """Set (None: remove) the node's ``gpuagent.dev/reserved-for`` annotation."""
 
+    def annotate_pod(self, namespace: str, name: str, uid: str, value: str) -> None:
+        """Set the pod's ``gpuagent.dev/gang-planned`` annotation (only if it still has ``uid``)."""
+
     def evict(self, namespace: str, name: str, uid: str) -> str | None:
         """Evict a pod through the Eviction API: None when done (or the pod is gone), else why the API
         refused (a PodDisruptionBudget: HTTP 429)."""
@@ -362,6 +365,14 @@ class Extender:
                 log.info("node_reservation_annotated", node=node, reserved_for=value)
             except Exception as exc:  # the next tick tries again: the annotation still differs
                 log.warning("node_annotation_failed", node=node, error=_short(exc))
+        for pod, value in actions.nudges:
+            meta = pod.get("metadata") or {}
+            ns, name = str(meta.get("namespace") or "default"), str(meta.get("name"))
+            try:
+                await asyncio.to_thread(qc.annotate_pod, ns, name, str(meta.get("uid") or ""), value)
+                log.info("gang_pod_nudged", pod=f"{ns}/{name}", planned=value)
+            except Exception as exc:  # kube-scheduler's own flush retries it later
+                log.warning("gang_pod_nudge_failed", pod=f"{ns}/{name}", error=_short(exc))
         for ev in actions.evictions:
             meta = ev.pod.get("metadata") or {}
             ns, name, uid = (

@@ -89,12 +89,17 @@ _NAMESPACED = frozenset({"pods", "podgroups", "rayclusters", "workloads", "workl
 SOLO = "pod:"  # the queue's name of a running pod on its own: "pod:<namespace>/<name>"
 QUEUE_RETRY_S = 0.5  # a waiting gang's pods run the queue again at most this often (unless it is new)
 EVICTION_RETRY_S = 10.0  # an eviction asked for is not asked again before this
+EVICTION_MEMORY = 10_000  # gangs whose evictions are remembered (max_evictions)
 # work still running past its declared limit is expected to end soon (its controller ends it, as Slurm's
 # OverTimeLimit or a Job's activeDeadlineSeconds do): within as long as it has run over, at least 1 s and
 # at most this. Counting it as never ending instead would move a reservation away from the nodes about to
 # free the moment their jobs run a little late, and let others take them
 OVERDUE_GRACE_S = 30.0
 SCHEDULER_NAME = "gpu-topology-scheduler"  # ARCHITECTURE.md: the second kube-scheduler that calls us
+
+
+# on a pod of a gang that started after filter refused it: "<n> pod(s) on <m> node(s) at <UTC time>"
+GANG_PLANNED = "gpuagent.dev/gang-planned"
 
 
 @dataclass(frozen=True)
@@ -126,6 +131,7 @@ class Reservation:
     arrived: dict[str, str] = field(default_factory=dict)  # pod key -> node, at the bind barrier
     barrier_deadline: float | None = None
     bound: set[str] = field(default_factory=set)  # pod keys already bound
+    announced: bool = False  # its GangPlanned Event is recorded (once, on the first pod filtered)
 
     @property
     def target(self) -> int:
@@ -149,6 +155,10 @@ class QueueActions:
     events: tuple[EventRecord, ...] = ()
     annotate: Mapping[str, str | None] = field(default_factory=dict)
     evictions: tuple[Eviction, ...] = ()
+    # pods to annotate ``gpuagent.dev/gang-planned`` (pod -> value): pods of a gang that started after
+    # filter refused them. kube-scheduler keeps a pod an extender refused among its unschedulable pods
+    # until a cluster event moves it (or its 5-minute flush); an update of the pod itself is such an event
+    nudges: tuple[tuple[Mapping[str, Any], str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -223,6 +233,12 @@ class ClusterState:
         self._preempting: dict[str, tuple[str, ...]] = {}  # gang -> the victims it last evicts
         self._pending_events: list[EventRecord] = []
         self._pending_evictions: list[Eviction] = []
+        self._gang_pending: set[str] = set()  # keys of the gangs' pods waiting for this scheduler
+        # gang -> times this extender evicted it (QueueConfig.max_evictions); the name outlives its pods,
+        # which their controller makes again; in memory only, the newest EVICTION_MEMORY gangs
+        self._evicted_times: dict[str, tuple[int, float]] = {}  # ... and when the evicted run started
+        self._refused: dict[str, str] = {}  # pod key -> gang: filter refused it while its gang waited
+        self._pending_nudges: dict[str, str] = {}  # pod key -> the gang-planned value to annotate
 
     # -- informer side ---------------------------------------------------------------------------
     @staticmethod
@@ -256,7 +272,9 @@ class ClusterState:
             self._node_used.clear()
             for k, pod in self.pods.items():
                 self._account(k, pod)
-            for k in [k for k in (*self._last_event, *self._uids, *self._filtered) if k not in self.pods]:
+            self._gang_pending = {k for k, pod in self.pods.items() if self._waits(pod)}
+            gone = (*self._last_event, *self._uids, *self._filtered, *self._refused, *self._pending_nudges)
+            for k in [k for k in gone if k not in self.pods]:
                 self._forget(k)
         if kind in ("nodes", "hypernodes"):
             self._domains_cache = None
@@ -274,8 +292,11 @@ class ClusterState:
             store[key] = dict(obj)
         if kind == "pods":
             self._unaccount(key)
+            self._gang_pending.discard(key)
             if event_type != "DELETED":
                 self._account(key, store[key])
+                if self._waits(store[key]):
+                    self._gang_pending.add(key)
             else:  # nothing is kept for a pod that is gone; nor a reservation for a gang all gone
                 self._forget(key)
                 for gang in [g for g, r in self.reservations.items() if key in r.spec.members]:
@@ -286,8 +307,20 @@ class ClusterState:
             self._domains_cache = None
             self._alloc.pop(key, None)
 
+    def _waits(self, pod: Mapping[str, Any]) -> bool:
+        """Whether ``pod`` is a gang's pod waiting for this scheduler: not bound, not going, not done."""
+        return (
+            not (pod.get("spec") or {}).get("nodeName")
+            and not (pod.get("metadata") or {}).get("deletionTimestamp")
+            and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+            and _scheduler_of(pod) == self.scheduler_name
+            and gang_key_of(pod) is not None
+        )
+
     def _forget(self, key: str) -> None:
         self._last_event.pop(key, None)
+        self._refused.pop(key, None)
+        self._pending_nudges.pop(key, None)
         self._uids.pop(key, None)
         self._filtered.pop(key, None)
 
@@ -586,14 +619,7 @@ class ClusterState:
                         started_s=self._pod_time(pod, "start", wall),
                     )
                 )
-            elif (
-                found is not None
-                and found[1] not in self.reservations
-                and not (pod.get("spec") or {}).get("nodeName")
-                and not (pod.get("metadata") or {}).get("deletionTimestamp")
-                and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-                and _scheduler_of(pod) == self.scheduler_name
-            ):
+            elif found is not None and found[1] not in self.reservations and key in self._gang_pending:
                 pending.setdefault(found[1], []).append(key)
         prepared: dict[
             str, tuple[GangSpec, Gang, dict[str, PodSlot], set[str], dict[str, dict[str, str]]]
@@ -644,10 +670,12 @@ class ClusterState:
             self.queue_reservations = dict(rebuilt.reservations)
         before = dict(self.queue_reservations)
         running = {
-            name: (
-                dataclasses.replace(r, ends_s=wall + min(OVERDUE_GRACE_S, max(1.0, wall - r.ends_s)))
+            name: dataclasses.replace(
+                r,
+                ends_s=wall + min(OVERDUE_GRACE_S, max(1.0, wall - r.ends_s))
                 if r.ends_s <= wall
-                else r
+                else r.ends_s,
+                evictions=self._evictions_before(name, r.started_s),
             )
             for name, r in rebuilt.running.items()
         }
@@ -659,10 +687,13 @@ class ClusterState:
         self._queue_waiting = [w.name for w in order(waiting) if w.name not in started]
         for start in decision.starts:
             spec, gang, members, _, _ = prepared[start.gang]
-            self.reservations[start.gang] = self._reservation_from(
-                spec, gang, members, start.plan.placement, now
-            )
+            res = self._reservation_from(spec, gang, members, start.plan.placement, now)
+            self.reservations[start.gang] = res
             self._excluded.pop(start.gang, None)
+            planned = f"{len(res.nodes)} pod(s) on {len(res.held)} node(s) at {_utc(wall)}"
+            for k in pending.get(start.gang, ()):
+                if self._refused.pop(k, None) == start.gang:  # waits among kube-scheduler's unschedulable
+                    self._pending_nudges[k] = planned
         for name, r in sorted(self.queue_reservations.items()):
             old = before.get(name)
             if old is not None and dict(old.claims) == dict(r.claims):
@@ -688,6 +719,12 @@ class ClusterState:
                 self._preempting[pre.gang] = pre.victims
             if not again:
                 self.queue_metrics.preemptions += 1
+                for victim in pre.victims:  # max_evictions counts these when the gang runs again
+                    times, _ = self._evicted_times.pop(victim, (0, 0.0))
+                    gone = running.get(victim)
+                    self._evicted_times[victim] = (times + 1, gone.started_s if gone else math.nan)
+                while len(self._evicted_times) > EVICTION_MEMORY:  # the gangs evicted longest ago go
+                    del self._evicted_times[next(iter(self._evicted_times))]
             msg = (
                 f"gang {pre.gang} (priority {next((w.priority for w in waiting if w.name == pre.gang), 0)}) "
                 f"preempts whole gang(s) {', '.join(pre.victims)} in {pre.tier} domain {pre.domain} "
@@ -705,11 +742,24 @@ class ClusterState:
                     self._evicting[k] = now
                     self._pending_evictions.append(Eviction(pod=self.pods[k], victim=victim, message=msg))
 
+    def _queue_idle(self) -> bool:
+        """Nothing for a pass to decide: no gang's pod waits, nothing is held or being preempted for."""
+        return not self._gang_pending and not self.queue_reservations and not self._preempting
+
+    def _evictions_before(self, gang: str, started_s: float) -> int:
+        """Times ``gang`` was evicted before this run of it; a run still leaving after its eviction is
+        not counted against itself (the same preemption goes on, no other victims are sought)."""
+        times, evicted_run = self._evicted_times.get(gang, (0, math.nan))
+        return times - 1 if times and started_s == evicted_run else times
+
     def queue_tick(self, now: float, wall: float) -> QueueActions:
         """The periodic side of the queue: run a pass when the cluster changed or a wait ended, then
         hand over what to carry out (``take_actions``)."""
         due = min((r.start_s for r in self.queue_reservations.values()), default=math.inf)
         changed = self._queue_dirty and now - self._queue_last >= self.queue_min_gap_s
+        if changed and self._queue_rebuilt and self._queue_idle():
+            self._queue_dirty = False  # the cluster changed, but no gang waits: a pass decides nothing
+            changed = False
         if changed or wall >= min(self._queue_wake, due) or not self._queue_rebuilt:
             self.queue_pass(now, wall)  # a reservation whose start came is judged again
         return self.take_actions()
@@ -720,8 +770,10 @@ class ClusterState:
         remove), and evictions (whole gangs)."""
         events, self._pending_events = self._pending_events, []
         evictions, self._pending_evictions = self._pending_evictions, []
+        nudges = tuple((self.pods[k], v) for k, v in sorted(self._pending_nudges.items()) if k in self.pods)
+        self._pending_nudges = {}
         if not self._queue_rebuilt:  # the nodes' annotations are still to be read back
-            return QueueActions(events=tuple(events), evictions=tuple(evictions))
+            return QueueActions(events=tuple(events), evictions=tuple(evictions), nudges=nudges)
         wanted: dict[str, set[str]] = {}
         for name, r in self.queue_reservations.items():
             for node in r.claims:
@@ -732,7 +784,9 @@ class ClusterState:
             want = reserved_for_value(wanted[node_name]) if node_name in wanted else None
             if (have or None) != want:
                 annotate[node_name] = want
-        return QueueActions(events=tuple(events), annotate=annotate, evictions=tuple(evictions))
+        return QueueActions(
+            events=tuple(events), annotate=annotate, evictions=tuple(evictions), nudges=nudges
+        )
 
     def eviction_refused(self, key: str) -> None:
         """The API refused to evict ``key`` (a PodDisruptionBudget): counted; asked again later."""
@@ -874,7 +928,25 @@ class ClusterState:
             if passed:  # the decision bind asks for
                 self._filtered[key] = (_uid(pod), now + self.reservation_ttl_s)
             return out
-        gang_name = found[1]
+        self._refused.pop(key, None)  # this very call is kube-scheduler trying it
+        out = self._filter_gang(pod, key, found[1], node_names, now=now, wall=wall, out=out)
+        if out.passed:
+            self._refused.pop(key, None)
+        else:  # kube-scheduler keeps it among its unschedulable pods: nudged when its gang starts
+            self._refused[key] = found[1]
+        return out
+
+    def _filter_gang(
+        self,
+        pod: Mapping[str, Any],
+        key: str,
+        gang_name: str,
+        node_names: Sequence[str],
+        *,
+        now: float,
+        wall: float,
+        out: FilterOutcome,
+    ) -> FilterOutcome:
         res = self.reservations.get(gang_name)
         spec: GangSpec | None = None
         if res is None or key not in res.spec.members:
@@ -927,6 +999,8 @@ class ClusterState:
                 out.events += self._event_once(pod, "GangUnschedulable", msg)
                 return out
             res = started
+        if not res.announced:  # on the first pod filtered, whichever pass started the gang
+            res.announced = True
             out.events += self._event_once(
                 pod,
                 "GangPlanned",

@@ -41,7 +41,7 @@ from typing import Any
 
 from scheduler_plugin.extender import Extender, ExtenderServer, ServerLimits, server_tls_context
 from scheduler_plugin.queue import RESERVED_FOR, QueueConfig
-from scheduler_plugin.state import SCHEDULER_NAME, ClusterState
+from scheduler_plugin.state import GANG_PLANNED, SCHEDULER_NAME, ClusterState
 from topology import logs
 from topology.kube import (
     HYPERNODES,
@@ -139,6 +139,19 @@ class Settings:
     preempt_after_s: float | None = 600.0  # None: the queue never preempts
     reserve_after_s: float = 0.0
     queue_interval_s: float = 1.0
+    preempt_loss_ratio: float | None = 1.0  # None: a preemption may cost any loss
+    min_run_before_preempt_s: float = 0.0
+    max_evictions: int | None = 1  # None: no cap
+
+    def queue_config(self) -> QueueConfig:
+        """The queue's settings (``QueueConfig`` checks them: ``QueueError`` says what is wrong)."""
+        return QueueConfig(
+            preempt_after_s=self.preempt_after_s,
+            reserve_after_s=self.reserve_after_s,
+            preempt_loss_ratio=self.preempt_loss_ratio,
+            min_run_before_preempt_s=self.min_run_before_preempt_s,
+            max_evictions=self.max_evictions,
+        )
 
     @property
     def tls(self) -> bool:
@@ -238,6 +251,24 @@ def parse_settings(argv: list[str]) -> Settings:
         default=1.0,
         help="seconds between the queue's own passes (node annotations, releases, preemptions)",
     )
+    p.add_argument(
+        "--preempt-loss-ratio",
+        default="1",
+        help="a preemption goes ahead only when its victims lose at most this times the GPU-time the "
+        "preemptor would otherwise wait (default 1; 'any' for no bound)",
+    )
+    p.add_argument(
+        "--min-run-before-preempt",
+        type=float,
+        default=0.0,
+        help="seconds a gang runs after it (re)starts before it may be preempted (default 0)",
+    )
+    p.add_argument(
+        "--max-evictions",
+        default="1",
+        help="times a gang may be evicted for preemption, counted while this extender runs "
+        "(default 1; 'unlimited' for no cap)",
+    )
     p.add_argument("--log-format", choices=logs.FORMATS, default="auto", help="auto: text on a TTY")
     p.add_argument("--log-level", choices=logs.LEVELS, default="info")
     a = p.parse_args(argv)
@@ -267,6 +298,24 @@ def parse_settings(argv: list[str]) -> Settings:
         p.error("--reserve-after: must be a finite number of seconds >= 0")
     if not 0.05 <= a.queue_interval <= 3600:
         p.error("--queue-interval: must be between 0.05 and 3600 seconds")
+    loss_ratio: float | None = None
+    if a.preempt_loss_ratio.strip().lower() != "any":
+        try:
+            loss_ratio = float(a.preempt_loss_ratio)
+        except ValueError:
+            p.error(f"--preempt-loss-ratio: expected a number or 'any', got {a.preempt_loss_ratio[:40]!r}")
+        if not (loss_ratio is not None and 0 <= loss_ratio < float("inf")):
+            p.error(f"--preempt-loss-ratio: must be a finite number >= 0, got {a.preempt_loss_ratio[:40]!r}")
+    max_evictions: int | None = None
+    if a.max_evictions.strip().lower() != "unlimited":
+        try:
+            max_evictions = int(a.max_evictions)
+        except ValueError:
+            p.error(f"--max-evictions: expected a whole number or 'unlimited', got {a.max_evictions[:40]!r}")
+        if not (max_evictions is not None and 0 <= max_evictions <= 1_000_000):
+            p.error(f"--max-evictions: must be between 0 and 1000000, got {a.max_evictions[:40]!r}")
+    if not 0 <= a.min_run_before_preempt < float("inf"):
+        p.error("--min-run-before-preempt: must be a finite number of seconds >= 0")
     settings = Settings(
         host=host,
         port=port,
@@ -287,6 +336,9 @@ def parse_settings(argv: list[str]) -> Settings:
         preempt_after_s=preempt_after,
         reserve_after_s=a.reserve_after,
         queue_interval_s=a.queue_interval,
+        preempt_loss_ratio=loss_ratio,
+        min_run_before_preempt_s=a.min_run_before_preempt,
+        max_evictions=max_evictions,
     )
     problem = exposure_error(settings)
     if problem:
@@ -330,6 +382,23 @@ class KubeCluster:
             body={"metadata": {"annotations": {RESERVED_FOR: value}}},
             content_type=MERGE_PATCH,
         )
+
+    def annotate_pod(self, namespace: str, name: str, uid: str, value: str) -> None:
+        """Merge-patch the pod's ``gpuagent.dev/gang-planned`` annotation; the uid, when known, makes
+        the API refuse the patch (409) for another pod of that name. A pod gone meanwhile is left."""
+        meta: dict[str, Any] = {"annotations": {GANG_PLANNED: value}}
+        if uid:
+            meta["uid"] = uid
+        try:
+            self.kube.request(
+                "PATCH",
+                f"/api/v1/namespaces/{namespace}/pods/{name}",
+                body={"metadata": meta},
+                content_type=MERGE_PATCH,
+            )
+        except KubeError as exc:
+            if exc.status not in (404, 409):
+                raise
 
     def evict(self, namespace: str, name: str, uid: str) -> str | None:
         """A policy/v1 Eviction of the pod (its uid as a precondition): None when done or the pod is
@@ -388,9 +457,7 @@ class Service:
             reservation_ttl_s=settings.reservation_ttl_s,
             barrier_timeout_s=settings.barrier_timeout_s,
             scheduler_name=settings.scheduler_name,
-            queue=QueueConfig(
-                preempt_after_s=settings.preempt_after_s, reserve_after_s=settings.reserve_after_s
-            ),
+            queue=settings.queue_config(),
         )
         self.state.synced = False  # the queue rebuilds its reservations once every informer has listed
 

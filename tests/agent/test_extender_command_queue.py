@@ -5,6 +5,7 @@ in for the API at the HTTP level."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from kubernetes import client
 
 from agent.commands.extender import KubeCluster, parse_settings
 from scheduler_plugin.queue import RESERVED_FOR
+from scheduler_plugin.state import GANG_PLANNED
 from topology.kube import Kube, KubeError
 
 
@@ -79,6 +81,26 @@ def test_node_annotation_is_a_merge_patch_that_sets_and_removes(api: Api) -> Non
     assert api.calls[1][3] == {"metadata": {"annotations": {RESERVED_FOR: None}}}
 
 
+def test_a_nudge_is_a_merge_patch_of_the_pod_with_its_uid_and_a_pod_gone_is_left(api: Api) -> None:
+    kc = _cluster(api)
+    path = "/api/v1/namespaces/ml/pods/w-0"
+    kc.annotate_pod("ml", "w-0", "uid-1", "4 pod(s) on 4 node(s) at 2026-12-02T03:00:00Z")
+    assert api.calls[0][:3] == ("PATCH", path, "application/merge-patch+json")
+    assert api.calls[0][3] == {
+        "metadata": {
+            "annotations": {GANG_PLANNED: "4 pod(s) on 4 node(s) at 2026-12-02T03:00:00Z"},
+            "uid": "uid-1",  # another pod of that name now: the API answers 409
+        }
+    }
+    for gone in (404, 409):
+        api.status[path] = gone
+        kc.annotate_pod("ml", "w-0", "uid-1", "x")
+    api.status[path] = 500
+    with pytest.raises(KubeError):
+        kc.annotate_pod("ml", "w-0", "", "x")
+    assert "uid" not in api.calls[-1][3]["metadata"]
+
+
 def test_eviction_is_policy_v1_with_the_uid_and_a_budget_refusal_comes_back(api: Api) -> None:
     kc = _cluster(api)
     path = "/api/v1/namespaces/ml/pods/w-0/eviction"
@@ -107,6 +129,19 @@ def test_queue_flags() -> None:
     assert parse_settings([]).preempt_after_s == 600
 
 
+def test_preemption_guard_flags_reach_the_queue_config() -> None:
+    s = parse_settings(
+        ["--preempt-loss-ratio", "any", "--min-run-before-preempt", "120", "--max-evictions", "3"]
+    )
+    q = s.queue_config()
+    assert (q.preempt_loss_ratio, q.min_run_before_preempt_s, q.max_evictions) == (None, 120, 3)
+    d = parse_settings([]).queue_config()
+    assert (d.preempt_loss_ratio, d.min_run_before_preempt_s, d.max_evictions) == (1.0, 0.0, 1)
+    assert parse_settings(["--max-evictions", "unlimited", "--preempt-loss-ratio", "0.5"]).queue_config() == (
+        dataclasses.replace(d, max_evictions=None, preempt_loss_ratio=0.5)
+    )
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
@@ -115,6 +150,13 @@ def test_queue_flags() -> None:
         pytest.param(["--preempt-after", "inf"], "--preempt-after: must be", id="preempt-inf"),
         pytest.param(["--reserve-after", "-5"], "--reserve-after: must be", id="reserve-negative"),
         pytest.param(["--queue-interval", "0"], "--queue-interval: must be", id="interval-zero"),
+        pytest.param(["--preempt-loss-ratio", "lots"], "--preempt-loss-ratio: expected", id="ratio-word"),
+        pytest.param(["--preempt-loss-ratio", "nan"], "--preempt-loss-ratio: must be", id="ratio-nan"),
+        pytest.param(["--preempt-loss-ratio", "-1"], "--preempt-loss-ratio: must be", id="ratio-negative"),
+        pytest.param(["--max-evictions", "1.5"], "--max-evictions: expected", id="evictions-fraction"),
+        pytest.param(["--max-evictions", "-1"], "--max-evictions: must be", id="evictions-negative"),
+        pytest.param(["--max-evictions", "9" * 40], "--max-evictions: must be", id="evictions-huge"),
+        pytest.param(["--min-run-before-preempt", "inf"], "--min-run-before-preempt: must", id="min-run-inf"),
     ],
 )
 def test_bad_queue_flags_exit_2_with_one_line(

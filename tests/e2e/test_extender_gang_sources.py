@@ -40,6 +40,7 @@ from typing import Any
 import pytest
 
 from agent import localcluster as cluster
+from scheduler_plugin.state import GANG_PLANNED
 from tests.e2e.conftest import REPO_ROOT, _require, _unavailable
 from tests.e2e.test_extender_e2e import RunningExtender
 from tests.e2e.test_hollow_scheduling import held, node_gpus, settled
@@ -496,6 +497,25 @@ def test_raycluster_is_one_gang_each_worker_group_in_one_nvlink_domain(
     planned = events(setup, ns, "GangPlanned")
     assert planned
     assert f"gang {ns}/train: {want} pod(s) planned" in planned[0].message  # the CPU head inside the gang
+    # the pods refused while the gang was incomplete were nudged (annotated) when it started, so
+    # kube-scheduler tried them again at once instead of at its unschedulable pods' flush
+    refused = {e.involved_object.name for e in events(setup, ns, "GangIncomplete")}
+    with capsys.disabled():
+        print(
+            f"[gang sources] {len(refused)} pod(s) refused while the gang was incomplete, nudged at its start"
+        )
+    cluster.wait_until(
+        lambda: (
+            refused
+            <= {
+                p.metadata.name
+                for p in ray_pods(setup, ns, "train")
+                if GANG_PLANNED in (p.metadata.annotations or {})
+            }
+        ),
+        what=f"{GANG_PLANNED} on the pods refused while the gang was incomplete ({sorted(refused)})",
+        timeout_s=WAIT_S,
+    )
     assert setup.ext.state(lambda s: f"{ns}/train" in s.rayclusters)
     assert_running_with_devices(setup, ns, placement)
 

@@ -16,7 +16,7 @@ import pytest
 from scheduler_plugin.extender import Extender
 from scheduler_plugin.queue import RESERVED_FOR, QueueConfig, QueueError
 from scheduler_plugin.queueing import VictimSet, parse_victims, pod_limit, timestamp
-from scheduler_plugin.state import ClusterState
+from scheduler_plugin.state import GANG_PLANNED, ClusterState
 from tests.integration.fakekube import hypernode, node, pod
 
 NODES = [f"r{r}-t{t}" for r in range(2) for t in range(4)]
@@ -169,6 +169,58 @@ def test_the_reservation_is_released_when_the_gang_starts_and_the_annotation_goe
     assert "gpuagent_extender_reservations 0" in s.metrics_text().decode()
 
 
+def test_a_gang_the_queue_starts_nudges_the_pods_filter_refused_and_announces_its_plan() -> None:
+    """kube-scheduler keeps a pod the extender refused among its unschedulable pods until a cluster
+    event: when the queue's own tick starts the gang, the refused pods are annotated (an update of the
+    pod moves it), and the first pod filtered afterwards gets the GangPlanned Event."""
+    s = make_state([*busy_cluster(), *big_gang()])
+    for i in range(4):
+        assert not s.filter(s.pods[f"default/big-{i}"], NODES, 1.0 + i, T0 + 20).passed
+    assert not s.take_actions().nudges  # still waiting: nothing to nudge
+    s.apply("pods", "DELETED", s.pods["default/a"])  # r0-t0 frees: the tick, not a filter, starts it
+    actions = s.queue_tick(10.0, T0 + 40)
+    assert "default/big" in s.reservations
+    nudged = {p["metadata"]["name"]: v for p, v in actions.nudges}
+    assert sorted(nudged) == [f"big-{i}" for i in range(4)]
+    assert all(v.startswith("4 pod(s) on 4 node(s) at ") for v in nudged.values())
+    assert not s.take_actions().nudges  # each once
+    first = s.filter(s.pods["default/big-2"], NODES, 11.0, T0 + 41)
+    assert first.passed
+    assert [e.reason for e in first.events] == ["GangPlanned"]
+    second = s.filter(s.pods["default/big-0"], NODES, 12.0, T0 + 42)
+    assert second.passed
+    assert not second.events  # one GangPlanned for the gang
+
+
+def test_the_pods_refused_before_are_nudged_when_a_later_filter_starts_the_gang() -> None:
+    s = make_state([*busy_cluster(), *big_gang()])
+    refused = s.filter(s.pods["default/big-0"], NODES, 1.0, T0 + 20)
+    assert "does not fit" in next(iter(refused.failed.values()))
+    s.apply("pods", "DELETED", s.pods["default/a"])
+    last = s.filter(s.pods["default/big-3"], NODES, 2.0, T0 + 21)  # its pass starts the gang
+    assert last.passed
+    assert [e.reason for e in last.events] == ["GangPlanned"]
+    assert [p["metadata"]["name"] for p, _ in s.take_actions().nudges] == ["big-0"]
+
+
+def test_the_queue_loop_annotates_the_pods_it_nudges() -> None:
+    s = make_state([*busy_cluster(), *big_gang()])
+    s.filter(s.pods["default/big-1"], NODES, 1.0, T0 + 20)
+    s.apply("pods", "DELETED", s.pods["default/a"])
+    fake = FakeQueueCluster()
+    ext = Extender(state=s, cluster=fake, queue_cluster=fake, wall=lambda: T0 + 40, clock=lambda: 10.0)
+
+    async def run() -> None:
+        await ext.queue_once()
+        await ext.drain()
+
+    asyncio.run(run())
+    assert [(name, uid) for name, uid, _ in fake.pod_annotations] == [
+        ("big-1", s.pods["default/big-1"]["metadata"]["uid"])
+    ]
+    assert GANG_PLANNED == "gpuagent.dev/gang-planned"
+
+
 def test_the_reservation_is_released_when_the_gang_is_deleted() -> None:
     s = make_state([*busy_cluster(), *big_gang()])
     s.filter(s.pods["default/big-0"], NODES, 1.0, T0 + 20)
@@ -252,6 +304,32 @@ def test_a_high_priority_gang_evicts_whole_gangs_inside_one_domain() -> None:
     assert "gpuagent_extender_preemptions_total 1" in s.metrics_text().decode()
 
 
+def test_a_gang_evicted_once_runs_again_and_is_no_victim_the_second_time() -> None:
+    """``max_evictions`` in the extender: the gang's name outlives its pods, which its controller makes
+    again; a later preemptor takes other gangs."""
+    hi = [member("hi", i, priority=1000, at=T0 + 10) for i in range(4)]
+    s = make_state([*preemption_cluster(), *hi], config=QueueConfig(preempt_after_s=0, max_evictions=1))
+    first = s.queue_tick(1.0, T0 + 20)
+    victims = {e.victim for e in first.evictions} - {"pod:default/lone"}
+    assert victims
+    for e in first.evictions:
+        s.apply("pods", "DELETED", e.pod)
+    for p in hi:
+        s.apply("pods", "DELETED", s.pods[f"default/{p['metadata']['name']}"])
+    for gang in victims:  # made again by its controller, bound and running again
+        name = gang.split("/")[1]
+        for p in preemption_cluster():
+            if p["metadata"]["name"].startswith(f"{name}-"):
+                s.apply("pods", "ADDED", timed(p, created=T0 + 30, started=T0 + 31))
+    hi2 = [member("hi2", i, priority=1000, at=T0 + 40) for i in range(4)]
+    for p in hi2:
+        s.apply("pods", "ADDED", p)
+    second = s.queue_tick(2.0, T0 + 50)
+    assert all(s._queue_running[g].evictions == 1 for g in victims)
+    assert second.evictions  # it preempts, but not the gangs evicted before
+    assert not victims & {e.victim for e in second.evictions}
+
+
 def test_equal_or_lower_priority_never_preempts() -> None:
     same = [member("same", i, at=T0 + 10) for i in range(4)]
     s = make_state([*preemption_cluster(), *same], config=QueueConfig(preempt_after_s=0))
@@ -333,6 +411,7 @@ def test_a_bad_time_limit_is_said_on_the_pod_and_counts_as_none() -> None:
 class FakeQueueCluster:
     def __init__(self, refuse: set[str] = frozenset()) -> None:  # type: ignore[assignment]
         self.annotations: list[tuple[str, str | None]] = []
+        self.pod_annotations: list[tuple[str, str, str]] = []
         self.evicted: list[str] = []
         self.events: list[tuple[str, str, str]] = []
         self.refuse = refuse
@@ -345,6 +424,9 @@ class FakeQueueCluster:
 
     def annotate_node(self, node: str, value: str | None) -> None:
         self.annotations.append((node, value))
+
+    def annotate_pod(self, namespace: str, name: str, uid: str, value: str) -> None:
+        self.pod_annotations.append((name, uid, value))
 
     def evict(self, namespace: str, name: str, uid: str) -> str | None:
         if name in self.refuse:
@@ -418,6 +500,9 @@ class FlakyQueueCluster(FakeQueueCluster):
     def annotate_node(self, node: str, value: str | None) -> None:
         raise RuntimeError("API unreachable")
 
+    def annotate_pod(self, namespace: str, name: str, uid: str, value: str) -> None:
+        raise RuntimeError("API unreachable")
+
     def evict(self, namespace: str, name: str, uid: str) -> str | None:
         raise RuntimeError("API unreachable")
 
@@ -462,3 +547,31 @@ def test_passes_started_by_changes_keep_the_gap_the_caller_sets() -> None:
     assert not s.queue_due("default/big", 2.0)
     s.queue_tick(6.5, T0 + 26)
     assert s.queue_metrics.passes == 2
+
+
+def test_changes_start_no_pass_while_no_gang_waits_and_nothing_is_held() -> None:
+    """Pods on their own come and go by the thousand on a busy cluster: with no gang waiting a pass
+    decides nothing, so it is not run (it holds the state lock the verbs need)."""
+    s = make_state([*busy_cluster()])
+    s.queue_tick(1.0, T0 + 1)  # the first pass after a (re)start always runs: it reads the annotations
+    assert s.queue_metrics.passes == 1
+    for i in range(3):
+        s.apply("pods", "ADDED", solo(f"s{i}", 1, at=T0 + 2))
+        s.queue_tick(2.0 + i, T0 + 2 + i)
+    assert s.queue_metrics.passes == 1
+    gang = big_gang(at=T0 + 5)
+    for p in gang:
+        s.apply("pods", "ADDED", p)
+    s.queue_tick(6.0, T0 + 6)
+    assert s.queue_metrics.passes == 2  # a gang waits: changes run the queue again
+    assert "default/big" in s.queue_reservations
+    for i, p in enumerate(gang):  # bound: nothing waits, the hold goes with the next pass
+        bound = dict(p)
+        bound["spec"] = {**p["spec"], "nodeName": f"r1-t{i}"}
+        s.apply("pods", "MODIFIED", bound)
+    s.queue_tick(7.0, T0 + 7)
+    assert s.queue_metrics.passes == 3
+    assert not s.queue_reservations
+    s.apply("pods", "ADDED", solo("s9", 1, at=T0 + 8))
+    s.queue_tick(8.0, T0 + 8)
+    assert s.queue_metrics.passes == 3
