@@ -497,9 +497,13 @@ def test_raycluster_is_one_gang_each_worker_group_in_one_nvlink_domain(
     planned = events(setup, ns, "GangPlanned")
     assert planned
     assert f"gang {ns}/train: {want} pod(s) planned" in planned[0].message  # the CPU head inside the gang
-    # the pods refused while the gang was incomplete were nudged (annotated) when it started, so
+    # the pods refused before the gang started (incomplete, or waiting) were nudged (annotated) then, so
     # kube-scheduler tried them again at once instead of at its unschedulable pods' flush
-    refused = {e.involved_object.name for e in events(setup, ns, "GangIncomplete")}
+    refused = {
+        e.involved_object.name
+        for reason in ("GangIncomplete", "GangUnschedulable")
+        for e in events(setup, ns, reason)
+    }
     with capsys.disabled():
         print(
             f"[gang sources] {len(refused)} pod(s) refused while the gang was incomplete, nudged at its start"
@@ -513,7 +517,7 @@ def test_raycluster_is_one_gang_each_worker_group_in_one_nvlink_domain(
                 if GANG_PLANNED in (p.metadata.annotations or {})
             }
         ),
-        what=f"{GANG_PLANNED} on the pods refused while the gang was incomplete ({sorted(refused)})",
+        what=f"{GANG_PLANNED} on the pods refused before the gang started ({sorted(refused)})",
         timeout_s=WAIT_S,
     )
     assert setup.ext.state(lambda s: f"{ns}/train" in s.rayclusters)
