@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ipaddress
+import math
 import signal
 import ssl
 import sys
@@ -286,34 +287,36 @@ def parse_settings(argv: list[str]) -> Settings:
         p.error("--max-connections: must be at least 8")
     if not a.scheduler_name:
         p.error("--scheduler-name: must not be empty")
-    preempt_after: float | None = None
-    if a.preempt_after.strip().lower() != "never":
-        try:
-            preempt_after = float(a.preempt_after)
-        except ValueError:
-            p.error(f"--preempt-after: expected seconds or 'never', got {a.preempt_after[:40]!r}")
-        if not (preempt_after is not None and 0 <= preempt_after < float("inf")):
-            p.error(f"--preempt-after: must be a finite number of seconds >= 0, got {a.preempt_after[:40]!r}")
+    preempt_after = _number_or_word(
+        p,
+        "--preempt-after",
+        a.preempt_after,
+        word="never",
+        what="seconds",
+        bounds="a finite number of seconds >= 0",
+    )
     if not 0 <= a.reserve_after < float("inf"):
         p.error("--reserve-after: must be a finite number of seconds >= 0")
     if not 0.05 <= a.queue_interval <= 3600:
         p.error("--queue-interval: must be between 0.05 and 3600 seconds")
-    loss_ratio: float | None = None
-    if a.preempt_loss_ratio.strip().lower() != "any":
-        try:
-            loss_ratio = float(a.preempt_loss_ratio)
-        except ValueError:
-            p.error(f"--preempt-loss-ratio: expected a number or 'any', got {a.preempt_loss_ratio[:40]!r}")
-        if not (loss_ratio is not None and 0 <= loss_ratio < float("inf")):
-            p.error(f"--preempt-loss-ratio: must be a finite number >= 0, got {a.preempt_loss_ratio[:40]!r}")
-    max_evictions: int | None = None
-    if a.max_evictions.strip().lower() != "unlimited":
-        try:
-            max_evictions = int(a.max_evictions)
-        except ValueError:
-            p.error(f"--max-evictions: expected a whole number or 'unlimited', got {a.max_evictions[:40]!r}")
-        if not (max_evictions is not None and 0 <= max_evictions <= 1_000_000):
-            p.error(f"--max-evictions: must be between 0 and 1000000, got {a.max_evictions[:40]!r}")
+    loss_ratio = _number_or_word(
+        p,
+        "--preempt-loss-ratio",
+        a.preempt_loss_ratio,
+        word="any",
+        what="a number",
+        bounds="a finite number >= 0",
+    )
+    evictions = _number_or_word(
+        p,
+        "--max-evictions",
+        a.max_evictions,
+        word="unlimited",
+        what="a whole number",
+        bounds="between 0 and 1000000",
+        most=1e6,
+    )
+    max_evictions = None if evictions is None else int(evictions)
     if not 0 <= a.min_run_before_preempt < float("inf"):
         p.error("--min-run-before-preempt: must be a finite number of seconds >= 0")
     settings = Settings(
@@ -351,6 +354,29 @@ def _host_port(p: _Parser, flag: str, value: str) -> tuple[str, int]:
     if not sep or not port_s.isascii() or not port_s.isdigit() or not 0 <= int(port_s) <= 65535:
         p.error(f"{flag}: expected HOST:PORT, got {value!r}")
     return host.strip("[]") or "0.0.0.0", int(port_s)
+
+
+def _number_or_word(
+    p: argparse.ArgumentParser,
+    flag: str,
+    value: str,
+    *,
+    word: str,
+    what: str,
+    bounds: str,
+    most: float = math.inf,
+) -> float | None:
+    """A flag that takes a number >= 0 (below infinity, at most ``most``; a whole one when ``most`` is
+    finite) or ``word`` (None): one line on standard error and exit 2 otherwise."""
+    if value.strip().lower() == word:
+        return None
+    try:
+        number = float(value) if math.isinf(most) else int(value)
+    except ValueError:
+        p.error(f"{flag}: expected {what} or {word!r}, got {value[:40]!r}")
+    if not 0 <= number <= most or math.isinf(number):
+        p.error(f"{flag}: must be {bounds}, got {value[:40]!r}")
+    return number
 
 
 class KubeCluster:
