@@ -182,3 +182,35 @@ def test_event_recorder_writes_one_event_and_reads_back_the_latest(fake: tuple[F
     assert (latest["n1"].reason, latest["n1"].message) == ("NvlinkDomainRestored", "back")
     assert latest["n1"].type == "Normal"
     assert EventRecorder(kube, component="someone-else").latest() == {}
+
+
+def test_watch_events_the_fast_parser_refuses_are_decoded_by_the_standard_one(
+    fake: tuple[FakeKube, Kube], informers: list[Informer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lone surrogate escape in a string (the API server passes it through) is refused by orjson;
+    the standard parser takes the event, nothing is lost and the informer counts no error."""
+    import json
+    from types import SimpleNamespace
+
+    from topology.kube import client as kube_client
+
+    standard: list[bytes] = []
+
+    def spy(data: bytes) -> Any:
+        standard.append(data)
+        return json.loads(data)
+
+    monkeypatch.setattr(kube_client, "json", SimpleNamespace(loads=spy))
+    f, kube = fake
+    store = Store()
+    informer = Informer(kube, NODES, store, watch_timeout_s=60)
+    informers.append(informer)
+    informer.start()
+    assert informer.synced.wait(5)
+    spec = {"name": "x\ud800y", "weight": 2**63 - 1, "ratio": 0.25, "text": "é ✓"}
+    f.put(NODES, {**node("odd", team="ml"), "spec": spec})
+    f.put(NODES, node("plain"))
+    wait_for(lambda: {"odd", "plain"} <= set(store.snapshot()), "both nodes")
+    assert (store.get("odd") or {})["spec"] == spec
+    assert informer.errors == 0
+    assert len([b for b in standard if b"odd" in b]) == 1  # the one event orjson refused, and only it
