@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.commands.extender import parse_settings
 from agent.simnode import open_simulated_node
+from scheduler_plugin.queue import QueueConfig
 from tests.daemonset.conftest import REPO
 from tests.topology.factories import ib_port, nvl72_tray
 from topology.labels import MIG_STRATEGIES, node_labels
@@ -147,6 +149,31 @@ def test_chart_crd_is_the_same_file_as_the_base_crd() -> None:
             ["podMonitor.enabled=true"],
             lambda objs: ("PodMonitor", "gpu-system", "gpu-node-agent") in objs,
         ),
+        (
+            [
+                "extender.preemptAfter=never",
+                "extender.preemptLossRatio=any",
+                "extender.minRunBeforePreempt=300",
+                "extender.maxEvictions=unlimited",
+            ],
+            lambda objs: (
+                parse_settings(
+                    next(
+                        c
+                        for c in objs[("Deployment", "gpu-system", "gpu-topology-scheduler")]["spec"][
+                            "template"
+                        ]["spec"]["containers"]
+                        if c["name"] == "extender"
+                    )["args"][1:]
+                ).queue_config()
+                == QueueConfig(
+                    preempt_after_s=None,
+                    preempt_loss_ratio=None,
+                    min_run_before_preempt_s=300,
+                    max_evictions=None,
+                )
+            ),
+        ),
     ],
     ids=[
         "mig-strategy",
@@ -157,6 +184,7 @@ def test_chart_crd_is_the_same_file_as_the_base_crd() -> None:
         "no-extender",
         "shared-gpu-split",
         "pod-monitor",
+        "extender-queue",
     ],
 )
 def test_helm_values_reach_the_objects(deploy_tools: Path, values: list[str], check: Any) -> None:
