@@ -10,6 +10,7 @@ prints the tables with the machine it ran on. Progress goes to stderr.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -82,6 +83,13 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds a gang waits before our queue may preempt lower-priority gangs for it (default 600)",
     )
     p.add_argument(
+        "--reserve-after",
+        type=float,
+        default=0.0,
+        help="seconds a gang waits before our queue holds nodes back for it (default 0: at once; the "
+        "extender's --reserve-after)",
+    )
+    p.add_argument(
         "--no-tiers",
         action="store_true",
         help="every policy places the jobs with their tier constraints dropped (a topology-blind gang "
@@ -144,6 +152,11 @@ def main(argv: list[str]) -> int:
         print(f"bench placement: --preempt-after: {err}", file=sys.stderr)
         return 2
     try:
+        config = dataclasses.replace(config, reserve_after_s=args.reserve_after)
+    except QueueError as err:
+        print(f"bench placement: --reserve-after: {err}", file=sys.stderr)
+        return 2
+    try:
         cluster = clusters.build(args.cluster, racks)
         philly = workloads.load_philly(args.data_dir) if args.workload != "nvl72" else None
         streams = {
@@ -180,7 +193,8 @@ def main(argv: list[str]) -> int:
     own_note = (
         "own queues: ours = the extender's queue (scheduler_plugin.queue: head reservation on the domains "
         f"that free earliest and block least, backfill by time limit, gang preemption after "
-        f"{args.preempt_after:g} s); slurm = EASY backfill with node reservations from its own plan; "
+        f"{args.preempt_after:g} s, holding back for a gang after {args.reserve_after:g} s); "
+        "slurm = EASY backfill with node reservations from its own plan; "
         "volcano, kueue, kube-default = greedy (every job that fits starts, nothing held); kai = greedy "
         "with KAI's preempt action (whole lower-priority jobs, lowest priority and latest started first). "
         "Jobs in priority order, then arrival; time limits = runtimes. Sources in each policy module"
@@ -229,6 +243,7 @@ def main(argv: list[str]) -> int:
         "tables": tables,
         "high_priority": args.high_priority,
         "preempt_after_s": args.preempt_after,
+        "reserve_after_s": args.reserve_after,
         "no_tiers": args.no_tiers,
         "seed": args.seed,
         "seeds": seeds,

@@ -186,9 +186,13 @@ def test_own_queues_first_like_for_like_second_with_the_priority_figures(tmp_pat
     md = tmp_path / "queues.md"
     argv = ["--quick", "--racks", "4", "--jobs", "60", "--seeds", "2", "--workers", "1"]
     argv += ["--policies", "ours,kai,slurm", "--optimum-instances", "0", "--high-priority", "0.3"]
-    code = bench.main([*argv, "--preempt-after", "300", "--json", str(path), "--markdown", str(md)])
+    code = bench.main(
+        [*argv, "--preempt-after", "300", "--reserve-after", "60", "--json", str(path), "--markdown", str(md)]
+    )
     assert code == 0
     doc = json.loads(path.read_text())
+    assert doc["reserve_after_s"] == 60.0
+    assert "holding back for a gang after 60 s" in md.read_text()
     assert doc["tables"] == ["own", "like"]
     assert doc["high_priority"] == 0.3
     assert doc["preempt_after_s"] == 300.0
@@ -228,6 +232,8 @@ def test_like_for_like_alone_keeps_the_single_table(tmp_path: Path) -> None:
         (["--tables", "mine"], "--tables"),
         (["--tables", "own,own"], "--tables"),
         (["--preempt-after", "-1"], "--preempt-after"),
+        (["--reserve-after", "-1"], "--reserve-after"),
+        (["--reserve-after", "inf"], "--reserve-after"),
         (["--high-priority", "2"], "--high-priority"),
     ],
 )
