@@ -832,12 +832,11 @@ def decide(
                     head_seen = True
                     continue
         if not head_seen:
-            if (
-                config.reserve_after_s > 0
-                and w.name not in held
-                and now - w.created_s < config.reserve_after_s
-            ):
-                wake = min(wake, w.created_s + config.reserve_after_s)
+            # the same sum decides and wakes: "now - created < after" can hold where "created + after"
+            # rounds to now, and a wake at now is a pass that never lets time advance
+            grown = w.created_s + config.reserve_after_s
+            if config.reserve_after_s > 0 and w.name not in held and now < grown:
+                wake = min(wake, grown)
                 continue  # too young to hold anything back: later gangs may pass it freely
             head_seen = True
             if w.name not in held and tried:

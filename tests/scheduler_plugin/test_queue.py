@@ -470,6 +470,21 @@ def test_reserve_after_lets_later_gangs_pass_a_young_head_then_holds_for_it() ->
         QueueConfig(reserve_after_s=math.inf)
 
 
+def test_a_young_heads_wake_is_always_after_now_even_where_the_sum_rounds() -> None:
+    """created + after rounds to now while now - created < after (29574.963966907064 + 3600): the gang
+    is judged grown at once, and never asks to be woken at now (a simulator waking at now never advanced)."""
+    created = 29574.963966907064
+    now = created + 3600.0
+    assert now - created < 3600.0  # the rounding this test is about
+    running = {"a": run("a", nodes_of(0, 2, 3), ends=now + 100.0)}
+    snap = busy(empty(4), running)
+    head = wait("head", 4, created=created, subgroup=4)
+    config = QueueConfig(preempt_after_s=None, reserve_after_s=3600.0)
+    d = decide(now, snap, running, [head], {}, place=planner_place(), config=config)
+    assert d.wake_s > now
+    assert "head" in d.reservations
+
+
 # -- preemption guards: no thrashing -----------------------------------------------------------------
 
 
