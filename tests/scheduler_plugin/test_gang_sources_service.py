@@ -103,7 +103,8 @@ def test_a_source_that_appears_is_picked_up(
         wait_for(
             lambda: ext.state(lambda s: "ml/rc" in s.rayclusters), "the RayCluster reaches the state", 40.0
         )
-        assert _source_logs(caplog, "source_on") == ["rayclusters"]
+        # the informer's list feeds the state before the informer says the source is back: wait for both
+        wait_for(lambda: _source_logs(caplog, "source_on") == ["rayclusters"], "source_on logged", 10.0)
         assert _source_logs(caplog, "source_off").count("rayclusters") == 1  # once, not per retry
     finally:
         ext.stop()
