@@ -177,6 +177,14 @@ class BindDecision:
     events: tuple[EventRecord, ...] = ()
 
 
+def _labels(obj: Mapping[str, Any]) -> Any:
+    return (obj.get("metadata") or {}).get("labels")
+
+
+def _allocatable(obj: Mapping[str, Any]) -> Any:
+    return (obj.get("status") or {}).get("allocatable")
+
+
 class ClusterState:
     def __init__(
         self,
@@ -201,6 +209,8 @@ class ClusterState:
         self._usage: dict[str, tuple[str, dict[str, int]]] = {}  # pod key -> (node, requests) held
         self._node_used: dict[str, dict[str, int]] = {}
         self._domains_cache: tuple[tuple[str, ...], dict[str, dict[str, str]]] | None = None
+        # from it: node -> tier-1 domain, and domain -> its nodes (prioritize reads both per call)
+        self._tier1: tuple[dict[str, str], dict[str, list[str]]] | None = None
         # the last snapshot planned on: the next one reuses its unchanged node objects, so the
         # planner prepares it from the last one (``self._snapshots``)
         self._last_snapshot: ClusterSnapshot | None = None
@@ -286,6 +296,14 @@ class ClusterState:
         key = self._key(kind, obj)
         if kind in ("pods", "nodes", "jobs"):
             self._queue_dirty = True
+        if kind == "nodes":  # a kubelet's status heartbeat changes neither labels nor allocatable
+            before = store.get(key)
+            if event_type == "DELETED" or before is None or _labels(before) != _labels(obj):
+                self._domains_cache = None
+            if event_type == "DELETED" or before is None or _allocatable(before) != _allocatable(obj):
+                self._alloc.pop(key, None)
+        elif kind == "hypernodes":
+            self._domains_cache = None
         if event_type == "DELETED":
             store.pop(key, None)
         else:
@@ -303,9 +321,6 @@ class ClusterState:
                     if not any(k in self.pods for k in self.reservations[gang].spec.members):
                         self.reservations.pop(gang)
                         self._excluded.pop(gang, None)
-        if kind in ("nodes", "hypernodes"):
-            self._domains_cache = None
-            self._alloc.pop(key, None)
 
     def _waits(self, pod: Mapping[str, Any]) -> bool:
         """Whether ``pod`` is a gang's pod waiting for this scheduler: not bound, not going, not done."""
@@ -392,7 +407,26 @@ class ClusterState:
         if self._domains_cache is None:
             snap = snapshot_from_objects(self.nodes.values(), (), self.hypernodes.values())
             self._domains_cache = (snap.tiers, {n.name: dict(n.domains) for n in snap.nodes})
+            self._tier1 = None
         return self._domains_cache
+
+    def _domain_cache_of(self) -> dict[str, str]:
+        """Each node's tier-1 domain (nodes without one are absent)."""
+        if self._tier1 is None or self._domains_cache is None:
+            tiers, domains = self._domains()
+            first = tiers[0] if tiers else None
+            of = {n: d[first] for n, d in domains.items() if first is not None and first in d}
+            members: dict[str, list[str]] = {}
+            for n, d in of.items():
+                members.setdefault(d, []).append(n)
+            self._tier1 = (of, members)
+        return self._tier1[0]
+
+    def _domain_members(self) -> dict[str, list[str]]:
+        """The nodes of each tier-1 domain."""
+        self._domain_cache_of()
+        assert self._tier1 is not None
+        return self._tier1[1]
 
     def domains_known(self) -> bool:
         """Whether the tier-1 domains are worked out (else the next prioritize reads every node)."""
@@ -1064,29 +1098,35 @@ class ClusterState:
             return [(n, MAX_PRIORITY if n == node else 0) for n in node_names]
         need = pod_requests(pod).get(GPU, 0)
         held = self.held_gpus()
-        tiers, domains = self._domains()
-        first = tiers[0] if tiers else None
+        used, alloc = self._node_used, self._allocatable_gpus
+        members = self._domain_members()
+        domain_of = self._domain_cache_of()
+        free: dict[str, int] = {}  # GPUs neither used nor held, per node this call reads
+
+        def free_of(n: str) -> int:
+            f = free.get(n)
+            if f is None:
+                u = used.get(n)
+                f = free[n] = alloc(n) - (u.get(GPU, 0) if u else 0) - held.get(n, 0)
+            return f
+
         dom_free: dict[str, int] = {}
         dom_total: dict[str, int] = {}
-        if first is not None:
-            wanted = {domains.get(n, {}).get(first) for n in node_names} - {None}
-            for name, doms in domains.items():
-                d = doms.get(first)
-                if d is not None and d in wanted:
-                    dom_free[d] = dom_free.get(d, 0) + max(0, self.free_gpus(name, held=held))
-                    dom_total[d] = dom_total.get(d, 0) + self._allocatable_gpus(name)
+        for d in {domain_of[n] for n in node_names if n in domain_of}:
+            dom_free[d] = sum(max(0, free_of(m)) for m in members[d])
+            dom_total[d] = sum(alloc(m) for m in members[d])
         out: list[tuple[str, int]] = []
         for n in node_names:
-            total = self._allocatable_gpus(n)
-            free = self.free_gpus(n, held=held)
-            if total <= 0 or free < need:
+            total = alloc(n)
+            f = free_of(n)
+            if total <= 0 or f < need:
                 out.append((n, 0))
                 continue
-            node_fill = 1 - (free - need) / total  # 1 when the pod fills the node
-            d = domains.get(n, {}).get(first) if first else None
-            if d is not None and dom_total.get(d):
-                dom_fill = 1 - (dom_free[d] - need) / dom_total[d]  # 1 when the domain ends full
-                broken = 1.0 if dom_free[d] < dom_total[d] else 0.0  # 0: this pod would break a whole domain
+            node_fill = 1 - (f - need) / total  # 1 when the pod fills the node
+            dom = domain_of.get(n)
+            if dom is not None and dom_total.get(dom):
+                dom_fill = 1 - (dom_free[dom] - need) / dom_total[dom]  # 1 when the domain ends full
+                broken = 1.0 if dom_free[dom] < dom_total[dom] else 0.0  # 0: this pod would break a whole domain
             else:
                 dom_fill, broken = node_fill, 1.0
             out.append((n, round(MAX_PRIORITY * (0.5 * broken + 0.3 * dom_fill + 0.2 * node_fill))))

@@ -415,30 +415,45 @@ class HttpServer:
         lim = self.limits
         first = conn.served == 0
         now = asyncio.get_running_loop().time
-        opened = now()
+        # one timer for the request, moved on at each step (a timer per step costs as much as the
+        # rest of reading a small request): the first byte within head_s of connecting (a kept-alive
+        # connection: idle_s), the head within head_s of connecting (kept-alive: of its first byte),
+        # so one byte now and then (slowloris) cannot stretch it, then the body within body_s
+        step = "header" if first else "idle"
         try:
-            async with asyncio.timeout(lim.head_s if first else lim.idle_s):
+            async with asyncio.timeout(lim.head_s if first else lim.idle_s) as timer:
                 lead = await reader.readexactly(1)
                 for _ in range(_MAX_LEADING_EMPTY_LINES * 2):
                     if lead not in (b"\r", b"\n"):  # empty lines before a request are allowed (RFC 9112)
                         break
                     lead = await reader.readexactly(1)
-        except TimeoutError:
-            self._timed_out("header" if first else "idle")
-            return None  # nothing was asked: close without a word
-        try:
-            # a new connection has head_s from connect for its whole head, a kept-alive one from its
-            # request's first byte: one byte now and then (slowloris) cannot stretch it
-            async with asyncio.timeout_at((opened if first else now()) + lim.head_s):
+                step = "head"
+                if not first:
+                    timer.reschedule(now() + lim.head_s)
                 head = lead + await reader.readuntil(b"\r\n\r\n")
+                parsed = parse_head(head)
+                if isinstance(parsed, Rejected) or parsed.content_length > lim.max_body_bytes:
+                    body = b""
+                elif parsed.content_length:
+                    step = "body"
+                    timer.reschedule(now() + lim.body_s)
+                    body = await reader.readexactly(parsed.content_length)
+                else:
+                    body = b""
         except TimeoutError:
-            self._timed_out("header")
-            await self._reject(reader, conn, 408, f"request headers not complete within {lim.head_s:g} s")
+            if step in ("header", "idle"):
+                self._timed_out(step)
+                return None  # nothing was asked: close without a word
+            if step == "head":
+                self._timed_out("header")
+                await self._reject(reader, conn, 408, f"request headers not complete within {lim.head_s:g} s")
+                return None
+            self._timed_out("body")
+            await self._reject(reader, conn, 408, f"request body not complete within {lim.body_s:g} s")
             return None
         except asyncio.LimitOverrunError:
             await self._reject(reader, conn, 431, f"request headers larger than {lim.max_head_bytes} bytes")
             return None
-        parsed = parse_head(head)
         if isinstance(parsed, Rejected):
             await self._reject(reader, conn, parsed.status, parsed.reason)
             return None
@@ -451,15 +466,6 @@ class HttpServer:
                 f"{lim.max_body_bytes} bytes",
             )
             return None
-        body = b""
-        if parsed.content_length:
-            try:
-                async with asyncio.timeout(lim.body_s):
-                    body = await reader.readexactly(parsed.content_length)
-            except TimeoutError:
-                self._timed_out("body")
-                await self._reject(reader, conn, 408, f"request body not complete within {lim.body_s:g} s")
-                return None
         return parsed, body
 
     async def _reject(
@@ -498,6 +504,9 @@ class HttpServer:
             f"Connection: {'keep-alive' if keep else 'close'}\r\n\r\n"
         ).encode("latin-1")
         conn.writer.write(head if head_only else head + response.body)
+        transport = conn.writer.transport
+        if transport.get_write_buffer_size() == 0 and not transport.is_closing():
+            return True  # the kernel took it all: nothing to wait for
         try:
             async with asyncio.timeout(self.limits.write_s):
                 await conn.writer.drain()

@@ -657,3 +657,30 @@ def test_json_depth_is_the_nesting_depth_whatever_the_strings_hold(value: Any) -
     body = json.dumps(value).encode()
     assert json_depth(body) == _depth(value)
     assert json_depth(json.dumps(value, ensure_ascii=False, indent=1).encode()) == _depth(value)
+
+
+def test_a_node_heartbeat_keeps_the_domains_and_a_label_or_allocatable_change_is_seen() -> None:
+    """Kubelets rewrite Node.status every few seconds; only labels (domains) and allocatable (GPUs)
+    matter to filter and prioritize, and only their change makes the state read the node again."""
+    s = make_state()
+    solo = known(s, pod("solo", 1))
+    s.prioritize(solo, NODES, 0.0)
+    assert s.domains_known()
+    beat = node("r0-t0", 4)
+    beat["status"]["conditions"] = [{"type": "Ready", "status": "True", "lastHeartbeatTime": "now"}]
+    s.apply("nodes", "MODIFIED", beat)
+    assert s.domains_known()  # nothing prioritize reads changed
+    fewer = node("r0-t0", 2)
+    s.apply("nodes", "MODIFIED", fewer)
+    assert s.free_gpus("r0-t0") == 2
+    assert dict(s.prioritize(known(s, pod("three", 3)), ["r0-t0"], 0.0)) == {"r0-t0": 0}
+    moved = node("r0-t0", 4)
+    moved["metadata"]["labels"] = {"gpuagent.dev/nvlink-domain": "elsewhere"}
+    s.apply("nodes", "MODIFIED", moved)
+    assert not s.domains_known()  # read again on the next call
+    s.apply("hypernodes", "MODIFIED", hypernode("nvl-0", 1, "nvlink", ["r0-t1", "r0-t2", "r0-t3"]))
+    scores = dict(s.prioritize(solo, NODES, 0.0))
+    assert set(scores) == set(NODES)
+    s.apply("nodes", "DELETED", moved)
+    assert not s.domains_known()
+    assert s.free_gpus("r0-t0") == 0
