@@ -52,7 +52,10 @@ def _merge(target: dict[str, Any], new: dict[str, Any]) -> None:
 
 
 class FakeKube:
-    def __init__(self) -> None:
+    def __init__(self, *, chunked: bool = False) -> None:
+        # chunked: watches in HTTP/1.1 chunked coding, as the API server sends them (each event's size
+        # line and data flushed apart, so a reader sees the framing split); else ended by closing
+        self.chunked = chunked
         self.objects: dict[str, dict[str, dict[str, Any]]] = {}
         self.applied: dict[tuple[str, str, str, bool], dict[str, Any]] = {}  # (coll, name, manager, status)
         self.events: list[tuple[int, str, str, dict[str, Any]]] = []  # (rv, collection, type, obj)
@@ -252,10 +255,28 @@ class FakeKube:
         deadline = time.monotonic() + float(query.get("timeoutSeconds") or 5)
         h.send_response(200)
         h.send_header("Content-Type", "application/json")
+        if self.chunked:
+            h.send_header("Transfer-Encoding", "chunked")
         h.end_headers()
+
+        def send(event: dict[str, Any]) -> None:
+            line = json.dumps(event).encode() + b"\n"
+            if not self.chunked:
+                h.wfile.write(line)
+                return
+            h.wfile.write(f"{len(line):x}\r\n".encode() + line[: len(line) // 2])
+            h.wfile.flush()
+            h.wfile.write(line[len(line) // 2 :] + b"\r\n")
+
+        def end() -> None:
+            if self.chunked:
+                h.wfile.write(b"0\r\n\r\n")
+                h.wfile.flush()
+
         if since < self.compacted:
             gone = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old resource version"}
-            h.wfile.write(json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
+            send({"type": "ERROR", "object": gone})
+            end()
             return
         sent = since
         try:
@@ -267,9 +288,10 @@ class FakeKube:
                         continue
                 for rv, _, kind, obj in pending:
                     if self._selected(obj, query.get("labelSelector")):
-                        h.wfile.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+                        send({"type": kind, "object": obj})
                     sent = rv
                 h.wfile.flush()
+            end()
         except (BrokenPipeError, ConnectionResetError):
             return
 

@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.topology.kubefake import FakeKube, api_client
 from topology.kube import (
@@ -22,6 +24,7 @@ from topology.kube import (
     configmaps,
     events,
 )
+from topology.kube.client import Dechunker
 
 
 def wait_for(check: Callable[[], bool], what: str, limit_s: float = 10.0) -> None:
@@ -37,9 +40,10 @@ def node(name: str, **labels: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
 
 
-@pytest.fixture
-def fake() -> Iterator[tuple[FakeKube, Kube]]:
-    f = FakeKube()
+@pytest.fixture(params=["close-delimited", "chunked"])
+def fake(request: pytest.FixtureRequest) -> Iterator[tuple[FakeKube, Kube]]:
+    """Watches ended by closing, and in chunked coding as the API server sends them."""
+    f = FakeKube(chunked=request.param == "chunked")
     with f.serve() as url:
         yield f, Kube(api_client(url))
 
@@ -214,3 +218,94 @@ def test_watch_events_the_fast_parser_refuses_are_decoded_by_the_standard_one(
     assert (store.get("odd") or {})["spec"] == spec
     assert informer.errors == 0
     assert len([b for b in standard if b"odd" in b]) == 1  # the one event orjson refused, and only it
+
+
+def test_a_chunked_watch_is_read_past_the_client_and_a_close_delimited_one_through_it(
+    fake: tuple[FakeKube, Kube],
+) -> None:
+    """The API server's chunked watch is de-chunked from the socket (one read takes every event that
+    arrived); any other body goes through the client's reader. Both yield the same events."""
+    f, kube = fake
+    _, rv = kube.list(NODES)
+    f.put(NODES, node("b", team="x" * 3000))
+    f.put(NODES, node("c"))
+    watch = kube.watch(NODES, rv, timeout_s=1)
+    through_client: list[int] = []
+    client_read = watch._raw.read1
+
+    def counted(n: int) -> bytes:
+        through_client.append(n)
+        data: bytes = client_read(n)
+        return data
+
+    watch._raw.read1 = counted
+    seen = [(kind, obj["metadata"]["name"]) for kind, obj in watch]  # until the server ends it
+    assert seen == [("ADDED", "b"), ("ADDED", "c")]
+    assert bool(through_client) != f.chunked
+
+
+def _chunked(payload: bytes, sizes: list[int], *, extension: bool, trailer: bool) -> bytes:
+    out, pos = [], 0
+    for size in sizes:
+        piece = payload[pos : pos + size]
+        if not piece:
+            break
+        pos += len(piece)
+        out.append(f"{len(piece):X}{';ext=1' if extension else ''}\r\n".encode() + piece + b"\r\n")
+    if pos < len(payload):
+        out.append(f"{len(payload) - pos:x}\r\n".encode() + payload[pos:] + b"\r\n")
+    out.append(b"0\r\n" + (b"X-Trailer: 1\r\n" if trailer else b"") + b"\r\n")
+    return b"".join(out)
+
+
+@given(
+    payload=st.binary(max_size=3000),
+    sizes=st.lists(st.integers(1, 700), max_size=12),
+    cuts=st.lists(st.integers(0, 4000), max_size=20),
+    extension=st.booleans(),
+    trailer=st.booleans(),
+)
+def test_dechunker_gives_the_payload_however_the_stream_is_split(
+    payload: bytes, sizes: list[int], cuts: list[int], extension: bool, trailer: bool
+) -> None:
+    stream = _chunked(payload, sizes, extension=extension, trailer=trailer)
+    chunks = Dechunker()
+    got, last = [], 0
+    for cut in [*sorted(c for c in cuts if c < len(stream)), len(stream)]:
+        assert not chunks.done
+        got.append(chunks.feed(stream[last:cut]))
+        last = cut
+    assert chunks.done
+    assert b"".join(got) == payload
+
+
+@pytest.mark.parametrize(
+    ("stream", "why"),
+    [
+        (b"zz\r\nab\r\n", "bad chunk size"),
+        (b"-1\r\n", "bad chunk size"),
+        (b"\r\n", "bad chunk size"),
+        (b"1" * 17 + b"\r\n", "bad chunk size"),
+        (b"2\r\nabXY", "not followed by CRLF"),
+        (b"5" * 5000, "longer than 4096"),
+    ],
+)
+def test_dechunker_refuses_broken_framing(stream: bytes, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        Dechunker().feed(stream)
+
+
+def test_a_watch_whose_connection_ends_inside_the_chunked_stream_is_an_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A connection that ends before the last chunk is a broken watch (the informer reports it and
+    lists again), not the server's clean end of the stream."""
+    f = FakeKube(chunked=True)
+    with f.serve() as url:
+        watch = Kube(api_client(url)).watch(NODES, "0", timeout_s=1)
+        read, raw = watch._reader()
+        assert raw
+        monkeypatch.setattr(watch._raw._fp.fp, "read1", lambda n: b"", raising=False)
+        with pytest.raises(KubeError, match="ended inside the stream"):
+            read(100)
+        watch.close()

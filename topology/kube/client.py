@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -93,10 +93,11 @@ class Watch:
     def __iter__(self) -> Iterator[tuple[str, dict[str, Any]]]:
         buffer = b""
         ended = False
+        read, raw = self._reader()
         try:
             while not self._closed.is_set():
                 try:
-                    chunk = self._raw.read1(65536)
+                    chunk = read(65536)
                 except Exception:
                     if self._closed.is_set():
                         return
@@ -109,11 +110,45 @@ class Watch:
                     if line.strip():
                         yield self._event(line)
         finally:
-            if ended:
+            if ended and not raw:
                 self._raw.release_conn()
-            else:  # stopped mid-stream: the connection holds unread data, so it is not reused
+            else:  # stopped mid-stream, or read past the client: the connection is not reused
                 with contextlib.suppress(Exception):
                     self._raw.close()
+
+    def _reader(self) -> tuple[Callable[[int], bytes], bool]:
+        """What reads the stream's payload, and whether it reads the socket directly.
+
+        A chunked body without content coding (what the API server sends for a watch) is read from the
+        socket's buffered reader and de-chunked here: one read takes every event that has arrived,
+        where the client's own reader returns one chunk per call through two layers of Python (in a
+        busy cluster that was most of an informer's time). Anything else goes through the client."""
+        plain = getattr(self._raw, "_fp", None)  # the http.client response under urllib3's
+        sock = getattr(plain, "fp", None)
+        headers = getattr(self._raw, "headers", None) or {}
+        if (
+            sock is None
+            or not hasattr(sock, "read1")
+            or getattr(plain, "chunked", False) is not True
+            or getattr(plain, "chunk_left", None) is not None  # the client has begun reading it
+            or headers.get("content-encoding")
+        ):
+            return self._raw.read1, False
+        chunks = Dechunker()
+
+        def read(size: int) -> bytes:
+            while not chunks.done:
+                data = sock.read1(size)
+                if not data:
+                    if self._closed.is_set():
+                        return b""
+                    raise KubeError(0, f"WATCH {self._path}: the connection ended inside the stream")
+                out = chunks.feed(data)
+                if out:
+                    return out
+            return b""
+
+        return read, True
 
     def _event(self, line: bytes) -> tuple[str, dict[str, Any]]:
         event = _decode(line)
@@ -121,6 +156,65 @@ class Watch:
             obj = event.get("object") or {}
             raise KubeError(int(obj.get("code", 0) or 0), f"WATCH {self._path}: {obj.get('message', '')}")
         return str(event.get("type")), dict(event.get("object") or {})
+
+
+class Dechunker:
+    """HTTP/1.1 chunked transfer coding, undone incrementally: ``feed`` bytes as they arrive (split
+    anywhere), get the payload they complete; ``done`` after the last chunk and its trailer. Malformed
+    framing raises ``ValueError`` naming what was wrong (a size line longer than ``MAX_LINE``, a size
+    that is not hexadecimal, data not followed by CRLF)."""
+
+    MAX_LINE = 4096
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._left = -1  # bytes of the current chunk still to come; -1: a size line is next
+        self._crlf = False  # the CRLF after a chunk's data is next
+        self._trailer = False  # after the last chunk: trailer lines up to an empty one
+        self.done = False
+
+    def feed(self, data: bytes) -> bytes:
+        buf = self._buf + data if self._buf else data
+        out: list[bytes] = []
+        pos = 0
+        while not self.done:
+            if self._left > 0:
+                take = buf[pos : pos + self._left]
+                if not take:
+                    break
+                out.append(take)
+                pos += len(take)
+                self._left -= len(take)
+                if self._left == 0:
+                    self._crlf = True
+                continue
+            if self._crlf:
+                if len(buf) - pos < 2:
+                    break
+                if buf[pos : pos + 2] != b"\r\n":
+                    raise ValueError(f"chunked stream: data not followed by CRLF ({buf[pos : pos + 2]!r})")
+                pos += 2
+                self._crlf = False
+                self._left = -1
+                continue
+            end = buf.find(b"\r\n", pos)
+            if end < 0:
+                if len(buf) - pos > self.MAX_LINE:
+                    raise ValueError(f"chunked stream: a line longer than {self.MAX_LINE} bytes")
+                break
+            line = buf[pos:end]
+            pos = end + 2
+            if self._trailer:  # trailer fields are dropped; the empty line ends the body
+                self.done = not line
+                continue
+            size = line.split(b";", 1)[0].strip()
+            if not size or len(size) > 16 or size.strip(b"0123456789abcdefABCDEF"):
+                raise ValueError(f"chunked stream: bad chunk size {line[:40]!r}")
+            self._left = int(size, 16)
+            if self._left == 0:
+                self._trailer = True
+        self._buf = buf[pos:]
+        return b"".join(out)
 
 
 def _decode(line: bytes) -> Any:
