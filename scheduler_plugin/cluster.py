@@ -69,6 +69,9 @@ def parse_quantity(value: object) -> Decimal:
 
 def _amount(resource: str, value: object) -> int:
     """Whole units: GPUs, cpu millicores, memory bytes (rounded up, as the scheduler counts them)."""
+    if isinstance(value, str) and len(value) <= 18 and value.isascii() and value.isdigit():
+        whole = int(value)  # "1", "4": most quantities, read on every watch event of a pod
+        return whole * 1000 if resource == CPU else whole
     q = parse_quantity(value)
     if resource == CPU:
         q = q * 1000

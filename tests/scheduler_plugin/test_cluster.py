@@ -6,8 +6,16 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from scheduler_plugin.cluster import hypernode_domains, parse_quantity, pod_requests, snapshot_from_objects
+from scheduler_plugin.cluster import (
+    _amount,
+    hypernode_domains,
+    parse_quantity,
+    pod_requests,
+    snapshot_from_objects,
+)
 from scheduler_plugin.snapshot import changed_nodes
 from tests.integration.fakekube import hypernode, node, pod
 
@@ -142,3 +150,21 @@ def test_the_planner_prepares_a_reused_snapshot_from_the_last_one() -> None:
     assert changed_nodes(first, second) == [3]
     fresh = snapshot_from_objects(nodes, [pod("p", 4, node_name="n3")])
     assert changed_nodes(first, fresh) == list(range(6))  # every object new: all count as changed
+
+
+@given(st.from_regex(r"\A[0-9]{1,25}\Z"), st.sampled_from(["nvidia.com/gpu", "cpu", "memory"]))
+def test_whole_number_quantities_read_fast_count_as_the_quantity_parser_says(
+    text: str, resource: str
+) -> None:
+    scale = 1000 if resource == "cpu" else 1
+    assert _amount(resource, text) == int(parse_quantity(text) * scale)
+
+
+@pytest.mark.parametrize("text", ["٤", "²", "4 ", "+4"])
+def test_other_digits_take_the_full_parser(text: str) -> None:
+    """Unicode digits are not quantities; a sign or a space goes through the parser as before."""
+    if text in ("٤", "²"):
+        with pytest.raises(ValueError, match="not a quantity"):
+            _amount("nvidia.com/gpu", text)
+    else:
+        assert _amount("nvidia.com/gpu", text) == 4
