@@ -1126,9 +1126,7 @@ class ClusterState:
             dom = domain_of.get(n)
             if dom is not None and dom_total.get(dom):
                 dom_fill = 1 - (dom_free[dom] - need) / dom_total[dom]  # 1 when the domain ends full
-                broken = (
-                    1.0 if dom_free[dom] < dom_total[dom] else 0.0
-                )  # 0: this pod would break a whole domain
+                broken = 1.0 if dom_free[dom] < dom_total[dom] else 0.0  # 0: it breaks a whole domain
             else:
                 dom_fill, broken = node_fill, 1.0
             out.append((n, round(MAX_PRIORITY * (0.5 * broken + 0.3 * dom_fill + 0.2 * node_fill))))
