@@ -207,6 +207,7 @@ class ClusterState:
         self.workload_podgroups: dict[str, dict[str, Any]] = {}
         self.reservations: dict[str, Reservation] = {}
         self._usage: dict[str, tuple[str, dict[str, int]]] = {}  # pod key -> (node, requests) held
+        self._requests: dict[str, tuple[Any, dict[str, int]]] = {}  # pod key -> (containers, requests)
         self._node_used: dict[str, dict[str, int]] = {}
         self._domains_cache: tuple[tuple[str, ...], dict[str, dict[str, str]]] | None = None
         # from it: node -> tier-1 domain, and domain -> its nodes (prioritize reads both per call)
@@ -279,6 +280,7 @@ class ClusterState:
             store[self._key(kind, obj)] = dict(obj)
         if kind == "pods":
             self._usage.clear()
+            self._requests.clear()
             self._node_used.clear()
             for k, pod in self.pods.items():
                 self._account(k, pod)
@@ -338,12 +340,19 @@ class ClusterState:
         self._pending_nudges.pop(key, None)
         self._uids.pop(key, None)
         self._filtered.pop(key, None)
+        self._requests.pop(key, None)
 
     def _account(self, key: str, pod: Mapping[str, Any]) -> None:
         if not holds_resources(pod):
             return
-        node = str((pod.get("spec") or {}).get("nodeName"))
-        req = pod_requests(pod)
+        spec = pod.get("spec") or {}
+        node = str(spec.get("nodeName"))
+        # a bound pod's containers rarely change (status updates are most of its events): its requests
+        # are read again only when they do
+        shape = (spec.get("containers"), spec.get("initContainers"))
+        known = self._requests.get(key)
+        req = known[1] if known is not None and known[0] == shape else pod_requests(pod)
+        self._requests[key] = (shape, req)
         self._usage[key] = (node, req)
         used = self._node_used.setdefault(node, {})
         for r, v in req.items():

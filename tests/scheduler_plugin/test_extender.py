@@ -684,3 +684,23 @@ def test_a_node_heartbeat_keeps_the_domains_and_a_label_or_allocatable_change_is
     s.apply("nodes", "DELETED", moved)
     assert not s.domains_known()
     assert s.free_gpus("r0-t0") == 0
+
+
+def test_a_bound_pods_requests_are_read_again_only_when_its_containers_change() -> None:
+    s = make_state()
+    p = pod("run", 2)
+    p["spec"]["nodeName"] = "r0-t0"
+    p["status"]["phase"] = "Running"
+    s.apply("pods", "ADDED", p)
+    assert s.free_gpus("r0-t0") == 2
+    beat = {**p, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+    s.apply("pods", "MODIFIED", beat)
+    assert s.free_gpus("r0-t0") == 2
+    resized = json.loads(json.dumps(beat))
+    resized["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "3"
+    s.apply("pods", "MODIFIED", resized)
+    assert s.free_gpus("r0-t0") == 1
+    s.apply("pods", "DELETED", resized)
+    assert s.free_gpus("r0-t0") == 4
+    s.apply("pods", "ADDED", p)  # the same name again: counted afresh
+    assert s.free_gpus("r0-t0") == 2
