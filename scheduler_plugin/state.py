@@ -177,6 +177,15 @@ class BindDecision:
     events: tuple[EventRecord, ...] = ()
 
 
+@dataclass(frozen=True)
+class _DomainIndex:
+    """The domain tiers, and per tier-1 (NVLink) domain: each node's, and each one's nodes."""
+
+    tiers: tuple[str, ...]
+    of: dict[str, str]  # node -> its tier-1 domain (nodes without one are absent)
+    members: dict[str, list[str]]
+
+
 def _labels(obj: Mapping[str, Any]) -> Any:
     return (obj.get("metadata") or {}).get("labels")
 
@@ -209,9 +218,7 @@ class ClusterState:
         self._usage: dict[str, tuple[str, dict[str, int]]] = {}  # pod key -> (node, requests) held
         self._requests: dict[str, tuple[Any, dict[str, int]]] = {}  # pod key -> (containers, requests)
         self._node_used: dict[str, dict[str, int]] = {}
-        self._domains_cache: tuple[tuple[str, ...], dict[str, dict[str, str]]] | None = None
-        # from it: node -> tier-1 domain, and domain -> its nodes (prioritize reads both per call)
-        self._tier1: tuple[dict[str, str], dict[str, list[str]]] | None = None
+        self._domains_cache: _DomainIndex | None = None
         # the last snapshot planned on: the next one reuses its unchanged node objects, so the
         # planner prepares it from the last one (``self._snapshots``)
         self._last_snapshot: ClusterSnapshot | None = None
@@ -412,37 +419,23 @@ class ClusterState:
             taken = self.held_gpus(except_gang=except_gang).get(node, 0)
         return self._allocatable_gpus(node) - used - taken
 
-    def _domains(self) -> tuple[tuple[str, ...], dict[str, dict[str, str]]]:
+    def _domains(self) -> _DomainIndex:
         if self._domains_cache is None:
             snap = snapshot_from_objects(self.nodes.values(), (), self.hypernodes.values())
-            self._domains_cache = (snap.tiers, {n.name: dict(n.domains) for n in snap.nodes})
-            self._tier1 = None
-        return self._domains_cache
-
-    def _domain_cache_of(self) -> dict[str, str]:
-        """Each node's tier-1 domain (nodes without one are absent)."""
-        if self._tier1 is None or self._domains_cache is None:
-            tiers, domains = self._domains()
-            first = tiers[0] if tiers else None
-            of = {n: d[first] for n, d in domains.items() if first is not None and first in d}
+            first = snap.tiers[0] if snap.tiers else None
+            of = {n.name: n.domains[first] for n in snap.nodes if first is not None and first in n.domains}
             members: dict[str, list[str]] = {}
             for n, d in of.items():
                 members.setdefault(d, []).append(n)
-            self._tier1 = (of, members)
-        return self._tier1[0]
-
-    def _domain_members(self) -> dict[str, list[str]]:
-        """The nodes of each tier-1 domain."""
-        self._domain_cache_of()
-        assert self._tier1 is not None
-        return self._tier1[1]
+            self._domains_cache = _DomainIndex(snap.tiers, of, members)
+        return self._domains_cache
 
     def domains_known(self) -> bool:
         """Whether the tier-1 domains are worked out (else the next prioritize reads every node)."""
         return self._domains_cache is not None
 
     def tiers(self) -> tuple[str, ...]:
-        return self._domains()[0]
+        return self._domains().tiers
 
     # -- reservations ----------------------------------------------------------------------------
     def expire(self, now: float) -> list[str]:
@@ -1084,11 +1077,11 @@ class ClusterState:
     def _elsewhere(self, node: str, node_names: Sequence[str]) -> bool:
         """Whether no candidate shares the planned node's tier-1 domain: the call covers another part
         of the cluster, so the node's absence says nothing about the node."""
-        tiers, domains = self._domains()
-        domain = domains.get(node, {}).get(tiers[0]) if tiers else None
+        of = self._domains().of
+        domain = of.get(node)
         if domain is None:
             return False
-        return all(domains.get(n, {}).get(tiers[0]) != domain for n in node_names)
+        return all(of.get(n) != domain for n in node_names)
 
     # -- prioritize ------------------------------------------------------------------------------
     def prioritize(
@@ -1108,8 +1101,8 @@ class ClusterState:
         need = pod_requests(pod).get(GPU, 0)
         held = self.held_gpus()
         used, alloc = self._node_used, self._allocatable_gpus
-        members = self._domain_members()
-        domain_of = self._domain_cache_of()
+        index = self._domains()
+        members, domain_of = index.members, index.of
         free: dict[str, int] = {}  # GPUs neither used nor held, per node this call reads
 
         def free_of(n: str) -> int:

@@ -122,7 +122,7 @@ class Watch:
         A chunked body without content coding (what the API server sends for a watch) is read from the
         socket's buffered reader and de-chunked here: one read takes every event that has arrived,
         where the client's own reader returns one chunk per call through two layers of Python (in a
-        busy cluster that was most of an informer's time). Anything else goes through the client."""
+        busy cluster that was about half of an informer's time). Anything else goes through the client."""
         plain = getattr(self._raw, "_fp", None)  # the http.client response under urllib3's
         sock = getattr(plain, "fp", None)
         headers = getattr(self._raw, "headers", None) or {}
