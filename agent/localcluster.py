@@ -518,9 +518,25 @@ class Scheduler:
     process: ManagedProcess
     name: str
     config_path: Path
+    metrics_url: str | None = None  # kube-scheduler's /metrics (loopback, no credentials needed)
 
     def stop(self) -> None:
         self.process.stop()
+
+    def metrics(self) -> str:
+        """The scheduler's Prometheus text (``metrics_url``); ``RuntimeError`` when it has none."""
+        if self.metrics_url is None:
+            raise RuntimeError(f"scheduler {self.name} serves no metrics here")
+        with urllib.request.urlopen(self.metrics_url, timeout=5, context=_loopback_tls()) as resp:
+            return str(resp.read().decode())
+
+
+def _loopback_tls() -> ssl.SSLContext:
+    """A client context for a loopback server's own self-signed serving certificate."""
+    insecure = ssl.create_default_context()
+    insecure.check_hostname = False
+    insecure.verify_mode = ssl.CERT_NONE
+    return insecure
 
 
 def kube_scheduler_config(
@@ -591,18 +607,17 @@ def start_kube_scheduler(
         "--bind-address=127.0.0.1",
         f"--secure-port={port}",
         f"--cert-dir={d / 'certs'}",
+        # its histograms (scheduling cycle, algorithm) for the benchmarks: loopback, no credentials
+        "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
         *feature_gates_flag(feature_gates),
     ]
     proc = ManagedProcess(
         f"kube-scheduler[{scheduler_name}]", argv, workdir / "logs" / f"{d.name}.log"
     ).start()
-    insecure = ssl.create_default_context()
-    insecure.check_hostname = False
-    insecure.verify_mode = ssl.CERT_NONE  # its own self-signed serving cert; loopback only
-    sched = Scheduler(proc, scheduler_name, cfg_path)
+    sched = Scheduler(proc, scheduler_name, cfg_path, f"https://127.0.0.1:{port}/metrics")
     try:
         wait_until(
-            lambda: _http_ok(f"https://127.0.0.1:{port}/healthz", context=insecure),
+            lambda: _http_ok(f"https://127.0.0.1:{port}/healthz", context=_loopback_tls()),
             what="kube-scheduler /healthz",
             process=proc,
         )
@@ -782,14 +797,11 @@ def start_kube_controller_manager(
         "--use-service-account-credentials=false",
         *feature_gates_flag(feature_gates),
     ]
-    insecure = ssl.create_default_context()
-    insecure.check_hostname = False
-    insecure.verify_mode = ssl.CERT_NONE  # its own self-signed serving cert; loopback only
     return _start_operator(
         "kube-controller-manager",
         argv,
         workdir / "logs" / "kube-controller-manager.log",
-        ready=lambda: _http_ok(f"https://127.0.0.1:{port}/healthz", context=insecure),
+        ready=lambda: _http_ok(f"https://127.0.0.1:{port}/healthz", context=_loopback_tls()),
         env=_operator_env(apiserver.kubeconfig, d),
     )
 

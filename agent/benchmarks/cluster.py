@@ -498,6 +498,7 @@ class Timing:
     nodes: dict[str, str]  # pod -> node
     created_s: float = 0.0  # until the last create returned
     cpu_s: Mapping[str, float] = field(default_factory=dict)  # process -> CPU seconds it used meanwhile
+    cycle_ms: float | None = None  # the scheduler's own mean scheduling cycle of the pods it placed
 
 
 class PodWatch:
@@ -775,10 +776,47 @@ def _processes(cluster: HollowCluster) -> dict[str, int]:
     return out
 
 
-def _cpu_used(pids: Mapping[str, int], measure: Callable[[], Timing]) -> Timing:
+CYCLE_METRIC = "scheduler_scheduling_attempt_duration_seconds"
+
+
+def scheduled_cycles(text: str) -> tuple[float, int]:
+    """From kube-scheduler's Prometheus text: seconds spent in, and the number of, scheduling cycles
+    that placed a pod (``result="scheduled"``, every profile)."""
+    total, count = 0.0, 0
+    for line in text.splitlines():
+        if not line.startswith(CYCLE_METRIC) or 'result="scheduled"' not in line:
+            continue
+        name, value = line.partition("{")[0], line.rsplit(" ", 1)[-1]
+        if name == f"{CYCLE_METRIC}_sum":
+            total += float(value)
+        elif name == f"{CYCLE_METRIC}_count":
+            count += int(float(value))
+    return total, count
+
+
+def _cycles(scheduler: localcluster.Scheduler | None) -> tuple[float, int] | None:
+    if scheduler is None or scheduler.metrics_url is None:
+        return None
+    try:
+        return scheduled_cycles(scheduler.metrics())
+    except (OSError, ValueError):  # unreadable metrics cost this one figure, never the run
+        return None
+
+
+def _cpu_used(
+    pids: Mapping[str, int], measure: Callable[[], Timing], scheduler: localcluster.Scheduler | None = None
+) -> Timing:
+    """``measure()`` with the CPU time each of ``pids`` used meanwhile and ``scheduler``'s mean
+    scheduling cycle of the pods it placed meanwhile."""
     before = {k: process_cpu_s(p) for k, p in pids.items()}
+    cycles = _cycles(scheduler)
     t = measure()
-    return dataclasses.replace(t, cpu_s={k: round(process_cpu_s(p) - before[k], 3) for k, p in pids.items()})
+    cpu = {k: round(process_cpu_s(p) - before[k], 3) for k, p in pids.items()}
+    after = _cycles(scheduler)
+    cycle_ms = None
+    if cycles is not None and after is not None and after[1] > cycles[1]:
+        cycle_ms = round(1000 * (after[0] - cycles[0]) / (after[1] - cycles[1]), 3)
+    return dataclasses.replace(t, cpu_s=cpu, cycle_ms=cycle_ms)
 
 
 def run_bench(cluster: HollowCluster, *, gang_pods: int, independent_pods: int, runs: int) -> Results:
@@ -790,6 +828,7 @@ def run_bench(cluster: HollowCluster, *, gang_pods: int, independent_pods: int, 
     domain_of = _domain_of(cluster.tree)
     nodes = [n.name for n in cluster.nodes]
     pids = _processes(cluster)
+    by_name = {s.name: s for s in cluster.schedulers}
     clock = PodClock(client, ns)
     try:
         for run in range(runs):
@@ -820,7 +859,7 @@ def run_bench(cluster: HollowCluster, *, gang_pods: int, independent_pods: int, 
                         names = [str(p["metadata"]["name"]) for p in pods]
                         create = functools.partial(create_pods, client, ns, pods)
                         measure = functools.partial(time_pods, client, ns, names, create, clock=clock)
-                    into.setdefault(path, []).append(_cpu_used(pids, measure))
+                    into.setdefault(path, []).append(_cpu_used(pids, measure, by_name.get(scheduler)))
                     delete_pods(client, ns)
     finally:
         clock.close()
@@ -831,6 +870,7 @@ def _per_pod(ts: list[Timing], pods: int, scheduler: str) -> dict[str, Any]:
     def med(attr: str) -> float:
         return float(statistics.median(getattr(t, attr) for t in ts))
 
+    cycles = [t.cycle_ms for t in ts if t.cycle_ms is not None]
     cpu: dict[str, float] = {}
     for label in sorted({k for t in ts for k in t.cpu_s}):
         if label == scheduler or (label == "extender" and scheduler == EXTENDER_SCHEDULER):
@@ -842,6 +882,7 @@ def _per_pod(ts: list[Timing], pods: int, scheduler: str) -> dict[str, Any]:
         "pods_per_s_running": round(pods / med("running_s"), 1),
         "created_s": round(med("created_s"), 3),
         "cpu_ms_per_pod": cpu,
+        "cycle_ms": round(float(statistics.median(cycles)), 3) if cycles else None,
     }
 
 
@@ -927,6 +968,7 @@ def render(s: dict[str, Any], *, racks: int, trays: int) -> list[str]:
                     f"to Running {d['ms_per_pod_running']:.1f} ms/pod "
                     f"({d['pods_per_s_running']:.1f} pods/s); "
                     f"CPU ms/pod: {cpu or 'n/a'}"
+                    + (f"; scheduling cycle {d['cycle_ms']:.2f} ms" if d.get("cycle_ms") is not None else "")
                 )
         if "extender_overhead_bound_pct" in part:
             runs = ", ".join(f"{x:+.1f}%" for x in part["extender_overhead_bound_pct_runs"])

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -51,6 +53,8 @@ def test_summary_and_report_judge_both_aims() -> None:
         "extender": [bench.Timing(1.1, 2.6, {}, cpu_s=cpu), bench.Timing(2.6, 3.3, {}, cpu_s=cpu)],
     }
     res.streamed = {"plain": [bench.Timing(1.0, 2.0, {})], "extender": [bench.Timing(1.5, 2.0, {})]}
+    res.independent["extender"][0] = dataclasses.replace(res.independent["extender"][0], cycle_ms=4.0)
+    res.independent["extender"][1] = dataclasses.replace(res.independent["extender"][1], cycle_ms=6.0)
     s = bench.summary(res)
     assert s["gang"]["extender"]["median_running_s"] == 2.5
     # each run's pair (+10%, +30%), then their median
@@ -59,7 +63,10 @@ def test_summary_and_report_judge_both_aims() -> None:
     assert s["independent"]["extender"]["cpu_ms_per_pod"] == {bench.EXTENDER_SCHEDULER: 3.0, "extender": 5.0}
     assert s["independent"]["plain"]["cpu_ms_per_pod"] == {bench.PLAIN_SCHEDULER: 2.0}
     assert s["streamed"]["extender_overhead_bound_pct"] == 50.0
+    assert s["independent"]["extender"]["cycle_ms"] == 5.0
+    assert s["independent"]["plain"]["cycle_ms"] is None
     text = "\n".join(bench.render(s, racks=2, trays=18))
+    assert "CPU ms/pod: 5.0 (extender) + 3.0 (gpu-topology-scheduler); scheduling cycle 5.00 ms" in text
     assert "36 hollow GPU nodes (2 NVL72 racks x 18 gb200-nvl72 trays), 144 GPUs" in text
     gang_lines = {line.split("median")[0].strip(): line for line in text.splitlines() if "median" in line}
     assert gang_lines["kube-scheduler + extender"].endswith("aim < 10 s: met")
@@ -67,6 +74,35 @@ def test_summary_and_report_judge_both_aims() -> None:
     assert "extender adds +20.0% per pod to bound (runs: +10.0%, +30.0%)" in text
     assert "aim < 20%: NOT met" in text  # 20% is not under 20%
     assert "extender adds +50.0% per pod to bound (runs: +50.0%), +0.0% to Running\n" in text + "\n"
+
+
+SCHEDULER_METRICS = """\
+# HELP scheduler_scheduling_attempt_duration_seconds [STABLE] Scheduling attempt latency in seconds
+# TYPE scheduler_scheduling_attempt_duration_seconds histogram
+scheduler_scheduling_attempt_duration_seconds_bucket{profile="a",result="scheduled",le="0.001"} 3
+scheduler_scheduling_attempt_duration_seconds_sum{profile="a",result="scheduled"} 0.25
+scheduler_scheduling_attempt_duration_seconds_count{profile="a",result="scheduled"} 4
+scheduler_scheduling_attempt_duration_seconds_sum{profile="a",result="unschedulable"} 9
+scheduler_scheduling_attempt_duration_seconds_count{profile="a",result="unschedulable"} 9
+scheduler_scheduling_attempt_duration_seconds_sum{profile="b",result="scheduled"} 0.05
+scheduler_scheduling_attempt_duration_seconds_count{profile="b",result="scheduled"} 1
+scheduler_scheduling_algorithm_duration_seconds_sum 7
+"""
+
+
+def test_scheduled_cycles_count_only_cycles_that_placed_a_pod() -> None:
+    total, count = bench.scheduled_cycles(SCHEDULER_METRICS)
+    assert count == 5
+    assert total == pytest.approx(0.30)
+    assert bench.scheduled_cycles("") == (0.0, 0)
+
+
+def test_a_scheduler_without_readable_metrics_costs_only_the_cycle_figure(tmp_path: Path) -> None:
+    sched = localcluster.Scheduler(process=None, name="s", config_path=tmp_path)  # type: ignore[arg-type]
+    t = bench._cpu_used({}, lambda: bench.Timing(1.0, 2.0, {}), sched)
+    assert t.cycle_ms is None
+    sched.metrics_url = "https://127.0.0.1:1/metrics"  # nothing listens there
+    assert bench._cpu_used({}, lambda: bench.Timing(1.0, 2.0, {}), sched).cycle_ms is None
 
 
 def test_process_cpu_counts_this_process_and_nothing_for_a_gone_one() -> None:
@@ -95,3 +131,5 @@ def test_tiny_run_on_hollow_nodes(capsys: pytest.CaptureFixture[str]) -> None:
         assert {"plain", "extender"} <= set(s[key])
         assert len(s[key]["extender_overhead_bound_pct_runs"]) == 1
         assert s[key]["plain"]["ms_per_pod_bound"] > 0
+        for path in ("plain", "extender"):  # kube-scheduler's own histogram, read before and after
+            assert s[key][path]["cycle_ms"] > 0
