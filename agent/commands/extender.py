@@ -56,6 +56,7 @@ from topology.kube import (
     ObjectRef,
     api_client_from,
 )
+from topology.kube.aio import AsyncKube
 
 log = logs.get_logger("agent.commands.extender")
 
@@ -383,12 +384,18 @@ class KubeCluster:
     """The extender's :class:`scheduler_plugin.extender.Cluster` over the one Kubernetes adapter: pod
     bindings through :class:`topology.kube.Kube`, Events on pods through its :class:`EventRecorder`."""
 
-    def __init__(self, kube: Kube) -> None:
+    def __init__(self, kube: Kube, aio: AsyncKube | None = None) -> None:
         self.kube = kube
+        self.aio = aio
         self.recorder = EventRecorder(kube, component=COMPONENT)
 
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
-        self.kube.bind(namespace, name, uid, node)
+    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        """On the event loop over kept-alive connections (``aio``); a configuration it does not
+        speak binds through the synchronous client in a worker thread."""
+        if self.aio is not None:
+            await self.aio.bind(namespace, name, uid, node)
+        else:
+            await asyncio.to_thread(self.kube.bind, namespace, name, uid, node)
 
     def event(self, pod: Mapping[str, Any], *, reason: str, message: str, warning: bool) -> None:
         meta = pod.get("metadata") or {}
@@ -506,7 +513,8 @@ class Service:
             )
             for kind, path, optional in SOURCES
         ]
-        cluster = KubeCluster(self.kube)
+        self.aio = AsyncKube.from_api_client(api_client)
+        cluster = KubeCluster(self.kube, self.aio)
         self.extender = Extender(
             state=self.state,
             cluster=cluster,
@@ -553,6 +561,8 @@ class Service:
         for inf in self.informers:
             inf.stop_soon()
         await asyncio.gather(*(asyncio.to_thread(inf.stop, 2.0) for inf in self.informers))
+        if self.aio is not None:
+            await self.aio.aclose()
 
 
 async def _run(settings: Settings) -> int:

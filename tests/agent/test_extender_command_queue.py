@@ -1,10 +1,11 @@
 """The extender command's queue wiring: the flags (``--preempt-after``, ``--reserve-after``,
 ``--queue-interval``) and the API calls the queue makes (node annotation merge patch, policy/v1
-Eviction; a PodDisruptionBudget's 429 comes back as the refusal) against a small HTTP server standing
-in for the API at the HTTP level."""
+Eviction; a PodDisruptionBudget's 429 comes back as the refusal; the pod binding) against a small HTTP
+server standing in for the API at the HTTP level."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import threading
@@ -19,6 +20,7 @@ from agent.commands.extender import KubeCluster, parse_settings
 from scheduler_plugin.queue import RESERVED_FOR
 from scheduler_plugin.state import GANG_PLANNED
 from topology.kube import Kube, KubeError
+from topology.kube.aio import AsyncKube
 
 
 class Api:
@@ -168,3 +170,35 @@ def test_bad_queue_flags_exit_2_with_one_line(
     err = capsys.readouterr().err
     assert needle in err
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("on_loop", [True, False], ids=["event-loop-client", "sync-client-in-a-thread"])
+def test_a_binding_is_the_same_post_from_either_client_and_a_refusal_comes_back(
+    api: Api, on_loop: bool
+) -> None:
+    """The extender binds from its event loop (``AsyncKube``); a client configuration that one does not
+    speak keeps the synchronous client in a worker thread. Both send the same ``pods/binding``."""
+    api_client = client.ApiClient(client.Configuration(host=api.url))
+    aio = AsyncKube.from_api_client(api_client) if on_loop else None
+    assert (aio is not None) is on_loop
+    kc = KubeCluster(Kube(api_client, request_timeout_s=5), aio)
+    path = "/api/v1/namespaces/ml/pods/w-0/binding"
+
+    async def bind() -> None:
+        await kc.bind("ml", "w-0", "uid-1", "r0-t3")
+        api.status[path] = 409
+        with pytest.raises(KubeError) as exc:
+            await kc.bind("ml", "w-0", "uid-1", "r0-t3")
+        assert exc.value.status == 409
+        assert "answer 409" in str(exc.value)
+        if aio is not None:
+            await aio.aclose()
+
+    asyncio.run(bind())
+    assert [(m, p) for m, p, _, _ in api.calls] == [("POST", path)] * 2
+    assert api.calls[0][3] == {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": "w-0", "namespace": "ml", "uid": "uid-1"},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": "r0-t3"},
+    }

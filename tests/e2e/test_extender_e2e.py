@@ -235,6 +235,11 @@ def test_18_pod_gang_lands_in_one_nvl72_domain(
     assert len(set(placement.values())) == 18
     assert set(placement.values()) == set(racks[1])
     assert [placement[f"train-{i}"] for i in range(18)] == sorted(racks[1])  # ranks in node order
+    # the bindings went from the event loop over the real API server's TLS with the kubeconfig's
+    # client certificate, on a few kept-alive connections
+    aio = extender.service.aio
+    assert aio is not None
+    assert 1 <= aio.opened <= aio.max_connections
 
 
 def test_impossible_gang_binds_nothing(

@@ -56,7 +56,7 @@ class Recorder:
         self.events: list[tuple[str, str]] = []
         self.fail = fail
 
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
         if f"{namespace}/{name}" in self.fail:
             raise RuntimeError("injected API failure")
         self.bound.append((f"{namespace}/{name}", node))

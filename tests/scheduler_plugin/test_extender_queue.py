@@ -416,7 +416,7 @@ class FakeQueueCluster:
         self.events: list[tuple[str, str, str]] = []
         self.refuse = refuse
 
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
         raise AssertionError("no binding expected")
 
     def event(self, pod: Any, *, reason: str, message: str, warning: bool) -> None:

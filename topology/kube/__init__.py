@@ -6,7 +6,10 @@
 - :mod:`~topology.kube.informer`: :class:`Informer` (list then watch one kind into a :class:`Sink`,
   relisting after 410 Gone, a missing CRD counted as empty) and :class:`Store`, the plain sink;
 - :mod:`~topology.kube.recorder`: :class:`EventRecorder`, the one Event writer;
-- :mod:`~topology.kube.lease`: :class:`LeaseElector`, Lease-based leader election.
+- :mod:`~topology.kube.lease`: :class:`LeaseElector`, Lease-based leader election;
+- :mod:`~topology.kube.aio`: :class:`~topology.kube.aio.AsyncKube`, small JSON requests (the extender's
+  pod bindings) sent from an event loop over kept-alive connections, with the ``ApiClient``'s server,
+  TLS settings and credentials.
 
 Objects are camelCase JSON dicts as the API serves them; the ``kubernetes`` package is imported only to
 build the ``ApiClient`` (:func:`api_client_from`), whose serializer and auth every request goes through.

@@ -1,0 +1,373 @@
+"""Requests on an event loop (``topology.kube.aio``) against a scripted HTTP server on a real socket: what
+is sent, kept-alive reuse, the connection cap, a server that closed an idle connection, refusals, and
+answers that break HTTP. The real API server (TLS, client certificates) is met in the extender e2e."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from topology.kube import KubeError
+from topology.kube.aio import AsyncKube
+
+CREATED = (
+    b'HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 17\r\n\r\n{"kind":"Status"}'
+)
+
+
+class Seen:
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, dict[str, str], bytes]] = []
+        self.connections = 0
+        self.open = 0
+        self.most_open = 0
+
+
+Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter, Seen], Awaitable[None]]
+
+
+async def read_request(reader: asyncio.StreamReader, seen: Seen) -> bool:
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError:
+        return False
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
+    body = await reader.readexactly(int(headers.get("content-length", "0")))
+    seen.requests.append((lines[0], headers, body))
+    return True
+
+
+def answering(*answers: bytes, delay_s: float = 0.0) -> Script:
+    """Each request on a connection gets the next answer (the last one repeats); an answer that says
+    ``Connection: close`` is followed by the close."""
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: Seen) -> None:
+        n = 0
+        while await read_request(reader, seen):
+            await asyncio.sleep(delay_s)
+            answer = answers[min(n, len(answers) - 1)]
+            writer.write(answer)
+            await writer.drain()
+            if b"Connection: close" in answer:
+                return
+            n += 1
+
+    return script
+
+
+async def serve(script: Script) -> tuple[asyncio.Server, Seen, int]:
+    seen = Seen()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.connections += 1
+        seen.open += 1
+        seen.most_open = max(seen.most_open, seen.open)
+        try:
+            await script(reader, writer, seen)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            seen.open -= 1
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, seen, server.sockets[0].getsockname()[1]
+
+
+def run(coro: Awaitable[Any]) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, 20))  # type: ignore[arg-type]
+
+
+class Config:
+    """The parts of ``kubernetes.client.Configuration`` that ``AsyncKube`` reads."""
+
+    def __init__(self, host: str = "http://127.0.0.1:1", **fields: Any) -> None:
+        self.host = host
+        self.verify_ssl = True
+        self.ssl_ca_cert = None
+        self.ca_cert_data = None
+        self.cert_file = None
+        self.key_file = None
+        self.assert_hostname = None
+        self.tls_server_name = None
+        self.proxy = None
+        self.username = None
+        self.password = None
+        self.token = "Bearer t0"
+        self.reads: list[int] = []
+        self.__dict__.update(fields)
+
+    def auth_settings(self) -> dict[str, Any]:
+        self.reads.append(threading.get_ident())
+        return {"BearerToken": {"in": "header", "key": "authorization", "value": self.token}}
+
+
+def test_a_binding_is_posted_with_the_clients_token_and_connections_are_kept() -> None:
+    cfg = Config()
+
+    async def main() -> tuple[Seen, int, list[int]]:
+        server, seen, port = await serve(answering(CREATED))
+        kube = AsyncKube("127.0.0.1", port, tls=None, auth=cfg, auth_refresh_s=3600)
+        for i in range(3):
+            await kube.bind("ns", f"p{i}", "u-1" if i == 0 else "", "node-a")
+        await kube.aclose()
+        server.close()
+        return seen, kube.opened, [threading.get_ident()]
+
+    seen, opened, loop_thread = run(main())
+    assert opened == 1
+    assert seen.connections == 1
+    line, headers, body = seen.requests[0]
+    assert line == "POST /api/v1/namespaces/ns/pods/p0/binding HTTP/1.1"
+    assert headers["authorization"] == "Bearer t0"
+    assert headers["content-type"] == "application/json"
+    assert headers["host"].startswith("127.0.0.1:")
+    assert json.loads(body) == {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": "p0", "namespace": "ns", "uid": "u-1"},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": "node-a"},
+    }
+    assert "uid" not in json.loads(seen.requests[1][2])["metadata"]
+    assert len(cfg.reads) == 1
+    assert cfg.reads[0] != loop_thread[0]
+
+
+def test_the_token_is_read_again_after_the_refresh_interval() -> None:
+    cfg = Config()
+
+    async def main() -> Seen:
+        server, seen, port = await serve(answering(CREATED))
+        kube = AsyncKube("127.0.0.1", port, tls=None, auth=cfg, auth_refresh_s=0.05)
+        await kube.bind("ns", "a", "", "n")
+        cfg.token = "Bearer t1"
+        await asyncio.sleep(0.1)
+        await kube.bind("ns", "b", "", "n")
+        await kube.aclose()
+        server.close()
+        return seen
+
+    seen = run(main())
+    assert [h["authorization"] for _, h, _ in seen.requests] == ["Bearer t0", "Bearer t1"]
+
+
+def test_many_requests_at_once_share_at_most_the_connection_cap() -> None:
+    async def main() -> tuple[Seen, int]:
+        server, seen, port = await serve(answering(CREATED, delay_s=0.01))
+        kube = AsyncKube("127.0.0.1", port, tls=None, max_connections=4)
+        await asyncio.gather(*(kube.bind("ns", f"p{i}", "", "n") for i in range(40)))
+        await kube.aclose()
+        server.close()
+        return seen, kube.opened
+
+    seen, opened = run(main())
+    assert len(seen.requests) == 40
+    assert seen.most_open <= 4
+    assert opened <= 4
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced_and_the_request_sent_once_more() -> None:
+    async def once_then_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: Seen) -> None:
+        if await read_request(reader, seen):
+            writer.write(CREATED)
+            await writer.drain()
+        # then the server reads the next request and closes without a word
+        await read_request(reader, seen)
+
+    async def main() -> tuple[Seen, int]:
+        server, seen, port = await serve(once_then_close)
+        kube = AsyncKube("127.0.0.1", port, tls=None)
+        await kube.bind("ns", "a", "", "n")
+        await kube.bind("ns", "b", "", "n")  # sent on the old connection, unanswered, then on a new one
+        await kube.aclose()
+        server.close()
+        return seen, kube.opened
+
+    seen, opened = run(main())
+    assert opened == 2
+    assert [r[0].split()[1].rsplit("/", 2)[1] for r in seen.requests] == ["a", "b", "b"]
+
+
+def test_a_fresh_connection_closed_unanswered_is_an_error_not_a_retry() -> None:
+    async def close_at_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: Seen) -> None:
+        await read_request(reader, seen)
+
+    async def main() -> tuple[KubeError, Seen]:
+        server, seen, port = await serve(close_at_once)
+        kube = AsyncKube("127.0.0.1", port, tls=None)
+        with pytest.raises(KubeError) as exc:
+            await kube.bind("ns", "a", "", "n")
+        await kube.aclose()
+        server.close()
+        return exc.value, seen
+
+    err, seen = run(main())
+    assert err.status == 0
+    assert "closed before an answer" in str(err)
+    assert len(seen.requests) == 1
+
+
+def test_a_refusal_carries_the_apis_status_and_message_and_the_connection_is_kept() -> None:
+    body = b'{"kind":"Status","message":"pod p is already assigned to node \\"x\\""}'
+    conflict = b"HTTP/1.1 409 Conflict\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+    async def main() -> tuple[KubeError, int]:
+        server, _, port = await serve(answering(conflict, CREATED))
+        kube = AsyncKube("127.0.0.1", port, tls=None)
+        with pytest.raises(KubeError) as exc:
+            await kube.bind("ns", "p", "", "n")
+        await kube.bind("ns", "q", "", "n")
+        await kube.aclose()
+        server.close()
+        return exc.value, kube.opened
+
+    err, opened = run(main())
+    assert err.status == 409
+    assert 'POST /api/v1/namespaces/ns/pods/p/binding: pod p is already assigned to node "x"' in str(err)
+    assert opened == 1
+
+
+def test_chunked_and_close_delimited_answers_are_read() -> None:
+    chunked = (
+        b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4;x=y\r\n{"a"\r\n3\r\n:1}\r\n0\r\nT: v\r\n\r\n'
+    )
+    closing = b'HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n{"b":2}'
+
+    async def main() -> tuple[Any, Any, int]:
+        server, _, port = await serve(answering(chunked, closing))
+        kube = AsyncKube("127.0.0.1", port, tls=None)
+        first = await kube.request("GET", "/x")
+        second = await kube.request("GET", "/y")
+        await kube.aclose()
+        server.close()
+        return first, second, len(kube._idle)
+
+    first, second, idle = run(main())
+    assert first == {"a": 1}
+    assert second == {"b": 2}
+    assert idle == 0  # the close-delimited answer ended its connection
+
+
+@pytest.mark.parametrize(
+    ("answer", "says"),
+    [
+        pytest.param(b"HTTP/2 200 OK\r\n\r\n", "bad status line", id="version"),
+        pytest.param(b"HTTP/1.1 2x0 OK\r\n\r\n", "bad status line", id="status-not-digits"),
+        pytest.param(b"\x00\xff garbage\r\n\r\n", "bad status line", id="garbage"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nno colon\r\n\r\n", "bad header line", id="header"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", "bad Content-Length", id="negative"),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999\r\n\r\n",
+            "bad Content-Length",
+            id="huge-length",
+        ),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+            "disagree",
+            id="two-lengths",
+        ),
+        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 2048\r\n\r\n", "over 1024", id="body-too-big"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", "Transfer-Encoding", id="coding"),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "bad chunk size", id="chunk-size"
+        ),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}XX0\r\n\r\n",
+            "not followed by CRLF",
+            id="chunk-crlf",
+        ),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n800\r\n", "over 1024", id="chunks-too-big"
+        ),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n{}", "inside the answer's body", id="short"
+        ),
+        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n{x}", "not JSON", id="not-json"),
+        pytest.param(b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * 20000, "over 65536", id="head-too-big"),
+        pytest.param(b"HTTP/1.1 200", "inside the answer's head", id="head-cut"),
+    ],
+)
+def test_an_answer_that_breaks_http_is_an_error_naming_what_was_wrong(answer: bytes, says: str) -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: Seen) -> None:
+        await read_request(reader, seen)
+        writer.write(answer)
+        await writer.drain()
+        writer.close()
+
+    async def main() -> tuple[KubeError, int]:
+        server, _, port = await serve(script)
+        kube = AsyncKube("127.0.0.1", port, tls=None, max_body_bytes=1024)
+        with pytest.raises(KubeError) as exc:
+            await kube.request("GET", "/x")
+        await kube.aclose()
+        server.close()
+        return exc.value, len(kube._idle)
+
+    err, idle = run(main())
+    assert err.status == 0
+    assert says in str(err)
+    assert idle == 0  # never reused
+
+
+def test_no_answer_in_time_is_an_error() -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: Seen) -> None:
+        await read_request(reader, seen)
+        await asyncio.sleep(5)
+
+    async def main() -> KubeError:
+        server, _, port = await serve(silent)
+        kube = AsyncKube("127.0.0.1", port, tls=None, timeout_s=0.2)
+        with pytest.raises(KubeError) as exc:
+            await kube.bind("ns", "a", "", "n")
+        await kube.aclose()
+        server.close()
+        return exc.value
+
+    err = run(main())
+    assert err.status == 0
+    assert "no answer within 0.2 s" in str(err)
+
+
+def test_nothing_listening_is_an_error() -> None:
+    async def main() -> KubeError:
+        kube = AsyncKube("127.0.0.1", 1, tls=None)
+        with pytest.raises(KubeError) as exc:
+            await kube.bind("ns", "a", "", "n")
+        return exc.value
+
+    assert run(main()).status == 0
+
+
+def test_a_cap_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_connections"):
+        AsyncKube("h", 1, tls=None, max_connections=0)
+
+
+class Client:
+    def __init__(self, cfg: Config) -> None:
+        self.configuration = cfg
+
+
+@pytest.mark.parametrize(
+    ("fields", "usable"),
+    [
+        pytest.param({"host": "http://127.0.0.1:8080"}, True, id="http"),
+        pytest.param({"host": "https://10.0.0.1:6443", "verify_ssl": False}, True, id="https-unverified"),
+        pytest.param({"host": "https://10.0.0.1:6443", "proxy": "http://proxy:3128"}, False, id="proxy"),
+        pytest.param({"host": "http://127.0.0.1:8080", "username": "u"}, False, id="basic-auth"),
+        pytest.param({"host": "unix:///var/run/x"}, False, id="scheme"),
+    ],
+)
+def test_what_a_client_configuration_gives(fields: dict[str, Any], usable: bool) -> None:
+    kube = AsyncKube.from_api_client(Client(Config(**fields)))
+    assert (kube is not None) is usable
+    if kube is not None and fields["host"].startswith("https"):
+        assert kube.tls is not None
+        assert kube.port == 6443
+        assert kube._host_header == "10.0.0.1:6443"
