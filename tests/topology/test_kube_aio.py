@@ -291,6 +291,16 @@ def test_chunked_and_close_delimited_answers_are_read() -> None:
         pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n{x}", "not JSON", id="not-json"),
         pytest.param(b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * 20000, "over 65536", id="head-too-big"),
         pytest.param(b"HTTP/1.1 200", "inside the answer's head", id="head-cut"),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"1" * 70000,
+            "chunk line or trailer over",
+            id="chunk-line-too-long",
+        ),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nT: " + b"v" * 70000,
+            "chunk line or trailer over",
+            id="trailer-too-long",
+        ),
     ],
 )
 def test_an_answer_that_breaks_http_is_an_error_naming_what_was_wrong(answer: bytes, says: str) -> None:
@@ -313,6 +323,22 @@ def test_an_answer_that_breaks_http_is_an_error_naming_what_was_wrong(answer: by
     assert err.status == 0
     assert says in str(err)
     assert idle == 0  # never reused
+
+
+def test_credentials_that_cannot_be_read_are_an_error_for_that_request() -> None:
+    class Failing(Config):
+        def auth_settings(self) -> dict[str, Any]:
+            raise RuntimeError("exec plugin exited 1")
+
+    async def main() -> KubeError:
+        kube = AsyncKube("127.0.0.1", 1, tls=None, auth=Failing())
+        with pytest.raises(KubeError) as exc:
+            await kube.bind("ns", "a", "", "n")
+        return exc.value
+
+    err = run(main())
+    assert err.status == 0
+    assert "RuntimeError: exec plugin exited 1" in str(err)
 
 
 def test_no_answer_in_time_is_an_error() -> None:

@@ -47,6 +47,10 @@ class _BrokenAnswerError(Exception):
     """The server's answer broke HTTP, or the connection ended inside it."""
 
 
+class _NoCredentialsError(Exception):
+    """The client's credentials could not be read (its refresh hook failed)."""
+
+
 class _NoAnswerError(Exception):
     """The connection ended before any byte of an answer (a kept-alive one the server closed)."""
 
@@ -162,7 +166,7 @@ class AsyncKube:
                 status, data = await self._exchange(method, path, payload)
         except TimeoutError:
             raise KubeError(0, f"{what}: no answer within {self.timeout_s:g} s") from None
-        except (OSError, _BrokenAnswerError, _NoAnswerError) as exc:
+        except (OSError, _BrokenAnswerError, _NoAnswerError, _NoCredentialsError) as exc:
             raise KubeError(0, f"{what}: {type(exc).__name__}: {str(exc)[:200]}") from None
         if not 200 <= status <= 299:
             raise KubeError(status, f"{what}: {_message(data)}")
@@ -229,7 +233,10 @@ class AsyncKube:
             self._auth_lock = asyncio.Lock()
         async with self._auth_lock:
             if time.monotonic() - self._auth_at >= self.auth_refresh_s:
-                settings = await asyncio.to_thread(self.auth.auth_settings)
+                try:
+                    settings = await asyncio.to_thread(self.auth.auth_settings)
+                except Exception as exc:  # e.g. an exec credential plugin that failed
+                    raise _NoCredentialsError(f"{type(exc).__name__}: {str(exc)[:200]}") from None
                 value = (settings.get("BearerToken") or {}).get("value")
                 self._auth_header = str(value) if value else None
                 self._auth_at = time.monotonic()
@@ -296,16 +303,15 @@ class AsyncKube:
                 keep = False
         except asyncio.IncompleteReadError:
             raise _BrokenAnswerError("the connection closed inside the answer's body") from None
+        except asyncio.LimitOverrunError:
+            raise _BrokenAnswerError(f"a chunk line or trailer over {MAX_HEAD_BYTES} bytes") from None
         return status, body, keep
 
     async def _chunked(self, reader: asyncio.StreamReader) -> bytes:
         parts: list[bytes] = []
         total = 0
         while True:
-            try:
-                line = await reader.readuntil(b"\r\n")
-            except asyncio.LimitOverrunError:
-                raise _BrokenAnswerError("a chunk size line too long") from None
+            line = await reader.readuntil(b"\r\n")
             size_text = line[:-2].split(b";", 1)[0].strip()
             if (
                 not size_text
