@@ -382,7 +382,8 @@ def _number_or_word(
 
 class KubeCluster:
     """The extender's :class:`scheduler_plugin.extender.Cluster` over the one Kubernetes adapter: pod
-    bindings through :class:`topology.kube.Kube`, Events on pods through its :class:`EventRecorder`."""
+    bindings from the event loop (:class:`topology.kube.aio.AsyncKube`, else :class:`topology.kube.Kube`
+    in a worker thread), Events on pods through the :class:`EventRecorder`."""
 
     def __init__(self, kube: Kube, aio: AsyncKube | None = None) -> None:
         self.kube = kube

@@ -2,7 +2,8 @@
 extender's trust rules): JSON nested 100,000 deep and 5,000-digit numbers (E1), a gang size of a billion
 (E2), idle, silent and stalled connections (E3), huge bodies and wrong content types, forged pods that
 try to reserve GPUs or grow memory, and binds of pods that are not ours, not filtered by us, or bound to
-nodes that do not exist. Every case gets a clear answer, nothing is bound that should not be, no state
+nodes that do not exist; an API server that answers a binding with garbage, an endless body or not at
+all. Every case gets a clear answer, nothing is bound that should not be, no state
 is left for forged pods, and the server keeps serving. Each test runs under a deadline of a few seconds
 with short server timeouts injected; the state is fed directly (no API server)."""
 
@@ -615,3 +616,80 @@ def test_binds_waiting_at_the_barrier_are_never_evicted() -> None:
         assert len(srv.cluster.bound) == 4
 
     run(test, make_state(pods), limits=limits)
+
+
+# -- the API server's answers to a binding: the extender's own client trusts them no more -------------
+
+
+@pytest.mark.parametrize(
+    ("answer", "needle"),
+    [
+        pytest.param(b"\x00\xff\xfe not http\r\n\r\n", "bad status line", id="garbage"),
+        pytest.param(
+            b"HTTP/1.1 201 Created\r\nContent-Length: 99999999999\r\n\r\n", "over 1048576", id="huge-length"
+        ),
+        pytest.param(
+            b"HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\n" + b"f" * 100_000,
+            "chunk line or trailer",
+            id="endless-chunk-size",
+        ),
+        pytest.param(
+            b"HTTP/1.1 201 Created\r\nContent-Length: 10\r\n\r\n{", "no answer within", id="stalled"
+        ),
+        pytest.param(b"", "no answer within", id="silent"),
+    ],
+)
+def test_a_hostile_answer_to_a_binding_is_that_pods_error_and_the_loop_keeps_serving(
+    answer: bytes, needle: str
+) -> None:
+    from agent.commands.extender import KubeCluster
+    from topology.kube import Kube
+    from topology.kube.aio import AsyncKube
+
+    p = pod("solo", 4)
+
+    over = asyncio.Event()
+
+    async def api(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(answer)
+            await writer.drain()
+            await over.wait()  # then hold the connection open
+        finally:
+            writer.close()
+
+    async def main() -> None:
+        hostile = await asyncio.start_server(api, "127.0.0.1", 0)
+        aio = AsyncKube(
+            "127.0.0.1", hostile.sockets[0].getsockname()[1], tls=None, timeout_s=0.5, max_body_bytes=1 << 20
+        )
+        cluster = KubeCluster(Kube(None), aio)  # the sync client is never used here
+        ext = Extender(state=make_state([p]), cluster=cluster, unknown_pod_grace_s=0.0)
+        server = ExtenderServer(ext, max_body_bytes=1 << 20, limits=FAST)
+        await server.start("127.0.0.1", 0)
+        srv = Served(server, ext.state, Recorder())
+        try:
+            _, out = await srv.post("filter", {"Pod": p, "NodeNames": ["r0-t0"]})
+            assert out["NodeNames"] == ["r0-t0"]
+            args = {
+                "PodName": "solo",
+                "PodNamespace": "default",
+                "PodUID": "uid-default-solo",
+                "Node": "r0-t0",
+            }
+            bind = asyncio.ensure_future(srv.post("bind", args))
+            await still_serving(srv)  # while the binding waits on the hostile server
+            status, out = await bind
+            assert status == 200
+            assert "binding default/solo to r0-t0 failed" in out["Error"]
+            assert needle in out["Error"]
+            await still_serving(srv)
+        finally:
+            await server.stop(grace_s=1.0)
+            await aio.aclose()
+            over.set()
+            hostile.close()
+            await asyncio.sleep(0.05)  # the API's connections close
+
+    asyncio.run(asyncio.wait_for(main(), DEADLINE_S))
