@@ -540,13 +540,21 @@ def _loopback_tls() -> ssl.SSLContext:
 
 
 def kube_scheduler_config(
-    *, kubeconfig: Path, scheduler_name: str, extenders: Sequence[Mapping[str, Any]] = ()
+    *,
+    kubeconfig: Path,
+    scheduler_name: str,
+    extenders: Sequence[Mapping[str, Any]] = (),
+    client_qps: int | None = None,
 ) -> dict[str, Any]:
-    """A KubeSchedulerConfiguration: one profile, every node scored, the given extenders (top level)."""
+    """A KubeSchedulerConfiguration: one profile, every node scored, the given extenders (top level);
+    ``client_qps``: its API client's rate (burst twice that; None: kube-scheduler's default, 50/100)."""
+    connection: dict[str, Any] = {"kubeconfig": str(kubeconfig)}
+    if client_qps is not None:
+        connection |= {"qps": client_qps, "burst": 2 * client_qps}
     cfg: dict[str, Any] = {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
-        "clientConnection": {"kubeconfig": str(kubeconfig)},
+        "clientConnection": connection,
         "leaderElection": {"leaderElect": False},
         "percentageOfNodesToScore": 100,
         "profiles": [{"schedulerName": scheduler_name}],
@@ -589,15 +597,19 @@ def start_kube_scheduler(
     scheduler_name: str = "default-scheduler",
     extenders: Sequence[Mapping[str, Any]] = (),
     feature_gates: Mapping[str, bool] | None = None,
+    client_qps: int | None = None,
 ) -> Scheduler:
     """kube-scheduler with ``extenders`` (KubeSchedulerConfiguration ``extenders`` entries) and
     ``feature_gates`` (e.g. :data:`WORKLOAD_FEATURE_GATES`: its gang and topology plugins join the default
-    profile)."""
+    profile); ``client_qps``: see :func:`kube_scheduler_config`."""
     d = workdir / f"kube-scheduler-{scheduler_name}"
     d.mkdir(parents=True, exist_ok=True)
     cfg_path = d / "config.yaml"
     cfg = kube_scheduler_config(
-        kubeconfig=apiserver.kubeconfig, scheduler_name=scheduler_name, extenders=extenders
+        kubeconfig=apiserver.kubeconfig,
+        scheduler_name=scheduler_name,
+        extenders=extenders,
+        client_qps=client_qps,
     )
     cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     port = free_port()

@@ -18,6 +18,7 @@ from agent.benchmarks import cluster as bench
         pytest.param(["--trays", "19"], id="more-trays-than-a-rack"),
         pytest.param(["--runs", "0"], id="no-runs"),
         pytest.param(["--pods", "0"], id="no-pods"),
+        pytest.param(["--scheduler-qps", "0"], id="no-qps"),
         pytest.param(["--bogus"], id="unknown-option"),
     ],
 )
@@ -67,6 +68,9 @@ def test_summary_and_report_judge_both_aims() -> None:
     assert s["independent"]["plain"]["cycle_ms"] is None
     text = "\n".join(bench.render(s, racks=2, trays=18))
     assert "CPU ms/pod: 5.0 (extender) + 3.0 (gpu-topology-scheduler); scheduling cycle 5.00 ms" in text
+    assert "kube-scheduler's API client 50 QPS, burst 100 (its default)" in text
+    s["scheduler_qps"] = 400
+    assert "API client 400 QPS, burst 800 (--scheduler-qps)" in "\n".join(bench.render(s, racks=2, trays=18))
     assert "36 hollow GPU nodes (2 NVL72 racks x 18 gb200-nvl72 trays), 144 GPUs" in text
     gang_lines = {line.split("median")[0].strip(): line for line in text.splitlines() if "median" in line}
     assert gang_lines["kube-scheduler + extender"].endswith("aim < 10 s: met")
@@ -105,6 +109,13 @@ def test_a_scheduler_without_readable_metrics_costs_only_the_cycle_figure(tmp_pa
     assert bench._cpu_used({}, lambda: bench.Timing(1.0, 2.0, {}), sched).cycle_ms is None
 
 
+def test_a_scheduler_client_rate_is_set_with_twice_the_burst_and_left_alone_by_default() -> None:
+    cfg = localcluster.kube_scheduler_config(kubeconfig=Path("k"), scheduler_name="s", client_qps=400)
+    assert cfg["clientConnection"] == {"kubeconfig": "k", "qps": 400, "burst": 800}
+    cfg = localcluster.kube_scheduler_config(kubeconfig=Path("k"), scheduler_name="s")
+    assert cfg["clientConnection"] == {"kubeconfig": "k"}
+
+
 def test_process_cpu_counts_this_process_and_nothing_for_a_gone_one() -> None:
     import os
 
@@ -119,8 +130,10 @@ def test_tiny_run_on_hollow_nodes(capsys: pytest.CaptureFixture[str]) -> None:
     why = bench.unavailable_reason(localcluster.locate_counterparts(), volcano=True)
     if why is not None:
         pytest.skip(why)
-    assert bench.main(["--racks", "1", "--trays", "2", "--runs", "1", "--pods", "4", "--json"]) == 0
+    argv = ["--racks", "1", "--trays", "2", "--runs", "1", "--pods", "4", "--scheduler-qps", "300", "--json"]
+    assert bench.main(argv) == 0
     s = json.loads(capsys.readouterr().out)
+    assert s["scheduler_qps"] == 300
     assert s["nodes"] == 2
     assert s["gpus"] == 8
     assert "machine" in s
