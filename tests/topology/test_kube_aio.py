@@ -325,20 +325,29 @@ def test_an_answer_that_breaks_http_is_an_error_naming_what_was_wrong(answer: by
     assert idle == 0  # never reused
 
 
-def test_credentials_that_cannot_be_read_are_an_error_for_that_request() -> None:
-    class Failing(Config):
-        def auth_settings(self) -> dict[str, Any]:
-            raise RuntimeError("exec plugin exited 1")
+class Failing(Config):
+    def auth_settings(self) -> dict[str, Any]:
+        raise RuntimeError("exec plugin exited 1")
 
+
+@pytest.mark.parametrize(
+    ("cfg", "says"),
+    [
+        pytest.param(Failing(), "RuntimeError: exec plugin exited 1", id="hook-failed"),
+        pytest.param(Config(token="Bearer x\r\nX-Evil: 1"), "cannot be sent in a header", id="crlf"),
+        pytest.param(Config(token="Bearer \u2603"), "cannot be sent in a header", id="not-latin1"),
+    ],
+)
+def test_credentials_that_cannot_be_read_or_sent_are_that_requests_error(cfg: Config, says: str) -> None:
     async def main() -> KubeError:
-        kube = AsyncKube("127.0.0.1", 1, tls=None, auth=Failing())
+        kube = AsyncKube("127.0.0.1", 1, tls=None, auth=cfg)
         with pytest.raises(KubeError) as exc:
             await kube.bind("ns", "a", "", "n")
         return exc.value
 
     err = run(main())
     assert err.status == 0
-    assert "RuntimeError: exec plugin exited 1" in str(err)
+    assert says in str(err)
 
 
 def test_no_answer_in_time_is_an_error() -> None:

@@ -39,6 +39,7 @@ from topology.kube.client import KubeError, binding
 
 MAX_HEAD_BYTES = 64 * 1024
 _HEX_RE = re.compile(rb"[0-9a-fA-F]{1,15}")
+_HEADER_VALUE_RE = re.compile(r"[\x20-\x7e]{0,16384}")
 MAX_BODY_BYTES = 4 * 1024 * 1024
 USER_AGENT = "gpu-node-agent"
 
@@ -237,8 +238,10 @@ class AsyncKube:
                     settings = await asyncio.to_thread(self.auth.auth_settings)
                 except Exception as exc:  # e.g. an exec credential plugin that failed
                     raise _NoCredentialsError(f"{type(exc).__name__}: {str(exc)[:200]}") from None
-                value = (settings.get("BearerToken") or {}).get("value")
-                self._auth_header = str(value) if value else None
+                value = str((settings.get("BearerToken") or {}).get("value") or "")
+                if not _HEADER_VALUE_RE.fullmatch(value):  # CR, LF or a character a header cannot carry
+                    raise _NoCredentialsError("the client's token cannot be sent in a header")
+                self._auth_header = value or None
                 self._auth_at = time.monotonic()
         return self._auth_header
 
