@@ -619,7 +619,7 @@ def start_kube_scheduler(
         "--bind-address=127.0.0.1",
         f"--secure-port={port}",
         f"--cert-dir={d / 'certs'}",
-        # its histograms (scheduling cycle, algorithm) for the benchmarks: loopback, no credentials
+        # its histograms (attempt to bound, algorithm) for the benchmarks: loopback, no credentials
         "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
         *feature_gates_flag(feature_gates),
     ]

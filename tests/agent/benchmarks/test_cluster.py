@@ -54,8 +54,8 @@ def test_summary_and_report_judge_both_aims() -> None:
         "extender": [bench.Timing(1.1, 2.6, {}, cpu_s=cpu), bench.Timing(2.6, 3.3, {}, cpu_s=cpu)],
     }
     res.streamed = {"plain": [bench.Timing(1.0, 2.0, {})], "extender": [bench.Timing(1.5, 2.0, {})]}
-    res.independent["extender"][0] = dataclasses.replace(res.independent["extender"][0], cycle_ms=4.0)
-    res.independent["extender"][1] = dataclasses.replace(res.independent["extender"][1], cycle_ms=6.0)
+    res.independent["extender"][0] = dataclasses.replace(res.independent["extender"][0], to_bound_ms=4.0)
+    res.independent["extender"][1] = dataclasses.replace(res.independent["extender"][1], to_bound_ms=6.0)
     s = bench.summary(res)
     assert s["gang"]["extender"]["median_running_s"] == 2.5
     # each run's pair (+10%, +30%), then their median
@@ -64,10 +64,10 @@ def test_summary_and_report_judge_both_aims() -> None:
     assert s["independent"]["extender"]["cpu_ms_per_pod"] == {bench.EXTENDER_SCHEDULER: 3.0, "extender": 5.0}
     assert s["independent"]["plain"]["cpu_ms_per_pod"] == {bench.PLAIN_SCHEDULER: 2.0}
     assert s["streamed"]["extender_overhead_bound_pct"] == 50.0
-    assert s["independent"]["extender"]["cycle_ms"] == 5.0
-    assert s["independent"]["plain"]["cycle_ms"] is None
+    assert s["independent"]["extender"]["to_bound_ms"] == 5.0
+    assert s["independent"]["plain"]["to_bound_ms"] is None
     text = "\n".join(bench.render(s, racks=2, trays=18))
-    assert "CPU ms/pod: 5.0 (extender) + 3.0 (gpu-topology-scheduler); scheduling cycle 5.00 ms" in text
+    assert "CPU ms/pod: 5.0 (extender) + 3.0 (gpu-topology-scheduler); attempt to bound 5 ms" in text
     assert "kube-scheduler's API client 50 QPS, burst 100 (its default)" in text
     s["scheduler_qps"] = 400
     assert "API client 400 QPS, burst 800 (--scheduler-qps)" in "\n".join(bench.render(s, racks=2, trays=18))
@@ -104,9 +104,9 @@ def test_scheduled_cycles_count_only_cycles_that_placed_a_pod() -> None:
 def test_a_scheduler_without_readable_metrics_costs_only_the_cycle_figure(tmp_path: Path) -> None:
     sched = localcluster.Scheduler(process=None, name="s", config_path=tmp_path)  # type: ignore[arg-type]
     t = bench._cpu_used({}, lambda: bench.Timing(1.0, 2.0, {}), sched)
-    assert t.cycle_ms is None
+    assert t.to_bound_ms is None
     sched.metrics_url = "https://127.0.0.1:1/metrics"  # nothing listens there
-    assert bench._cpu_used({}, lambda: bench.Timing(1.0, 2.0, {}), sched).cycle_ms is None
+    assert bench._cpu_used({}, lambda: bench.Timing(1.0, 2.0, {}), sched).to_bound_ms is None
 
 
 def test_a_scheduler_client_rate_is_set_with_twice_the_burst_and_left_alone_by_default() -> None:
@@ -145,4 +145,4 @@ def test_tiny_run_on_hollow_nodes(capsys: pytest.CaptureFixture[str]) -> None:
         assert len(s[key]["extender_overhead_bound_pct_runs"]) == 1
         assert s[key]["plain"]["ms_per_pod_bound"] > 0
         for path in ("plain", "extender"):  # kube-scheduler's own histogram, read before and after
-            assert s[key][path]["cycle_ms"] > 0
+            assert s[key][path]["to_bound_ms"] > 0
