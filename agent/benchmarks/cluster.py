@@ -782,30 +782,30 @@ def _processes(cluster: HollowCluster) -> dict[str, int]:
     return out
 
 
-CYCLE_METRIC = "scheduler_scheduling_attempt_duration_seconds"
+ATTEMPT_METRIC = "scheduler_scheduling_attempt_duration_seconds"
 
 
-def scheduled_cycles(text: str) -> tuple[float, int]:
+def scheduled_attempts(text: str) -> tuple[float, int]:
     """From kube-scheduler's Prometheus text: seconds spent in, and the number of, attempts that placed
     a pod (``result="scheduled"``, every profile), each from the start of its scheduling cycle to the end
     of its binding (the extender's ``bind`` verb, or kube-scheduler's own binding POST)."""
     total, count = 0.0, 0
     for line in text.splitlines():
-        if not line.startswith(CYCLE_METRIC) or 'result="scheduled"' not in line:
+        if not line.startswith(ATTEMPT_METRIC) or 'result="scheduled"' not in line:
             continue
         name, value = line.partition("{")[0], line.rsplit(" ", 1)[-1]
-        if name == f"{CYCLE_METRIC}_sum":
+        if name == f"{ATTEMPT_METRIC}_sum":
             total += float(value)
-        elif name == f"{CYCLE_METRIC}_count":
+        elif name == f"{ATTEMPT_METRIC}_count":
             count += int(float(value))
     return total, count
 
 
-def _cycles(scheduler: localcluster.Scheduler | None) -> tuple[float, int] | None:
+def _attempts(scheduler: localcluster.Scheduler | None) -> tuple[float, int] | None:
     if scheduler is None or scheduler.metrics_url is None:
         return None
     try:
-        return scheduled_cycles(scheduler.metrics())
+        return scheduled_attempts(scheduler.metrics())
     except (OSError, ValueError):  # unreadable metrics cost this one figure, never the run
         return None
 
@@ -816,13 +816,13 @@ def _cpu_used(
     """``measure()`` with the CPU time each of ``pids`` used meanwhile and ``scheduler``'s mean time
     from attempt start to bound of the pods it placed meanwhile."""
     before = {k: process_cpu_s(p) for k, p in pids.items()}
-    cycles = _cycles(scheduler)
+    before_attempts = _attempts(scheduler)
     t = measure()
     cpu = {k: round(process_cpu_s(p) - before[k], 3) for k, p in pids.items()}
-    after = _cycles(scheduler)
+    after = _attempts(scheduler)
     to_bound_ms = None
-    if cycles is not None and after is not None and after[1] > cycles[1]:
-        to_bound_ms = round(1000 * (after[0] - cycles[0]) / (after[1] - cycles[1]), 3)
+    if before_attempts is not None and after is not None and after[1] > before_attempts[1]:
+        to_bound_ms = round(1000 * (after[0] - before_attempts[0]) / (after[1] - before_attempts[1]), 3)
     return dataclasses.replace(t, cpu_s=cpu, to_bound_ms=to_bound_ms)
 
 
@@ -877,7 +877,7 @@ def _per_pod(ts: list[Timing], pods: int, scheduler: str) -> dict[str, Any]:
     def med(attr: str) -> float:
         return float(statistics.median(getattr(t, attr) for t in ts))
 
-    cycles = [t.to_bound_ms for t in ts if t.to_bound_ms is not None]
+    to_bound = [t.to_bound_ms for t in ts if t.to_bound_ms is not None]
     cpu: dict[str, float] = {}
     for label in sorted({k for t in ts for k in t.cpu_s}):
         if label == scheduler or (label == "extender" and scheduler == EXTENDER_SCHEDULER):
@@ -889,7 +889,7 @@ def _per_pod(ts: list[Timing], pods: int, scheduler: str) -> dict[str, Any]:
         "pods_per_s_running": round(pods / med("running_s"), 1),
         "created_s": round(med("created_s"), 3),
         "cpu_ms_per_pod": cpu,
-        "to_bound_ms": round(float(statistics.median(cycles)), 3) if cycles else None,
+        "to_bound_ms": round(float(statistics.median(to_bound)), 3) if to_bound else None,
     }
 
 

@@ -309,3 +309,14 @@ def test_a_watch_whose_connection_ends_inside_the_chunked_stream_is_an_error(
         with pytest.raises(KubeError, match="ended inside the stream"):
             read(100)
         watch.close()
+
+
+def test_a_dechunker_says_what_a_chunk_still_owes_and_what_came_past_the_end() -> None:
+    d = Dechunker()
+    assert d.feed(b"a\r\n0123") == b"0123"
+    assert d.pending == 6  # announced before its data arrives: a reader can refuse it at once
+    assert d.rest == b""
+    assert d.feed(b"456789\r\n0\r\n\r\nHTTP/1.1 200") == b"456789"
+    assert d.done
+    assert d.pending == 0
+    assert d.rest == b"HTTP/1.1 200"

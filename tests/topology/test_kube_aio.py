@@ -406,3 +406,20 @@ def test_what_a_client_configuration_gives(fields: dict[str, Any], usable: bool)
         assert kube.tls is not None
         assert kube.port == 6443
         assert kube._host_header == "10.0.0.1:6443"
+
+
+def test_bytes_past_a_chunked_body_end_its_connection() -> None:
+    extra = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\nHTTP/1.1 200 OK\r\n"
+
+    async def main() -> tuple[Any, int]:
+        server, _, port = await serve(answering(extra))
+        kube = AsyncKube("127.0.0.1", port, tls=None)
+        got = await kube.request("GET", "/x")
+        idle = len(kube._idle)
+        await kube.aclose()
+        server.close()
+        return got, idle
+
+    got, idle = run(main())
+    assert got == {}
+    assert idle == 0  # the stream is not at an answer's start: never reused

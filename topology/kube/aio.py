@@ -29,16 +29,15 @@ import contextlib
 import re
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
 
-from topology.kube.client import KubeError, binding
+from topology.kube.client import Dechunker, KubeError, binding
 
 MAX_HEAD_BYTES = 64 * 1024
-_HEX_RE = re.compile(rb"[0-9a-fA-F]{1,15}")
 _HEADER_VALUE_RE = re.compile(r"[\x20-\x7e]{0,16384}")
 MAX_BODY_BYTES = 4 * 1024 * 1024
 USER_AGENT = "gpu-node-agent"
@@ -284,7 +283,8 @@ class AsyncKube:
         keep = headers.get("connection", "").lower() != "close"
         try:
             if encoding == "chunked":
-                body = await self._chunked(reader)
+                body, over = await self._chunked(reader)
+                keep = keep and not over  # bytes past the body: the stream is not where it should be
             elif encoding:
                 raise _BrokenAnswerError(f"unsupported Transfer-Encoding {encoding[:40]!r}")
             elif "content-length" in headers:
@@ -295,45 +295,50 @@ class AsyncKube:
             elif status in (204, 304) or 100 <= status < 200:
                 body = b""
             else:  # delimited by the connection's end
-                body = await reader.read(self.max_body_bytes + 1)
-                while len(body) <= self.max_body_bytes and not reader.at_eof():
-                    more = await reader.read(self.max_body_bytes + 1 - len(body))
-                    if not more:
-                        break
-                    body += more
-                if len(body) > self.max_body_bytes:
-                    raise _BrokenAnswerError(f"an answer body over {self.max_body_bytes} bytes")
+                body = b"".join(await self._until(reader, lambda data: (data, False)))
                 keep = False
         except asyncio.IncompleteReadError:
             raise _BrokenAnswerError("the connection closed inside the answer's body") from None
-        except asyncio.LimitOverrunError:
-            raise _BrokenAnswerError(f"a chunk line or trailer over {MAX_HEAD_BYTES} bytes") from None
         return status, body, keep
 
-    async def _chunked(self, reader: asyncio.StreamReader) -> bytes:
+    async def _chunked(self, reader: asyncio.StreamReader) -> tuple[bytes, bool]:
+        """The de-chunked body (:class:`~topology.kube.client.Dechunker`, the watches' own) and whether
+        bytes came past its end."""
+        dechunker = Dechunker()
+        seen = 0
+
+        def feed(data: bytes) -> tuple[bytes, bool]:
+            nonlocal seen
+            try:
+                part = dechunker.feed(data)
+            except ValueError as exc:
+                raise _BrokenAnswerError(str(exc)) from None
+            seen += len(part)
+            if seen + dechunker.pending > self.max_body_bytes:  # a chunk announced too big: not read
+                raise _BrokenAnswerError(f"an answer body over {self.max_body_bytes} bytes")
+            return part, dechunker.done
+
+        parts = await self._until(reader, feed)
+        if not dechunker.done:
+            raise _BrokenAnswerError("the connection closed inside the answer's body")
+        return b"".join(parts), bool(dechunker.rest)
+
+    async def _until(
+        self, reader: asyncio.StreamReader, take: Callable[[bytes], tuple[bytes, bool]]
+    ) -> list[bytes]:
+        """Body bytes as ``take`` makes them of what arrives, until it says the body ended or the
+        connection does; more than ``max_body_bytes`` is an error."""
         parts: list[bytes] = []
         total = 0
-        while True:
-            line = await reader.readuntil(b"\r\n")
-            size_text = line[:-2].split(b";", 1)[0].strip()
-            if (
-                not size_text
-                or len(size_text) > 15
-                or any(c not in b"0123456789abcdefABCDEF" for c in size_text)
-            ):
-                raise _BrokenAnswerError(f"a bad chunk size {size_text[:20]!r}")
-            size = int(size_text, 16)
-            if size == 0:
-                while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers, then the end
-                    pass
-                return b"".join(parts)
-            total += size
+        while data := await reader.read(64 * 1024):
+            part, ended = take(data)
+            total += len(part)
             if total > self.max_body_bytes:
                 raise _BrokenAnswerError(f"an answer body over {self.max_body_bytes} bytes")
-            chunk = await reader.readexactly(size + 2)
-            if chunk[-2:] != b"\r\n":
-                raise _BrokenAnswerError("a chunk not followed by CRLF")
-            parts.append(chunk[:-2])
+            parts.append(part)
+            if ended:
+                break
+        return parts
 
 
 def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:

@@ -200,7 +200,10 @@ class Dechunker:
             end = buf.find(b"\r\n", pos)
             if end < 0:
                 if len(buf) - pos > self.MAX_LINE:
-                    raise ValueError(f"chunked stream: a line longer than {self.MAX_LINE} bytes")
+                    raise ValueError(
+                        "chunked stream: a chunk line or trailer over the limit "
+                        f"(longer than {self.MAX_LINE} bytes)"
+                    )
                 break
             line = buf[pos:end]
             pos = end + 2
@@ -215,6 +218,16 @@ class Dechunker:
                 self._trailer = True
         self._buf = buf[pos:]
         return b"".join(out)
+
+    @property
+    def pending(self) -> int:
+        """Bytes of the current chunk still to come (its size line read, its data not all yet)."""
+        return max(self._left, 0)
+
+    @property
+    def rest(self) -> bytes:
+        """What was fed past the end of the body (once ``done``)."""
+        return self._buf if self.done else b""
 
 
 def _decode(line: bytes) -> Any:

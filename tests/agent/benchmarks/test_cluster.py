@@ -94,11 +94,11 @@ scheduler_scheduling_algorithm_duration_seconds_sum 7
 """
 
 
-def test_scheduled_cycles_count_only_cycles_that_placed_a_pod() -> None:
-    total, count = bench.scheduled_cycles(SCHEDULER_METRICS)
+def test_scheduled_attempts_count_only_attempts_that_placed_a_pod() -> None:
+    total, count = bench.scheduled_attempts(SCHEDULER_METRICS)
     assert count == 5
     assert total == pytest.approx(0.30)
-    assert bench.scheduled_cycles("") == (0.0, 0)
+    assert bench.scheduled_attempts("") == (0.0, 0)
 
 
 def test_a_scheduler_without_readable_metrics_costs_only_the_cycle_figure(tmp_path: Path) -> None:
