@@ -49,7 +49,12 @@ Tiers are given by name or by number (1 = the first tier of the cluster). Every 
 resolve raises ``GangIncompleteError`` (wait). Sizes are bounded: no count (gang size, subgroup size,
 minimum, rank, a worker group's replicas x hosts) may exceed ``MAX_GANG_PODS``, nor may a gang's roles
 together, so a hostile annotation (``gang-size: "1000000000"``) or ``replicas: 2147483647`` is an error
-naming the field and the limit, never a plan the planner would spend minutes and gigabytes on.
+naming the field and the limit, never a plan the planner would spend minutes and gigabytes on. A gang
+has at most ``MAX_GANG_ROLES`` roles and a Volcano PodGroup's selectors at most ``MAX_SELECTOR_TERMS``
+terms, both checked before their entries are read, so the work per gang is linear in its pods. A label
+selector is read as the API server validates one (a mapping ``matchLabels`` of strings; each expression
+a key, a known operator and a list of string values, non-empty for ``In``/``NotIn``, empty otherwise).
+Whatever shape no check foresaw is a ``GangError`` of that gang alone (``gang_for_pod``).
 """
 
 from __future__ import annotations
@@ -74,6 +79,18 @@ ANN_ROLE = "gpuagent.dev/role"
 ANN_RANK = "gpuagent.dev/rank"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 DEFAULT_ROLE = "default"
+
+MAX_GANG_ROLES = 100
+"""The most roles one gang may have (Volcano ``subGroupPolicy`` entries, RayCluster worker groups with
+the head, ``gpuagent.dev/role`` values, native PodGroup pod shapes). Each role costs a pass over the
+gang's pods and the cluster's nodes; real jobs have a handful, so more is an invalid gang naming this
+limit, found before any of them is read."""
+
+MAX_SELECTOR_TERMS = 256
+"""The most label terms one Volcano PodGroup's ``subGroupPolicy`` may have, all entries together: each
+``matchLabels`` entry, ``matchExpressions`` entry, value in an expression's ``values`` and
+``matchLabelKeys`` entry counts one. Every pod of the gang is matched against them, so this bounds that
+work per pod."""
 
 
 class GangError(ValueError):
@@ -162,6 +179,18 @@ def _digits(text: str) -> bool:
 
 def _over(where: str, shown: str) -> GangError:
     return GangError(f"{where}: {shown} is over the limit of {MAX_GANG_PODS} pods per gang")
+
+
+def _over_roles(where: str, shown: str) -> GangError:
+    return GangError(f"{where}: {shown} is over the limit of {MAX_GANG_ROLES} roles per gang")
+
+
+def _over_terms(where: str, shown: str) -> GangError:
+    return GangError(
+        f"{where}: {shown} take the PodGroup over the limit of {MAX_SELECTOR_TERMS} label terms "
+        "(matchLabels entries, matchExpressions, their values and matchLabelKeys of all its "
+        "subGroupPolicy entries together)"
+    )
 
 
 def _shown(digits: str) -> str:
@@ -296,6 +325,8 @@ def gang_from_annotations(key: str, pods: Sequence[Mapping[str, Any]], tiers: Se
     by_role: dict[str, list[Mapping[str, Any]]] = {}
     for pod in pods:
         by_role.setdefault(_annotations(pod).get(ANN_ROLE) or "worker", []).append(pod)
+    if len(by_role) > MAX_GANG_ROLES:
+        raise _over_roles(f"gang {key}: {ANN_ROLE}", f"{len(by_role)} different roles")
     roles: list[Role] = []
     members: dict[str, PodSlot] = {}
     for rname in sorted(by_role):
@@ -331,8 +362,12 @@ def gang_from_annotations(key: str, pods: Sequence[Mapping[str, Any]], tiers: Se
     return GangSpec(key=key, gang=gang, members=members, min_member=_min_member(gang), source="annotations")
 
 
-def _bounded(roles: Sequence[Role], where: str) -> None:
-    total = sum(r.pods for r in roles)
+def _bounded(roles: Sequence[Role], where: str, total: int | None = None) -> None:
+    """At most ``MAX_GANG_ROLES`` roles of ``MAX_GANG_PODS`` pods together (``total``, when the caller
+    keeps the sum as it adds roles)."""
+    if len(roles) > MAX_GANG_ROLES:
+        raise _over_roles(where, f"its {len(roles)} roles")
+    total = sum(r.pods for r in roles) if total is None else total
     if total > MAX_GANG_PODS:
         raise _over(where, f"its roles' {total} pods")
 
@@ -350,31 +385,109 @@ def _min_member(gang: Gang) -> int:
 # -- Volcano PodGroup ----------------------------------------------------------------------------
 
 
-def _selects(selector: Any, labels: Mapping[str, str], where: str) -> bool:
-    """A ``metav1.LabelSelector`` match (matchLabels and matchExpressions In/NotIn/Exists/DoesNotExist)."""
-    if selector is None:
+_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+
+
+@dataclass(frozen=True)
+class _Selector:
+    """A validated ``metav1.LabelSelector``: ``matchLabels`` pairs and ``matchExpressions`` as
+    (operator, key, values), each values list a set, so one match costs one look-up per requirement."""
+
+    labels: tuple[tuple[str, str], ...]
+    expressions: tuple[tuple[str, str, frozenset[str]], ...]
+
+    def matches(self, labels: Mapping[str, Any]) -> bool:
+        for k, v in self.labels:
+            if labels.get(k) != v:
+                return False
+        for op, k, values in self.expressions:
+            value = labels.get(k)
+            if op == "In":
+                ok = isinstance(value, str) and value in values
+            elif op == "NotIn":
+                ok = not (isinstance(value, str) and value in values)
+            elif op == "Exists":
+                ok = k in labels
+            else:
+                ok = k not in labels
+            if not ok:
+                return False
         return True
+
+
+_ALL = _Selector((), ())
+
+
+def _label_string(value: Any, where: str, what: str, *, empty: bool = False) -> str:
+    if not isinstance(value, str) or (not value and not empty):
+        raise GangError(f"{where}: expected {what}, got {_repr(value)}")
+    return value
+
+
+def _selector(selector: Any, where: str, budget: int) -> tuple[_Selector, int]:
+    """A ``metav1.LabelSelector`` read as the API server validates one, and its terms (``matchLabels``
+    entries, ``matchExpressions`` and their values): more than ``budget`` is an error, found before
+    the entries are read."""
+    if selector is None:
+        return _ALL, 0
     if not isinstance(selector, Mapping):
-        raise GangError(f"{where}: expected a label selector")
-    for k, v in (selector.get("matchLabels") or {}).items():
-        if labels.get(k) != v:
-            return False
-    for i, expr in enumerate(selector.get("matchExpressions") or []):
-        op, k = expr.get("operator"), expr.get("key")
-        values = expr.get("values") or []
-        if op == "In":
-            ok = labels.get(k) in values
-        elif op == "NotIn":
-            ok = labels.get(k) not in values
-        elif op == "Exists":
-            ok = k in labels
-        elif op == "DoesNotExist":
-            ok = k not in labels
-        else:
-            raise GangError(f"{where}.matchExpressions[{i}].operator: unknown operator {op!r}")
-        if not ok:
-            return False
-    return True
+        raise GangError(f"{where}: expected a label selector (a mapping), got {_repr(selector)}")
+    match_labels = selector.get("matchLabels")
+    if match_labels is None:
+        match_labels = {}
+    if not isinstance(match_labels, Mapping):
+        raise GangError(
+            f"{where}.matchLabels: expected a mapping of label to value, got {_repr(match_labels)}"
+        )
+    exprs = selector.get("matchExpressions")
+    if exprs is None:
+        exprs = []
+    if not isinstance(exprs, list):
+        raise GangError(f"{where}.matchExpressions: expected a list, got {_repr(exprs)}")
+    terms = len(match_labels) + len(exprs)
+    if terms > budget:
+        raise _over_terms(where, f"{len(match_labels)} matchLabels and {len(exprs)} matchExpressions")
+    pairs = []
+    for k, v in match_labels.items():
+        key = _label_string(k, f"{where}.matchLabels", "label keys that are strings")
+        pairs.append((key, _label_string(v, f"{where}.matchLabels[{key[:63]}]", "a string", empty=True)))
+    expressions = []
+    for i, raw in enumerate(exprs):
+        ewhere = f"{where}.matchExpressions[{i}]"
+        expr = _mapping(raw, ewhere)
+        key = _label_string(expr.get("key"), f"{ewhere}.key", "a label key")
+        op = expr.get("operator")
+        if op not in _OPERATORS:
+            raise GangError(
+                f"{ewhere}.operator: unknown operator {_repr(op)} (one of {', '.join(_OPERATORS)})"
+            )
+        values = expr.get("values")
+        if values is None:
+            values = []
+        if not isinstance(values, list):
+            raise GangError(f"{ewhere}.values: expected a list of strings, got {_repr(values)}")
+        terms += len(values)
+        if terms > budget:
+            raise _over_terms(f"{ewhere}.values", f"{len(values)} values")
+        if op in ("In", "NotIn") and not values:
+            raise GangError(f"{ewhere}.values: operator {op} needs at least one value")
+        if op in ("Exists", "DoesNotExist") and values:
+            raise GangError(f"{ewhere}.values: operator {op} takes no values, got {len(values)}")
+        for j, v in enumerate(values):
+            _label_string(v, f"{ewhere}.values[{j}]", "a string", empty=True)
+        expressions.append((str(op), key, frozenset(values)))
+    return _Selector(tuple(pairs), tuple(expressions)), terms
+
+
+def _label_keys(keys: Any, where: str, budget: int) -> tuple[str, ...]:
+    """``matchLabelKeys``: label keys, as strings, at most ``budget`` of them."""
+    if keys is None:
+        return ()
+    if not isinstance(keys, list):
+        raise GangError(f"{where}: expected a list of label keys, got {_repr(keys)}")
+    if len(keys) > budget:
+        raise _over_terms(where, f"{len(keys)} keys")
+    return tuple(_label_string(k, f"{where}[{i}]", "a label key") for i, k in enumerate(keys))
 
 
 def _network_topology(nt: Any, tiers: Sequence[str], where: str) -> tuple[str | None, bool]:
@@ -412,36 +525,45 @@ def gang_from_podgroup(
     gang_tier, soft = _network_topology(spec.get("networkTopology"), tiers, f"{where}: spec.networkTopology")
     policies = spec.get("subGroupPolicy") or []
     if not isinstance(policies, list):
-        raise GangError(f"{where}: spec.subGroupPolicy: expected a list")
+        raise GangError(f"{where}: spec.subGroupPolicy: expected a list, got {_repr(policies)}")
+    if len(policies) > MAX_GANG_ROLES:
+        raise _over_roles(f"{where}: spec.subGroupPolicy", f"{len(policies)} entries")
+    if len(pods) > MAX_GANG_PODS:  # before matching them: each would take a place of its own
+        raise _over(where, f"its {len(pods)} pods")
+    pod_labels = [(pod, _labels(pod)) for pod in pods]
     assigned: dict[str, str] = {}
-    by_policy: dict[str, list[Mapping[str, Any]]] = {}
     roles: list[Role] = []
     members: dict[str, PodSlot] = {}
     seen_names: set[str] = set()
+    budget = MAX_SELECTOR_TERMS
     for i, pol in enumerate(policies):
         pwhere = f"{where}: spec.subGroupPolicy[{i}]"
         if not isinstance(pol, Mapping):
             raise GangError(f"{pwhere}: expected a mapping")
-        name = str(pol.get("name") or f"subgroup-{i}")
+        raw_name = pol.get("name")
+        if raw_name is not None and raw_name != "" and not isinstance(raw_name, str):
+            raise GangError(f"{pwhere}.name: expected a name, got {_repr(raw_name)}")
+        name = raw_name or f"subgroup-{i}"
         if name in seen_names or name == DEFAULT_ROLE:
-            raise GangError(f"{pwhere}.name: duplicate or reserved name {name!r}")
+            raise GangError(f"{pwhere}.name: duplicate or reserved name {_repr(name)}")
         seen_names.add(name)
+        selector, terms = _selector(pol.get("labelSelector"), f"{pwhere}.labelSelector", budget)
+        budget -= terms
+        keys = _label_keys(pol.get("matchLabelKeys"), f"{pwhere}.matchLabelKeys", budget)
+        budget -= len(keys)
         chosen = []
-        for pod in pods:
-            if _selects(pol.get("labelSelector"), _labels(pod), f"{pwhere}.labelSelector"):
+        for pod, labels in pod_labels:
+            if selector.matches(labels):
                 pk = pod_key(pod)
                 if pk in assigned:
-                    raise GangError(
-                        f"{where}: pod {pk} matches both subGroupPolicy {assigned[pk]!r} and {name!r}"
-                    )
+                    both = f"{_repr(assigned[pk])} and {_repr(name)}"
+                    raise GangError(f"{where}: pod {pk} matches both subGroupPolicy {both}")
                 assigned[pk] = name
                 chosen.append(pod)
-        by_policy[name] = chosen
         size = _int(pol.get("subGroupSize", 1), f"{pwhere}.subGroupSize", minimum=1)
         min_sg = _int(pol.get("minSubGroups", 0), f"{pwhere}.minSubGroups", minimum=0)
         sub_tier, sub_soft = _network_topology(pol.get("networkTopology"), tiers, f"{pwhere}.networkTopology")
         soft = soft or sub_soft
-        keys = pol.get("matchLabelKeys") or []
         if not chosen:
             continue
         if keys:
@@ -449,11 +571,14 @@ def gang_from_podgroup(
             for pod in chosen:
                 labels = _labels(pod)
                 values = tuple(labels.get(k) for k in keys)
-                if any(v is None for v in values):
-                    raise GangError(f"{pwhere}.matchLabelKeys: pod {pod_key(pod)} lacks label(s) {keys}")
+                if not all(isinstance(v, str) for v in values):
+                    raise GangError(
+                        f"{pwhere}.matchLabelKeys: pod {pod_key(pod)} lacks label(s) {', '.join(keys)}"
+                    )
                 instances.setdefault(values, []).append(pod)  # type: ignore[arg-type]
             order = sorted(
-                instances, key=lambda vs: tuple((0, int(v)) if v.isdigit() else (1, v) for v in vs)
+                instances,
+                key=lambda vs: tuple((0, int(v)) if _digits(v) and len(v) <= 20 else (1, v) for v in vs),
             )
             count = len(order) * size
             if count > MAX_GANG_PODS:
@@ -665,8 +790,8 @@ def gang_from_raycluster(
         groups = []
     if not isinstance(groups, list):
         raise GangError(f"{where}: spec.workerGroupSpecs: expected a list, got {_repr(groups)}")
-    if len(groups) > MAX_GANG_PODS:
-        raise _over(f"{where}: spec.workerGroupSpecs", f"{len(groups)} worker groups")
+    if len(groups) + 1 > MAX_GANG_ROLES:  # the head is a role too
+        raise _over_roles(f"{where}: spec.workerGroupSpecs", f"{len(groups)} worker groups with the head")
 
     by_group: dict[str, list[Mapping[str, Any]]] = {}
     for pod in pods:
@@ -694,6 +819,7 @@ def gang_from_raycluster(
     hwhere = f"{where} role {RAY_HEAD_GROUP}"
     gpus, res = _shape(heads or [_template_pod(head_template, ns, f"{key} head template")], hwhere)
     roles.append(Role(name=RAY_HEAD_GROUP, pods=1, gpus_per_pod=gpus, resources_per_pod=res))
+    total = 1
     for idx, pod in _order(heads, 1, hwhere, rank=lambda _: None):
         members[pod_key(pod)] = PodSlot(RAY_HEAD_GROUP, idx)
 
@@ -741,7 +867,8 @@ def gang_from_raycluster(
                 resources_per_pod=res,
             )
         )
-        _bounded(roles, where)
+        total += count
+        _bounded(roles, where, total)
         for idx, pod in _order(gpods, count, rwhere, rank=_ray_rank(hosts)):
             members[pod_key(pod)] = PodSlot(name, idx)
     for group_name, stray in sorted(by_group.items()):
@@ -862,6 +989,8 @@ def gang_from_workload_podgroup(
     for pod in pods:
         gpus, res = _shape([pod], where)
         by_shape.setdefault((gpus, tuple(sorted(res.items()))), []).append(pod)
+    if len(by_shape) > MAX_GANG_ROLES:  # each shape is a role
+        raise _over_roles(where, f"pods of {len(by_shape)} different shapes (GPUs and requests)")
     roles: list[Role] = []
     members: dict[str, PodSlot] = {}
     shapes = sorted(by_shape, key=lambda s: (-s[0], s[1]))
@@ -907,6 +1036,38 @@ def gang_for_pod(
     found = gang_key_of(pod)
     if found is None:
         return None
+    source, key = found
+    try:
+        return _gang_of(
+            pod,
+            found,
+            pods,
+            podgroups,
+            tiers,
+            rayclusters=rayclusters,
+            workload_podgroups=workload_podgroups,
+            workloads=workloads,
+        )
+    except GangError:
+        raise
+    except (AttributeError, TypeError, KeyError, IndexError, ValueError) as exc:
+        # a shape no check above foresaw: this gang is invalid, never every gang's queue pass or filter
+        raise GangError(
+            f"{source} gang {key}: malformed object, not read ({type(exc).__name__}: {str(exc)[:200]})"
+        ) from None
+
+
+def _gang_of(
+    pod: Mapping[str, Any],
+    found: tuple[str, str],
+    pods: Iterable[Mapping[str, Any]],
+    podgroups: Mapping[str, Mapping[str, Any]],
+    tiers: Sequence[str],
+    *,
+    rayclusters: Mapping[str, Mapping[str, Any]],
+    workload_podgroups: Mapping[str, Mapping[str, Any]],
+    workloads: Mapping[str, Mapping[str, Any]],
+) -> GangSpec:
     source, key = found
     mates = [p for p in pods if gang_key_of(p) == found]
     if source in ("workload", "raycluster"):
