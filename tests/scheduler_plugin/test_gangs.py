@@ -261,6 +261,45 @@ def test_podgroup_match_expressions_and_default_role() -> None:
 
 
 @pytest.mark.parametrize(
+    ("selector", "chosen"),
+    [
+        pytest.param(None, {"a", "b", "c"}, id="none-selects-all"),
+        pytest.param({}, {"a", "b", "c"}, id="empty-selects-all"),
+        pytest.param({"matchLabels": {"t": "w"}}, {"a", "b"}, id="match-labels"),
+        pytest.param(
+            {"matchExpressions": [{"key": "t", "operator": "In", "values": ["w", "x"]}]}, {"a", "b"}, id="in"
+        ),
+        pytest.param(
+            {"matchExpressions": [{"key": "t", "operator": "NotIn", "values": ["w"]}]},
+            {"c"},
+            id="not-in-absent",
+        ),
+        pytest.param({"matchExpressions": [{"key": "z", "operator": "Exists"}]}, {"b"}, id="exists"),
+        pytest.param(
+            {"matchExpressions": [{"key": "z", "operator": "DoesNotExist", "values": []}]},
+            {"a", "c"},
+            id="absent",
+        ),
+        pytest.param(
+            {"matchLabels": {"t": "w"}, "matchExpressions": [{"key": "z", "operator": "DoesNotExist"}]},
+            {"a"},
+            id="all-requirements",
+        ),
+        pytest.param(
+            {"matchExpressions": [{"key": "t", "operator": "In", "values": ["ww"]}]}, set(), id="whole-value"
+        ),
+    ],
+)
+def test_podgroup_label_selector_semantics(selector: Any, chosen: set[str]) -> None:
+    """Requirements are ANDed; NotIn and DoesNotExist hold for a pod without the label; a value matches
+    whole, never as a part of a string."""
+    pods = [grouped("a", labels={"t": "w"}), grouped("b", labels={"t": "w", "z": ""}), grouped("c")]
+    pg = podgroup({"subGroupPolicy": [{"name": "s", "labelSelector": selector}]})
+    spec = gang_from_podgroup(pg, pods, TIERS)
+    assert {k.removeprefix("ml/") for k, slot in spec.members.items() if slot.role == "s"} == chosen
+
+
+@pytest.mark.parametrize(
     ("spec", "pods", "needle"),
     [
         pytest.param(
