@@ -1,6 +1,7 @@
-"""Hostile RayClusters and native ``scheduling.k8s.io`` Workloads / PodGroups fed to the extender's gang
-sources: replicas of two billion, counts with thousands of digits, wrong JSON types everywhere, a
-hundred thousand worker groups, templates nested past any depth, labels that are not strings. Each is a
+"""Hostile RayClusters, native ``scheduling.k8s.io`` Workloads / PodGroups and Volcano PodGroups' label
+selectors and role counts fed to the extender's gang sources: replicas of two billion, counts with
+thousands of digits, wrong JSON types everywhere, ten thousand worker groups, 15,000 subgroup policies,
+templates nested past any depth, labels and selectors that are not strings. Each is a
 ``GangError`` (or a wait, for what the operator will fix) naming the object and the field, within a
 few seconds and a few MiB, never a crash or a plan the size of the number; through the
 extender's state the pod is answered unresolvable with an ``InvalidGang`` Event and nothing is held."""
