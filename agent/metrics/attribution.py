@@ -1,7 +1,8 @@
 """Which pod holds which device, and how a shared device splits between pods (pure).
 
 Device IDs from the kubelet are resolved against the inventory: a ``GPU-…`` or ``MIG-…`` UUID, optionally
-with a replica suffix ``::<n>`` (time-slicing / MPS). The resolver remembers every answer, misses
+with a replica suffix ``::<n>`` (time-slicing / MPS; ``n`` at most nine ASCII digits, anything else is an
+unknown ID). The resolver remembers every answer, misses
 included, so an ID that is not ours (another vendor, a GKE-style ID) costs one dictionary lookup per
 refresh and never an NVML call.
 
@@ -29,6 +30,8 @@ from agent.metrics.snapshot import Allocation, Owner, PodShare, Sharing
 from agent.nvml.protocol import ProcessInfo, ProcessUtilization
 from agent.podresources.model import PodResourcesSnapshot
 from topology.model import NodeInventory
+
+_REPLICA = re.compile(r"[0-9]{1,9}")  # n of "<uuid>::<n>": ASCII digits, bounded (never a 5,000-digit int)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +66,7 @@ class DeviceResolver:
         base, sep, suffix = device_id.partition("::")
         replica: int | None = None
         if sep:
-            if not suffix.isdigit():
+            if not _REPLICA.fullmatch(suffix):  # not isdigit(): it takes "²", which int() refuses
                 return None
             replica = int(suffix)
         known = self._known.get(base)
