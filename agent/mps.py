@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.files import read_bytes, read_text
+from agent.files import RefusedFileError, read_bytes, read_text
 from topology.model import Gpu, MpsGpuLimits, MpsInfo
 
 DEFAULT_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # the MPS default, not a temp file of ours
@@ -49,6 +49,11 @@ def parse_size(text: str) -> int:
 class MpsScan:
     info: MpsInfo
     errors: tuple[str, ...] = ()
+
+
+def _why(exc: OSError) -> str:
+    """Why a file was not read: the bounded reader's own words, or ``unreadable (<strerror>)``."""
+    return str(exc.strerror) if isinstance(exc, RefusedFileError) else f"unreadable ({exc.strerror or exc})"
 
 
 def _under(root: Path, absolute: str) -> Path:
@@ -91,7 +96,7 @@ def detect_mps(
     except OSError as exc:
         return MpsScan(
             MpsInfo(daemon_running=False, pipe_directory=None),
-            (f"{pid_path}: unreadable ({exc.strerror or exc})",),
+            (f"{pid_path}: {_why(exc)}",),
         )
     if not _PID.fullmatch(raw_pid):
         return MpsScan(
@@ -112,7 +117,7 @@ def detect_mps(
     try:
         raw_env = read_bytes(environ_path, limit=MAX_ENVIRON_BYTES)
     except OSError as exc:
-        errors.append(f"{environ_path}: unreadable ({exc.strerror or exc}); MPS limits unknown")
+        errors.append(f"{environ_path}: {_why(exc)}; MPS limits unknown")
         return MpsScan(MpsInfo(daemon_running=True, pipe_directory=pipe_directory), tuple(errors))
     env: dict[str, str] = {}
     for item in raw_env.split(b"\0"):

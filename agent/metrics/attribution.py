@@ -31,6 +31,7 @@ from agent.nvml.protocol import ProcessInfo, ProcessUtilization
 from agent.podresources.model import PodResourcesSnapshot
 from topology.model import NodeInventory
 
+MEMO_LIMIT = 65_536  # remembered device IDs per inventory; a node has at most a few thousand
 _REPLICA = re.compile(r"[0-9]{1,9}")  # n of "<uuid>::<n>": ASCII digits, bounded (never a 5,000-digit int)
 
 
@@ -45,9 +46,11 @@ class DeviceRef:
 
 
 class DeviceResolver:
-    """Resolves device IDs for one inventory; answers (hits and misses) are memoised."""
+    """Resolves device IDs for one inventory; answers (hits and misses) are memoised, at most
+    ``memo_limit`` of them (a kubelet that keeps naming new IDs restarts the memo, never grows it)."""
 
-    def __init__(self, inventory: NodeInventory) -> None:
+    def __init__(self, inventory: NodeInventory, *, memo_limit: int = MEMO_LIMIT) -> None:
+        self._memo_limit = memo_limit
         self._known: dict[str, tuple[int, bool]] = {g.uuid: (g.index, False) for g in inventory.gpus}
         for dev in inventory.mig_devices():
             self._known[dev.uuid] = (dev.parent_index, True)
@@ -59,6 +62,8 @@ class DeviceResolver:
         except KeyError:
             pass
         ref = self._lookup(device_id)
+        if len(self._memo) >= self._memo_limit:
+            self._memo.clear()
         self._memo[device_id] = ref
         return ref
 

@@ -60,6 +60,14 @@ def test_strange_replica_ids_in_pod_resources_are_unknown_and_the_rest_attribute
     assert att.replicas_total == {}
 
 
+def test_resolver_memo_is_bounded() -> None:
+    resolver = DeviceResolver(INV, memo_limit=8)
+    for n in range(100):
+        assert resolver.resolve(f"other-vendor-{n}") is None
+        assert resolver.misses <= 8
+    assert resolver.resolve(f"{gpu_uuid(1)}::3") == DeviceRef(gpu_uuid(1), 1, mig=False, replica=3)
+
+
 def test_resolver_caches_negative_answers() -> None:
     resolver = DeviceResolver(INV)
     for _ in range(3):
