@@ -605,6 +605,7 @@ def test_d10_every_interval_is_bounded(
         pytest.param("::1:80", "an IPv6 address needs brackets: [::1]:80", id="v6-bare"),
         pytest.param("[fe80::zz]:80", "'fe80::zz' is not an IPv6 address", id="v6-bad"),
         pytest.param("127.0.0.1:99999", "expected HOST:PORT", id="port"),
+        pytest.param("127.0.0.1:\u00b2", "expected HOST:PORT", id="superscript-port"),
         pytest.param("192.0.2.1:9400", "cannot listen on 192.0.2.1", id="not-local"),
     ],
 )
