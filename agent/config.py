@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.files import RefusedFileError, read_bytes
 from agent.healthbook import DEFAULT_IGNORED_XIDS, HealthConfig
 from deviceplugin.config import ConfigError, MigStrategy, PluginConfig, SectionReader, parse_plugin_config
 from topology import safeyaml
@@ -153,7 +154,7 @@ def _listen_addr(text: str) -> str:
     if not text:
         return ""
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or len(port) > 5 or int(port) > 65535:
+    if not sep or not port.isascii() or not port.isdigit() or len(port) > 5 or int(port) > 65535:
         raise ValueError(f"expected HOST:PORT (or '' to turn it off), got {text[:80]!r}")
     if host.startswith("[") and host.endswith("]"):
         try:
@@ -164,7 +165,7 @@ def _listen_addr(text: str) -> str:
         raise ValueError(f"an IPv6 address needs brackets: [{host[:60]}]:{port}")
     elif not host:
         return text
-    elif all(part.isdigit() for part in host.split(".")):
+    elif all(part.isascii() and part.isdigit() for part in host.split(".")):
         try:
             ip = ipaddress.IPv4Address(host)
         except ValueError:
@@ -366,14 +367,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_file(path: Path) -> dict[str, Any]:
     """Read a v1 config file; raises :class:`ConfigError` with one line for an unreadable or wrong file
-    (not UTF-8, not YAML, beyond the limits of :mod:`topology.safeyaml` or ``MAX_CONFIG_BYTES``)."""
+    (not a regular file, not UTF-8, not YAML, beyond the limits of :mod:`topology.safeyaml` or
+    ``MAX_CONFIG_BYTES``)."""
     try:
-        with path.open("rb") as fh:
-            raw = fh.read(MAX_CONFIG_BYTES + 1)
+        raw = read_bytes(path, limit=MAX_CONFIG_BYTES)  # a FIFO or device is refused, never waited on
+    except RefusedFileError as exc:  # not a regular file, or larger than MAX_CONFIG_BYTES
+        raise ConfigError([f"{path}: {exc.strerror}"]) from None
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError([f"{path}: larger than {MAX_CONFIG_BYTES} bytes (the limit)"])
     try:
         data = safeyaml.load(safeyaml.decode(raw, source=str(path)), source=str(path))
     except safeyaml.InputError as exc:
@@ -396,7 +397,7 @@ def load_settings(args: argparse.Namespace, env: Mapping[str, str]) -> RunSettin
     source = str(config_path) if config_path is not None else "config"
     problems: list[str] = []
     known = {"version", HEALTH_SECTION} | {s.key for s in SETTINGS} | set(PLUGIN_SECTIONS)
-    for key in sorted(set(data) - known):
+    for key in sorted(_key_text(k) for k in data if k not in known):  # YAML keys may be ints or null
         problems.append(f"{source}: {key}: unknown key; valid: {', '.join(sorted(known))}")
 
     values: dict[str, Any] = {}
@@ -448,6 +449,13 @@ def load_settings(args: argparse.Namespace, env: Mapping[str, str]) -> RunSettin
     if problems:
         raise ConfigError(problems)
     return RunSettings(**values, config_file=config_path, plugin=plugin, health=health)
+
+
+def _key_text(key: Any) -> str:
+    """A top-level key as a message shows it (as the plugin sections show theirs): text as it is, any
+    other YAML key (``5``, ``null``) as its ``repr``; at most 64 characters."""
+    text = key if isinstance(key, str) else repr(key)
+    return text if len(text) <= 64 else text[:61] + "..."
 
 
 def _same_port(metrics: str, health: str) -> str | None:

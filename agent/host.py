@@ -4,6 +4,11 @@
 discovery itself only receives a :class:`topology.model.Host`. A simulated node supplies its own host
 (its profile knows it), so nothing here is read on that path. CPU lists use Linux list syntax
 (``0-55,112-167``); :func:`parse_cpulist` and :func:`format_cpulist` convert.
+
+Every file is read through :func:`agent.files.read_text` (regular files only, bounded), and every
+number is ASCII digits of bounded length: CPU ids stay below :data:`MAX_CPUS`, so ``cpu/online`` of
+``0-4294967295`` is refused instead of built. A fact that cannot be read or makes no sense is left out
+(``None``, or the fallback named below) with one ``host_fact_skipped`` warning naming the file.
 """
 
 from __future__ import annotations
@@ -15,28 +20,40 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agent.files import read_text
+from topology import logs
 from topology.model import Host, NumaNode
 
 if TYPE_CHECKING:
     from agent.nvml.profiles import MachineSpec
 
-_NODE_DIR = re.compile(r"^node(\d+)$")
-_MEMINFO_TOTAL = re.compile(r"MemTotal:\s+(\d+)\s*kB")
+MAX_CPUS = 65536  # CPU ids 0..65535; Linux's NR_CPUS tops out at 8192
+_NODE_DIR = re.compile(r"node([0-9]{1,5})")
+_MEMINFO_TOTAL = re.compile(r"MemTotal:[ \t]+([0-9]{1,15})[ \t]*kB")
+_CPU_RANGE = re.compile(r"([0-9]{1,6})(?:-([0-9]{1,6}))?")
+_MAX_LINE = 256  # hostname, osrelease, product_uuid: one short line
+
+log = logs.get_logger("agent.host")
 
 
 def parse_cpulist(text: str) -> tuple[int, ...]:
-    """``"0-3,8,10-11"`` → ``(0, 1, 2, 3, 8, 10, 11)``; ``""`` → ``()``. Raises ``ValueError``."""
+    """``"0-3,8,10-11"`` → ``(0, 1, 2, 3, 8, 10, 11)``; ``""`` → ``()``. Raises ``ValueError`` for
+    anything else, including a CPU id of :data:`MAX_CPUS` or more (so the work is bounded)."""
+    shown = text.strip()[:80]
     out: set[int] = set()
     for raw in text.strip().split(","):
         part = raw.strip()
         if not part:
             continue
-        lo, sep, hi = part.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise ValueError(f"not a CPU list: {text.strip()!r}")
-        start, end = int(lo), int(hi) if sep else int(lo)
+        match = _CPU_RANGE.fullmatch(part)
+        if match is None:
+            raise ValueError(f"not a CPU list: {shown!r}")
+        start = int(match.group(1))
+        end = start if match.group(2) is None else int(match.group(2))
         if end < start:
-            raise ValueError(f"not a CPU list (descending range {part!r}): {text.strip()!r}")
+            raise ValueError(f"not a CPU list (descending range {part!r}): {shown!r}")
+        if end >= MAX_CPUS:
+            raise ValueError(f"not a CPU list (CPU {end} is beyond the limit of {MAX_CPUS}): {shown!r}")
         out.update(range(start, end + 1))
     return tuple(sorted(out))
 
@@ -62,17 +79,31 @@ def cpulist_from_masks(masks: Iterable[int], bits: int = 64) -> str:
 
 
 def _read(path: Path) -> str | None:
+    """The file's text, stripped; ``None`` when it is missing, or (with a warning) unreadable."""
     try:
-        return path.read_text(encoding="utf-8").strip()
-    except OSError:
+        return read_text(path).strip()
+    except FileNotFoundError:
         return None
+    except OSError as exc:
+        log.warning("host_fact_skipped", path=str(path), error=exc.strerror or str(exc))
+        return None
+
+
+def _read_line(path: Path) -> str | None:
+    """A one-line fact (hostname, kernel release, DMI UUID): printable ASCII of at most ``_MAX_LINE``
+    characters, else ``None`` with a warning."""
+    text = _read(path)
+    if text is None or (text.isascii() and text.isprintable() and 0 < len(text) <= _MAX_LINE):
+        return text or None
+    log.warning("host_fact_skipped", path=str(path), error=f"not one short line of text: {text[:40]!r}")
+    return None
 
 
 def read_numa_nodes(sysfs_root: Path) -> tuple[NumaNode, ...]:
     """NUMA nodes from ``<sysfs_root>/devices/system/node/node<N>/{cpulist,meminfo}``."""
     base = sysfs_root / "devices" / "system" / "node"
     try:
-        entries = [(int(m.group(1)), p) for p in base.iterdir() if (m := _NODE_DIR.match(p.name))]
+        entries = [(int(m.group(1)), p) for p in base.iterdir() if (m := _NODE_DIR.fullmatch(p.name))]
     except OSError:
         return ()
     nodes: list[NumaNode] = []
@@ -80,8 +111,9 @@ def read_numa_nodes(sysfs_root: Path) -> tuple[NumaNode, ...]:
         raw_cpus = _read(path / "cpulist") or ""
         try:
             cpus = format_cpulist(parse_cpulist(raw_cpus))
-        except ValueError:
-            cpus = raw_cpus
+        except ValueError as exc:
+            log.warning("host_fact_skipped", path=str(path / "cpulist"), error=str(exc))
+            cpus = ""
         memory: int | None = None
         meminfo = _read(path / "meminfo")
         if meminfo:
@@ -98,13 +130,15 @@ def read_host(
     hostname: str | None = None,
 ) -> Host:
     """This machine's facts. ``hostname`` overrides the kernel's (a node name from the Downward API)."""
-    name = hostname or _read(proc_root / "sys" / "kernel" / "hostname") or socket.gethostname()
+    name = hostname or _read_line(proc_root / "sys" / "kernel" / "hostname") or socket.gethostname()
     cpu_count = 0
-    online = _read(sysfs_root / "devices" / "system" / "cpu" / "online")
+    online_path = sysfs_root / "devices" / "system" / "cpu" / "online"
+    online = _read(online_path)
     if online:
         try:
             cpu_count = len(parse_cpulist(online))
-        except ValueError:
+        except ValueError as exc:
+            log.warning("host_fact_skipped", path=str(online_path), error=str(exc))
             cpu_count = 0
     if cpu_count == 0:
         cpu_count = os.cpu_count() or 0
@@ -117,8 +151,8 @@ def read_host(
         cpu_count=cpu_count,
         memory_bytes=memory,
         numa_nodes=read_numa_nodes(sysfs_root),
-        kernel=_read(proc_root / "sys" / "kernel" / "osrelease"),
-        system_uuid=_read(sysfs_root / "class" / "dmi" / "id" / "product_uuid"),
+        kernel=_read_line(proc_root / "sys" / "kernel" / "osrelease"),
+        system_uuid=_read_line(sysfs_root / "class" / "dmi" / "id" / "product_uuid"),
     )
 
 

@@ -6,9 +6,13 @@ Formats (``drivers/infiniband/core/sysfs.c``, ``hw/mlx5/main.c``): ``node_guid``
 4-hex groups whose last four are the port GUID; ``device`` is a symlink to the PCI function whose
 directory holds ``numa_node`` (``-1`` when unknown).
 
-The parsers are pure functions over strings; :func:`read_ib` is the thin adapter that walks a tree. A
-malformed file skips that port (or that HCA, for HCA-level files) with a one-line error naming the path,
-and keeps every other port.
+The parsers are pure functions over strings; :func:`read_ib` is the thin adapter that walks a tree,
+reading every file through :func:`agent.files.read_text` (regular files only, bounded). A malformed or
+unreadable file skips that port (or that HCA, for ``node_guid``, ``sys_image_guid`` and ``numa_node``)
+with a one-line error naming the path, and keeps every other port; an informational attribute
+(``hca_type``, ``fw_ver``, a netdev's ``dev_port``) that cannot be read skips only that attribute, with
+one error line. Numbers are ASCII digits of bounded length: a port directory named ``²`` or ``٣`` is
+not a port.
 """
 
 from __future__ import annotations
@@ -18,12 +22,16 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.files import RefusedFileError, read_text
 from topology.model import IbPort
 
 _GUID_GROUPS = re.compile(r"^([0-9a-fA-F]{1,4}):([0-9a-fA-F]{1,4}):([0-9a-fA-F]{1,4}):([0-9a-fA-F]{1,4})$")
 _GUID_HEX = re.compile(r"^(?:0x)?([0-9a-fA-F]{1,16})$")
-_RATE = re.compile(r"^(\d+(?:\.\d+)?) Gb/sec(?: \((\d+)X ?([A-Za-z0-9]*)\))?$")
-_NUMBERED = re.compile(r"^(\d+): (.+)$")
+_RATE = re.compile(r"^([0-9]{1,6}(?:\.[0-9]{1,6})?) Gb/sec(?: \(([0-9]{1,3})X ?([A-Za-z0-9]*)\))?$")
+_NUMBERED = re.compile(r"^([0-9]{1,3}): (.+)$")
+_LID = re.compile(r"^(?:0[xX][0-9a-fA-F]{1,8}|[0-9]{1,10})$")  # 16-bit on IB, 32-bit extended LIDs on OPA
+_NUMA = re.compile(r"^-?[0-9]{1,5}$")
+_SMALL_NUMBER = re.compile(r"[0-9]{1,5}")  # a port directory name, a netdev's dev_port
 _PCI_ADDRESS = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 
 
@@ -62,10 +70,9 @@ def parse_rate(text: str) -> float:
 def parse_lid(text: str) -> int:
     """``"0x6c"`` → ``108`` (the kernel prints LIDs in hex)."""
     value = text.strip()
-    try:
-        return int(value, 16) if value.lower().startswith("0x") else int(value)
-    except ValueError:
-        raise IbFormatError(f"not a LID: {value!r}") from None
+    if not _LID.match(value):
+        raise IbFormatError(f"not a LID: {value[:40]!r}")
+    return int(value, 16) if value.lower().startswith("0x") else int(value)
 
 
 def port_guid_from_gid(text: str) -> str:
@@ -79,10 +86,9 @@ def port_guid_from_gid(text: str) -> str:
 def parse_numa_node(text: str) -> int | None:
     """``numa_node`` of a PCI function: ``-1`` means none."""
     value = text.strip()
-    try:
-        node = int(value)
-    except ValueError:
-        raise IbFormatError(f"not a NUMA node: {value!r}") from None
+    if not _NUMA.match(value):
+        raise IbFormatError(f"not a NUMA node: {value[:40]!r}")
+    node = int(value)
     return None if node < 0 else node
 
 
@@ -95,12 +101,7 @@ class IbScan:
 
 
 def _read(path: str) -> str:
-    with open(path, "rb") as fh:  # plain str paths and bytes: this runs on every rediscovery
-        raw = fh.read()
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise IbFormatError("not UTF-8 text") from None
+    return read_text(path)  # plain str paths: this runs on every rediscovery
 
 
 def _read_optional(path: str) -> str | None:
@@ -108,6 +109,20 @@ def _read_optional(path: str) -> str | None:
         return _read(path).strip()
     except FileNotFoundError:
         return None
+
+
+def _read_informational(path: str, errors: list[str]) -> str | None:
+    """An attribute nothing depends on: a problem is one error line and ``None``, never a lost port."""
+    try:
+        return _read_optional(path)
+    except OSError as exc:
+        errors.append(f"{path}: {_describe(exc)}; attribute skipped")
+        return None
+
+
+def _small_number(text: str) -> int | None:
+    """An ASCII decimal of at most five digits (``str.isdigit`` also takes ``²`` and ``٣``)."""
+    return int(text) if _SMALL_NUMBER.fullmatch(text) else None
 
 
 def _pci_address(device_dir: str) -> str | None:
@@ -119,8 +134,9 @@ def _pci_address(device_dir: str) -> str | None:
     return name.lower() if _PCI_ADDRESS.match(name) else None
 
 
-def _netdevs(device_dir: str) -> dict[int, str]:
-    """Netdev per port number, from ``device/net/<if>/dev_port`` (0-based) when present."""
+def _netdevs(device_dir: str, errors: list[str]) -> dict[int, str]:
+    """Netdev per port number, from ``device/net/<if>/dev_port`` (0-based); no ``dev_port``: port 1. A
+    ``dev_port`` that is not a number skips that netdev with one error line."""
     net = f"{device_dir}/device/net"
     try:
         names = sorted(os.listdir(net))
@@ -128,14 +144,26 @@ def _netdevs(device_dir: str) -> dict[int, str]:
         return {}
     out: dict[int, str] = {}
     for name in names:
-        dev_port = _read_optional(f"{net}/{name}/dev_port")
-        port = int(dev_port) + 1 if dev_port is not None and dev_port.isdigit() else 1
-        out.setdefault(port, name)
+        path = f"{net}/{name}/dev_port"
+        try:
+            dev_port = _read_optional(path)
+        except OSError as exc:
+            errors.append(f"{path}: {_describe(exc)}; netdev {name} skipped")
+            continue
+        number = 0 if dev_port is None else _small_number(dev_port)
+        if number is None:
+            errors.append(f"{path}: not a port number: {(dev_port or '')[:40]!r}; netdev {name} skipped")
+            continue
+        out.setdefault(number + 1, name)
     return out
 
 
 def _sorted_numeric(names: list[str]) -> list[str]:
-    return sorted(names, key=lambda n: (not n.isdigit(), int(n) if n.isdigit() else 0, n))
+    def key(name: str) -> tuple[bool, int, str]:
+        number = _small_number(name)
+        return (number is None, number or 0, name)
+
+    return sorted(names, key=key)
 
 
 def read_ib(sysfs_root: Path) -> IbScan:
@@ -159,7 +187,7 @@ def read_ib(sysfs_root: Path) -> IbScan:
 
 def _sorted_numeric_devices(names: list[str]) -> list[str]:
     def key(name: str) -> tuple[str, int]:
-        match = re.match(r"^(.*?)(\d+)$", name)
+        match = re.fullmatch(r"(.*?)([0-9]+)", name)
         return (match.group(1), int(match.group(2))) if match else (name, -1)
 
     return sorted(names, key=key)
@@ -178,10 +206,10 @@ def _read_device(device_dir: str, device: str, ports: list[IbPort], errors: list
     except (IbFormatError, OSError) as exc:
         errors.append(f"{current}: {_describe(exc)}; HCA {device} skipped")
         return
-    hca_type = _read_optional(f"{device_dir}/hca_type")
-    firmware = _read_optional(f"{device_dir}/fw_ver")
+    hca_type = _read_informational(f"{device_dir}/hca_type", errors)
+    firmware = _read_informational(f"{device_dir}/fw_ver", errors)
     pci_address = _pci_address(device_dir)
-    netdevs = _netdevs(device_dir)
+    netdevs = _netdevs(device_dir, errors)
     ports_dir = f"{device_dir}/ports"
     try:
         port_names = _sorted_numeric(os.listdir(ports_dir))
@@ -190,7 +218,8 @@ def _read_device(device_dir: str, device: str, ports: list[IbPort], errors: list
         return
     for name in port_names:
         port_dir = f"{ports_dir}/{name}"
-        if not name.isdigit():
+        number = _small_number(name)
+        if number is None:
             errors.append(f"{port_dir}: port directory name is not a number; skipped")
             continue
         current = port_dir
@@ -219,7 +248,7 @@ def _read_device(device_dir: str, device: str, ports: list[IbPort], errors: list
         ports.append(
             IbPort(
                 device=device,
-                port=int(name),
+                port=number,
                 state=state,
                 physical_state=physical_state,
                 rate_gbps=rate,
@@ -229,7 +258,7 @@ def _read_device(device_dir: str, device: str, ports: list[IbPort], errors: list
                 sys_image_guid=sys_image_guid,
                 numa_node=numa_node,
                 pci_address=pci_address,
-                netdev=netdevs.get(int(name)),
+                netdev=netdevs.get(number),
                 hca_type=hca_type,
                 firmware=firmware,
                 lid=lid,
@@ -240,6 +269,8 @@ def _read_device(device_dir: str, device: str, ports: list[IbPort], errors: list
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, FileNotFoundError):
         return "missing"
+    if isinstance(exc, RefusedFileError):
+        return str(exc.strerror)
     if isinstance(exc, OSError):
         return f"unreadable ({exc.strerror or exc})"
     return str(exc)

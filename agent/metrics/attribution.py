@@ -1,7 +1,8 @@
 """Which pod holds which device, and how a shared device splits between pods (pure).
 
 Device IDs from the kubelet are resolved against the inventory: a ``GPU-…`` or ``MIG-…`` UUID, optionally
-with a replica suffix ``::<n>`` (time-slicing / MPS). The resolver remembers every answer, misses
+with a replica suffix ``::<n>`` (time-slicing / MPS; ``n`` at most nine ASCII digits, anything else is an
+unknown ID). The resolver remembers every answer, misses
 included, so an ID that is not ours (another vendor, a GKE-style ID) costs one dictionary lookup per
 refresh and never an NVML call.
 
@@ -30,6 +31,9 @@ from agent.nvml.protocol import ProcessInfo, ProcessUtilization
 from agent.podresources.model import PodResourcesSnapshot
 from topology.model import NodeInventory
 
+MEMO_LIMIT = 65_536  # remembered device IDs per inventory; a node has at most a few thousand
+_REPLICA = re.compile(r"[0-9]{1,9}")  # n of "<uuid>::<n>": ASCII digits, bounded (never a 5,000-digit int)
+
 
 @dataclass(frozen=True, slots=True)
 class DeviceRef:
@@ -42,9 +46,11 @@ class DeviceRef:
 
 
 class DeviceResolver:
-    """Resolves device IDs for one inventory; answers (hits and misses) are memoised."""
+    """Resolves device IDs for one inventory; answers (hits and misses) are memoised, at most
+    ``memo_limit`` of them (a kubelet that keeps naming new IDs restarts the memo, never grows it)."""
 
-    def __init__(self, inventory: NodeInventory) -> None:
+    def __init__(self, inventory: NodeInventory, *, memo_limit: int = MEMO_LIMIT) -> None:
+        self._memo_limit = memo_limit
         self._known: dict[str, tuple[int, bool]] = {g.uuid: (g.index, False) for g in inventory.gpus}
         for dev in inventory.mig_devices():
             self._known[dev.uuid] = (dev.parent_index, True)
@@ -56,6 +62,8 @@ class DeviceResolver:
         except KeyError:
             pass
         ref = self._lookup(device_id)
+        if len(self._memo) >= self._memo_limit:
+            self._memo.clear()
         self._memo[device_id] = ref
         return ref
 
@@ -63,7 +71,7 @@ class DeviceResolver:
         base, sep, suffix = device_id.partition("::")
         replica: int | None = None
         if sep:
-            if not suffix.isdigit():
+            if not _REPLICA.fullmatch(suffix):  # not isdigit(): it takes "²", which int() refuses
                 return None
             replica = int(suffix)
         known = self._known.get(base)

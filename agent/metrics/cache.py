@@ -345,10 +345,17 @@ class MetricsCache:
         )
         return self._snapshot
 
+    async def refresh_guarded(self) -> bool:
+        """One :meth:`refresh` that never raises: a failure is logged and the last snapshot stays.
+        Every refresh of the running exporter goes through here, the first one included."""
+        try:
+            await self.refresh()
+        except Exception as exc:  # one bad refresh must not end the exporter, nor the agent
+            self._log.exception("metrics_refresh_failed", error=str(exc))
+            return False
+        return True
+
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            try:
-                await self.refresh()
-            except Exception as exc:  # one bad refresh must not end the exporter
-                self._log.exception("metrics_refresh_failed", error=str(exc))
+            await self.refresh_guarded()
             await sleep_until(stop, self.interval_s)

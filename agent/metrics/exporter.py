@@ -186,7 +186,7 @@ class MetricsExporter:
                 version=version,
             )
         )
-        self.serving = asyncio.Event()  # set once the first refresh is in the cache and the port is bound
+        self.serving = asyncio.Event()  # set once the first refresh has run (or failed) and the port is bound
 
     async def run(self, stop: asyncio.Event) -> None:
         try:
@@ -197,7 +197,7 @@ class MetricsExporter:
         try:
             if self.podresources is not None:
                 await self.podresources.refresh()
-            await self.cache.refresh()
+            await self.cache.refresh_guarded()  # like every later one: a failure ends nothing
             self.serving.set()
             async with asyncio.TaskGroup() as tasks:
                 if self.podresources is not None:

@@ -2,7 +2,8 @@
 
 The kubelet keeps one directory per pod under ``/var/log/pods`` named ``<namespace>_<pod>_<uid>``; the
 DaemonSet mounts it read-only. Both roots are arguments so tests point them at a temporary tree.
-A PID that vanished, a cgroup that is not a pod's, or a UID without a directory simply maps to nothing.
+A PID that vanished, a cgroup that is not a pod's (or cannot be read within :mod:`agent.files`' bounds),
+or a UID without a directory simply maps to nothing.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+from agent.files import read_text
 from agent.metrics.attribution import PodOfProcess, parse_cgroup, parse_pod_log_dir
 
 
@@ -48,9 +50,8 @@ class ProcessPodMapper:
         out: dict[int, PodOfProcess] = {}
         for pid in wanted:
             try:
-                with open(os.path.join(self.proc_root, str(pid), "cgroup"), encoding="utf-8") as fh:
-                    text = fh.read()
-            except OSError:
+                text = read_text(os.path.join(self.proc_root, str(pid), "cgroup"))
+            except OSError:  # gone, not a regular file, too long or not UTF-8: maps to nothing
                 continue
             parsed = parse_cgroup(text)
             if parsed is None:

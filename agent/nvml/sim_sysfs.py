@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from agent.host import parse_cpulist
 from agent.nvml.profiles import (
     CORE_SWITCHES,
     LANE_GBPS,
@@ -83,10 +84,7 @@ def rate_text(port: IbPortSpec) -> str:
 
 def cpumask(cpulist: str) -> str:
     """``local_cpus`` format: comma-separated 32-bit hex words, most significant first."""
-    cpus: set[int] = set()
-    for part in filter(None, cpulist.split(",")):
-        lo, _, hi = part.partition("-")
-        cpus.update(range(int(lo), int(hi or lo) + 1))
+    cpus = parse_cpulist(cpulist)  # the one bounded CPU-list parser
     top = max(cpus, default=0)
     words = top // 32 + 1
     mask = sum(1 << c for c in cpus)

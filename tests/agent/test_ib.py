@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -235,3 +236,76 @@ def test_a_malformed_file_in_the_simulated_tree_loses_only_that_port(tmp_path: P
     assert victim.device not in {p.device for p in scan.ports}
     assert len(scan.errors) == 1
     assert scan.errors[0].endswith(f"port {victim.device}/1 skipped")
+
+
+# --------------------------------------------------------------------------- hostile trees (issue 26)
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        pytest.param(
+            lambda dev: ((dev / "fw_ver").unlink(), (dev / "fw_ver").mkdir()),
+            "fw_ver: not a regular file (a directory); attribute skipped",
+            id="fw-ver-directory",
+        ),
+        pytest.param(
+            lambda dev: (dev / "hca_type").write_bytes(b"\xffMT4129\n"),
+            "hca_type: not UTF-8 text (byte 0xff at offset 0); attribute skipped",
+            id="hca-type-not-utf8",
+        ),
+    ],
+)
+def test_an_unreadable_informational_attribute_skips_only_that_attribute(
+    tmp_path: Path, damage: object, message: str
+) -> None:
+    dev = make_hca(tmp_path, "mlx5_0", pci="0000:18:00.0", ports=2)
+    damage(dev)  # type: ignore[operator]
+    scan = read_ib(tmp_path)
+    assert [(p.device, p.port) for p in scan.ports] == [("mlx5_0", 1), ("mlx5_0", 2)]
+    assert scan.errors == (f"{dev}/{message}",)
+    field = "firmware" if "fw_ver" in message else "hca_type"
+    assert {getattr(p, field) for p in scan.ports} == {None}
+
+
+@pytest.mark.parametrize("name", ["\u00b2", "\u0661", "1\n", "9" * 200, "-1", "+1"])
+def test_a_port_directory_not_named_by_ascii_digits_is_skipped(tmp_path: Path, name: str) -> None:
+    dev = make_hca(tmp_path, "mlx5_0", pci="0000:18:00.0")
+    shutil.copytree(dev / "ports" / "1", dev / "ports" / name)
+    scan = read_ib(tmp_path)
+    assert [(p.device, p.port) for p in scan.ports] == [("mlx5_0", 1)]
+    assert scan.errors == (f"{dev}/ports/{name}: port directory name is not a number; skipped",)
+
+
+@pytest.mark.parametrize("dev_port", ["\u00b2", "\u0663", "9" * 5000, "x"])
+def test_a_dev_port_that_is_not_a_number_skips_that_netdev(tmp_path: Path, dev_port: str) -> None:
+    dev = make_hca(tmp_path, "mlx5_0", pci="0000:18:00.0", ports=2, netdev="ib0")
+    net = tmp_path / "devices" / "pci0000:00" / "0000:18:00.0" / "net"
+    (net / "ib1").mkdir()
+    (net / "ib1" / "dev_port").write_text("1\n", encoding="utf-8")
+    (net / "ib0" / "dev_port").write_text(f"{dev_port}\n", encoding="utf-8")
+    scan = read_ib(tmp_path)
+    assert [(p.port, p.netdev) for p in scan.ports] == [(1, None), (2, "ib1")]
+    [error] = scan.errors
+    assert error.startswith(f"{dev}/device/net/ib0/dev_port: not a port number: ")
+    assert error.endswith("; netdev ib0 skipped")
+    assert len(error) < 300
+
+
+@pytest.mark.parametrize(
+    ("relative", "content"),
+    [
+        pytest.param("ports/1/lid", "0x6_c\n", id="lid-underscore"),
+        pytest.param("ports/1/lid", "\u0663\n", id="lid-arabic-digit"),
+        pytest.param("ports/1/rate", f"{'4' * 400} Gb/sec (4X NDR)\n", id="rate-huge"),
+        pytest.param("ports/1/state", "\u0664: ACTIVE\n", id="state-arabic-digit"),
+    ],
+)
+def test_numbers_in_port_files_are_ascii_and_bounded(tmp_path: Path, relative: str, content: str) -> None:
+    dev = make_hca(tmp_path, "mlx5_0", pci="0000:18:00.0", ports=2)
+    (dev / relative).write_text(content, encoding="utf-8")
+    scan = read_ib(tmp_path)
+    assert [(p.device, p.port) for p in scan.ports] == [("mlx5_0", 2)]
+    [error] = scan.errors
+    assert error.startswith(f"{dev}/{relative}: ")
+    assert error.endswith("; port mlx5_0/1 skipped")

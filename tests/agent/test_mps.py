@@ -102,3 +102,41 @@ def test_garbage_pid_file_is_one_error(tmp_path: Path) -> None:
     assert not scan.info.daemon_running
     assert len(scan.errors) == 1
     assert "not a process id" in scan.errors[0]
+
+
+def test_non_ascii_digits_in_the_daemons_environment_are_errors_not_a_crash(tmp_path: Path) -> None:
+    """``str.isdigit`` takes ``²``, which ``int`` refuses: a percentage, a visible device or an ordinal
+    written with one is one error line each (it used to raise out of discovery); huge numbers too."""
+    _daemon(
+        tmp_path,
+        {
+            "CUDA_VISIBLE_DEVICES": "\u00b2",
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "\u00b2",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"\u00b2=1G,0={'9' * 5000}",
+        },
+    )
+    scan = detect_mps(root=tmp_path, gpus=GPUS)
+    assert scan.info.daemon_running
+    assert scan.info.gpus == ()
+    assert len(scan.errors) == 4
+    assert "CUDA_VISIBLE_DEVICES entry '\u00b2' is not a GPU of this node" in scan.errors[0]
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE='\u00b2' is not 1..100" in scan.errors[1]
+    assert "expected '<ordinal>=<size>', got '\u00b2=1G'" in scan.errors[2]
+    assert "device ordinal 0 is not visible" in scan.errors[3]
+    assert all(len(e) < 300 for e in scan.errors)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_a_pid_file_that_is_not_a_regular_file_is_one_error(tmp_path: Path, kind: str) -> None:
+    import os
+
+    pipe = tmp_path / "tmp/nvidia-mps"
+    pipe.mkdir(parents=True)
+    if kind == "fifo":
+        os.mkfifo(pipe / PID_FILE)
+    else:
+        (pipe / PID_FILE).mkdir()
+    scan = detect_mps(root=tmp_path, gpus=GPUS)
+    assert not scan.info.daemon_running
+    what = "a FIFO" if kind == "fifo" else "a directory"
+    assert scan.errors == (f"{pipe / PID_FILE}: not a regular file ({what})",)

@@ -62,13 +62,19 @@ class Agent:
 
 @contextlib.asynccontextmanager
 async def running_agent(
-    kubelet_dir: Path, *, profile: str = "pcie-l40s", faults: Path | None = None, **plugin: object
+    kubelet_dir: Path,
+    *,
+    profile: str = "pcie-l40s",
+    faults: Path | None = None,
+    sysfs_root: Path | None = None,
+    **plugin: object,
 ) -> AsyncIterator[Agent]:
     settings = RunSettings(
         node_name="node-h",
         kubelet_dir=kubelet_dir,
         simulate=profile,
         simulate_faults=faults,
+        sysfs_root=sysfs_root,
         no_kube=True,
         metrics_addr="",
         rediscover_interval_s=3600.0,
@@ -84,12 +90,15 @@ async def running_agent(
         task = asyncio.create_task(serve(settings, stop=stop, factories=(capture,)))
         try:
             async with asyncio.timeout(20):
-                while not seen:
+                while not seen and not task.done():
                     await asyncio.sleep(0.01)
+            if not seen:  # the start failed: its error, not a time-out
+                raise AssertionError(f"the agent did not start: {task.exception()!r}")
             yield Agent(ctx=seen[0], kubelet=kubelet, task=task)
         finally:
             stop.set()
-            assert await asyncio.wait_for(task, 20) == 0
+            if seen:
+                assert await asyncio.wait_for(task, 20) == 0
 
 
 async def until(predicate: object, timeout: float = 10.0) -> None:
@@ -596,6 +605,7 @@ def test_d10_every_interval_is_bounded(
         pytest.param("::1:80", "an IPv6 address needs brackets: [::1]:80", id="v6-bare"),
         pytest.param("[fe80::zz]:80", "'fe80::zz' is not an IPv6 address", id="v6-bad"),
         pytest.param("127.0.0.1:99999", "expected HOST:PORT", id="port"),
+        pytest.param("127.0.0.1:\u00b2", "expected HOST:PORT", id="superscript-port"),
         pytest.param("192.0.2.1:9400", "cannot listen on 192.0.2.1", id="not-local"),
     ],
 )
@@ -824,3 +834,267 @@ def test_d5_replica_choices_are_those_of_before_for_normal_sizes(profile: str) -
             policy=policy,
             topology=topo,
         )
+
+
+# ---------------------------------------------------------------- issue 26: sysfs, pod-resources, config
+
+
+def _ib_tree(root: Path) -> tuple[Path, list[tuple[str, int]]]:
+    """The dgx-h100 simulator's sysfs under ``root``: its ``class/infiniband`` folder and every port."""
+    from agent.nvml.sim_sysfs import write_sysfs
+    from agent.nvml.simulate import parse_spec
+
+    machine = write_sysfs(root, parse_spec("dgx-h100"))
+    return root / "class" / "infiniband", sorted((h.device, p.port) for h in machine.hcas for p in h.ports)
+
+
+def _fw_ver_a_directory(hca: Path) -> str:
+    (hca / "fw_ver").unlink()
+    (hca / "fw_ver").mkdir()
+    return f"{hca / 'fw_ver'}: not a regular file (a directory); attribute skipped"
+
+
+def _hca_type_latin1(hca: Path) -> str:
+    (hca / "hca_type").write_bytes(b"MT\xe94129\n")
+    return f"{hca / 'hca_type'}: not UTF-8 text (byte 0xe9 at offset 2); attribute skipped"
+
+
+def _dev_port_superscript(hca: Path) -> str:
+    [netdev] = (hca / "device" / "net").iterdir()
+    (netdev / "dev_port").write_text("\u00b2\n", encoding="utf-8")
+    return f"{hca / 'device' / 'net' / netdev.name / 'dev_port'}: not a port number: '\u00b2'; netdev "
+
+
+def _port_dir_superscript(hca: Path) -> str:
+    (hca / "ports" / "\u00b2").mkdir()
+    return f"{hca / 'ports' / chr(0xB2)}: port directory name is not a number; skipped"
+
+
+def _port_dir_arabic_digit(hca: Path) -> str:
+    (hca / "ports" / "\u0661").mkdir()  # ARABIC-INDIC DIGIT ONE: int() reads it as 1
+    return f"{hca / 'ports' / chr(0x661)}: port directory name is not a number; skipped"
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(_fw_ver_a_directory, id="fw-ver-directory"),
+        pytest.param(_hca_type_latin1, id="hca-type-not-utf8"),
+        pytest.param(_dev_port_superscript, id="dev-port-superscript"),
+        pytest.param(_port_dir_superscript, id="port-dir-superscript"),
+        pytest.param(_port_dir_arabic_digit, id="port-dir-arabic-digit"),
+    ],
+)
+def test_i18_a_strange_infiniband_attribute_is_one_error_line_and_run_starts(
+    short_dir: Path, damage: object
+) -> None:
+    """Issue 26 item 18: an optional IB attribute that is a directory or not UTF-8, a ``dev_port`` or a
+    port directory named with a non-ASCII digit is one error line; ``run`` starts and keeps every port
+    (it used to exit 1 with a traceback)."""
+    sysfs = short_dir / "sys"
+    ib, ports = _ib_tree(sysfs)
+    expected = damage(ib / "mlx5_0")  # type: ignore[operator]
+
+    async def body() -> None:
+        async with running_agent(short_dir, profile="dgx-h100", sysfs_root=sysfs) as agent:
+            kubelet, inventory = agent.kubelet, agent.ctx.store.inventory
+            await kubelet.wait_for(lambda: len(kubelet.devices.get(GPU, {})) == 8, timeout=20)
+            assert sorted((p.device, p.port) for p in inventory.ib) == ports
+            [line] = [e for e in inventory.errors if "infiniband" in e]
+            assert line.startswith(expected), line
+            assert "\n" not in line
+            assert agent.not_ready() == []
+
+    asyncio.run(body())
+
+
+_BOUNDED = """
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+from pathlib import Path
+from agent.host import read_host
+from agent.ib import read_ib
+root = Path(sys.argv[1])
+host = read_host(sysfs_root=root / "sys", proc_root=root / "proc", hostname="n")
+scan = read_ib(root / "sys")
+print(json.dumps({"cpus": host.cpu_count, "uuid": host.system_uuid, "numa": [n.cpus for n in host.numa_nodes],
+                  "ports": len(scan.ports), "firmware": sorted({str(p.firmware) for p in scan.ports}),
+                  "errors": list(scan.errors)}))
+"""
+
+
+def _read_bounded(root: Path) -> dict[str, object]:
+    """:func:`read_host` and :func:`read_ib` over ``root`` in a child with 1 GiB of address space and a
+    time limit, so a read without end fails this test instead of the machine."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _BOUNDED, str(root)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out: dict[str, object] = json.loads(proc.stdout)
+    return out
+
+
+def test_i20_cpu_ranges_are_bounded(tmp_path: Path) -> None:
+    """Issue 26 item 20: ``cpu/online`` of ``0-4294967295`` (and a NUMA node's ``cpulist`` alike) is
+    refused, not built as four billion ints; the CPU count falls back to the kernel's."""
+    import os
+
+    sysfs = tmp_path / "sys"
+    (sysfs / "devices" / "system" / "cpu").mkdir(parents=True)
+    (sysfs / "devices" / "system" / "cpu" / "online").write_text("0-4294967295\n")
+    (sysfs / "devices" / "system" / "node" / "node0").mkdir(parents=True)
+    (sysfs / "devices" / "system" / "node" / "node0" / "cpulist").write_text("0-3,8-4294967295\n")
+    (sysfs / "devices" / "system" / "node" / "node1").mkdir(parents=True)
+    (sysfs / "devices" / "system" / "node" / "node1" / "cpulist").write_text("4-7\n")
+    out = _read_bounded(tmp_path)
+    assert out["cpus"] == os.cpu_count()
+    assert out["numa"] == ["", "4-7"]
+
+
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo"])
+def test_i20_a_file_without_end_is_refused_and_the_rest_read(tmp_path: Path, kind: str) -> None:
+    """Issue 26 item 20: ``product_uuid`` (and an IB ``fw_ver``) linked to ``/dev/zero`` or made a FIFO
+    is skipped: no read for ever, no open that waits for a writer; everything else is read."""
+    import os
+
+    ib, ports = _ib_tree(tmp_path / "sys")
+    dmi = tmp_path / "sys" / "class" / "dmi" / "id"
+    dmi.mkdir(parents=True, exist_ok=True)
+    for path in (dmi / "product_uuid", ib / "mlx5_3" / "fw_ver"):
+        path.unlink(missing_ok=True)
+        if kind == "fifo":
+            os.mkfifo(path)
+        else:
+            path.symlink_to("/dev/zero")
+    what = "a FIFO" if kind == "fifo" else "a character device"
+    out = _read_bounded(tmp_path)
+    assert out["uuid"] is None
+    assert out["ports"] == len(ports)
+    assert out["errors"] == [f"{ib / 'mlx5_3' / 'fw_ver'}: not a regular file ({what}); attribute skipped"]
+    assert out["firmware"] == ["28.39.2048", "None"]
+
+
+def test_i19_a_strange_replica_id_from_pod_resources_is_an_unknown_device(short_dir: Path) -> None:
+    """Issue 26 item 19: pod-resources naming ``GPU-<uuid>::²`` or a 5,000-digit replica is an unknown
+    device ID: the agent keeps serving (plugins, metrics), and the good pods are still attributed. It
+    used to stop the whole agent at the exporter's first refresh, withdrawing every GPU."""
+    from agent.metrics.wiring import Listeners, listeners_for_run
+    from agent.podresources.fake import FakeContainer, FakePod, FakePodResourcesServer
+
+    sock = short_dir / "pr.sock"
+    listeners: list[Listeners] = []
+
+    def metrics(ctx: RunContext) -> Listeners | None:
+        made = listeners_for_run(ctx)
+        if made is not None:
+            listeners.append(made)
+        return made
+
+    async def body() -> None:
+        from tests.deviceplugin.helpers import inventory
+
+        uuid = inventory("pcie-l40s").gpus[0].uuid
+        pods = (
+            FakePod("ml", "good", (FakeContainer("main", {GPU: [f"{uuid}::1"]}),)),
+            FakePod("ml", "sup", (FakeContainer("main", {GPU: [f"{uuid}::\u00b2"]}),)),
+            FakePod("ml", "long", (FakeContainer("main", {GPU: [f"{uuid}::{'9' * 5000}"]}),)),
+        )
+        settings = RunSettings(
+            node_name="node-h",
+            kubelet_dir=short_dir,
+            simulate="pcie-l40s",
+            no_kube=True,
+            metrics_addr="127.0.0.1:0",
+            pod_resources_socket=sock,
+            rediscover_interval_s=3600.0,
+        )
+        async with (
+            FakePodResourcesServer(str(sock), pods=pods, allocatable=None),
+            running_kubelet(short_dir) as kubelet,
+        ):
+            stop = asyncio.Event()
+            task = asyncio.create_task(serve(settings, stop=stop, factories=(metrics,)))
+            try:
+                async with asyncio.timeout(20):
+                    while not listeners:
+                        await asyncio.sleep(0.01)
+                    exporter = listeners[0].exporter
+                    assert exporter is not None
+                    serving = asyncio.ensure_future(exporter.serving.wait())
+                    await asyncio.wait({serving, task}, return_when=asyncio.FIRST_COMPLETED)
+                    serving.cancel()
+                    assert not task.done(), task.exception()
+                await kubelet.wait_for(lambda: len(kubelet.devices.get(GPU, {})) == 4, timeout=20)
+                held = [(a.owner.pod, a.device_id) for a in exporter.cache.snapshot().allocations]
+                assert held == [("good", f"{uuid}::1")]
+                assert await exporter.cache.refresh_guarded()
+                assert not task.done()
+            finally:
+                stop.set()
+            assert await asyncio.wait_for(task, 20) == 0
+
+    asyncio.run(body())
+
+
+@pytest.mark.parametrize(
+    ("keys", "shown"),
+    [
+        pytest.param("5: x\nfoo: y\n", ["5", "foo"], id="int"),
+        pytest.param("~: x\nfoo: y\n", ["None", "foo"], id="null"),
+        pytest.param("1.5: x\ntrue: y\nfoo: z\n", ["1.5", "True", "foo"], id="float-and-bool"),
+        pytest.param(f"{'k' * 1000}: x\n7: y\n", ["k" * 61 + "...", "7"], id="long"),
+    ],
+)
+def test_i21_a_top_level_key_that_is_not_text_is_one_line_and_exit_2(
+    short_dir: Path, keys: str, shown: list[str]
+) -> None:
+    """Issue 26 item 21: an int, null or other non-text top-level key beside an unknown one is one line
+    per key naming it, exit 2, before anything starts (sorting the keys used to end in a traceback)."""
+    cfg = short_dir / "agent.yaml"
+    cfg.write_text(f"version: v1\n{keys}")
+    proc = subprocess.run(
+        [*AGENT, "--simulate", "pcie-l40s", "--kubelet-dir", str(short_dir), "--config", str(cfg), *NO_HTTP],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=REPO,
+    )
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert [line.split(": ")[2] for line in lines] == sorted(shown)
+    assert all(line.startswith(f"gpu-node-agent run: {cfg}: ") and "unknown key" in line for line in lines)
+    assert list(short_dir.glob("*.sock")) == []
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory"])
+def test_i21_a_config_path_that_is_not_a_regular_file_is_refused(short_dir: Path, kind: str) -> None:
+    """Issue 26 item 21: ``--config`` naming a FIFO (whose open waits for a writer), ``/dev/zero`` or a
+    folder is one line naming the path, exit 2, at once; the FIFO used to block ``run`` at start."""
+    import os
+
+    cfg = short_dir / "agent.yaml"
+    if kind == "fifo":
+        os.mkfifo(cfg)
+        what = "a FIFO"
+    elif kind == "dev-zero":
+        cfg.symlink_to("/dev/zero")
+        what = "a character device"
+    else:
+        cfg.mkdir()
+        what = "a directory"
+    proc = subprocess.run(
+        [*AGENT, "--simulate", "pcie-l40s", "--kubelet-dir", str(short_dir), "--config", str(cfg), *NO_HTTP],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=REPO,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip() == f"gpu-node-agent run: {cfg}: not a regular file ({what})"

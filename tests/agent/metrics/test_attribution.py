@@ -32,12 +32,40 @@ INV = make_inventory(gpus=3, mig={2: [(1, "3g.40gb"), (2, "1g.10gb")]})
         ),
         pytest.param("GPU-not-ours", None, id="unknown-uuid"),
         pytest.param(f"{gpu_uuid(0)}::x", None, id="bad-replica-suffix"),
+        pytest.param(f"{gpu_uuid(0)}::\u00b2", None, id="superscript-replica"),
+        pytest.param(f"{gpu_uuid(0)}::\u0663", None, id="arabic-digit-replica"),
+        pytest.param(f"{gpu_uuid(0)}::{'9' * 5000}", None, id="5000-digit-replica"),
+        pytest.param(f"{gpu_uuid(0)}::-1", None, id="negative-replica"),
         pytest.param("nvidia0/gi1", None, id="gke-style"),
         pytest.param("", None, id="empty"),
     ],
 )
 def test_resolver_resolves_device_ids(device_id: str, expected: DeviceRef | None) -> None:
     assert DeviceResolver(INV).resolve(device_id) == expected
+
+
+def test_strange_replica_ids_in_pod_resources_are_unknown_and_the_rest_attributed() -> None:
+    """Issue 26 item 19: one pod naming ``<uuid>::²`` (``int`` refuses it though ``isdigit`` takes it)
+    or a 5,000-digit replica does not stop attribution; those IDs count as unknown."""
+    snap = PodResourcesSnapshot(
+        assignments=(
+            _row("good", f"{gpu_uuid(1)}::2"),
+            _row("sup", f"{gpu_uuid(1)}::\u00b2"),
+            _row("long", f"{gpu_uuid(1)}::{'7' * 5000}"),
+        ),
+        allocatable=(AllocatableDevice("nvidia.com/gpu", f"{gpu_uuid(1)}::\u00b2"),),
+    )
+    att = attribute(snap, DeviceResolver(INV))
+    assert [(a.owner.pod, a.device_id) for a in att.allocations] == [("good", f"{gpu_uuid(1)}::2")]
+    assert att.replicas_total == {}
+
+
+def test_resolver_memo_is_bounded() -> None:
+    resolver = DeviceResolver(INV, memo_limit=8)
+    for n in range(100):
+        assert resolver.resolve(f"other-vendor-{n}") is None
+        assert resolver.misses <= 8
+    assert resolver.resolve(f"{gpu_uuid(1)}::3") == DeviceRef(gpu_uuid(1), 1, mig=False, replica=3)
 
 
 def test_resolver_caches_negative_answers() -> None:
