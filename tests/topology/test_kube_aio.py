@@ -8,6 +8,7 @@ import asyncio
 import json
 import threading
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -622,3 +623,107 @@ def test_a_connection_is_kept_only_where_the_server_keeps_it(answer: bytes, kept
         return idle
 
     assert run(main()) == (1 if kept else 0)
+
+
+class Hanging(Config):
+    """A credential hook that answers ``answers`` times, then hangs until ``release`` is set."""
+
+    def __init__(self, answers: int, **fields: Any) -> None:
+        super().__init__(**fields)
+        self.answers = answers
+        self.release = threading.Event()
+        self.calls = 0
+        self.running = 0
+        self.most_running = 0
+        self._lock = threading.Lock()
+
+    def auth_settings(self) -> dict[str, Any]:
+        with self._lock:
+            self.calls += 1
+            self.running += 1
+            self.most_running = max(self.most_running, self.running)
+            hang = self.calls > self.answers
+        try:
+            if hang:
+                self.release.wait(30)
+            return super().auth_settings()
+        finally:
+            with self._lock:
+                self.running -= 1
+
+
+async def on_a_worker_thread() -> int:
+    """``asyncio.to_thread`` work (the extender's planning) still runs: within a bound, not stalled."""
+    async with asyncio.timeout(5):
+        return await asyncio.to_thread(lambda: 42)
+
+
+def test_a_hanging_credential_hook_holds_one_thread_and_requests_go_on_with_the_last_token() -> None:
+    """Issue 26 item 17: each request's read of a hanging hook held a worker of the default executor
+    until it was full and every ``to_thread`` stalled."""
+    cfg = Hanging(answers=1)
+
+    async def main() -> tuple[Seen, int]:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=2))
+        server, seen, port = await serve(answering(CREATED))
+        kube = AsyncKube(
+            "127.0.0.1", port, tls=None, auth=cfg, auth_refresh_s=0.0, auth_timeout_s=0.05, max_connections=4
+        )
+        await kube.bind("ns", "first", "", "n")  # a token is read
+        cfg.token = "Bearer t1"  # never read: the hook hangs from now on
+        await asyncio.gather(*(kube.bind("ns", f"p{i}", "", "n") for i in range(40)))
+        worked = await on_a_worker_thread()
+        await asyncio.gather(*(kube.bind("ns", f"q{i}", "", "n") for i in range(10)))
+        cfg.release.set()
+        await kube.aclose()
+        server.close()
+        return seen, worked
+
+    seen, worked = run(main())
+    assert worked == 42
+    assert len(seen.requests) == 51
+    assert {h["authorization"] for _, h, _ in seen.requests} == {"Bearer t0"}
+    assert cfg.calls == 2  # the first read, then the one that hangs: never a second at once
+    assert cfg.most_running == 1
+
+
+def test_a_hook_that_hangs_before_any_token_fails_requests_naming_it_and_holds_one_thread() -> None:
+    cfg = Hanging(answers=0)
+
+    async def main() -> tuple[list[BaseException | None], int]:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=1))
+        kube = AsyncKube("127.0.0.1", 1, tls=None, auth=cfg, auth_timeout_s=0.05)
+        errors = await asyncio.gather(
+            *(kube.bind("ns", f"p{i}", "", "n") for i in range(20)), return_exceptions=True
+        )
+        worked = await on_a_worker_thread()
+        cfg.release.set()
+        return errors, worked
+
+    errors, worked = run(main())
+    assert worked == 42
+    assert all(isinstance(e, KubeError) and e.status == 0 for e in errors)
+    assert "the credential hook has not answered" in str(errors[0])
+    assert cfg.calls == 1
+
+
+def test_a_credential_hook_that_fails_after_a_token_keeps_the_last_token() -> None:
+    class FailingLater(Config):
+        def auth_settings(self) -> dict[str, Any]:
+            if self.reads:
+                raise RuntimeError("exec plugin exited 1")
+            return super().auth_settings()
+
+    cfg = FailingLater()
+
+    async def main() -> Seen:
+        server, seen, port = await serve(answering(CREATED))
+        kube = AsyncKube("127.0.0.1", port, tls=None, auth=cfg, auth_refresh_s=0.0)
+        for i in range(3):
+            await kube.bind("ns", f"p{i}", "", "n")
+        await kube.aclose()
+        server.close()
+        return seen
+
+    seen = run(main())
+    assert [h["authorization"] for _, h, _ in seen.requests] == ["Bearer t0"] * 3
