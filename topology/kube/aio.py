@@ -295,7 +295,9 @@ class AsyncKube:
         if refresh is not None:
             wait = self._auth_began + self.auth_timeout_s - time.monotonic()
             try:
-                async with asyncio.timeout(max(wait, 0.0)):
+                if wait <= 0:
+                    raise TimeoutError
+                async with asyncio.timeout(wait):
                     await asyncio.shield(refresh)  # one waiter's end never ends the read for the rest
             except TimeoutError:
                 if not self._auth_late:
@@ -339,9 +341,7 @@ class AsyncKube:
 
     def _refreshed(self, done: asyncio.Future[None], value: str | None, error: str) -> None:
         """On the loop: a read ended with ``value`` (None: it failed with ``error``)."""
-        if value is not None and not _HEADER_VALUE_RE.fullmatch(
-            value
-        ):  # CR, LF or what a header cannot carry
+        if value is not None and not _HEADER_VALUE_RE.fullmatch(value):  # CR, LF, or beyond ASCII
             value, error = None, "the client's token cannot be sent in a header"
         self._auth_refresh = None
         if value is not None:
