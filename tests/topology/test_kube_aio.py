@@ -463,6 +463,9 @@ def test_chunked_and_close_delimited_answers_are_read() -> None:
         pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n{x}", "not JSON", id="not-json"),
         pytest.param(b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * 20000, "over 65536", id="head-too-big"),
         pytest.param(b"HTTP/1.1 200", "inside the answer's head", id="head-cut"),
+        pytest.param(b"HTTP/1.1 101 Switching Protocols\r\n\r\n", "asked no upgrade", id="upgrade"),
+        pytest.param(b"HTTP/1.1 100 Continue\r\n\r\n" * 9, "more than 8 interim", id="endless-interim"),
+        pytest.param(b"HTTP/1.1 100 Continue\r\n\r\n", "after an interim (1xx) answer", id="interim-only"),
         pytest.param(
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"1" * 70000,
             "chunk line or trailer over",
