@@ -29,6 +29,7 @@ class Api:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, str, Any]] = []
         self.status: dict[str, int] = {}
+        self.message: dict[str, str] = {}
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -37,7 +38,11 @@ class Api:
                 body = json.loads(self.rfile.read(length) or b"null")
                 api.calls.append((self.command, self.path, self.headers.get("Content-Type", ""), body))
                 code = api.status.get(self.path, 201 if self.command == "POST" else 200)
-                reply = {"kind": "Status", "code": code, "message": f"answer {code}"}
+                reply = {
+                    "kind": "Status",
+                    "code": code,
+                    "message": api.message.get(self.path, f"answer {code}"),
+                }
                 data = json.dumps(reply).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
@@ -202,3 +207,30 @@ def test_a_binding_is_the_same_post_from_either_client_and_a_refusal_comes_back(
         "metadata": {"name": "w-0", "namespace": "ml", "uid": "uid-1"},
         "target": {"apiVersion": "v1", "kind": "Node", "name": "r0-t3"},
     }
+
+
+@pytest.mark.parametrize("on_loop", [True, False], ids=["event-loop-client", "sync-client-in-a-thread"])
+def test_a_binding_refused_as_already_on_that_node_is_bound_by_either_client(api: Api, on_loop: bool) -> None:
+    """The API server's refusal of a second binding (409, ``pod NAME is already assigned to node
+    "NODE"``): on the node asked for, the pod is bound (an earlier send of the binding was carried
+    out); on another node it is a refusal. Both clients decide alike."""
+    api_client = client.ApiClient(client.Configuration(host=api.url))
+    aio = AsyncKube.from_api_client(api_client) if on_loop else None
+    kc = KubeCluster(Kube(api_client, request_timeout_s=5), aio)
+    path = "/api/v1/namespaces/ml/pods/w-0/binding"
+    api.status[path] = 409
+    said = 'Operation cannot be fulfilled on pods/binding "w-0": pod w-0 is already assigned to node "{}"'
+
+    async def bind() -> None:
+        api.message[path] = said.format("r0-t3")
+        await kc.bind("ml", "w-0", "uid-1", "r0-t3")
+        api.message[path] = said.format("r1-t0")
+        with pytest.raises(KubeError) as exc:
+            await kc.bind("ml", "w-0", "uid-1", "r0-t3")
+        assert exc.value.status == 409
+        assert 'already assigned to node "r1-t0"' in str(exc.value)
+        if aio is not None:
+            await aio.aclose()
+
+    asyncio.run(bind())
+    assert [(m, p) for m, p, _, _ in api.calls] == [("POST", path)] * 2

@@ -3,9 +3,11 @@ extender's trust rules): JSON nested 100,000 deep and 5,000-digit numbers (E1), 
 (E2), idle, silent and stalled connections (E3), huge bodies and wrong content types, forged pods that
 try to reserve GPUs or grow memory, and binds of pods that are not ours, not filtered by us, or bound to
 nodes that do not exist; an API server that answers a binding with garbage, an endless body or not at
-all. Every case gets a clear answer, nothing is bound that should not be, no state
-is left for forged pods, and the server keeps serving. Each test runs under a deadline of a few seconds
-with short server timeouts injected; the state is fed directly (no API server)."""
+all, with an interim 100 Continue first, with "already assigned" to that node or another, or that closes
+the connection after the binding was written (issue 26). Every case gets a clear answer, nothing is
+bound that should not be, no state is left for forged pods, and the server keeps serving. Each test
+runs under a deadline of a few seconds with short server timeouts injected; the state is fed directly
+(no API server)."""
 
 from __future__ import annotations
 
@@ -693,3 +695,95 @@ def test_a_hostile_answer_to_a_binding_is_that_pods_error_and_the_loop_keeps_ser
             await asyncio.sleep(0.05)  # the API's connections close
 
     asyncio.run(asyncio.wait_for(main(), DEADLINE_S))
+
+
+def _refusal(status: int, message: str) -> bytes:
+    body = json.dumps({"kind": "Status", "status": "Failure", "message": message, "code": status}).encode()
+    return b"HTTP/1.1 %d Conflict\r\nContent-Length: %d\r\n\r\n%s" % (status, len(body), body)
+
+
+_CREATED = b'HTTP/1.1 201 Created\r\nContent-Length: 17\r\n\r\n{"kind":"Status"}'
+_ASSIGNED = 'Operation cannot be fulfilled on pods/binding "solo": pod solo is already assigned to node "{}"'
+
+
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        pytest.param(b"HTTP/1.1 100 Continue\r\n\r\n" + _CREATED, "", id="continue-then-created"),
+        pytest.param(
+            b"HTTP/1.1 100 Continue\r\n\r\n" + _refusal(409, _ASSIGNED.format("r1-t0")),
+            'already assigned to node "r1-t0"',
+            id="continue-then-refused",
+        ),
+        pytest.param(_refusal(409, _ASSIGNED.format("r0-t0")), "", id="already-on-that-node"),
+        pytest.param(
+            _refusal(409, _ASSIGNED.format("r1-t0")), 'already assigned to node "r1-t0"', id="on-another-node"
+        ),
+        pytest.param(b"", "not sent again", id="closed-after-the-post"),
+    ],
+)
+def test_the_api_servers_answer_to_a_binding_decides_and_a_written_binding_is_never_sent_twice(
+    answer: bytes, error: str
+) -> None:
+    """Issue 26 items 14 and 16: an interim ``100 Continue`` is not the answer (the final one decides);
+    a binding refused because the pod is already on that node is bound; a connection that ends after
+    the binding was written is that pod's error, the binding never sent again (it may have been done)."""
+    from agent.commands.extender import KubeCluster
+    from topology.kube import Kube
+    from topology.kube.aio import AsyncKube
+
+    p = pod("solo", 4)
+    posts: list[bytes] = []
+
+    async def api(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                if head.startswith(b"GET /version "):  # the connection is kept alive for the binding
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+                    continue
+                posts.append(head)
+                if not answer:
+                    return  # read, then closed without a word
+                writer.write(answer)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def main() -> dict[str, Any]:
+        hostile = await asyncio.start_server(api, "127.0.0.1", 0)
+        aio = AsyncKube("127.0.0.1", hostile.sockets[0].getsockname()[1], tls=None, timeout_s=2.0)
+        cluster = KubeCluster(Kube(None), aio)  # the sync client is never used here
+        ext = Extender(state=make_state([p]), cluster=cluster, unknown_pod_grace_s=0.0)
+        server = ExtenderServer(ext, max_body_bytes=1 << 20, limits=FAST)
+        await server.start("127.0.0.1", 0)
+        srv = Served(server, ext.state, Recorder())
+        try:
+            _, out = await srv.post("filter", {"Pod": p, "NodeNames": ["r0-t0"]})
+            assert out["NodeNames"] == ["r0-t0"]
+            await aio.request("GET", "/version")  # the binding goes on a kept-alive connection
+            args = {
+                "PodName": "solo",
+                "PodNamespace": "default",
+                "PodUID": "uid-default-solo",
+                "Node": "r0-t0",
+            }
+            status, out = await srv.post("bind", args)
+            assert status == 200
+            assert aio.opened == 1
+            await still_serving(srv)
+            return dict(out)
+        finally:
+            await server.stop(grace_s=1.0)
+            await aio.aclose()
+            hostile.close()
+
+    out = asyncio.run(asyncio.wait_for(main(), DEADLINE_S))
+    if error:
+        assert "binding default/solo to r0-t0 failed" in out["Error"]
+        assert error in out["Error"]
+    else:
+        assert out["Error"] == ""
+    assert len(posts) == 1

@@ -8,6 +8,7 @@ import asyncio
 import json
 import threading
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -172,26 +173,197 @@ def test_many_requests_at_once_share_at_most_the_connection_cap() -> None:
     assert opened <= 4
 
 
-def test_a_connection_the_server_closed_while_idle_is_replaced_and_the_request_sent_once_more() -> None:
+async def until(condition: Callable[[], bool]) -> None:
+    """Let the loop run until ``condition`` holds (the test's own deadline bounds it)."""
+    while not condition():
+        await asyncio.sleep(0.001)
+
+
+def test_a_connection_the_server_closed_while_idle_is_dropped_before_a_request_is_written() -> None:
+    closed = asyncio.Event()
+
     async def once_then_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: Seen) -> None:
         if await read_request(reader, seen):
             writer.write(CREATED)
             await writer.drain()
-        # then the server reads the next request and closes without a word
-        await read_request(reader, seen)
+        writer.close()
+        await writer.wait_closed()
+        closed.set()
 
     async def main() -> tuple[Seen, int]:
         server, seen, port = await serve(once_then_close)
         kube = AsyncKube("127.0.0.1", port, tls=None)
         await kube.bind("ns", "a", "", "n")
-        await kube.bind("ns", "b", "", "n")  # sent on the old connection, unanswered, then on a new one
+        await closed.wait()
+        await until(lambda: not kube._idle[0].usable())  # the client has seen the close
+        await kube.bind("ns", "b", "", "n")  # never written on the closed connection
         await kube.aclose()
         server.close()
         return seen, kube.opened
 
     seen, opened = run(main())
     assert opened == 2
-    assert [r[0].split()[1].rsplit("/", 2)[1] for r in seen.requests] == ["a", "b", "b"]
+    assert [r[0].split()[1].rsplit("/", 2)[1] for r in seen.requests] == ["a", "b"]
+
+
+def test_a_request_written_on_a_kept_connection_that_ends_unanswered_is_not_sent_again() -> None:
+    """Issue 26 item 16: a POST whose bytes were written may have been carried out; sending it again
+    turned a done binding into a 409 reported as a failure."""
+
+    async def once_then_drop(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: Seen) -> None:
+        if await read_request(reader, seen):
+            writer.write(CREATED)
+            await writer.drain()
+        await read_request(reader, seen)  # then the server reads the next request and closes unanswered
+
+    async def main() -> tuple[KubeError, Seen, int]:
+        server, seen, port = await serve(once_then_drop)
+        kube = AsyncKube("127.0.0.1", port, tls=None)
+        await kube.bind("ns", "a", "", "n")
+        with pytest.raises(KubeError) as exc:
+            await kube.bind("ns", "b", "", "n")
+        await kube.bind("ns", "c", "", "n")  # the next request takes a new connection
+        await kube.aclose()
+        server.close()
+        return exc.value, seen, kube.opened
+
+    err, seen, opened = run(main())
+    assert err.status == 0
+    assert "POST /api/v1/namespaces/ns/pods/b/binding: the connection closed before an answer" in str(err)
+    assert "not sent again" in str(err)
+    assert [r[0].split()[1].rsplit("/", 2)[1] for r in seen.requests] == ["a", "b", "c"]
+    assert opened == 2
+
+
+def conflict(pod: str, node: str) -> bytes:
+    body = json.dumps(
+        {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "status": "Failure",
+            "message": f'Operation cannot be fulfilled on pods/binding "{pod}": '
+            f'pod {pod} is already assigned to node "{node}"',
+            "reason": "Conflict",
+            "details": {"name": pod, "kind": "pods/binding"},
+            "code": 409,
+        }
+    ).encode()
+    return b"HTTP/1.1 409 Conflict\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+        len(body),
+        body,
+    )
+
+
+def test_a_binding_refused_as_already_on_that_node_is_bound_and_on_another_node_is_refused() -> None:
+    """The API server's answer to a second binding of a bound pod (pods/binding storage: 409 Conflict,
+    ``pod NAME is already assigned to node "NODE"``): the same node is the binding done."""
+    long = "p" + "-x" * 126  # a pod name of 253 characters: the whole message is kept
+
+    async def main() -> list[str]:
+        server, _, port = await serve(
+            answering(
+                conflict("p", "node-a"),
+                conflict(long, "node-a"),
+                conflict("p", "node-b"),
+                conflict("q", "node-a"),
+            )
+        )
+        kube = AsyncKube("127.0.0.1", port, tls=None)
+        await kube.bind("ns", "p", "u-1", "node-a")
+        await kube.bind("ns", long, "", "node-a")
+        refused = []
+        for name in ("p", "p"):  # on another node; then another pod's message
+            with pytest.raises(KubeError) as exc:
+                await kube.bind("ns", name, "", "node-a")
+            refused.append(str(exc.value))
+        await kube.aclose()
+        server.close()
+        return refused
+
+    refused = run(main())
+    assert refused[0].startswith("409: ")
+    assert 'already assigned to node "node-b"' in refused[0]
+    assert 'pod q is already assigned to node "node-a"' in refused[1]
+
+
+def test_interim_answers_are_skipped_and_the_final_one_is_the_requests() -> None:
+    """Issue 26 item 14: a ``100 Continue`` taken as the answer left the real one on the connection,
+    read as the next binding's answer (a refused binding reported bound)."""
+    cont = b"HTTP/1.1 100 Continue\r\n\r\n"
+    hints = b"HTTP/1.1 103 Early Hints\r\nLink: </x>; rel=preload\r\n\r\n"
+
+    async def main() -> tuple[KubeError, int]:
+        server, _, port = await serve(answering(cont + CREATED, cont + hints + conflict("b", "node-z")))
+        kube = AsyncKube("127.0.0.1", port, tls=None)
+        await kube.bind("ns", "a", "", "n")
+        with pytest.raises(KubeError) as exc:
+            await kube.bind("ns", "b", "", "n")
+        await kube.aclose()
+        server.close()
+        return exc.value, kube.opened
+
+    err, opened = run(main())
+    assert err.status == 409
+    assert 'already assigned to node "node-z"' in str(err)
+    assert opened == 1  # the connection stood at each answer's start: kept
+
+
+def test_bytes_past_a_content_length_body_end_its_connection_and_never_answer_the_next_request() -> None:
+    """Issue 26 item 15: a stray answer after a body, on a kept connection, answered the next request."""
+
+    answers = [CREATED + conflict("b", "elsewhere"), conflict("b", "node-z")]  # in turn, any connection
+
+    async def in_turn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: Seen) -> None:
+        while await read_request(reader, seen):
+            writer.write(answers.pop(0))
+            await writer.drain()
+
+    async def main() -> tuple[KubeError, int, int]:
+        server, _, port = await serve(in_turn)
+        kube = AsyncKube("127.0.0.1", port, tls=None)
+        await kube.bind("ns", "a", "", "n")
+        idle = len(kube._idle)
+        with pytest.raises(KubeError) as exc:
+            await kube.bind("ns", "b", "", "n")
+        await kube.aclose()
+        server.close()
+        return exc.value, idle, kube.opened
+
+    err, idle, opened = run(main())
+    assert idle == 0
+    assert 'already assigned to node "node-z"' in str(err)  # its own answer, not the stray one
+    assert opened == 2
+
+
+def test_bytes_that_arrive_while_a_connection_is_idle_end_it() -> None:
+    stray = asyncio.Event()
+
+    async def then_stray(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: Seen) -> None:
+        if await read_request(reader, seen):
+            writer.write(CREATED)
+            await writer.drain()
+            await asyncio.sleep(0.01)
+            writer.write(b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\n\r\n")
+            await writer.drain()
+            stray.set()
+        while await read_request(reader, seen):
+            writer.write(CREATED)
+            await writer.drain()
+
+    async def main() -> tuple[Seen, int]:
+        server, seen, port = await serve(then_stray)
+        kube = AsyncKube("127.0.0.1", port, tls=None)
+        await kube.bind("ns", "a", "", "n")
+        await stray.wait()
+        await until(lambda: kube._idle[0].unread > 0)
+        await kube.bind("ns", "b", "", "n")
+        await kube.aclose()
+        server.close()
+        return seen, kube.opened
+
+    seen, opened = run(main())
+    assert opened == 2
+    assert len(seen.requests) == 2
 
 
 def test_a_fresh_connection_closed_unanswered_is_an_error_not_a_retry() -> None:
@@ -291,6 +463,9 @@ def test_chunked_and_close_delimited_answers_are_read() -> None:
         pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n{x}", "not JSON", id="not-json"),
         pytest.param(b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * 20000, "over 65536", id="head-too-big"),
         pytest.param(b"HTTP/1.1 200", "inside the answer's head", id="head-cut"),
+        pytest.param(b"HTTP/1.1 101 Switching Protocols\r\n\r\n", "asked no upgrade", id="upgrade"),
+        pytest.param(b"HTTP/1.1 100 Continue\r\n\r\n" * 9, "more than 8 interim", id="endless-interim"),
+        pytest.param(b"HTTP/1.1 100 Continue\r\n\r\n", "after an interim (1xx) answer", id="interim-only"),
         pytest.param(
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"1" * 70000,
             "chunk line or trailer over",
@@ -423,3 +598,135 @@ def test_bytes_past_a_chunked_body_end_its_connection() -> None:
     got, idle = run(main())
     assert got == {}
     assert idle == 0  # the stream is not at an answer's start: never reused
+
+
+@pytest.mark.parametrize(
+    ("answer", "kept"),
+    [
+        pytest.param(CREATED, True, id="http-1.1"),
+        pytest.param(CREATED.replace(b"HTTP/1.1", b"HTTP/1.0"), False, id="http-1.0"),
+        pytest.param(
+            CREATED.replace(b"HTTP/1.1", b"HTTP/1.0").replace(
+                b"\r\n\r\n", b"\r\nConnection: Keep-Alive\r\n\r\n"
+            ),
+            True,
+            id="http-1.0-keep-alive",
+        ),
+        pytest.param(CREATED.replace(b"\r\n\r\n", b"\r\nConnection: x, close\r\n\r\n"), False, id="close"),
+    ],
+)
+def test_a_connection_is_kept_only_where_the_server_keeps_it(answer: bytes, kept: bool) -> None:
+    async def main() -> int:
+        server, _, port = await serve(answering(answer))
+        kube = AsyncKube("127.0.0.1", port, tls=None)
+        await kube.bind("ns", "a", "", "n")
+        idle = len(kube._idle)
+        await kube.aclose()
+        server.close()
+        return idle
+
+    assert run(main()) == (1 if kept else 0)
+
+
+class Hanging(Config):
+    """A credential hook that answers ``answers`` times, then hangs until ``release`` is set."""
+
+    def __init__(self, answers: int, **fields: Any) -> None:
+        super().__init__(**fields)
+        self.answers = answers
+        self.release = threading.Event()
+        self.calls = 0
+        self.running = 0
+        self.most_running = 0
+        self._lock = threading.Lock()
+
+    def auth_settings(self) -> dict[str, Any]:
+        with self._lock:
+            self.calls += 1
+            self.running += 1
+            self.most_running = max(self.most_running, self.running)
+            hang = self.calls > self.answers
+        try:
+            if hang:
+                self.release.wait(30)
+            return super().auth_settings()
+        finally:
+            with self._lock:
+                self.running -= 1
+
+
+async def on_a_worker_thread() -> int:
+    """``asyncio.to_thread`` work (the extender's planning) still runs: within a bound, not stalled."""
+    async with asyncio.timeout(5):
+        return await asyncio.to_thread(lambda: 42)
+
+
+def test_a_hanging_credential_hook_holds_one_thread_and_requests_go_on_with_the_last_token() -> None:
+    """Issue 26 item 17: each request's read of a hanging hook held a worker of the default executor
+    until it was full and every ``to_thread`` stalled."""
+    cfg = Hanging(answers=1)
+
+    async def main() -> tuple[Seen, int]:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=2))
+        server, seen, port = await serve(answering(CREATED))
+        kube = AsyncKube(
+            "127.0.0.1", port, tls=None, auth=cfg, auth_refresh_s=0.0, auth_timeout_s=0.05, max_connections=4
+        )
+        await kube.bind("ns", "first", "", "n")  # a token is read
+        cfg.token = "Bearer t1"  # never read: the hook hangs from now on
+        await asyncio.gather(*(kube.bind("ns", f"p{i}", "", "n") for i in range(40)))
+        worked = await on_a_worker_thread()
+        await asyncio.gather(*(kube.bind("ns", f"q{i}", "", "n") for i in range(10)))
+        cfg.release.set()
+        await kube.aclose()
+        server.close()
+        return seen, worked
+
+    seen, worked = run(main())
+    assert worked == 42
+    assert len(seen.requests) == 51
+    assert {h["authorization"] for _, h, _ in seen.requests} == {"Bearer t0"}
+    assert cfg.calls == 2  # the first read, then the one that hangs: never a second at once
+    assert cfg.most_running == 1
+
+
+def test_a_hook_that_hangs_before_any_token_fails_requests_naming_it_and_holds_one_thread() -> None:
+    cfg = Hanging(answers=0)
+
+    async def main() -> tuple[list[BaseException | None], int]:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=1))
+        kube = AsyncKube("127.0.0.1", 1, tls=None, auth=cfg, auth_timeout_s=0.05)
+        errors = await asyncio.gather(
+            *(kube.bind("ns", f"p{i}", "", "n") for i in range(20)), return_exceptions=True
+        )
+        worked = await on_a_worker_thread()
+        cfg.release.set()
+        return errors, worked
+
+    errors, worked = run(main())
+    assert worked == 42
+    assert all(isinstance(e, KubeError) and e.status == 0 for e in errors)
+    assert "the credential hook has not answered" in str(errors[0])
+    assert cfg.calls == 1
+
+
+def test_a_credential_hook_that_fails_after_a_token_keeps_the_last_token() -> None:
+    class FailingLater(Config):
+        def auth_settings(self) -> dict[str, Any]:
+            if self.reads:
+                raise RuntimeError("exec plugin exited 1")
+            return super().auth_settings()
+
+    cfg = FailingLater()
+
+    async def main() -> Seen:
+        server, seen, port = await serve(answering(CREATED))
+        kube = AsyncKube("127.0.0.1", port, tls=None, auth=cfg, auth_refresh_s=0.0)
+        for i in range(3):
+            await kube.bind("ns", f"p{i}", "", "n")
+        await kube.aclose()
+        server.close()
+        return seen
+
+    seen = run(main())
+    assert [h["authorization"] for _, h, _ in seen.requests] == ["Bearer t0"] * 3

@@ -51,6 +51,15 @@ class KubeError(Exception):
         self.status = status
 
 
+def bound_already(exc: KubeError, name: str, node: str) -> bool:
+    """Whether a refused binding of pod ``name`` says that pod is on ``node`` already: the API server
+    refuses a second binding with 409 Conflict, ``Operation cannot be fulfilled on pods/binding "NAME":
+    pod NAME is already assigned to node "NODE"`` (the UID precondition, when sent, is checked before,
+    so it is this pod). That is the binding done (an earlier send of it was carried out); another node,
+    or any other conflict, is a refusal. Pod and node names cannot hold a quote or a space."""
+    return exc.status == 409 and str(exc).endswith(f'pod {name} is already assigned to node "{node}"')
+
+
 def api_client_from(kubeconfig: str | None, *, environ: Mapping[str, str] | None = None) -> Any:
     """An ``ApiClient`` from a kubeconfig file (the argument, else the first file in ``$KUBECONFIG``),
     else the in-cluster service account, else ~/.kube/config. (The client library reads ``$KUBECONFIG``
@@ -360,16 +369,21 @@ class Kube:
                 raise
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
-        """Bind a pod to a node (``pods/binding``); ``uid`` (when given) guards against a re-created pod."""
+        """Bind a pod to a node (``pods/binding``); ``uid`` (when given) guards against a re-created pod.
+        A pod already on that node counts as bound (:func:`bound_already`)."""
         meta: dict[str, str] = {"name": name, "namespace": namespace}
         if uid:
             meta["uid"] = uid
-        self.create(
-            binding(namespace, name),
-            {
-                "apiVersion": "v1",
-                "kind": "Binding",
-                "metadata": meta,
-                "target": {"apiVersion": "v1", "kind": "Node", "name": node},
-            },
-        )
+        try:
+            self.create(
+                binding(namespace, name),
+                {
+                    "apiVersion": "v1",
+                    "kind": "Binding",
+                    "metadata": meta,
+                    "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+                },
+            )
+        except KubeError as exc:
+            if not bound_already(exc, name, node):
+                raise
