@@ -33,7 +33,7 @@ from agent.metrics.native import (
     render_native_devices,
 )
 from agent.metrics.procmap import ProcessPodMapper
-from agent.metrics.server import MetricsServer, ReadinessCheck
+from agent.metrics.server import MetricsServer, ReadinessCheck, Timeouts
 from agent.metrics.snapshot import AgentStats, MetricsSnapshot
 from agent.nvml.protocol import NvmlBackend
 from agent.podresources.cache import PodResourcesCache
@@ -126,7 +126,8 @@ class MetricsExporter:
     ``readiness`` adds checks to ``/readyz`` besides NVML's (e.g. "every plugin registered");
     ``agent_stats`` supplies discovery duration, registrations and kubelet restarts; ``device_health``
     answers healthy/unhealthy per device UUID; ``xids`` supplies XID counts (default: an
-    :class:`~agent.metrics.cache.XidCounter` at ``exporter.xids`` fed through its ``record`` hook).
+    :class:`~agent.metrics.cache.XidCounter` at ``exporter.xids`` fed through its ``record`` hook);
+    ``timeouts`` are the ``/metrics`` listener's (default :class:`~agent.metrics.server.Timeouts`).
     """
 
     def __init__(
@@ -141,6 +142,7 @@ class MetricsExporter:
         device_health: Callable[[str], bool | None] | None = None,
         xids: XidSource | None = None,
         version: str | None = None,
+        timeouts: Timeouts | None = None,
     ) -> None:
         self.settings = settings
         self.podresources: PodResourcesCache | None = None
@@ -168,6 +170,7 @@ class MetricsExporter:
             port=settings.port,
             render=lambda: self.render(),  # noqa: PLW0108 - self.render is built below, from the server
             readiness=(("nvml", self.cache.nvml_problem), *readiness),
+            timeouts=timeouts,
         )
         version = version or agent_version()
         self.render = CachedRender(

@@ -12,8 +12,10 @@ import pytest
 import yaml
 
 from agent.commands.extender import parse_settings
+from agent.localcluster import versions
 from agent.simnode import open_simulated_node
-from scheduler_plugin.queue import QueueConfig
+from scheduler_plugin.queue import RESERVED_FOR, QueueConfig
+from scheduler_plugin.state import GANG_PLANNED, SCHEDULER_NAME
 from tests.daemonset.conftest import REPO
 from tests.topology.factories import ib_port, nvl72_tray
 from topology.labels import MIG_STRATEGIES, node_labels
@@ -411,3 +413,77 @@ def test_extender_runs_beside_kube_scheduler_on_loopback(deploy_tools: Path, val
         {"kind": "ServiceAccount", "name": "gpu-topology-scheduler", "namespace": "gpu-system"}
     ]
     assert pod["serviceAccountName"] == "gpu-topology-scheduler"
+
+
+EXTENDER_POLICY = "gpu-topology-extender-annotations-only"
+
+
+def _variables(policy: dict[str, Any]) -> dict[str, str]:
+    return {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+
+
+@pytest.mark.parametrize("source", ["kustomize", "helm"])
+def test_every_extender_write_is_pinned_by_its_admission_policy(deploy_tools: Path, source: str) -> None:
+    """Issue 26 item 11: the extender's ClusterRole patches any Node and Pod; a policy bound to the pod's
+    service account lets through only the two annotations the extender writes (tested on the real API
+    server in tests/e2e/test_deployment_e2e.py)."""
+    objs = by_key(
+        render_kustomize(deploy_tools, DAEMONSET / "base")
+        if source == "kustomize"
+        else render_helm(deploy_tools)
+    )
+    role = objs[("ClusterRole", "", "gpu-topology-extender")]
+    written = {
+        res
+        for rule in role["rules"]
+        if "" in rule["apiGroups"] and set(rule["verbs"]) & {"create", "update", "patch", "delete"}
+        for res in rule["resources"]
+        if "/" not in res and res != "events"  # subresources (binding, eviction) are not object writes
+    }
+    assert written == {"nodes", "pods"}
+    policy = objs[("ValidatingAdmissionPolicy", "", EXTENDER_POLICY)]
+    rules = policy["spec"]["matchConstraints"]["resourceRules"]
+    matched = {res: set(rule["operations"]) for rule in rules for res in rule["resources"]}
+    # a patch may update and, as a server-side apply, create; DELETE of pods is kube-scheduler's preemption
+    assert matched == {"nodes": {"CREATE", "UPDATE", "DELETE"}, "pods": {"CREATE", "UPDATE"}}
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    binding = objs[("ValidatingAdmissionPolicyBinding", "", EXTENDER_POLICY)]
+    assert binding["spec"] == {"policyName": EXTENDER_POLICY, "validationActions": ["Deny"]}
+    # it matches exactly the service account the role is bound to, the one the scheduler pod runs as
+    (subject,) = objs[("ClusterRoleBinding", "", "gpu-topology-extender")]["subjects"]
+    user = f"system:serviceaccount:{subject['namespace']}:{subject['name']}"
+    (condition,) = policy["spec"]["matchConditions"]
+    assert condition["expression"] == f"request.userInfo.username == '{user}'"
+    pod = objs[("Deployment", "gpu-system", "gpu-topology-scheduler")]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == subject["name"]
+    # the annotations allowed are the ones the extender writes, on the pods of its own scheduler
+    variables = _variables(policy)
+    assert variables["owned"] == f"variables.isNode ? '{RESERVED_FOR}' : '{GANG_PLANNED}'"
+    extender = next(c for c in pod["containers"] if c["name"] == "extender")
+    assert variables["scheduler"] == f"'{parse_settings(extender['args'][1:]).scheduler_name}'"
+    config = yaml.safe_load(
+        objs[("ConfigMap", "gpu-system", "gpu-topology-scheduler-config")]["data"]["config.yaml"]
+    )
+    assert [p["schedulerName"] for p in config["profiles"]] == [SCHEDULER_NAME]
+
+
+@pytest.mark.parametrize("values", [["admissionPolicy.enabled=false"], ["extender.enabled=false"]])
+def test_chart_renders_the_extender_policy_only_with_the_extender(
+    deploy_tools: Path, values: list[str]
+) -> None:
+    kinds = {k[0] for k in by_key(render_helm(deploy_tools, *values)) if k[2] == EXTENDER_POLICY}
+    assert kinds == set()
+
+
+def test_kube_scheduler_image_is_the_tested_release(deploy_tools: Path) -> None:
+    """Issue 26 item 24: the second kube-scheduler the manifests deploy is the release every test runs
+    the extender behind (K8S_VERSION in tests/e2e/counterparts/versions.env)."""
+    tested = versions()["K8S_VERSION"]
+    values = yaml.safe_load(
+        (DAEMONSET / "chart" / "gpu-node-agent" / "values.yaml").read_text(encoding="utf-8")
+    )
+    assert values["scheduler"]["image"] == f"registry.k8s.io/kube-scheduler:{tested}"
+    for objs in (render_kustomize(deploy_tools, DAEMONSET / "base"), render_helm(deploy_tools)):
+        pod = by_key(objs)[("Deployment", "gpu-system", "gpu-topology-scheduler")]["spec"]["template"]["spec"]
+        images = {c["name"]: c["image"] for c in pod["containers"]}
+        assert images["kube-scheduler"] == f"registry.k8s.io/kube-scheduler:{tested}"

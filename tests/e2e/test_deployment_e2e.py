@@ -1,7 +1,9 @@
 """The manifests meet the real API server: every object passes server-side dry-run, and the admission
 policies let an agent (a real pod-bound service-account token, so the node name is bound into it) write
 only its own node's GPUNode, only the labels it publishes on its own Node (no taints, no
-``unschedulable``, no labels of other owners) and Events only about its own Node."""
+``unschedulable``, no labels of other owners) and Events only about its own Node, and let the scheduler
+pod's service account (the extender's) change only ``gpuagent.dev/reserved-for`` on Nodes and
+``gpuagent.dev/gang-planned`` on pods of ``gpu-topology-scheduler``."""
 
 from __future__ import annotations
 
@@ -19,7 +21,10 @@ from kubernetes import dynamic
 from kubernetes.client.rest import ApiException
 
 from agent import localcluster as cluster
+from agent.commands.extender import KubeCluster
 from agent.simnode import open_simulated_node
+from scheduler_plugin.queue import RESERVED_FOR
+from scheduler_plugin.state import GANG_PLANNED, SCHEDULER_NAME
 from topology.gpunode import gpunode_object
 from topology.kube import EventRecorder, Kube, KubeError, ObjectRef
 from topology.labels import node_labels
@@ -411,3 +416,199 @@ def test_admission_policy_limits_an_agent_to_its_own_labels_and_events(
         status_of(lambda: k8s.CoreV1Api(api_client).patch_node(mine, {"spec": {"unschedulable": True}}))[0]
         == 200
     )
+
+
+EXTENDER_SA = "gpu-topology-scheduler"  # the scheduler pod's service account: kube-scheduler and the extender
+
+
+@pytest.fixture(scope="module")
+def extender_installed(
+    installed: dynamic.DynamicClient, manifests: list[dict[str, Any]]
+) -> Iterator[dynamic.DynamicClient]:
+    """The scheduler pod's service account with the extender's role and kube-scheduler's (the policies
+    are applied by ``installed``)."""
+    names = {"gpu-topology-extender", EXTENDER_SA, "gpu-topology-scheduler-as-kube-scheduler"}
+    kinds = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+    objs = [o for o in manifests if o["kind"] in kinds and o["metadata"]["name"] in names]
+    assert {o["kind"] for o in objs} == set(kinds)
+    for obj in objs:
+        apply(installed, obj)
+    try:
+        yield installed
+    finally:
+        for obj in reversed(objs):
+            delete(installed, obj)
+
+
+def extender_client(api_client: Any) -> k8s.ApiClient:
+    """An ApiClient holding a token of the scheduler pod's service account."""
+    request = k8s.AuthenticationV1TokenRequest(
+        spec=k8s.V1TokenRequestSpec(audiences=["https://kubernetes.default.svc"], expiration_seconds=600)
+    )
+    core = k8s.CoreV1Api(api_client)
+    token = core.create_namespaced_service_account_token(EXTENDER_SA, NAMESPACE, request).status.token
+    cfg = k8s.Configuration()
+    cfg.host = api_client.configuration.host
+    cfg.ssl_ca_cert = api_client.configuration.ssl_ca_cert
+    cfg.api_key = {"authorization": f"Bearer {token}"}
+    return k8s.ApiClient(cfg)
+
+
+def unscheduled_pod(name: str, *, scheduler: str | None, label: str) -> k8s.V1Pod:
+    return k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(name=name, labels={"gpuagent.dev/e2e-test": label}),
+        spec=k8s.V1PodSpec(
+            scheduler_name=scheduler,
+            containers=[k8s.V1Container(name="main", image="registry.example/train:1")],
+        ),
+    )
+
+
+def test_admission_policy_limits_the_extender_to_its_two_annotations(
+    extender_installed: dynamic.DynamicClient,
+    api_client: Any,
+    gpu_nodes: Callable[..., list[str]],
+    namespace: str,
+    e2e_test_label: str,
+) -> None:
+    """Issue 26 item 11: the extender's role may patch every Node and Pod; with a real token of its
+    service account the API server lets through only gpuagent.dev/reserved-for on Nodes and
+    gpuagent.dev/gang-planned on pods of gpu-topology-scheduler, written by the product's own adapter."""
+    (node,) = gpu_nodes(["ext-adm-a"], gpus=4)
+    admin = k8s.CoreV1Api(api_client)
+    ours = admin.create_namespaced_pod(
+        namespace, unscheduled_pod("ours", scheduler=SCHEDULER_NAME, label=e2e_test_label)
+    )
+    theirs = admin.create_namespaced_pod(
+        namespace, unscheduled_pod("theirs", scheduler=None, label=e2e_test_label)
+    )
+    client = extender_client(api_client)
+    try:
+        core = k8s.CoreV1Api(client)
+        ext_dyn = dynamic.DynamicClient(client)
+        kube = Kube(client)
+        adapter = KubeCluster(kube)
+
+        def patch_node(body: dict[str, Any]) -> tuple[int, str]:
+            return status_of(lambda: core.patch_node(node, body))
+
+        def patch_pod(name: str, body: dict[str, Any]) -> tuple[int, str]:
+            return status_of(lambda: core.patch_namespaced_pod(name, namespace, body))
+
+        def denied(result: tuple[int, str], *needles: str) -> None:
+            code, body = result
+            assert code == 403, body
+            for needle in needles:
+                assert needle in body, body
+
+        def label_denied() -> bool:
+            return patch_node({"metadata": {"labels": {"gpuagent.dev/nvlink-domain": "x"}}})[0] == 403
+
+        # the policy takes effect once the API server has compiled it
+        cluster.wait_until(
+            label_denied, what="the extender's admission policy to deny a Node label", timeout_s=60
+        )
+
+        # --- Nodes: the reservation annotation, through the product's adapter; set, changed, removed
+        adapter.annotate_node(node, f"{namespace}/gang-a")
+        assert admin.read_node(node).metadata.annotations[RESERVED_FOR] == f"{namespace}/gang-a"
+        adapter.annotate_node(node, f"{namespace}/gang-b")
+        adapter.annotate_node(node, None)
+        assert RESERVED_FOR not in (admin.read_node(node).metadata.annotations or {})
+        who = f"the {EXTENDER_SA} service account"
+        denied(
+            patch_node({"metadata": {"labels": {"gpuagent.dev/nvlink-domain": "x"}}}),
+            f"{who} may not change the labels of Node {node}",
+        )
+        denied(
+            patch_node({"metadata": {"labels": {"gpuagent.dev/e2e-test": None}}}), "may not change the labels"
+        )
+        denied(
+            patch_node({"spec": {"taints": [{"key": "x", "effect": "NoSchedule"}]}}),
+            f"may not change the spec of Node {node}",
+        )
+        denied(patch_node({"spec": {"unschedulable": True}}), "may not change the spec")
+        denied(
+            patch_node({"metadata": {"annotations": {"node.alpha.kubernetes.io/ttl": "0"}}}),
+            f"may change only the annotation {RESERVED_FOR} of Node {node}, not node.alpha.kubernetes.io/ttl",
+        )
+        denied(  # the allowed annotation does not carry another change with it
+            patch_node({"metadata": {"annotations": {RESERVED_FOR: "x/y"}, "labels": {"a.example/b": "c"}}}),
+            "may not change the labels",
+        )
+        denied(
+            patch_node({"metadata": {"finalizers": ["example.com/hold"]}}), "ownerReferences or finalizers"
+        )
+        # a server-side apply patch that would create a Node: RBAC asks for create; the policy refuses too
+        code, body = status_of(lambda: apply(ext_dyn, node_apply(f"{node}-twin", labels={})))
+        assert code == 403, body
+        node_after = admin.read_node(node)
+        assert not node_after.spec.taints
+        assert not node_after.spec.unschedulable
+        assert node_after.metadata.labels["gpuagent.dev/e2e-test"] == e2e_test_label
+
+        # --- Pods: gang-planned on pods of this scheduler only, through the product's adapter
+        planned = "2 pod(s) on 1 node(s) at 2026-01-01T00:00:00Z"
+        adapter.annotate_pod(namespace, "ours", ours.metadata.uid, planned)
+        assert admin.read_namespaced_pod("ours", namespace).metadata.annotations[GANG_PLANNED] == planned
+        with pytest.raises(KubeError) as refused:
+            adapter.annotate_pod(namespace, "theirs", theirs.metadata.uid, planned)
+        assert refused.value.status == 403
+        assert (
+            f"may annotate only pods of scheduler {SCHEDULER_NAME}, not Pod {namespace}/theirs "
+            "(scheduler default-scheduler)" in str(refused.value)
+        )
+        denied(patch_pod("theirs", {"metadata": {"labels": {"a.example/b": "c"}}}), "only pods of scheduler")
+        denied(
+            patch_pod("ours", {"metadata": {"labels": {"a.example/b": "c"}}}),
+            f"may not change the labels of Pod {namespace}/ours",
+        )
+        denied(
+            patch_pod(
+                "ours", {"spec": {"containers": [{"name": "main", "image": "registry.example/evil:1"}]}}
+            ),
+            f"may not change the spec of Pod {namespace}/ours",
+        )
+        denied(patch_pod("ours", {"spec": {"activeDeadlineSeconds": 5}}), "may not change the spec")
+        denied(
+            patch_pod("ours", {"metadata": {"annotations": {"gpuagent.dev/time-limit": "1"}}}),
+            f"may change only the annotation {GANG_PLANNED} of Pod {namespace}/ours, not "
+            "gpuagent.dev/time-limit",
+        )
+        denied(
+            patch_pod("ours", {"metadata": {"finalizers": ["example.com/hold"]}}),
+            "ownerReferences or finalizers",
+        )
+        twin = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "twin", "namespace": namespace},
+            "spec": {
+                "schedulerName": SCHEDULER_NAME,
+                "containers": [{"name": "main", "image": "registry.example/evil:1"}],
+            },
+        }
+        # a server-side apply patch that would create: RBAC asks for create first; the policy refuses too
+        code, body = status_of(lambda: apply(ext_dyn, twin))
+        assert code == 403, body
+        pod_after = admin.read_namespaced_pod("ours", namespace)
+        assert pod_after.spec.containers[0].image == "registry.example/train:1"
+        assert pod_after.spec.active_deadline_seconds is None
+
+        # --- what kube-scheduler and the extender write besides stays open: pod status, binding, eviction
+        condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "e2e"}
+        assert (
+            status_of(
+                lambda: core.patch_namespaced_pod_status(
+                    "ours", namespace, {"status": {"conditions": [condition]}}
+                )
+            )[0]
+            == 200
+        )
+        kube.bind(namespace, "ours", ours.metadata.uid, node)
+        assert admin.read_namespaced_pod("ours", namespace).spec.node_name == node
+        assert adapter.evict(namespace, "ours", str(ours.metadata.uid)) is None
+    finally:
+        client.close()
+    # the admin is not restricted by the policy
+    assert status_of(lambda: admin.patch_node(node, {"metadata": {"labels": {"a.example/b": "c"}}}))[0] == 200
