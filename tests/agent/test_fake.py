@@ -646,12 +646,22 @@ def test_fabric_info_struct_versions() -> None:
         started("dgx-a100-mig").device_get_gpu_fabric_info_v(0)
 
 
-def test_aggregate_ecc_counts_survive_a_recovery_volatile_do_not() -> None:
+def test_a_recovery_without_reset_keeps_the_volatile_ecc_counts() -> None:
+    sim = started("dgx-h100")
+    sim.ecc_dbe(2)
+    sim.lose_gpu(2)
+    sim.recover_gpu(2)
+    sample = sim.sample(2)
+    assert sample.ecc_uncorrected_volatile == 1
+    assert sample.remapped_rows_pending is True  # only a reset applies the remap
+
+
+def test_aggregate_ecc_counts_survive_a_reset_volatile_do_not() -> None:
     sim = started("dgx-h100")
     sim.ecc_dbe(2)
     sim.ecc_sbe(2)
     sim.lose_gpu(2)
-    sim.recover_gpu(2)
+    sim.reset_gpu(2)
     sample = sim.sample(2)
     assert (sample.ecc_uncorrected_volatile, sample.ecc_corrected_volatile) == (0, 0)
     assert (sample.ecc_uncorrected_aggregate, sample.ecc_corrected_aggregate) == (1, 1)
