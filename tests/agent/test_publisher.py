@@ -216,9 +216,11 @@ def test_health_changes_become_node_events_once_each(fake: tuple[FakeKube, str])
         ("GpuUnhealthy", "Warning", f"GPU 3 ({gpu3.uuid}) withdrawn: GPU lost (GPU is lost)"),
     ]
     node_uid = f.get(NODES, NODE)["metadata"]["uid"]  # type: ignore[index]
-    assert {
-        (e["involvedObject"]["kind"], e["involvedObject"]["name"], e["involvedObject"]["uid"]) for e in recorded
-    } == {("Node", NODE, node_uid)}
+    about = {
+        (e["involvedObject"]["kind"], e["involvedObject"]["name"], e["involvedObject"]["uid"])
+        for e in recorded
+    }
+    assert about == {("Node", NODE, node_uid)}
     assert {e["source"]["component"] for e in recorded} == {"gpu-node-agent"}
 
 

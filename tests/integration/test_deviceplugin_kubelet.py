@@ -200,7 +200,8 @@ def test_fault_marks_one_gpu_unhealthy_then_it_recovers(short_dir: Path) -> None
                     "Allocate",
                     pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=[bad])]),
                 )
-            assert "unhealthy (XID 48 (double-bit ECC error): needs a GPU reset" in (err.value.details() or "")
+            details = err.value.details() or ""
+            assert "unhealthy (XID 48 (double-bit ECC error): needs a GPU reset" in details
             await asyncio.sleep(0.5)  # longer than the quiet period: a double-bit error needs a reset
             assert kubelet.devices["nvidia.com/gpu"][bad] == "Unhealthy"
             with faults.open("a") as fh:
