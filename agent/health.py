@@ -4,9 +4,15 @@ device health; after each change the book's :class:`~agent.healthbook.HealthTabl
 
 NVML's event wait blocks, so it runs in a worker thread (``asyncio.to_thread``) with a short timeout,
 and each event is handed back to the loop. A failing wait is logged and retried with a back-off; it
-never marks devices unhealthy by itself (only events and probes about a GPU do). Unhealthy GPUs are
-probed every ``probe_interval_s`` (a cheap identity query); fabric health is polled at the same pace
-when it can mark GPUs. A MIG configuration change asks for a rediscovery.
+never marks devices unhealthy by itself (only events and probes about a GPU do). A GPU_IS_LOST answer to
+any other call (the metrics refresh, discovery, preferred allocation's PCIe levels) comes back from the
+backend as a GPU_LOST event on the next wait (``agent.nvml.real``), within one wait timeout.
+
+Every GPU is probed every ``probe_interval_s``: one identity query and one bulk read of its volatile
+ECC counts, row-remap and retirement flags (:meth:`~agent.nvml.protocol.NvmlBackend.health_reading`),
+all GPUs in one worker-thread call; the book judges the readings (a GPU that stopped answering, a rise in
+uncorrectable ECC, a pending remap, evidence of a reset). Fabric health is polled at the same pace when
+it can mark GPUs. A MIG configuration change asks for a rediscovery.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from collections.abc import Callable
 
 from agent.healthbook import HealthBook, HealthConfig, Outcome
 from agent.nvml.errors import LOST_CODES, NVMLError
-from agent.nvml.protocol import EventKind, NvmlBackend, NvmlEvent
+from agent.nvml.protocol import EventKind, HealthReading, NvmlBackend, NvmlEvent
 from agent.runtime import InventoryStore, StoreUpdate
 from topology import logs
 from topology.lifecycle import sleep_until, wait_for_event
@@ -97,12 +103,14 @@ class HealthMonitor:
             self._on_mig_change("mig_config_change")
         outcome = self.book.on_event(event, self._clock())
         if outcome.changed:
+            key = min(outcome.changed)
             self._log.bind(gpu_uuid=event.gpu_uuid).warning(
                 "device_unhealthy",
                 event_kind=event.kind.value,
                 xid=event.xid,
                 devices=sorted(outcome.changed),
-                hint="the device is withdrawn from new pods; it returns after it answers and stays quiet",
+                reason=self.book.status(key).reason,
+                hint="the device is withdrawn from new pods; the reason says what returns it",
             )
         self._apply(outcome)
         return outcome
@@ -112,13 +120,27 @@ class HealthMonitor:
             await self.probe_once()
 
     async def probe_once(self) -> None:
-        """Probe every unhealthy GPU, and poll fabric health where it can mark GPUs."""
-        for index, uuid in self.book.unhealthy_gpus():
-            answered, lost, error = await asyncio.to_thread(self._probe, index, uuid)
-            outcome = self.book.on_probe(uuid, answered=answered, lost=lost, now=self._clock(), error=error)
-            for key in outcome.changed:
-                if self.book.status(key).healthy:
-                    self._log.bind(gpu_uuid=uuid).info("device_recovered", device=key)
+        """Probe every GPU, and poll fabric health where it can mark GPUs."""
+        targets = self._probe_targets()
+        results = await asyncio.to_thread(self._probe_all, targets)
+        for (_, uuid), (answered, lost, error, reading) in zip(targets, results, strict=True):
+            was = self.book.status(uuid)
+            outcome = self.book.on_probe(
+                uuid, answered=answered, lost=lost, now=self._clock(), error=error, reading=reading
+            )
+            log = self._log.bind(gpu_uuid=uuid)
+            for key in sorted(outcome.changed):
+                status = self.book.status(key)
+                if status.healthy:
+                    log.info("device_recovered", device=key)
+                elif key == uuid and was.healthy:
+                    log.warning(
+                        "device_unhealthy",
+                        source="probe",
+                        devices=sorted(outcome.changed),
+                        reason=status.reason,
+                        hint="the device is withdrawn from new pods; the reason says what returns it",
+                    )
             self._apply(outcome)
         if self.config.fabric_unhealthy_marks_gpu:
             for gpu in self._store.inventory.gpus:
@@ -131,14 +153,26 @@ class HealthMonitor:
                 if info is not None:
                     self._apply(self.book.on_fabric(gpu.uuid, info.health_summary, self._clock()))
 
-    def _probe(self, index: int, uuid: str) -> tuple[bool, bool, str | None]:
+    def _probe_targets(self) -> list[tuple[int, str]]:
+        """(index, UUID) of every GPU of the inventory and every GPU the book holds unhealthy."""
+        targets = {(g.index, g.uuid) for g in self._store.inventory.gpus if g.uuid}
+        targets.update(self.book.unhealthy_gpus())
+        return sorted(targets)
+
+    def _probe_all(
+        self, targets: list[tuple[int, str]]
+    ) -> list[tuple[bool, bool, str | None, HealthReading | None]]:
+        """In a worker thread: one health reading per GPU."""
+        return [self._probe(index, uuid) for index, uuid in targets]
+
+    def _probe(self, index: int, uuid: str) -> tuple[bool, bool, str | None, HealthReading | None]:
         try:
-            gpu = self._nvml.gpu(index)
+            reading = self._nvml.health_reading(index)
         except NVMLError as exc:
-            return False, exc.value in LOST_CODES, str(exc)
-        if gpu.uuid != uuid:
-            return False, True, f"index {index} now answers as {gpu.uuid}"
-        return True, False, None
+            return False, exc.value in LOST_CODES, str(exc), None
+        if reading.uuid != uuid:
+            return False, True, f"index {index} now answers as {reading.uuid}", None
+        return True, False, None, reading
 
     async def _follow_inventory(self, stop: asyncio.Event) -> None:
         while not await wait_for_event(self._inventory_changed, stop):

@@ -10,6 +10,10 @@
 - When the API is down or the CRD is missing, writes are retried with exponential backoff; the latest
   state is always what the next attempt sends, and the agent keeps running.
 - Every ``verify_interval_s`` the GPUNode is read back; if someone deleted it, it is written again.
+- Device health changes become Node Events (``kubectl describe node`` shows them): ``GpuUnhealthy``
+  (Warning) with the health book's reason — the fault and what would clear it — and ``GpuHealthy``
+  when the device returns; one Event per device and change, best effort (a refused Event is logged and
+  not retried: the GPUNode status and the device plugin carry the health either way).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from urllib.parse import quote
 from topology import logs
 from topology.gpunode import API_VERSION, KIND, gpunode_object
 from topology.kube import GPUNODES, NODES, Kube, KubeError
+from topology.kube.recorder import EventRecorder, ObjectRef
 from topology.labels import node_labels
 from topology.model import Health, NodeInventory
 
@@ -32,6 +37,9 @@ log = logs.get_logger("agent.publisher")
 class HealthLike(Protocol):
     @property
     def healthy(self) -> bool: ...
+
+    @property
+    def reason(self) -> str | None: ...
 
 
 class PublisherSource(Protocol):
@@ -61,10 +69,13 @@ class NodeApi(Protocol):
 
     def apply_labels(self, name: str, labels: Mapping[str, str]) -> None: ...
 
+    def node_event(self, name: str, uid: str, *, reason: str, message: str, warning: bool) -> None: ...
+
 
 class KubeNodeApi:
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
+        self.recorder = EventRecorder(kube, component="gpu-node-agent")
 
     def node_uid(self, name: str) -> str | None:
         try:
@@ -96,6 +107,11 @@ class KubeNodeApi:
     def apply_labels(self, name: str, labels: Mapping[str, str]) -> None:
         body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": dict(labels)}}
         self.kube.apply(f"{NODES}/{quote(name)}", body)
+
+    def node_event(self, name: str, uid: str, *, reason: str, message: str, warning: bool) -> None:
+        self.recorder.record(
+            ObjectRef("Node", name, uid=uid), reason=reason, message=message, warning=warning
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +158,8 @@ class Publisher:
         self._created = False
         self._status: dict[str, Any] | None = None
         self._labels: dict[str, str] | None = None
+        self._announced: dict[str, str] = {}  # device key -> the unhealthy reason last announced
+        self.health_events = 0
 
     def desired(self) -> tuple[dict[str, Any], dict[str, str]]:
         inv = self.source.inventory
@@ -183,6 +201,47 @@ class Publisher:
         self.writes += writes
         return writes
 
+    def announce_health(self) -> int:
+        """One Node Event per device whose health changed since the last announcement (see the module
+        doc); returns how many were recorded. Needs the Node's uid (after a first publish)."""
+        if self._uid is None:
+            return 0
+        inv = self.source.inventory
+        where = {g.uuid: f"GPU {g.index} ({g.uuid})" for g in inv.gpus if g.uuid}
+        where.update({d.uuid: f"MIG device {d.uuid} of GPU {d.parent_index}" for d in inv.mig_devices()})
+        now = {k: v.reason or "unhealthy" for k, v in self.source.health().items() if not v.healthy}
+        recorded = 0
+        for key in sorted(set(now) | set(self._announced)):
+            reason = now.get(key)
+            if reason == self._announced.get(key):
+                continue
+            device = where.get(key, key)
+            if reason is None:
+                event, message, warning = (
+                    "GpuHealthy",
+                    f"{device} is healthy again and back in service",
+                    False,
+                )
+                del self._announced[key]
+            else:
+                event, message, warning = "GpuUnhealthy", f"{device} withdrawn: {reason}", True
+                self._announced[key] = reason
+            try:
+                self.api.node_event(
+                    self.settings.node_name, self._uid, reason=event, message=message, warning=warning
+                )
+            except KubeError as exc:
+                self._log.warning(
+                    "health_event_failed",
+                    device=key,
+                    error=str(exc),
+                    hint="the GPUNode status and the device plugin still carry the health",
+                )
+                continue
+            recorded += 1
+        self.health_events += recorded
+        return recorded
+
     def verify(self) -> None:
         """Forget what was written if the GPUNode is gone (deleted by hand, or the CRD reinstalled)."""
         if self._created and not self.api.gpunode_exists(self.settings.node_name):
@@ -209,6 +268,7 @@ class Publisher:
                         self._log.info("published", writes=n)
                     pending = False
                     backoff = self.settings.min_backoff_s
+                    await self._call(self.announce_health)
                 except KubeError as exc:
                     self.failures += 1
                     self._log.warning("publish_failed", error=str(exc), retry_s=backoff)

@@ -6,14 +6,20 @@ registers it and consumes ListAndWatch. Measured:
 
 - Allocate latency: a blocking gRPC client in a worker thread, one container per call;
 - fault-to-kubelet health propagation: from appending an XID line to the ``--simulate-faults`` file until
-  the kubelet side receives the device as Unhealthy in ListAndWatch (the device then recovers before the
-  next fault; quiet period 50 ms for the benchmark);
+  the kubelet side receives the device as Unhealthy in ListAndWatch (a self-clearing XID, 94: the device
+  then recovers before the next fault; quiet period 50 ms for the benchmark);
+- lost-without-event propagation: a GPU answers GPU_IS_LOST to every query and no event says so
+  (``gpu_lost_silent``); from the first answer (a read like the metrics refresh's, in a worker thread)
+  until the kubelet side receives the device as Unhealthy; a ``reset`` line brings it back. The health
+  probe is driven by the benchmark (``probe_once``), not by its timer, so the answer measured is the
+  first one;
 - re-registration after a kubelet restart: from the new ``kubelet.sock`` serving until ``Register``
   arrives;
 - GetPreferredAllocation: over gRPC, and the pure function on 8-GPU machines, with its optimality rate
   against brute force for random availability and sizes.
 
-Aims: propagation p99 < 200 ms, re-registration < 1 s, preferred allocation p99 < 2 ms for 8 GPUs.
+Aims: propagation p99 < 200 ms, lost without event p99 < 2 s, re-registration < 1 s, preferred allocation
+p99 < 2 ms for 8 GPUs.
 """
 
 from __future__ import annotations
@@ -36,6 +42,9 @@ from agent.benchmarks.machine import describe_ms, machine_summary, percentile
 from agent.fakekubelet import FakeKubelet
 from agent.health import HealthMonitor
 from agent.healthbook import HealthConfig
+from agent.nvml.errors import LOST_CODES, NVMLError
+from agent.nvml.faults import FaultFollower
+from agent.nvml.protocol import NvmlBackend
 from agent.runtime import Component, InventoryStore, Rediscovery, run_components
 from agent.simnode import open_simulated_node
 from deviceplugin.api import deviceplugin_pb2 as pb
@@ -79,7 +88,8 @@ async def _runtime_figures(args: argparse.Namespace) -> dict[str, list[float]]:
         sim, discover_fn = node.nvml, node.discover
         sim.init()
         config = PluginConfig()
-        health_config = HealthConfig(recovery_quiet_s=0.05, probe_interval_s=0.02)
+        # the probe's own timer stays out of the way: the benchmark probes when it means to
+        health_config = HealthConfig(recovery_quiet_s=0.05, probe_interval_s=3600.0)
         store = InventoryStore(discover_fn())
         rediscovery = Rediscovery(store=store, discover=discover_fn, interval_s=None)
         health = HealthMonitor(nvml=sim, store=store, config=health_config, on_mig_change=rediscovery.request)
@@ -139,11 +149,28 @@ async def _runtime_figures(args: argparse.Namespace) -> dict[str, list[float]]:
                 kubelet.listeners.append(on_list)
                 t0 = time.perf_counter()
                 with faults.open("a", encoding="utf-8") as fh:
-                    fh.write(json.dumps({"event": "xid", "gpu": index, "xid": 48}) + "\n")
+                    fh.write(json.dumps({"event": "xid", "gpu": index, "xid": 94}) + "\n")
                 t1 = await asyncio.wait_for(seen, 10)
                 propagation.append(t1 - t0)
                 kubelet.listeners.remove(on_list)
-                await kubelet.wait_for(_healthy(kubelet, uuid), 10)
+                await _recover(kubelet, health, uuid, health_config.recovery_quiet_s)
+
+            lost: list[float] = []
+            for i in range(args.lost):
+                index = i % len(uuids)
+                uuid = uuids[index]
+                applied = node.faults.applied if node.faults is not None else 0
+                with faults.open("a", encoding="utf-8") as fh:
+                    fh.write(json.dumps({"event": "gpu_lost_silent", "gpu": index}) + "\n")
+                await _applied(node.faults, applied)
+                answered = await asyncio.to_thread(_lost_answer, sim, index)
+                await kubelet.wait_for(_unhealthy(kubelet, uuid), 10)
+                lost.append(time.perf_counter() - answered)
+                applied = node.faults.applied if node.faults is not None else 0
+                with faults.open("a", encoding="utf-8") as fh:
+                    fh.write(json.dumps({"event": "reset", "gpu": index}) + "\n")
+                await _applied(node.faults, applied)
+                await _recover(kubelet, health, uuid, health_config.recovery_quiet_s)
 
             reregister: list[float] = []
             for _ in range(args.restarts):
@@ -163,12 +190,45 @@ async def _runtime_figures(args: argparse.Namespace) -> dict[str, list[float]]:
         "allocate": allocate,
         "preferred_grpc": preferred,
         "propagation": propagation,
+        "lost": lost,
         "reregister": reregister,
     }
 
 
+def _lost_answer(sim: NvmlBackend, index: int) -> float:
+    """In a worker thread: read the GPU as the metrics refresh does; when its answer is GPU_IS_LOST."""
+    try:
+        sim.sample(index)
+    except NVMLError as exc:
+        if exc.value in LOST_CODES:
+            return time.perf_counter()
+        raise
+    raise RuntimeError(f"GPU {index} still answers; the gpu_lost_silent line did not apply")
+
+
+async def _applied(follower: FaultFollower | None, before: int) -> None:
+    """Until the fault follower has applied a line more than ``before``."""
+    if follower is None:
+        raise RuntimeError("the simulated node follows no fault file")
+    async with asyncio.timeout(10):
+        while follower.applied <= before:
+            await asyncio.sleep(0.005)
+
+
+async def _recover(kubelet: FakeKubelet, health: HealthMonitor, uuid: str, quiet_s: float) -> None:
+    """Probe until the device is Healthy again in ListAndWatch (the quiet period in between)."""
+    async with asyncio.timeout(10):
+        while kubelet.devices.get(GPU, {}).get(uuid) != "Healthy":
+            await health.probe_once()
+            await asyncio.sleep(quiet_s / 2)
+
+
 def _healthy(kubelet: FakeKubelet, uuid: str) -> Callable[[], bool]:
     return lambda: kubelet.devices.get(GPU, {}).get(uuid) == "Healthy"
+
+
+def _unhealthy(kubelet: FakeKubelet, uuid: str) -> Callable[[], bool]:
+    return lambda: kubelet.devices.get(GPU, {}).get(uuid) == "Unhealthy"
 
 
 def _registered_after(kubelet: FakeKubelet, count: int) -> Callable[[], bool]:
@@ -243,10 +303,13 @@ def main(argv: list[str]) -> int:
         "--preferred", type=int, default=1000, help="GetPreferredAllocation calls (default 1000)"
     )
     parser.add_argument("--faults", type=int, default=100, help="faults injected (default 100)")
+    parser.add_argument(
+        "--lost", type=int, default=100, help="GPUs lost without an event, one at a time (default 100)"
+    )
     parser.add_argument("--restarts", type=int, default=20, help="kubelet restarts (default 20)")
     parser.add_argument("--optimality", type=int, default=2000, help="pure-function requests (default 2000)")
     args = parser.parse_args(argv)
-    for name in ("allocations", "preferred", "faults", "restarts", "optimality"):
+    for name in ("allocations", "preferred", "faults", "lost", "restarts", "optimality"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
 
@@ -273,6 +336,7 @@ def main(argv: list[str]) -> int:
     line("preferred allocation (pure, 8 GPUs)", pure, 2)
     line("  same, CPU time of the call", pure_cpu, 2)
     line("fault -> kubelet sees Unhealthy", figures["propagation"], 200)
+    line("lost, no event: answer -> kubelet Unhealthy", figures["lost"], 2000)
     line("kubelet restart -> registered again", figures["reregister"], 1000)
     for label, ms in sixteen.items():
         print(f"{'preferred allocation (pure, ' + label + ')':<44} {ms:.3f} ms")

@@ -35,6 +35,7 @@ Control lines (the C library reads those appended to ``NVMLSTUB_CONTROL``)::
     process_start gpu pid used_bytes|- gpu_instance_id|-1 sm_percent      process_exit gpu pid
     mig gpu enabled gi_id:profile_id:start:mig_uuid,...|-     (a whole new MIG layout)
     error code call|* gpu|-1 times|-1      clear_errors
+    lost_silent gpu      reset gpu      ecc_rise gpu count
 
 ``call`` is a canonical function name (:func:`canonical_call`): a simulator primitive
 (``device_register_events``) and the NVML function (``nvmlDeviceRegisterEvents``) name the same call.
@@ -451,6 +452,8 @@ class FaultTranslator:
             if not 0 <= link < len(gpu_spec.nvlinks):
                 raise DescribeError(f"GPU {g} has {len(gpu_spec.nvlinks)} NVLinks; no link {link}")
             return "\t".join([kind, g, str(link)])
+        if kind in ("gpu_lost_silent", "reset", "ecc_rising"):
+            return self._health_fault(kind, g, state, event)
         if kind == "fabric":
             return _fabric_command(gpu_spec, event)
         if kind == "process_start":
@@ -462,6 +465,19 @@ class FaultTranslator:
         if kind == "mig_reconfig":
             return self._mig_reconfig(gpu_spec, state, event)
         raise DescribeError(f"unknown fault event {kind!r}")
+
+    def _health_fault(self, kind: str, g: str, state: _GpuFaultState, event: Mapping[str, Any]) -> str:
+        if kind == "gpu_lost_silent":
+            state.lost = True
+            return "\t".join(["lost_silent", g])
+        if kind == "reset":
+            state.lost = False
+            state.processes.clear()
+            return "\t".join(["reset", g])
+        count = 1 if event.get("count") is None else _int(event, "count")
+        if count <= 0:
+            raise DescribeError(f"fault field 'count' must be a positive integer, got {count}")
+        return "\t".join(["ecc_rise", g, str(count)])
 
     def _error(self, event: Mapping[str, Any]) -> str:
         if event.get("code") is None:

@@ -627,7 +627,7 @@ class SimulatedPynvml:
         gpu = self._gpu(handle)
         state = self._sim._state(gpu)
         values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
-        if self._sim._clock is None and any(isinstance(f, int) for f in field_ids):
+        if self._sim._clock is None and _FI_ENERGY in field_ids:
             state.time_s += 1.0  # one sampling round of this GPU
         for slot, request in enumerate(field_ids):
             entry = values[slot]

@@ -13,7 +13,8 @@
 - the ``NvmlBackend`` methods (``gpu``, ``nvlinks``, ``mig_state`` …): those of ``sim.backend``, the one
   composition :class:`agent.nvml.real.RealNvml` running over the face — the code a real node runs.
 
-Mutations for tests and fault injection: ``lose_gpu``, ``recover_gpu``, ``inject_xid``, ``ecc_dbe``,
+Mutations for tests and fault injection: ``lose_gpu``, ``lose_gpu_silently``, ``recover_gpu``,
+``reset_gpu``, ``inject_xid``, ``ecc_dbe``, ``ecc_rising``,
 ``nvlink_down``/``nvlink_up``, ``set_fabric_health``/``set_fabric_state``, ``reconfigure_mig``,
 ``set_init_error``, ``inject_error``,
 ``add_process``/``remove_process``. Misuse of a mutation (unknown GPU, invalid MIG layout …) raises
@@ -62,6 +63,7 @@ from agent.nvml.profiles import (
 from agent.nvml.protocol import (
     EventKind,
     GpuSample,
+    HealthReading,
     MigSample,
     NvmlCounters,
     NvmlEvent,
@@ -201,6 +203,7 @@ class _GpuState:
     ecc_dbe_aggregate: int = 0  # lifetime (InfoROM)
     ecc_sbe_aggregate: int = 0
     remapped_pending: bool = False
+    lost_silently: bool = False  # lost without an event: event waits do not answer GPU_IS_LOST for it
     xids: list[int] = field(default_factory=list)
     processes: list[_Process] = field(default_factory=list)
     registered_mask: int = 0
@@ -945,7 +948,11 @@ class SimulatedNvml:
                 event_set.events.popleft()
                 continue
             return True
-        return any(self._gpus[gpu].lost for gpu, mask in event_set.registered.items() if mask)
+        return any(
+            self._gpus[gpu].lost and not self._gpus[gpu].lost_silently
+            for gpu, mask in event_set.registered.items()
+            if mask
+        )
 
     def event_type_of(self, event: NvmlEvent) -> int:
         """The NVML event-type bit of a simulated event."""
@@ -1015,6 +1022,9 @@ class SimulatedNvml:
     def process_utilization(self, index: int) -> tuple[ProcessUtilization, ...]:
         return self._backend.process_utilization(index)
 
+    def health_reading(self, index: int) -> HealthReading:
+        return self._backend.health_reading(index)
+
     def register_events(self, indices: tuple[int, ...]) -> None:
         self._backend.register_events(indices)
 
@@ -1065,19 +1075,52 @@ class SimulatedNvml:
         self._emit_hotplug(HotplugEvent("remove", "pci", state.spec.bus_id_sysfs))
 
     def recover_gpu(self, gpu: int) -> None:
-        """The GPU is back (after a reset / re-plug): its MIG layout is kept (as a MIG manager
-        re-applies it) and so is its event registration; volatile ECC counters, NVLink state and
-        processes are reset."""
+        """The GPU answers again without a reset (the bus came back): its MIG layout is kept and so is
+        its event registration; NVLinks come up, processes are gone; the volatile ECC counters and a
+        pending row remap stay (only a reset clears them: :meth:`reset_gpu`)."""
         state = self._gpu_index_checked(gpu)
         with self._lock:
             if not state.lost:
                 return
-            state.lost = False
+            state.lost = state.lost_silently = False
+            state.link_up = [True] * len(state.spec.nvlinks)
+            state.processes.clear()
+        self._emit_hotplug(HotplugEvent("add", "pci", state.spec.bus_id_sysfs))
+
+    def reset_gpu(self, gpu: int) -> None:
+        """A GPU reset (``nvidia-smi -r``, or a reboot's): a lost GPU answers again (re-enumerated);
+        volatile ECC counters go to zero, a pending row remap is applied, NVLinks come up, processes
+        are gone; MIG layout and event registration are kept."""
+        state = self._gpu_index_checked(gpu)
+        was_lost = state.lost
+        with self._lock:
+            state.lost = state.lost_silently = False
             state.ecc_dbe = state.ecc_sbe = 0
             state.remapped_pending = False
             state.link_up = [True] * len(state.spec.nvlinks)
             state.processes.clear()
-        self._emit_hotplug(HotplugEvent("add", "pci", state.spec.bus_id_sysfs))
+        if was_lost:
+            self._emit_hotplug(HotplugEvent("add", "pci", state.spec.bus_id_sysfs))
+
+    def lose_gpu_silently(self, gpu: int) -> None:
+        """The GPU answers GPU_IS_LOST to every query, without an event: no Xid, and event waits go on
+        as if nothing happened (only the queries tell)."""
+        state = self._gpu_index_checked(gpu)
+        with self._cond:
+            if state.lost:
+                return
+            state.lost = state.lost_silently = True
+        self._emit_hotplug(HotplugEvent("remove", "pci", state.spec.bus_id_sysfs))
+
+    def ecc_rising(self, gpu: int, count: int = 1) -> None:
+        """Uncorrectable ECC errors without an event: the volatile and aggregate uncorrectable counts
+        rise by ``count``."""
+        state = self._gpu_index_checked(gpu)
+        if count <= 0:
+            raise SimulationError(f"ECC count must rise by a positive number, got {count}")
+        with self._lock:
+            state.ecc_dbe += count
+            state.ecc_dbe_aggregate += count
 
     def inject_xid(self, gpu: int, xid: int, *, gpu_instance_id: int | None = None) -> None:
         """An Xid critical error (on one MIG GPU instance when ``gpu_instance_id`` is given);

@@ -14,6 +14,10 @@
       {"event":"mig_reconfig","gpu":0,"profiles":["3g.40gb","3g.40gb"]}   (null profiles: MIG off)
       {"event":"nvml_error","code":"LIB_RM_VERSION_MISMATCH"}   (every call fails; optional "call",
       "gpu"; "code": null clears) — e.g. a driver upgraded under a running agent
+      {"event":"gpu_lost_silent","gpu":2}   (GPU_IS_LOST to every query, no event; "recover" or
+      "reset" ends it)          {"event":"reset","gpu":3}   (a GPU reset: answers again, volatile ECC
+      counters to zero, pending row remap applied)          {"event":"ecc_rising","gpu":1,"count":5}
+      (uncorrectable ECC count rises, no event; "count" defaults to 1)
 
   A bad line is logged (``fault_line_invalid`` with the file and line number) and skipped; the
   others still apply. Lines are bounded: at most ``MAX_LINE_BYTES`` bytes and ``MAX_DEPTH`` levels of
@@ -56,6 +60,9 @@ FAULT_EVENTS = (
     "nvml_error",
     "process_start",
     "process_exit",
+    "gpu_lost_silent",
+    "reset",
+    "ecc_rising",
 )
 
 
@@ -158,6 +165,8 @@ def apply_fault(sim: SimulatedNvml, event: Mapping[str, Any]) -> None:
         )
     elif kind == "process_exit":
         sim.remove_process(gpu, _int_field(event, "pid"))
+    elif kind in ("gpu_lost_silent", "reset", "ecc_rising"):
+        _apply_health_fault(sim, gpu, event)
     else:  # mig_reconfig
         profiles = event.get("profiles")
         if profiles is not None and (
@@ -167,6 +176,20 @@ def apply_fault(sim: SimulatedNvml, event: Mapping[str, Any]) -> None:
                 f"field 'profiles' must be a list of profile names or null, got {profiles!r}"
             )
         sim.reconfigure_mig(gpu, profiles)
+
+
+def _apply_health_fault(sim: SimulatedNvml, gpu: int, event: Mapping[str, Any]) -> None:
+    """``gpu_lost_silent``, ``reset``, ``ecc_rising`` (optional ``count``, default 1)."""
+    kind = event.get("event")
+    if kind == "gpu_lost_silent":
+        sim.lose_gpu_silently(gpu)
+    elif kind == "reset":
+        sim.reset_gpu(gpu)
+    else:
+        count = 1 if event.get("count") is None else _int_field(event, "count")
+        if count <= 0:
+            raise FaultLineError(f"field 'count' must be a positive integer, got {count}")
+        sim.ecc_rising(gpu, count)
 
 
 def _apply_fabric(sim: SimulatedNvml, gpu: int, event: Mapping[str, Any]) -> None:

@@ -101,6 +101,19 @@ class GpuSample:
 
 
 @dataclass(frozen=True, slots=True)
+class HealthReading:
+    """What the health probe reads of one GPU (one identity query and one bulk field read): who answers
+    at the index, and the counters that say whether it needs a reset. ``None`` where not supported."""
+
+    uuid: str
+    ecc_corrected_volatile: int | None = None  # since the last driver load or GPU reset
+    ecc_uncorrected_volatile: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    retired_pages_pending: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class MigSample:
     uuid: str
     memory_used_bytes: int | None = None
@@ -162,6 +175,10 @@ class NvmlBackend(Protocol):
         ...
 
     def mig_sample(self, uuid: str) -> MigSample: ...
+
+    def health_reading(self, index: int) -> HealthReading:
+        """The health probe's read of one GPU; raises GpuIsLost for a GPU that fell off the bus."""
+        ...
 
     def process_utilization(self, index: int) -> tuple[ProcessUtilization, ...]:
         """Per-process SM/memory utilisation since the last call; empty when not supported."""

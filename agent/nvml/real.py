@@ -25,6 +25,11 @@ new one with the GPUs that still answer, so the healthy GPUs' events keep coming
 answers again is registered again. If waits still answer GPU_IS_LOST with nothing newly lost, it backs
 off (sleeps the wait's timeout) instead of spinning.
 
+Lost from any answer: a per-GPU call (identity, NVLinks, PCIe levels, MIG, fabric, samples, process
+utilisation, the health probe) that answers GPU_IS_LOST (or another lost code) reports that GPU lost
+once, as a GPU_LOST event the next ``wait_event`` returns (at once, ahead of the wait), so health learns it
+from whichever reader saw it first — also from a GPU that went away without any event.
+
 Binding details handled here (see the project's NVML reference, §9.3):
 - fabric info through the versioned ``c_nvmlGpuFabricInfo_v3_t`` (``healthSummary``), clusterUuid
   formatted from its 16 raw bytes, healthMask decoded by :func:`decode_health_mask`;
@@ -42,13 +47,14 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import functools
 import os
 import threading
 import time
 import uuid as uuidlib
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from agent.host import cpulist_from_masks
 from agent.nvml.errors import CODES, LOST_CODES, NVMLError
@@ -56,6 +62,7 @@ from agent.nvml.fabric import decode_health_mask
 from agent.nvml.protocol import (
     EventKind,
     GpuSample,
+    HealthReading,
     MigSample,
     NvLinkCounters,
     NvmlCounters,
@@ -81,6 +88,9 @@ from topology.model import (
 )
 
 log = logs.get_logger("agent.nvml.real")
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 _NOT_SUPPORTED = CODES["NOT_SUPPORTED"]
 _FUNCTION_NOT_FOUND = CODES["FUNCTION_NOT_FOUND"]
@@ -187,6 +197,7 @@ FI_ECC_SBE_VOL_TOTAL = 3
 FI_ECC_DBE_VOL_TOTAL = 4
 FI_ECC_SBE_AGG_TOTAL = 5
 FI_ECC_DBE_AGG_TOTAL = 6
+FI_RETIRED_PENDING = 31
 FI_MEMORY_TEMP = 82
 FI_TOTAL_ENERGY_CONSUMPTION = 83  # mJ
 FI_PCIE_REPLAY_COUNTER = 94
@@ -212,6 +223,13 @@ _DEVICE_FIELDS = (
     FI_REMAPPED_PENDING,
     FI_REMAPPED_FAILURE,
     FI_POWER_INSTANT,
+)
+_HEALTH_FIELDS = (
+    FI_ECC_SBE_VOL_TOTAL,
+    FI_ECC_DBE_VOL_TOTAL,
+    FI_REMAPPED_PENDING,
+    FI_REMAPPED_FAILURE,
+    FI_RETIRED_PENDING,
 )
 # NVML_NVLINK_ERROR_DL_*
 _NVLINK_ERRORS = {"replay_errors": 0, "recovery_errors": 1, "crc_flit_errors": 2, "crc_data_errors": 3}
@@ -259,6 +277,23 @@ def _str(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
+def _reports_lost(
+    fn: Callable[Concatenate[RealNvml, int, P], R],
+) -> Callable[Concatenate[RealNvml, int, P], R]:
+    """A per-GPU call (GPU index first) whose lost answer reports that GPU lost (see the module doc)."""
+
+    @functools.wraps(fn)
+    def wrapper(self: RealNvml, index: int, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(self, index, *args, **kwargs)
+        except NVMLError as exc:
+            if exc.value in LOST_CODES:
+                self.note_lost(index)
+            raise
+
+    return wrapper
+
+
 # --------------------------------------------------------------------------- the backend
 
 
@@ -294,6 +329,7 @@ class RealNvml:
         self._wanted: tuple[int, ...] = ()  # GPUs the caller asked events for
         self._registered: tuple[int, ...] = ()  # GPUs registered on the current event set
         self._lost_reported: set[int] = set()
+        self._lost_on_set: set[int] = set()  # lost GPUs whose loss the current event set answered
         self._lost_wait_seen = False  # the current GPU_IS_LOST episode of the waits was counted
         self._set_rebuilt = False  # the event set was rebuilt since the last answered wait
         self._pending: collections.deque[NvmlEvent] = collections.deque()
@@ -406,6 +442,7 @@ class RealNvml:
 
     # ---------------------------------------------------------------- identity
 
+    @_reports_lost
     def gpu(self, index: int) -> Gpu:
         h = self._handle(index)
         uuid = _str(self._call("nvmlDeviceGetUUID", h))
@@ -487,6 +524,7 @@ class RealNvml:
             links[link] = int(state)
         return links
 
+    @_reports_lost
     def nvlinks(self, index: int) -> tuple[NvLink, ...]:
         h = self._handle(index)
         out: list[NvLink] = []
@@ -528,13 +566,22 @@ class RealNvml:
             raise
 
     def pcie_level(self, a: int, b: int) -> LinkLevel | None:
-        level = self._optional("nvmlDeviceGetTopologyCommonAncestor", self._handle(a), self._handle(b))
+        try:
+            level = self._optional("nvmlDeviceGetTopologyCommonAncestor", self._handle(a), self._handle(b))
+        except NVMLError as exc:
+            if exc.value in LOST_CODES:  # which of the two: ask each
+                with self._event_lock:
+                    for index in {a, b}:
+                        with contextlib.suppress(NVMLError):
+                            self._is_lost(index)
+            raise
         if a == b:
             return LinkLevel.SELF
         return TOPOLOGY_LEVELS.get(int(level)) if level is not None else None
 
     # ---------------------------------------------------------------- MIG
 
+    @_reports_lost
     def mig_state(self, index: int) -> MigState | None:
         h = self._handle(index)
         mode = self._optional("nvmlDeviceGetMigMode", h)
@@ -701,6 +748,7 @@ class RealNvml:
 
     # ---------------------------------------------------------------- fabric
 
+    @_reports_lost
     def fabric(self, index: int) -> FabricInfo | None:
         """Fabric info through the versioned call (v3 struct, then v2 on ARGUMENT_VERSION_MISMATCH);
         a driver without ``nvmlDeviceGetGpuFabricInfoV`` is asked through the v1 call (no health)."""
@@ -810,6 +858,7 @@ class RealNvml:
                 raise
         return self._optional("nvmlDeviceGetCurrentClocksThrottleReasons", h)  # older drivers' name
 
+    @_reports_lost
     def sample(self, index: int) -> GpuSample:
         h = self._handle(index)
         fields = self._field_values(h, list(_DEVICE_FIELDS))
@@ -890,6 +939,27 @@ class RealNvml:
             )
         return tuple(out)
 
+    @_reports_lost
+    def health_reading(self, index: int) -> HealthReading:
+        """One identity query and one bulk field read: volatile ECC counts, row remap pending/failed,
+        retirement pending (NVML_FI_DEV_RETIRED_PENDING); ``None`` where the GPU does not support one."""
+        h = self._handle(index)
+        uuid = _str(self._call("nvmlDeviceGetUUID", h))
+        fields = self._field_values(h, list(_HEALTH_FIELDS))
+
+        def flag(fid: int) -> bool | None:
+            value = fields.get(fid)
+            return bool(value) if value is not None else None
+
+        return HealthReading(
+            uuid=uuid,
+            ecc_corrected_volatile=_int_or_none(fields.get(FI_ECC_SBE_VOL_TOTAL)),
+            ecc_uncorrected_volatile=_int_or_none(fields.get(FI_ECC_DBE_VOL_TOTAL)),
+            remapped_rows_pending=flag(FI_REMAPPED_PENDING),
+            remapped_rows_failure=flag(FI_REMAPPED_FAILURE),
+            retired_pages_pending=flag(FI_RETIRED_PENDING),
+        )
+
     def mig_sample(self, uuid: str) -> MigSample:
         # fetched for each use: NVML may hand a cached MIG handle to another instance after reconfiguration
         mig = self._call("nvmlDeviceGetHandleByUUID", uuid)
@@ -901,6 +971,7 @@ class RealNvml:
             processes=self._processes(mig),
         )
 
+    @_reports_lost
     def process_utilization(self, index: int) -> tuple[ProcessUtilization, ...]:
         h = self._handle(index)
         # NOT_FOUND: no samples since last time; 0: pynvml raises "success" when there are none
@@ -971,6 +1042,11 @@ class RealNvml:
             self._lost_reported.add(index)
             self._pending.append(NvmlEvent(EventKind.GPU_LOST, index, self._uuids.get(index, "")))
 
+    def note_lost(self, index: int) -> None:
+        """A call answered GPU_IS_LOST for GPU ``index``: report it once (from any thread)."""
+        with self._event_lock:
+            self._report_lost(index)
+
     def _rebuild_event_set(self) -> None:
         """Free the event set and build a new one with the wanted GPUs that still answer."""
         old, self._event_set = self._event_set, None
@@ -978,6 +1054,7 @@ class RealNvml:
             with contextlib.suppress(NVMLError):
                 self._call("nvmlEventSetFree", old, quiet=LOST_CODES)
         self._event_set = self._call("nvmlEventSetCreate")
+        self._lost_on_set.clear()
         alive = [i for i in self._wanted if not self._is_lost(i)]
         self._registered = self._register_on_set(alive, ())
 
@@ -1031,7 +1108,8 @@ class RealNvml:
         lost, it is freed and built again with the GPUs that answer; if even that does not help, the
         wait backs off (sleeps its timeout) instead of spinning, and the episode is counted once."""
         with self._event_lock:
-            newly = [i for i in self._registered if i not in self._lost_reported and self._is_lost(i)]
+            newly = [i for i in self._registered if i not in self._lost_on_set and self._is_lost(i)]
+            self._lost_on_set.update(newly)  # reported by now (here, or earlier by another call)
             if newly:
                 return self._pending.popleft() if self._pending else None
             if not self._set_rebuilt:
@@ -1055,6 +1133,7 @@ class RealNvml:
             for index in sorted(self._lost_reported & set(self._wanted)):
                 if not self._is_lost(index):
                     self._lost_reported.discard(index)
+                    self._lost_on_set.discard(index)
                     self._registered = self._register_on_set([index], self._registered)
 
     def counters(self) -> NvmlCounters:

@@ -143,6 +143,22 @@ def test_samples_and_counters(backend: NvmlBackend) -> None:
     assert backend.counters().calls > before
 
 
+def test_health_reading_names_the_gpu_and_reads_counters_or_none(backend: NvmlBackend) -> None:
+    """The health probe's read: the GPU at the index answers as itself; each counter is a count, a flag,
+    or ``None`` where the GPU does not support it (never an error for that alone)."""
+    for index in range(backend.device_count()):
+        reading = backend.health_reading(index)
+        assert reading.uuid == backend.gpu(index).uuid
+        for count in (reading.ecc_corrected_volatile, reading.ecc_uncorrected_volatile):
+            assert count is None or count >= 0
+        for flag in (
+            reading.remapped_rows_pending,
+            reading.remapped_rows_failure,
+            reading.retired_pages_pending,
+        ):
+            assert flag is None or isinstance(flag, bool)
+
+
 def test_events_wait_times_out_as_none(backend: NvmlBackend) -> None:
     backend.register_events(tuple(range(backend.device_count())))
     event = backend.wait_event(1)

@@ -646,12 +646,22 @@ def test_fabric_info_struct_versions() -> None:
         started("dgx-a100-mig").device_get_gpu_fabric_info_v(0)
 
 
-def test_aggregate_ecc_counts_survive_a_recovery_volatile_do_not() -> None:
+def test_a_recovery_without_reset_keeps_the_volatile_ecc_counts() -> None:
+    sim = started("dgx-h100")
+    sim.ecc_dbe(2)
+    sim.lose_gpu(2)
+    sim.recover_gpu(2)
+    sample = sim.sample(2)
+    assert sample.ecc_uncorrected_volatile == 1
+    assert sample.remapped_rows_pending is True  # only a reset applies the remap
+
+
+def test_aggregate_ecc_counts_survive_a_reset_volatile_do_not() -> None:
     sim = started("dgx-h100")
     sim.ecc_dbe(2)
     sim.ecc_sbe(2)
     sim.lose_gpu(2)
-    sim.recover_gpu(2)
+    sim.reset_gpu(2)
     sample = sim.sample(2)
     assert (sample.ecc_uncorrected_volatile, sample.ecc_corrected_volatile) == (0, 0)
     assert (sample.ecc_uncorrected_aggregate, sample.ecc_corrected_aggregate) == (1, 1)
@@ -690,3 +700,68 @@ def test_destroying_a_gpu_instance_frees_its_slices() -> None:
     assert sim.device_get_gpu_instance_remaining_capacity(2, 9) == 1
     with pytest.raises(errors.NVMLError_NotFound):
         sim.gpu_instance_destroy(2, 1)
+
+
+# --------------------------------------------------------------------------- lost from any answer (issue 27)
+
+
+LOST_READS: dict[str, Callable[[SimulatedNvml, int], object]] = {
+    "gpu": lambda sim, i: sim.gpu(i),
+    "nvlinks": lambda sim, i: sim.nvlinks(i),
+    "mig_state": lambda sim, i: sim.mig_state(i),
+    "fabric": lambda sim, i: sim.fabric(i),
+    "sample": lambda sim, i: sim.sample(i),
+    "process_utilization": lambda sim, i: sim.process_utilization(i),
+    "health_reading": lambda sim, i: sim.health_reading(i),
+    "pcie_level": lambda sim, i: sim.pcie_level(0, i),
+}
+
+
+@pytest.mark.parametrize("call", sorted(LOST_READS))
+def test_a_lost_answer_to_any_call_is_reported_once_as_gpu_lost(call: str) -> None:
+    """A GPU lost without any event: the first call that hears GPU_IS_LOST for it makes the next wait
+    report it (once), ahead of the wait; the other GPUs are not reported."""
+    sim = started("dgx-h100")
+    sim.register_events(tuple(range(8)))
+    sim.lose_gpu_silently(3)
+    assert sim.wait_event(0) is None  # no event says so
+    with pytest.raises(errors.NVMLError_GpuIsLost):
+        LOST_READS[call](sim, 3)
+    with pytest.raises(errors.NVMLError_GpuIsLost):
+        LOST_READS[call](sim, 3)  # asked again: still reported once
+    event = sim.wait_event(0)
+    assert event is not None
+    assert (event.kind, event.gpu_index, event.gpu_uuid) == (EventKind.GPU_LOST, 3, sim.machine.gpus[3].uuid)
+    assert sim.wait_event(0) is None
+    sim.reset_gpu(3)
+    assert sim.wait_event(0) is None  # answers again: registered again, nothing to report
+    sim.ecc_sbe(3)
+    event = sim.wait_event(0)
+    assert event is not None
+    assert (event.kind, event.gpu_index) == (EventKind.ECC_SBE, 3)
+
+
+def test_health_reading_follows_ecc_remap_and_reset() -> None:
+    sim = started("dgx-h100")
+    clean = sim.health_reading(2)
+    assert clean.uuid == sim.machine.gpus[2].uuid
+    assert (clean.ecc_uncorrected_volatile, clean.remapped_rows_pending, clean.retired_pages_pending) == (
+        0,
+        False,
+        None,  # H100 remaps rows; page retirement is not supported
+    )
+    sim.ecc_rising(2, 4)
+    assert sim.health_reading(2).ecc_uncorrected_volatile == 4
+    assert sim.health_reading(2).remapped_rows_pending is False  # counts alone, no remap
+    sim.ecc_dbe(2)
+    after = sim.health_reading(2)
+    assert (after.ecc_uncorrected_volatile, after.remapped_rows_pending) == (5, True)
+    sim.reset_gpu(2)
+    reset = sim.health_reading(2)
+    assert (reset.ecc_uncorrected_volatile, reset.ecc_corrected_volatile, reset.remapped_rows_pending) == (
+        0,
+        0,
+        False,
+    )
+    with pytest.raises(SimulationError, match="must rise by a positive number"):
+        sim.ecc_rising(2, 0)

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from agent.healthbook import HealthBook, HealthConfig
-from agent.nvml.protocol import EventKind, NvmlEvent
+from agent.healthbook import RESET_XIDS, HealthBook, HealthConfig
+from agent.nvml.protocol import EventKind, HealthReading, NvmlEvent
 from tests.deviceplugin.helpers import inventory
 from topology.model import FabricHealthSummary, Gpu, Health, NodeInventory
 
@@ -35,7 +35,9 @@ def test_critical_xid_marks_only_that_gpu(mig_inventory: NodeInventory) -> None:
     out = b.on_event(xid(gpu, 48), 1.0)
     assert out.changed == {gpu.uuid}
     assert b.status(gpu.uuid).health is Health.UNHEALTHY
-    assert b.status(gpu.uuid).reason == "XID 48"
+    reason = b.status(gpu.uuid).reason
+    assert reason is not None
+    assert reason.startswith("XID 48 (double-bit ECC error): needs a GPU reset")
     assert all(b.status(g.uuid).healthy for g in mig_inventory.gpus if g is not gpu)
 
 
@@ -85,8 +87,8 @@ def test_lost_gpu_waits_until_it_answers_then_for_quiet_period(mig_inventory: No
 def test_new_event_restarts_the_quiet_period(mig_inventory: NodeInventory) -> None:
     gpu = mig_inventory.gpus[0]
     b = book(mig_inventory)
-    b.on_event(NvmlEvent(EventKind.ECC_DBE, gpu.index, gpu.uuid), 0.0)
-    b.on_event(xid(gpu, 48), 8.0)
+    b.on_event(xid(gpu, 94), 0.0)  # contained ECC error: the application restarts, no reset
+    b.on_event(xid(gpu, 8), 8.0)
     b.on_probe(gpu.uuid, answered=True, lost=False, now=12.0)
     assert not b.status(gpu.uuid).healthy
     b.on_probe(gpu.uuid, answered=True, lost=False, now=18.0)
@@ -128,3 +130,137 @@ def test_inventory_change_forgets_vanished_keys(mig_inventory: NodeInventory) ->
     out = b.set_inventory(smaller, 1.0)
     assert mig.uuid in out.changed
     assert b.unhealthy_gpus() == []
+
+
+# --------------------------------------------------------------------------- recovery on evidence
+
+
+def reading(gpu: Gpu, unc: int = 0, cor: int = 0, **kw: Any) -> HealthReading:
+    return HealthReading(uuid=gpu.uuid, ecc_uncorrected_volatile=unc, ecc_corrected_volatile=cor, **kw)
+
+
+def answers(b: HealthBook, gpu: Gpu, now: float, **kw: Any) -> None:
+    b.on_probe(gpu.uuid, answered=True, lost=False, now=now, reading=reading(gpu, **kw))
+
+
+@pytest.mark.parametrize("value", sorted(RESET_XIDS))
+def test_a_reset_class_xid_never_clears_by_quiet_alone(mig_inventory: NodeInventory, value: int) -> None:
+    gpu = mig_inventory.gpus[5]
+    b = book(mig_inventory, ignored_xids=frozenset())  # 109 is in the default ignore list
+    answers(b, gpu, 0.0)
+    b.on_event(xid(gpu, value), 1.0)
+    for now in (20.0, 100.0, 10_000.0):
+        answers(b, gpu, now)
+    assert not b.status(gpu.uuid).healthy
+    assert b.needs_reset(gpu.uuid)
+
+
+def test_xid_79_with_rising_ecc_stays_out_and_returns_after_a_reset(mig_inventory: NodeInventory) -> None:
+    """The issue's case: after Xid 79 the GPU answers again while its volatile uncorrectable ECC count
+    keeps rising; it stays out well past the quiet period, and returns once the counters were reset."""
+    gpu = mig_inventory.gpus[6]
+    b = book(mig_inventory)
+    answers(b, gpu, 0.0)
+    b.on_event(xid(gpu, 79), 1.0)
+    b.on_probe(gpu.uuid, answered=False, lost=True, now=2.0, error="GPU is lost")
+    answers(b, gpu, 3.0, unc=2)  # answers again, no reset: uncorrectable errors since the last one
+    for i, now in enumerate((20.0, 40.0, 60.0, 80.0)):
+        answers(b, gpu, now, unc=3 + i)
+    status = b.status(gpu.uuid)
+    assert not status.healthy
+    assert status.reason is not None
+    assert "uncorrectable ECC errors rising (volatile count 5 -> 6)" in status.reason
+    assert "needs a GPU reset" in status.reason
+    answers(b, gpu, 90.0, unc=0)  # a reset: the volatile counters are back at zero
+    assert not b.status(gpu.uuid).healthy  # then the quiet period
+    answers(b, gpu, 99.0, unc=0)
+    assert not b.status(gpu.uuid).healthy
+    out = b.on_probe(gpu.uuid, answered=True, lost=False, now=100.0, reading=reading(gpu))
+    assert out.changed == {gpu.uuid}
+    assert b.status(gpu.uuid).healthy
+
+
+def test_a_rise_in_uncorrectable_ecc_marks_a_healthy_gpu(mig_inventory: NodeInventory) -> None:
+    gpu, other = mig_inventory.gpus[4], mig_inventory.gpus[5]
+    b = book(mig_inventory)
+    answers(b, gpu, 0.0, unc=1)  # the first reading is the baseline
+    answers(b, other, 0.0)
+    assert b.status(gpu.uuid).healthy
+    out = b.on_probe(gpu.uuid, answered=True, lost=False, now=5.0, reading=reading(gpu, unc=2))
+    assert out.changed == {gpu.uuid}
+    assert b.needs_reset(gpu.uuid)
+    assert b.status(other.uuid).healthy
+
+
+def test_a_rise_during_the_quiet_period_counts_as_bad(mig_inventory: NodeInventory) -> None:
+    gpu = mig_inventory.gpus[0]
+    b = book(mig_inventory)
+    answers(b, gpu, 0.0)
+    b.on_event(xid(gpu, 94), 1.0)  # self-clearing
+    answers(b, gpu, 5.0, unc=1)  # an uncorrectable error inside the quiet period: now it needs a reset
+    answers(b, gpu, 100.0, unc=1)
+    assert b.needs_reset(gpu.uuid)
+    assert not b.status(gpu.uuid).healthy
+
+
+def test_a_new_gpu_is_lost_during_the_quiet_period_needs_a_new_reset(mig_inventory: NodeInventory) -> None:
+    gpu = mig_inventory.gpus[1]
+    b = book(mig_inventory)
+    b.on_event(xid(gpu, 79), 0.0)
+    answers(b, gpu, 1.0)  # re-enumerated: the quiet period runs
+    b.on_probe(gpu.uuid, answered=False, lost=True, now=5.0, error="GPU is lost")
+    assert b.is_lost(gpu.uuid)
+    answers(b, gpu, 6.0)
+    answers(b, gpu, 12.0)
+    assert not b.status(gpu.uuid).healthy  # quiet counted from 6, not 1
+    answers(b, gpu, 16.0)
+    assert b.status(gpu.uuid).healthy
+
+
+@pytest.mark.parametrize(
+    ("flags", "fault"),
+    [
+        ({"remapped_rows_pending": True}, "row remap pending"),
+        ({"remapped_rows_failure": True}, "row remapping failed"),
+        ({"retired_pages_pending": True}, "page retirement pending"),
+    ],
+    ids=["remap-pending", "remap-failed", "retirement-pending"],
+)
+def test_pending_remap_or_retirement_holds_the_gpu_until_a_reset(
+    mig_inventory: NodeInventory, flags: dict[str, bool], fault: str
+) -> None:
+    gpu = mig_inventory.gpus[7]
+    b = book(mig_inventory)
+    answers(b, gpu, 0.0, unc=1, **flags)
+    status = b.status(gpu.uuid)
+    assert not status.healthy
+    assert status.reason is not None
+    assert status.reason.startswith(fault)
+    answers(b, gpu, 50.0, unc=1, **flags)
+    assert not b.status(gpu.uuid).healthy
+    answers(b, gpu, 60.0, unc=0)  # reset: the counter fell, the flag is gone
+    answers(b, gpu, 70.0, unc=0)
+    assert b.status(gpu.uuid).healthy
+
+
+def test_a_clean_reading_without_evidence_of_a_reset_does_not_return_the_gpu(
+    mig_inventory: NodeInventory,
+) -> None:
+    gpu = mig_inventory.gpus[3]
+    b = book(mig_inventory)
+    answers(b, gpu, 0.0)
+    b.on_event(NvmlEvent(EventKind.ECC_DBE, gpu.index, gpu.uuid), 1.0)
+    answers(b, gpu, 500.0)  # zero counters all along: nothing says a reset happened
+    assert not b.status(gpu.uuid).healthy
+
+
+def test_the_reason_names_the_fault_and_what_clears_it(mig_inventory: NodeInventory) -> None:
+    gpu, other = mig_inventory.gpus[0], mig_inventory.gpus[1]
+    b = book(mig_inventory)
+    b.on_event(NvmlEvent(EventKind.GPU_LOST, gpu.index, gpu.uuid), 0.0)
+    b.on_event(xid(other, 94), 0.0)
+    lost, contained = b.status(gpu.uuid).reason, b.status(other.uuid).reason
+    assert lost is not None
+    assert contained is not None
+    assert lost.startswith("GPU lost (NVML answers GPU_IS_LOST); not answering NVML: needs a GPU reset")
+    assert contained == "XID 94 (contained ECC error): returns after 10 s without errors"

@@ -17,6 +17,7 @@ from tests.topology.factories import nvl72_tray
 from tests.topology.kubefake import FakeKube, api_client
 from topology.gpunode import inventory_from_gpunode
 from topology.kube import GPUNODES, NODES, Kube
+from topology.kube.client import events
 from topology.model import FabricHealthSummary, Health
 
 NODE = "rack0-tray0"
@@ -183,3 +184,53 @@ def test_run_publishes_through_the_kubeconfig(
     labels = f.get(NODES, NODE)["metadata"]["labels"]  # type: ignore[index]
     assert labels["nvidia.com/gpu.product"] == "NVIDIA-GB200"
     assert labels["gpuagent.dev/nvlink-domain"].startswith("nvl-")
+
+
+def test_health_changes_become_node_events_once_each(fake: tuple[FakeKube, str]) -> None:
+    """``kubectl describe node`` shows why a GPU left and when it came back: one Event per change."""
+    f, url = fake
+    store = InventoryStore(nvl72_tray(NODE))
+    p = publisher(url, store)
+    p.publish_once()
+    assert p.announce_health() == 0  # all healthy: nothing to say
+    gpu1, gpu3 = store.inventory.gpus[1], store.inventory.gpus[3]
+    reason = "XID 79 (GPU has fallen off the bus); not answering NVML: needs a GPU reset or a reboot"
+    store.set_health({gpu1.uuid: DeviceHealth(Health.UNHEALTHY, reason)})
+    p.publish_once()
+    assert p.announce_health() == 1
+    assert p.announce_health() == 0  # nothing new
+    store.set_health(
+        {
+            gpu1.uuid: DeviceHealth(Health.UNHEALTHY, reason),
+            gpu3.uuid: DeviceHealth(Health.UNHEALTHY, "GPU lost (GPU is lost)"),
+        }
+    )
+    assert p.announce_health() == 1  # only GPU 3 is news
+    store.set_health({gpu3.uuid: DeviceHealth(Health.UNHEALTHY, "GPU lost (GPU is lost)")})
+    assert p.announce_health() == 1  # GPU 1 is back
+    recorded = list(f.items(events("default")).values())
+    seen = sorted((e["reason"], e["type"], e["message"]) for e in recorded)
+    assert seen == [
+        ("GpuHealthy", "Normal", f"GPU 1 ({gpu1.uuid}) is healthy again and back in service"),
+        ("GpuUnhealthy", "Warning", f"GPU 1 ({gpu1.uuid}) withdrawn: {reason}"),
+        ("GpuUnhealthy", "Warning", f"GPU 3 ({gpu3.uuid}) withdrawn: GPU lost (GPU is lost)"),
+    ]
+    node_uid = f.get(NODES, NODE)["metadata"]["uid"]  # type: ignore[index]
+    about = {
+        (e["involvedObject"]["kind"], e["involvedObject"]["name"], e["involvedObject"]["uid"])
+        for e in recorded
+    }
+    assert about == {("Node", NODE, node_uid)}
+    assert {e["source"]["component"] for e in recorded} == {"gpu-node-agent"}
+
+
+def test_a_refused_health_event_is_logged_and_publishing_goes_on(fake: tuple[FakeKube, str]) -> None:
+    f, url = fake
+    store = InventoryStore(nvl72_tray(NODE))
+    p = publisher(url, store)
+    p.publish_once()
+    f.missing.add(events("default"))
+    store.set_health({store.inventory.gpus[0].uuid: DeviceHealth(Health.UNHEALTHY, "XID 48")})
+    assert p.announce_health() == 0
+    assert p.publish_once() == 1  # the status still carries it
+    assert f.items(events("default")) == {}

@@ -127,7 +127,7 @@ def test_health_propagates_and_recovers(
     device_manager: cluster.DeviceManagerHarness, h100_agent: Agent
 ) -> None:
     bad = inventory("dgx-h100").gpu(4).uuid
-    h100_agent.fault(event="xid", gpu=4, xid=48)
+    h100_agent.fault(event="ecc_dbe", gpu=4)  # the DBE event and Xid 48: it needs a GPU reset
     cluster.wait_until(
         lambda: bad not in resource(device_manager, GPU)["healthy_devices"],
         what="GPU 4 unhealthy in the device manager",
@@ -135,7 +135,8 @@ def test_health_propagates_and_recovers(
     )
     state = resource(device_manager, GPU)
     assert (state["capacity"], state["allocatable"]) == (8, 7)
-    wait_allocatable(device_manager, h100_agent, GPU, 8)  # quiet for the recovery period: back
+    h100_agent.fault(event="reset", gpu=4)
+    wait_allocatable(device_manager, h100_agent, GPU, 8)  # reset seen, quiet for the recovery period: back
 
 
 def test_kubelet_restart_reregisters(device_manager: cluster.DeviceManagerHarness, h100_agent: Agent) -> None:

@@ -92,6 +92,7 @@ typedef struct {
     instance_t instances[MAX_MIG];
     /* state */
     int lost, remapped_pending;
+    int lost_silently; /* lost without an event: waits do not answer GPU_IS_LOST for it */
     int link_up[MAX_LINKS];
     unsigned long long link_errors[MAX_LINKS];
     unsigned long long ecc_sbe, ecc_dbe, ecc_sbe_aggregate, ecc_dbe_aggregate;
@@ -464,11 +465,21 @@ static void lose(int gpu) {
             push(&sets[s], ++event_seq, gpu, LOST_MARKER, 0, NO_INSTANCE, NO_INSTANCE);
 }
 
+/* The GPU answers again without a reset: volatile ECC counters and a pending remap stay. */
 static void recover(int gpu) {
     gpu_t *g = &gpus[gpu];
     if (!g->lost)
         return;
-    g->lost = 0;
+    g->lost = g->lost_silently = 0;
+    for (int l = 0; l < g->nlinks; l++)
+        g->link_up[l] = 1;
+    g->nprocs = 0;
+}
+
+/* A GPU reset: answers again (if lost), volatile ECC counters to zero, a pending row remap applied. */
+static void reset_gpu(int gpu) {
+    gpu_t *g = &gpus[gpu];
+    g->lost = g->lost_silently = 0;
     g->ecc_dbe = g->ecc_sbe = 0;
     g->remapped_pending = 0;
     for (int l = 0; l < g->nlinks; l++)
@@ -486,7 +497,8 @@ static void apply_control(char *line) {
     const char *kind = f[0];
     static const char *const gpu_kinds[] = {"xid",         "lost",      "recover",       "ecc_dbe",
                                             "ecc_sbe",     "fabric",    "nvlink_down",   "nvlink_up",
-                                            "process_start", "process_exit", "mig"};
+                                            "process_start", "process_exit", "mig",
+                                            "lost_silent", "reset", "ecc_rise"};
     int needs_gpu = 0;
     for (size_t i = 0; i < sizeof gpu_kinds / sizeof gpu_kinds[0]; i++)
         if (strcmp(kind, gpu_kinds[i]) == 0)
@@ -572,6 +584,14 @@ static void apply_control(char *line) {
         g->ninstances = count;
         g->mig_enabled = g->mig_pending = I(2) != 0;
         enqueue(gpu, nvmlEventMigConfigChange, 0, NO_INSTANCE, NO_INSTANCE);
+    } else if (strcmp(kind, "lost_silent") == 0 && n == 2) {
+        if (!g->lost)
+            g->lost = g->lost_silently = 1; /* no marker: waits go on as before */
+    } else if (strcmp(kind, "reset") == 0 && n == 2) {
+        reset_gpu(gpu);
+    } else if (strcmp(kind, "ecc_rise") == 0 && n == 3 && ULL(2) > 0) {
+        g->ecc_dbe += ULL(2);
+        g->ecc_dbe_aggregate += ULL(2);
     } else if (strcmp(kind, "error") == 0 && n == 5 && nrules < MAX_RULES) {
         rule_t *r = &rules[nrules++];
         r->code = I(1);
@@ -2035,7 +2055,7 @@ static nvmlReturn_t wait_step(nvmlEventSet_t set, nvmlEventData_t *data) {
         return NVML_SUCCESS;
     }
     for (int i = 0; i < ngpus; i++)
-        if (set->mask[i] && gpus[i].lost)
+        if (set->mask[i] && gpus[i].lost && !gpus[i].lost_silently)
             return NVML_ERROR_GPU_IS_LOST;
     return NVML_ERROR_TIMEOUT;
 }

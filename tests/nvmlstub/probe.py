@@ -17,6 +17,7 @@ SCRIPT is a JSON list of steps, run in order after ``init``:
   with a fixed clock) rendered as the ``/metrics`` text, native and DCGM-compatible (the device families;
   the agent's self-metrics carry timings);
 - ``{"register": true}``: ``register_events`` for every GPU discovery found usable;
+- ``{"health": true}``: the health probe's ``health_reading`` of every GPU discovery found;
 - ``{"wait": N}``: N event waits of 50 ms each;
 - ``{"counters": true}``: the backend's call/error counters.
 
@@ -141,6 +142,12 @@ class Probe:
             "process_utilization": {i: _outcome(lambda i=i: self.nvml.process_utilization(i)) for i in gpus},
         }
 
+    def health(self) -> dict[int, dict[str, Any]]:
+        if self.inventory is None:
+            self.discover()
+        assert self.inventory is not None
+        return {g.index: _outcome(lambda i=g.index: self.nvml.health_reading(i)) for g in self.inventory.gpus}
+
     def metrics(self) -> dict[str, Any]:
         if self.inventory is None:
             self.discover()
@@ -169,6 +176,8 @@ class Probe:
             return self.sample()
         if "metrics" in step:
             return self.metrics()
+        if "health" in step:
+            return self.health()
         if "register" in step:
             return _outcome(lambda: self.nvml.register_events(tuple(self._gpus())))
         if "wait" in step:

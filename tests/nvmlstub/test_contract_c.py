@@ -224,6 +224,57 @@ def test_a_lost_gpu_is_reported_once_and_healthy_events_keep_coming(runner: Runn
     assert stub[6]["errors_by_code"].get("GPU_IS_LOST") == 1
 
 
+@pytest.mark.parametrize("profile", ["dgx-h100", "gb200-nvl72"])
+def test_health_faults_lost_silently_ecc_rising_and_reset(runner: Runner, profile: str) -> None:
+    """Issue 27's health faults over both: a GPU that answers GPU_IS_LOST to every query without any event
+    (the waits stay quiet until a query tells the backend, which then reports it once), uncorrectable ECC
+    rising without events, Xid 79 then an answer without a reset (counters kept), and a reset (counters to
+    zero, every GPU answering again)."""
+    script: list[dict[str, Any]] = [
+        {"register": True},
+        {"health": True},
+        {"fault": {"event": "gpu_lost_silent", "gpu": 1}},
+        {"wait": 2},
+        {"health": True},
+        {"wait": 2},
+        {"fault": {"event": "ecc_rising", "gpu": 2, "count": 3}},
+        {"wait": 1},
+        {"fault": {"event": "xid", "gpu": 3, "xid": 79}},
+        {"fault": {"event": "ecc_rising", "gpu": 3, "count": 2}},
+        {"wait": 3},
+        {"fault": {"event": "recover", "gpu": 3}},
+        {"health": True},
+        {"fault": {"event": "reset", "gpu": 1}},
+        {"fault": {"event": "reset", "gpu": 2}},
+        {"fault": {"event": "reset", "gpu": 3}},
+        {"health": True},
+        {"wait": 1},  # GPUs that answer again are registered again before the next wait
+        {"fault": {"event": "ecc_sbe", "gpu": 1}},
+        {"wait": 2},
+        {"counters": True},
+    ]
+    simulated = runner.probe(profile, script, stub=False)
+    stub = runner.probe(profile, script, stub=True)
+    assert_same(simulated, stub)
+
+    def unc(step: dict[str, Any], gpu: int) -> Any:
+        return step[str(gpu)]["ok"]["ecc_uncorrected_volatile"]
+
+    first, lost, recovered, after_reset = stub[2], stub[5], stub[13], stub[17]
+    assert all("ok" in r for r in first.values())
+    assert _events(stub[4]) == [None, None]  # lost without an event: the waits say nothing
+    assert lost["1"] == {"error": "NVMLError", "code": "GPU_IS_LOST"}
+    assert all("ok" in r for g, r in lost.items() if g != "1")
+    assert _events(stub[6]) == [("gpu_lost", 1), None]  # the query's answer, reported once
+    assert _events(stub[8]) == [None]  # rising ECC: no event
+    assert _events(stub[11]) == [("xid", 3), ("gpu_lost", 3), None]
+    assert unc(recovered, 2) == 3
+    assert unc(recovered, 3) == 2  # answers again without a reset: the count stays
+    assert recovered["1"]["error"] == "NVMLError"
+    assert all(unc(after_reset, g) == 0 for g in (1, 2, 3))
+    assert _events(stub[20]) == [("ecc_sbe", 1), None]  # GPU 1 registered again once it answered
+
+
 def test_register_events_not_supported_on_one_gpu(runner: Runner) -> None:
     """``nvml.h``: after NOT_SUPPORTED from ``nvmlDeviceRegisterEvents`` the event set can still be used."""
     script: list[dict[str, Any]] = [

@@ -21,7 +21,9 @@ def _restore_logging() -> Iterator[None]:
 
 
 def test_bench_prints_every_figure(capsys: pytest.CaptureFixture[str]) -> None:
-    small = "--profile pcie-l40s --allocations 5 --preferred 5 --faults 2 --restarts 1 --optimality 30"
+    small = (
+        "--profile pcie-l40s --allocations 5 --preferred 5 --faults 2 --lost 2 --restarts 1 --optimality 30"
+    )
     code = bench.main(small.split())
     out = capsys.readouterr().out
     assert code == 0
@@ -30,6 +32,7 @@ def test_bench_prints_every_figure(capsys: pytest.CaptureFixture[str]) -> None:
         "Allocate (gRPC",
         "GetPreferredAllocation (gRPC",
         "fault -> kubelet sees Unhealthy",
+        "lost, no event: answer -> kubelet Unhealthy",
         "kubelet restart -> registered again",
         "optimality vs brute force",
     ):
