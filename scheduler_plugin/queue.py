@@ -142,7 +142,10 @@ class Waiting:
 @dataclass(frozen=True, slots=True)
 class Running:
     """A started gang: GPUs it holds per node, when it (last) started and when its limit ends
-    (``math.inf`` without a limit), and how often it was evicted before (0 when unknown)."""
+    (``math.inf`` without a limit), how often it was evicted before (0 when unknown), and whether it
+    may be evicted at all (``preemptible``: False for what an eviction cannot free or may not take,
+    as its caller judges: a DaemonSet's or a node's own pods, a namespace not allowed, a disruption
+    budget that refuses)."""
 
     name: str
     priority: int
@@ -150,6 +153,7 @@ class Running:
     ends_s: float
     claims: Mapping[str, int]
     evictions: int = 0
+    preemptible: bool = True
 
     @property
     def gpus(self) -> int:
@@ -627,9 +631,11 @@ def _worth_it(  # noqa: PLR0917 -- private helper of ``decide``, called once
 
 
 def _may_evict(r: Running, w: Waiting, now: float, config: QueueConfig) -> bool:
-    """``r`` may be a victim of ``w``: lower priority, run long enough, not evicted too often."""
+    """``r`` may be a victim of ``w``: preemptible, lower priority, run long enough, not evicted too
+    often."""
     return (
-        r.priority < w.priority
+        r.preemptible
+        and r.priority < w.priority
         and now - r.started_s >= config.min_run_before_preempt_s
         and (config.max_evictions is None or r.evictions < config.max_evictions)
     )
