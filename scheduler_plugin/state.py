@@ -313,6 +313,7 @@ class ClusterState:
                 self._account(k, pod)
             self._gang_pending = {k for k, pod in self.pods.items() if self._waits(pod)}
             gone = (*self._last_event, *self._uids, *self._filtered, *self._refused, *self._pending_nudges)
+            gone += tuple(self._evicting)
             for k in [k for k in gone if k not in self.pods]:
                 self._forget(k)
         if kind in ("nodes", "hypernodes"):
@@ -362,6 +363,7 @@ class ClusterState:
         )
 
     def _forget(self, key: str) -> None:
+        self._evicting.pop(key, None)  # a pod made again under this name is evicted afresh
         self._last_event.pop(key, None)
         self._refused.pop(key, None)
         self._pending_nudges.pop(key, None)
@@ -879,6 +881,7 @@ class ClusterState:
         self.queue_reservations.pop(pre.gang, None)
         for v in pre.victims:
             self._blocked[v] = wall + BLOCKED_RETRY_S
+        self._queue_dirty = True  # the next pass seeks other victims
         self._queue_wake = min(self._queue_wake, wall + BLOCKED_RETRY_S)
         return True
 
