@@ -72,7 +72,8 @@ Preemption
     ``PreemptExemptTime``): its loss in GPU-time undercounts what a restart costs it (start-up,
     loading its checkpoint), which is why the least-loss rule is otherwise drawn to it. Off by default,
     since it can hold a high-priority gang back for that long; an operator whose jobs checkpoint every
-    N minutes sets it near N.
+    N minutes sets it near N. What may not be a victim at all (``Running.preemptible`` False: what an
+    eviction cannot free, or a disruption budget would refuse) is judged by the caller.
 
 Restart-safe
     The only state between passes is the reservations, and each is visible on its nodes
