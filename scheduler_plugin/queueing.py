@@ -238,7 +238,8 @@ def _selects(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> b
     for expr in exprs if isinstance(exprs, list) else ():
         if not isinstance(expr, Mapping):
             continue
-        op, key, values = expr.get("operator"), expr.get("key"), expr.get("values") or []
+        op, key, values = expr.get("operator"), expr.get("key"), expr.get("values")
+        values = [v for v in values if isinstance(v, str)] if isinstance(values, list) else []
         has = isinstance(key, str) and key in labels
         ok = {
             "In": has and labels.get(str(key)) in values,
