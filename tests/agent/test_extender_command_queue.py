@@ -29,6 +29,7 @@ class Api:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, str, Any]] = []
         self.status: dict[str, int] = {}
+        self.details: dict[str, Any] = {}  # path -> the Status's details
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -38,6 +39,8 @@ class Api:
                 api.calls.append((self.command, self.path, self.headers.get("Content-Type", ""), body))
                 code = api.status.get(self.path, 201 if self.command == "POST" else 200)
                 reply = {"kind": "Status", "code": code, "message": f"answer {code}"}
+                if self.path in api.details:
+                    reply["details"] = api.details[self.path]
                 data = json.dumps(reply).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
@@ -129,9 +132,17 @@ def test_a_dry_run_eviction_asks_the_api_to_check_everything_and_evict_nothing(a
     assert kc.evict("ml", "w-0", "uid-1", dry_run=True) is None
     assert api.calls[0][3]["deleteOptions"] == {"preconditions": {"uid": "uid-1"}, "dryRun": ["All"]}
     api.status[path] = 429  # the budget refuses the dry run as it would the eviction
+    api.details[path] = {  # where the API names the budget
+        "causes": [
+            {"reason": "DisruptionBudget", "message": "The disruption budget train-pdb needs 4 healthy pods"}
+        ]
+    }
     refused = kc.evict("ml", "w-0", "", dry_run=True)
     assert refused is not None
     assert "PodDisruptionBudget" in refused
+    assert "The disruption budget train-pdb needs 4 healthy pods" in refused
+    api.details[path] = {"causes": "garbage"}  # a Status of the wrong shape is still a refusal
+    assert "PodDisruptionBudget" in (kc.evict("ml", "w-0", "", dry_run=True) or "")
     assert api.calls[1][3]["deleteOptions"] == {"dryRun": ["All"]}
 
 
