@@ -271,9 +271,11 @@ class ClusterState:
         self._pending_events: list[EventRecord] = []
         self._pending_evictions: list[Eviction] = []
         self._gang_pending: set[str] = set()  # keys of the gangs' pods waiting for this scheduler
-        # gang -> times this extender evicted it (QueueConfig.max_evictions); the name outlives its pods,
-        # which their controller makes again; in memory only, the newest EVICTION_MEMORY gangs
-        self._evicted_times: dict[str, tuple[int, float]] = {}  # ... and when the evicted run started
+        # gang -> times this extender evicted it (QueueConfig.max_evictions) and when the evicted run
+        # started; the gang outlives its pods, which their controller makes again, so it is keyed by its
+        # name and the uid of what made it (None: no controller; ``_victims``); in memory only, the
+        # newest EVICTION_MEMORY gangs
+        self._evicted_times: dict[tuple[str, str | None], tuple[int, float]] = {}
         self._refused: dict[str, str] = {}  # pod key -> gang: filter refused it while its gang waited
         self._pending_nudges: dict[str, str] = {}  # pod key -> the gang-planned value to annotate
 
@@ -734,7 +736,7 @@ class ClusterState:
                 ends_s=wall + min(OVERDUE_GRACE_S, max(1.0, wall - r.ends_s))
                 if r.ends_s <= wall
                 else r.ends_s,
-                evictions=self._evictions_before(identity.get(name, name), r.started_s),
+                evictions=self._evictions_before(identity.get(name, (name, None)), r.started_s),
                 preemptible=name not in exempt,
             )
             for name, r in rebuilt.running.items()
@@ -777,7 +779,7 @@ class ClusterState:
             if not again:
                 self.queue_metrics.preemptions += 1
                 for victim in pre.victims:  # max_evictions counts these when the gang runs again
-                    ident = identity.get(victim, victim)
+                    ident = identity.get(victim, (victim, None))
                     times, _ = self._evicted_times.pop(ident, (0, 0.0))
                     gone = running.get(victim)
                     self._evicted_times[ident] = (times + 1, gone.started_s if gone else math.nan)
@@ -810,13 +812,14 @@ class ClusterState:
 
     def _victims(
         self, wall: float, needed: bool
-    ) -> tuple[dict[str, list[str]], dict[str, str], dict[str, str]]:
+    ) -> tuple[dict[str, list[str]], dict[str, tuple[str, str | None]], set[str]]:
         """Per running gang or workload (the queue's name, ``_running_name``): the keys of its pods that
         hold resources; the identity its evictions are counted under (``max_evictions``: its name and the
-        uid of what made it, so a new job under an old name starts from none); and, when ``needed``, why
-        it may not be a victim (``queueing.never_victim``, a disruption budget it alone would break, or
-        a refusal of the API not long ago). A count kept for a gang no controller owns is forgotten once
-        all its pods are gone: nothing makes them again, a gang of that name later is another job."""
+        uid of what made it, so a new job under an old name starts from none); and, when ``needed``, the
+        ones that may not be victims (a pod ``queueing.never_victim`` names, a disruption budget it
+        alone would break, or a refusal of the API not long ago). A count kept for a gang no controller
+        owns is forgotten once all its pods are gone: nothing makes them again, a gang of that name later
+        is another job."""
         by_gang: dict[str, list[str]] = {}
         present: set[str] = set()
         for key, pod in self.pods.items():
@@ -824,30 +827,24 @@ class ClusterState:
             present.add(name)
             if holds_resources(pod):
                 by_gang.setdefault(name, []).append(key)
-        identity: dict[str, str] = {}
+        identity: dict[str, tuple[str, str | None]] = {}
         for name, keys in by_gang.items():
             owners = [u for u in (owner_uid(self.pods[k]) for k in keys) if u is not None]
-            identity[name] = f"{name}@{min(owners)}" if owners else name
-        for ident in [i for i in self._evicted_times if "@" not in i and i not in present]:
+            identity[name] = (name, min(owners) if owners else None)
+        for ident in [i for i in self._evicted_times if i[1] is None and i[0] not in present]:
             del self._evicted_times[ident]
         self._blocked = {v: until for v, until in self._blocked.items() if until > wall and v in by_gang}
-        exempt: dict[str, str] = {}
+        exempt: set[str] = set()
         if not needed or self.queue_config.preempt_after_s is None:
             return by_gang, identity, exempt
         budgets = budgets_from(self.pdbs.values())
         for name, keys in by_gang.items():
-            why = next(
-                (f"pod {k}: {w}" for k in keys if (w := never_victim(self.pods[k], self.preempt_namespaces))),
-                None,
-            )
-            if why is None and budgets:
-                over = over_budget(self._leaving_not(keys), budgets)
-                if over:
-                    why = f"PodDisruptionBudget {over[0][0]} allows {over[0][2]} disruption(s)"
-            if why is None and name in self._blocked:
-                why = "the API refused its eviction lately"
-            if why is not None:
-                exempt[name] = why
+            if (
+                name in self._blocked
+                or any(never_victim(self.pods[k], self.preempt_namespaces) for k in keys)
+                or (budgets and over_budget(self._leaving_not(keys), budgets))
+            ):
+                exempt.add(name)
         return by_gang, identity, exempt
 
     def _leaving_not(self, keys: Iterable[str]) -> list[Mapping[str, Any]]:
@@ -899,7 +896,7 @@ class ClusterState:
         """Nothing for a pass to decide: no gang's pod waits, nothing is held or being preempted for."""
         return not self._gang_pending and not self.queue_reservations and not self._preempting
 
-    def _evictions_before(self, gang: str, started_s: float) -> int:
+    def _evictions_before(self, gang: tuple[str, str | None], started_s: float) -> int:
         """Times ``gang`` was evicted before this run of it; a run still leaving after its eviction is
         not counted against itself (the same preemption goes on, no other victims are sought)."""
         times, evicted_run = self._evicted_times.get(gang, (0, math.nan))
