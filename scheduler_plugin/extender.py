@@ -406,13 +406,14 @@ class Extender:
             return True
         ev, refused = found
         victims = sorted({e.victim for e in evictions})
-        await self._locked(self.state.preemption_blocked, preemptor, victims, self.wall())
-        await self._locked(self.state.eviction_refused, pod_key(ev.pod))
         ns, name, _ = _pod_ref(ev.pod)
+        why = f"the eviction of pod {ns}/{name} ({ev.victim}) would be refused: {refused}"
+        await self._locked(self.state.preemption_blocked, preemptor, victims, self.wall(), why)
+        await self._locked(self.state.eviction_refused, pod_key(ev.pod))
         log.warning("preemption_blocked", gang=preemptor, victims=victims, pod=f"{ns}/{name}", error=refused)
         message = (
-            f"not evicted: the eviction of pod {ns}/{name} ({ev.victim}) would be refused: {refused}; no pod "
-            f"of {', '.join(victims)} is evicted for {preemptor}, other victims are sought ({ev.message})"
+            f"not evicted: {why}; no pod of {', '.join(victims)} is evicted for {preemptor}, other victims "
+            f"are sought ({ev.message})"
         )
         self._record([EventRecord(pod=e.pod, reason="PreemptionBlocked", message=message) for e in evictions])
         return False

@@ -882,9 +882,18 @@ class ClusterState:
         self._queue_wake = min(self._queue_wake, wall + BLOCKED_RETRY_S)
         return True
 
-    def preemption_blocked(self, preemptor: str, victims: Iterable[str], wall: float) -> None:
-        """The API refused a dry run of one of ``preemptor``'s evictions, so none was made: its victims
-        sit out ``BLOCKED_RETRY_S`` and the next pass seeks others (the preemption is not going on)."""
+    def preemption_blocked(self, preemptor: str, victims: Sequence[str], wall: float, why: str = "") -> None:
+        """The API refused a dry run of one of ``preemptor``'s evictions (``why``), so none was made: its
+        victims sit out ``BLOCKED_RETRY_S``, the next pass seeks others (the preemption is not going on)
+        and the preemptor's waiting pods say so."""
+        msg = (
+            f"gang {preemptor} does not preempt {', '.join(victims)}: {why}; nothing evicted, other victims "
+            f"are sought (these sit out {BLOCKED_RETRY_S:.0f} s)"
+        )
+        for k in sorted(self._gang_pending):
+            found = gang_key_of(self.pods[k]) if k in self.pods else None
+            if found is not None and found[1] == preemptor:
+                self._pending_events += self._event_once(self.pods[k], "PreemptionBlocked", msg)
         for v in victims:
             self._blocked[v] = wall + BLOCKED_RETRY_S
         if self._preempting.pop(preemptor, None) is not None:

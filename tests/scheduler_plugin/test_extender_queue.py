@@ -470,6 +470,9 @@ def test_a_budget_refusing_one_eviction_evicts_none_of_the_set_and_other_victims
     asyncio.run(run())
     assert sorted(fake.evicted) == ["lo0-0", "lo0-1", "lo1-0", "lo1-1"]
     assert {e[1] for e in fake.events} >= {"Preempted", "GangPreempting"}
+    said = {e[0]: e[2] for e in fake.events if e[1] == "PreemptionBlocked" and e[0].startswith("hi-")}
+    assert set(said) == {f"hi-{i}" for i in range(4)}  # the waiting gang's pods say why it waits on
+    assert all("pod default/lo2-1" in m and "PodDisruptionBudget" in m for m in said.values())
     assert set(s.queue_reservations["default/hi"].claims) == set(DOMAIN0)  # it holds the nodes it freed
 
 
