@@ -729,7 +729,9 @@ class ClusterState:
             self._queue_rebuilt = True
             self.queue_reservations = dict(rebuilt.reservations)
         before = dict(self.queue_reservations)
-        by_gang, identity, exempt = self._victims(wall, bool(waiting))
+        top = max((w.priority for w in waiting), default=None)  # only work below it may be a victim
+        candidates = {n for n, r in rebuilt.running.items() if top is not None and r.priority < top}
+        by_gang, identity, exempt = self._victims(wall, candidates)
         running = {
             name: dataclasses.replace(
                 r,
@@ -811,11 +813,11 @@ class ClusterState:
                     )
 
     def _victims(
-        self, wall: float, needed: bool
+        self, wall: float, candidates: Collection[str]
     ) -> tuple[dict[str, list[str]], dict[str, tuple[str, str | None]], set[str]]:
         """Per running gang or workload (the queue's name, ``_running_name``): the keys of its pods that
         hold resources; the identity its evictions are counted under (``max_evictions``: its name and the
-        uid of what made it, so a new job under an old name starts from none); and, when ``needed``, the
+        uid of what made it, so a new job under an old name starts from none); and, of ``candidates``, the
         ones that may not be victims (a pod ``queueing.never_victim`` names, a disruption budget it
         alone would break, or a refusal of the API not long ago). A count kept for a gang no controller
         owns is forgotten once all its pods are gone: nothing makes them again, a gang of that name later
@@ -835,10 +837,11 @@ class ClusterState:
             del self._evicted_times[ident]
         self._blocked = {v: until for v, until in self._blocked.items() if until > wall and v in by_gang}
         exempt: set[str] = set()
-        if not needed or self.queue_config.preempt_after_s is None:
+        if not candidates or self.queue_config.preempt_after_s is None:
             return by_gang, identity, exempt
         budgets = budgets_from(self.pdbs.values())
-        for name, keys in by_gang.items():
+        for name in candidates:
+            keys = by_gang.get(name, [])
             if (
                 name in self._blocked
                 or any(never_victim(self.pods[k], self.preempt_namespaces) for k in keys)
