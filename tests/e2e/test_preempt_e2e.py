@@ -76,6 +76,7 @@ def test_dry_run_evicts_nothing_and_a_budget_refuses_it(api_client: Any, namespa
     refused = kc.evict(namespace, "w-0", "", dry_run=True)
     assert refused is not None
     assert "PodDisruptionBudget" in refused
+    assert "train-budget" in refused  # the API names the budget in the Status's causes
 
 
 def test_dry_runs_of_a_set_pass_one_by_one_where_the_budget_counts_them_together(
@@ -99,4 +100,4 @@ def test_dry_runs_of_a_set_pass_one_by_one_where_the_budget_counts_them_together
     assert _terminating(api_client, namespace, "w-0")
     refused = kc.evict(namespace, "w-1", "")
     assert refused is not None
-    assert "PodDisruptionBudget" in refused
+    assert "train-budget" in refused
