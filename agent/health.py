@@ -5,8 +5,9 @@ device health; after each change the book's :class:`~agent.healthbook.HealthTabl
 NVML's event wait blocks, so it runs in a worker thread (``asyncio.to_thread``) with a short timeout,
 and each event is handed back to the loop. A failing wait is logged and retried with a back-off; it
 never marks devices unhealthy by itself (only events and probes about a GPU do). Unhealthy GPUs are
-probed every ``probe_interval_s`` (a cheap identity query); fabric health is polled at the same pace
-when it can mark GPUs. A MIG configuration change asks for a rediscovery.
+probed every ``probe_interval_s`` (a cheap identity query). Fabric health is read from the store's
+inventory (kept current by ``agent.fabricwatch.FabricWatch``) each time it changes, judged by the
+fabric policy and handed to the book. A MIG configuration change asks for a rediscovery.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from agent.nvml.errors import LOST_CODES, NVMLError
 from agent.nvml.protocol import EventKind, NvmlBackend, NvmlEvent
 from agent.runtime import InventoryStore, StoreUpdate
 from topology import logs
+from topology.fabrichealth import fabric_verdicts
 from topology.lifecycle import sleep_until, wait_for_event
 
 WAIT_TIMEOUT_MS = 100
@@ -55,6 +57,7 @@ class HealthMonitor:
 
     async def run(self, stop: asyncio.Event) -> None:
         self._apply(self.book.set_inventory(self._store.inventory, self._clock()))
+        self.apply_fabric()
         remove = self._store.add_listener(self._on_store)
         try:
             await self._register()
@@ -112,7 +115,7 @@ class HealthMonitor:
             await self.probe_once()
 
     async def probe_once(self) -> None:
-        """Probe every unhealthy GPU, and poll fabric health where it can mark GPUs."""
+        """Probe every unhealthy GPU."""
         for index, uuid in self.book.unhealthy_gpus():
             answered, lost, error = await asyncio.to_thread(self._probe, index, uuid)
             outcome = self.book.on_probe(uuid, answered=answered, lost=lost, now=self._clock(), error=error)
@@ -120,16 +123,25 @@ class HealthMonitor:
                 if self.book.status(key).healthy:
                     self._log.bind(gpu_uuid=uuid).info("device_recovered", device=key)
             self._apply(outcome)
-        if self.config.fabric_unhealthy_marks_gpu:
-            for gpu in self._store.inventory.gpus:
-                if gpu.lost or self.book.is_lost(gpu.uuid):
-                    continue
-                try:
-                    info = await asyncio.to_thread(self._nvml.fabric, gpu.index)
-                except NVMLError:
-                    continue
-                if info is not None:
-                    self._apply(self.book.on_fabric(gpu.uuid, info.health_summary, self._clock()))
+
+    def apply_fabric(self) -> None:
+        """Hand the inventory's fabric, judged by the fabric policy, to the book (one more fault source)."""
+        if not self.config.fabric_unhealthy_marks_gpu:
+            return
+        inventory = self._store.inventory
+        uuids = {g.index: g.uuid for g in inventory.gpus if g.uuid and not g.lost}
+        for verdict in fabric_verdicts(inventory, self.config.fabric_policy):
+            uuid = uuids.get(verdict.gpu_index)
+            if uuid is None or self.book.is_lost(uuid):
+                continue
+            outcome = self.book.on_fabric(uuid, verdict, self._clock())
+            if outcome.changed:
+                self._log.bind(gpu_uuid=uuid).warning(
+                    "device_fabric_unhealthy",
+                    reason=verdict.reason,
+                    hint="set by the fabric policy (health.fabricUnhealthyMarksGpu); check the NVLink fabric",
+                )
+            self._apply(outcome)
 
     def _probe(self, index: int, uuid: str) -> tuple[bool, bool, str | None]:
         try:
@@ -144,6 +156,7 @@ class HealthMonitor:
         while not await wait_for_event(self._inventory_changed, stop):
             self._inventory_changed.clear()
             self._apply(self.book.set_inventory(self._store.inventory, self._clock()))
+            self.apply_fabric()
             await self._register()
 
     # ----------------------------------------------------------------- helpers

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from urllib.parse import quote
 
 from topology import logs
+from topology.fabrichealth import DEFAULT_FABRIC_POLICY, FabricPolicy
 from topology.gpunode import API_VERSION, KIND, gpunode_object
 from topology.kube import GPUNODES, NODES, Kube, KubeError
 from topology.labels import node_labels
@@ -108,6 +109,7 @@ class PublisherSettings:
     min_backoff_s: float = 1.0
     max_backoff_s: float = 60.0
     verify_interval_s: float = 300.0
+    fabric_policy: FabricPolicy = DEFAULT_FABRIC_POLICY
 
 
 def device_health(inventory: NodeInventory, unhealthy: Mapping[str, HealthLike]) -> dict[str, Health]:
@@ -147,7 +149,9 @@ class Publisher:
         inv = self.source.inventory
         s = self.settings
         health = device_health(inv, self.source.health())
-        obj = gpunode_object(inv, node_name=s.node_name, node_uid=self._uid, health=health)
+        obj = gpunode_object(
+            inv, node_name=s.node_name, node_uid=self._uid, health=health, fabric_policy=s.fabric_policy
+        )
         labels = node_labels(
             inv,
             node_name=s.node_name,
@@ -155,6 +159,7 @@ class Publisher:
             sharing_strategy=s.sharing_strategy,
             replicas=s.replicas,
             shared_renamed=s.shared_renamed,
+            fabric_policy=s.fabric_policy,
         )
         return obj, labels
 
@@ -261,5 +266,6 @@ def publisher_for_run(ctx: Any) -> Publisher | None:
             sharing_strategy=str(sharing.strategy.value),
             replicas=replicas,
             shared_renamed=renamed,
+            fabric_policy=settings.health.fabric_policy,
         ),
     )

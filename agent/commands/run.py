@@ -27,6 +27,7 @@ from pathlib import Path
 
 from agent.config import RunSettings, add_arguments, load_settings
 from agent.discovery import DiscoveryIncompleteError, discover
+from agent.fabricwatch import FabricWatch
 from agent.health import HealthMonitor
 from agent.host import read_host
 from agent.nvml.errors import NVMLError
@@ -235,7 +236,8 @@ async def serve(
             extras={"discovery_duration_s": discovery_s},
             readiness=[("discovery", rediscovery.problem)],
         )
-        components: list[Component] = [health, rediscovery, manager]
+        fabric = FabricWatch(nvml=node.nvml, store=store, interval_s=settings.health.probe_interval_s)
+        components: list[Component] = [health, rediscovery, manager, fabric]
         if node.faults is not None:
             components.append(node.faults)
         if node.hotplug is not None:
