@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 
 from agent.metrics.families import Families
 from agent.metrics.snapshot import AgentStats, GpuView, MetricsSnapshot, MigView, Owner, Sharing
+from topology.fabrichealth import FabricCondition, fabric_conditions
 from topology.model import FabricHealthSummary, FabricState
 
 P = "gpuagent_"
@@ -154,6 +155,18 @@ def _gpu(f: Families, view: GpuView, driver_version: str | None) -> None:
             {**base, "cluster_uuid": fab.cluster_uuid, "clique_id": str(fab.clique_id)},
             1,
         )
+        if fab.state is not FabricState.NOT_SUPPORTED:
+            seen = fabric_conditions(fab)
+            for condition in FabricCondition:
+                f.gauge(
+                    P + "fabric_condition",
+                    "1 while the GPU's NVLink fabric shows the condition (health mask, state/status, "
+                    "summary), else 0.",
+                    {**base, "condition": condition.value},
+                    float(condition in seen),
+                )
+        if fab.health_mask is not None:
+            f.gauge(P + "fabric_health_mask", "NVML's raw fabric healthMask.", base, fab.health_mask)
     if g.power_limit_watts is not None:
         f.gauge(P + "gpu_power_limit_watts", "Enforced power limit.", lb, g.power_limit_watts)
     s = view.sample
