@@ -9,6 +9,10 @@
       {"event":"xid","gpu":0,"xid":31,"gpu_instance_id":7}      (an Xid on one MIG GPU instance)
       {"event":"fabric","gpu":0,"health_summary":"UNHEALTHY"}
       {"event":"fabric","gpu":0,"state":"IN_PROGRESS","status":"INSUFFICIENT_RESOURCES","clique_id":7}
+      {"event":"fabric","gpu":0,"conditions":["route_unhealthy"]}   (the health mask: exactly these
+      flags true — degraded_bandwidth, route_recovery, route_unhealthy, access_timeout_recovery — and
+      optional "incorrect_configuration":"INSUFFICIENT_NVLINKS"; the summary follows unless given;
+      "conditions": [] is a clean mask)
       {"event":"process_start","gpu":0,"pid":4242,"used_memory_mib":1024}   (optional "mig_uuid",
       "sm_percent")          {"event":"process_exit","gpu":0,"pid":4242}
       {"event":"mig_reconfig","gpu":0,"profiles":["3g.40gb","3g.40gb"]}   (null profiles: MIG off)
@@ -36,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.nvml.errors import CODES
+from agent.nvml.fabric import encode_health_mask, summary_of
 from agent.nvml.fake import SimulatedNvml, SimulationError
 from topology import logs
 from topology.lifecycle import sleep_until
@@ -169,15 +174,47 @@ def apply_fault(sim: SimulatedNvml, event: Mapping[str, Any]) -> None:
         sim.reconfigure_mig(gpu, profiles)
 
 
+def fabric_mask_fault(event: Mapping[str, Any]) -> tuple[int, FabricHealthSummary] | None:
+    """The health mask and summary a fabric fault's ``conditions`` / ``incorrect_configuration`` ask
+    for (the summary given by ``health_summary`` when present), or ``None`` when it sets neither;
+    ``FaultLineError`` naming a bad field. Shared with the C stand-in's fault translator."""
+    conditions = event.get("conditions")
+    config = event.get("incorrect_configuration")
+    if conditions is None and config is None:
+        return None
+    if conditions is None:
+        conditions = []
+    if not isinstance(conditions, list) or not all(isinstance(c, str) for c in conditions):
+        raise FaultLineError(f"field 'conditions' must be a list of condition names, got {conditions!r}")
+    if config is not None and not isinstance(config, str):
+        raise FaultLineError(f"field 'incorrect_configuration' must be a string, got {config!r}")
+    config = "NONE" if config is None else config.upper()
+    wanted = [c.lower() for c in conditions]
+    try:
+        mask = encode_health_mask(wanted, config)
+    except ValueError as exc:
+        raise FaultLineError(str(exc)) from None
+    summary = summary_of(wanted, config)
+    given = event.get("health_summary")
+    if isinstance(given, str) and given.upper() in FabricHealthSummary.__members__:
+        summary = FabricHealthSummary[given.upper()]
+    return mask, summary
+
+
 def _apply_fabric(sim: SimulatedNvml, gpu: int, event: Mapping[str, Any]) -> None:
-    """``fabric``: ``health_summary`` and/or ``state``, ``status``, ``clique_id``."""
+    """``fabric``: ``health_summary``, ``conditions`` / ``incorrect_configuration`` (the health mask)
+    and/or ``state``, ``status``, ``clique_id``."""
     fields = {k: event.get(k) for k in ("health_summary", "state", "status")}
     for key, value in fields.items():
         if value is not None and not isinstance(value, str):
             raise FaultLineError(f"field {key!r} must be a string, got {value!r}")
     clique = event.get("clique_id")
-    if all(v is None for v in fields.values()) and clique is None:
-        raise FaultLineError("a fabric event needs health_summary, state, status or clique_id")
+    masked = fabric_mask_fault(event)
+    if all(v is None for v in fields.values()) and clique is None and masked is None:
+        raise FaultLineError(
+            "a fabric event needs health_summary, conditions, incorrect_configuration, state, status or "
+            "clique_id"
+        )
     summary, state, status = (str(v).upper() if v is not None else None for v in fields.values())
     if summary is not None and summary not in FabricHealthSummary.__members__:
         valid = ", ".join(FabricHealthSummary.__members__)
@@ -189,7 +226,9 @@ def _apply_fabric(sim: SimulatedNvml, gpu: int, event: Mapping[str, Any]) -> Non
             status=status,
             clique_id=None if clique is None else _int_field(event, "clique_id"),
         )
-    if summary is not None:
+    if masked is not None:
+        sim.set_fabric_health(gpu, masked[1], mask=masked[0])
+    elif summary is not None:
         sim.set_fabric_health(gpu, summary)
 
 
