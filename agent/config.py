@@ -53,7 +53,7 @@ from topology.logs import FORMATS, LEVELS
 
 ENV_PREFIX = "GPU_NODE_AGENT_"
 CONFIG_VERSION = "v1"
-PLUGIN_SECTIONS = ("flags", "sharing", "cdi")
+PLUGIN_SECTIONS = ("flags", "sharing", "cdi", "imex")
 HEALTH_SECTION = "health"
 FABRIC_SECTION = "fabric"
 MAX_CONFIG_BYTES = 1024 * 1024
@@ -96,6 +96,7 @@ class RunSettings:
     metrics_interval_s: float = 10.0
     pod_resources_interval_s: float = 10.0
     proc_root: Path = Path("/proc")
+    dev_root: Path | None = None  # None: /dev, or the simulated node's own with --simulate
     pod_logs_root: Path = Path("/var/log/pods")
     plugin: PluginConfig = field(default_factory=PluginConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
@@ -345,6 +346,14 @@ SETTINGS: tuple[Setting, ...] = (
         "host /proc, to map processes of shared GPUs to pods (needs hostPID)",
     ),
     Setting(
+        "dev_root",
+        "--dev-root",
+        ENV_PREFIX + "DEV_ROOT",
+        "devRoot",
+        _path,
+        "host /dev, where the IMEX channel device nodes are (default /dev; --simulate: its own)",
+    ),
+    Setting(
         "pod_logs_root",
         "--pod-logs-root",
         ENV_PREFIX + "POD_LOGS_ROOT",
@@ -357,6 +366,8 @@ SETTINGS: tuple[Setting, ...] = (
 PLUGIN_OVERRIDES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     # (CLI flag, env var, path inside the file's plugin sections)
     ("--mig-strategy", "MIG_STRATEGY", ("flags", "migStrategy")),
+    ("--imex-channel-ids", "IMEX_CHANNEL_IDS", ("imex", "channelIDs")),  # NVIDIA's device plugin's names
+    ("--imex-required", "IMEX_REQUIRED", ("imex", "required")),
 )
 
 
@@ -372,6 +383,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(s.flag, dest=dest, metavar="VALUE", help=f"{s.help} [{s.env}]")
     parser.add_argument(
         "--mig-strategy", dest="mig_strategy", choices=[m.value for m in MigStrategy], help="[MIG_STRATEGY]"
+    )
+    parser.add_argument(
+        "--imex-channel-ids",
+        dest="imex_channel_ids",
+        metavar="IDS",
+        help="IMEX channels every GPU container gets: '' (none) or 0 [IMEX_CHANNEL_IDS]",
+    )
+    parser.add_argument(
+        "--imex-required",
+        dest="imex_required",
+        action="store_const",
+        const="true",
+        help="refuse to start without the IMEX channel device node [IMEX_REQUIRED]",
     )
 
 

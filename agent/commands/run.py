@@ -9,7 +9,7 @@ component (or ``None`` when it does not apply, e.g. publishing with ``--no-kube`
 :func:`default_factories` (metrics exporter, publisher) unless given its own list (the demo adds one).
 
 Exit codes: 0 after a clean stop, 1 when the agent cannot start (no NVML, an invalid resource plan),
-2 for invalid settings (one line per problem).
+2 for invalid settings (one line per problem) and for a missing IMEX channel with ``imex.required``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 import sys
@@ -33,7 +34,8 @@ from agent.host import read_host
 from agent.nvml.errors import NVMLError
 from agent.nvml.protocol import NvmlBackend
 from agent.runtime import Component, InventoryStore, Rediscovery, run_components
-from deviceplugin.config import ConfigError
+from deviceplugin.config import ConfigError, PluginConfig
+from deviceplugin.imex import ImexChannelError, find_channels
 from deviceplugin.manager import AllocatableCheck, PluginManager
 from deviceplugin.resources import ResourceError, build_plan
 from topology import logs
@@ -41,7 +43,11 @@ from topology.model import LinkLevel, NodeInventory
 
 
 class StartupError(RuntimeError):
-    """The agent cannot start; the message is one line for the operator."""
+    """The agent cannot start; the message is one line for the operator, ``exit_code`` the command's."""
+
+    def __init__(self, message: str, *, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 @dataclass(slots=True)
@@ -92,6 +98,9 @@ class Node:
     faults: Component | None = None
     hotplug: object | None = None  # an agent.udev HotplugSource, where one applies
     cleanup: Callable[[], None] = lambda: None
+    dev_root: Path = Path("/dev")  # where the IMEX channel device nodes are
+    proc_devices: Path = Path("/proc/devices")
+    simulated: bool = False
 
 
 def build_node(settings: RunSettings) -> Node:
@@ -118,6 +127,9 @@ def build_node(settings: RunSettings) -> Node:
             faults=sim.faults,
             hotplug=simulated_source(sim.nvml),
             cleanup=sim.close,
+            dev_root=settings.dev_root or sim.dev_root or Path("/dev"),
+            proc_devices=sim.proc_devices or settings.proc_root / "devices",
+            simulated=True,
         )
     from agent.nvml.real import RealNvml  # noqa: PLC0415
 
@@ -134,8 +146,35 @@ def build_node(settings: RunSettings) -> Node:
     sysfs_root = settings.sysfs_root or Path("/sys")
     real_host = read_host(sysfs_root=sysfs_root, hostname=settings.node_name)
     return Node(
-        nvml=real, discover=lambda: discover(nvml=real, sysfs_root=sysfs_root, host=real_host, strict=True)
+        nvml=real,
+        discover=lambda: discover(nvml=real, sysfs_root=sysfs_root, host=real_host, strict=True),
+        dev_root=settings.dev_root or Path("/dev"),
+        proc_devices=settings.proc_root / "devices",
     )
+
+
+def imex_plugin_config(settings: RunSettings, node: Node) -> PluginConfig:
+    """The plugin config with the IMEX channels this node has (``imex.channelIDs``), checked once at
+    start: a missing channel is a :class:`StartupError` (exit 2) with ``imex.required``, else one warning
+    and no channel in any container."""
+    plugin = settings.plugin
+    ids = plugin.imex.channel_ids
+    if not ids:
+        return plugin
+    try:
+        channels = find_channels(
+            ids, dev_root=node.dev_root, proc_devices=node.proc_devices, allow_stand_in=node.simulated
+        )
+    except ImexChannelError as exc:
+        if plugin.imex.required:
+            raise StartupError(f"imex.required: {exc}", exit_code=2) from None
+        logs.get_logger("agent.run").bind(node=settings.node_name).warning(
+            "imex_channel_missing",
+            error=str(exc),
+            hint="containers get no IMEX channel (multi-node NVLink falls back); set imex.required to refuse",
+        )
+        return plugin
+    return dataclasses.replace(plugin, imex_channels=channels)
 
 
 class HotplugTrigger:
@@ -189,8 +228,9 @@ async def serve(
         except DiscoveryIncompleteError as exc:  # start with what answered; not ready until NVML answers
             inventory, first_failure = exc.inventory, exc
         discovery_s = time.perf_counter() - started
+        plugin_config = imex_plugin_config(settings, node)
         try:
-            plan = build_plan(inventory, settings.plugin)
+            plan = build_plan(inventory, plugin_config)
         except ResourceError as exc:
             raise StartupError(f"cannot advertise this node's devices: {exc}") from None
         if plan.unmatched:
@@ -219,7 +259,7 @@ async def serve(
         )
         manager = PluginManager(
             store=store,
-            config=settings.plugin,
+            config=plugin_config,
             kubelet_dir=settings.kubelet_dir,
             grace_s=min(settings.shutdown_grace_s, 2.0),
             allocatable_check=_allocatable_check(settings.pod_resources_socket),
@@ -322,7 +362,7 @@ def main(argv: list[str]) -> int:
         return asyncio.run(serve(settings))
     except StartupError as exc:
         print(f"gpu-node-agent run: {exc}", file=sys.stderr)
-        return 1
+        return exc.exit_code
     except ExceptionGroup as group:
         for failure in group.exceptions:
             print(f"gpu-node-agent run: stopped on error: {failure}", file=sys.stderr)
