@@ -19,6 +19,7 @@ from pathlib import Path
 
 from agent.discovery import discover
 from agent.host import simulated_host
+from agent.imex import SimulatedImexDaemon
 from agent.mps import DEFAULT_PIPE_DIRECTORY
 from agent.nvml.fake import SimulatedNvml
 from agent.nvml.faults import FaultFollower
@@ -39,6 +40,7 @@ class SimulatedNode:
     # its major (a character device where mknod is allowed, else a regular file standing in for it)
     dev_root: Path | None = None
     proc_devices: Path | None = None
+    imex: SimulatedImexDaemon | None = None  # its IMEX daemon (multi-node NVLink profiles)
     _stack: ExitStack = field(default_factory=ExitStack, repr=False)
 
     def discover(
@@ -81,9 +83,14 @@ def open_simulated_node(
     if faults_path is not None and not faults_path.is_file():
         raise ValueError(f"--simulate-faults {faults_path}: no such file")
     sim = build_simulator(spec)
+    multi_node = any(g.fabric is not None and g.fabric.cluster_uuid.strip("0-") for g in sim.machine.gpus)
+    imex = None
+    if multi_node:  # the rack's trays are the IMEX domain's peers
+        rack = spec.option("rack", 0)
+        imex = SimulatedImexDaemon(tuple(f"rack{rack}-tray{t}" for t in range(18)))
     faults = None
     if faults_path is not None:
-        faults = FaultFollower(sim, faults_path)
+        faults = FaultFollower(sim, faults_path, imex=imex)
         faults.poll()  # the lines already written apply before anything reads the node
     stack = ExitStack()
     root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpu-node-agent-sim-")))
@@ -94,7 +101,7 @@ def open_simulated_node(
     mps_root = root / "mps-root"
     mps_root.mkdir()
     dev_root = proc_devices = None
-    if any(g.fabric is not None and g.fabric.cluster_uuid.strip("0-") for g in sim.machine.gpus):
+    if multi_node:
         dev_root, proc_devices = write_imex_channel(root)
     return SimulatedNode(
         spec=spec,
@@ -105,6 +112,7 @@ def open_simulated_node(
         faults=faults,
         dev_root=dev_root,
         proc_devices=proc_devices,
+        imex=imex,
         _stack=stack,
     )
 

@@ -31,6 +31,8 @@ from agent.discovery import DiscoveryIncompleteError, discover
 from agent.fabricwatch import FabricWatch
 from agent.health import HealthMonitor
 from agent.host import read_host
+from agent.imex import NoImexDaemon
+from agent.imexctl import ImexCtlReader, ImexMonitor, ImexReader
 from agent.nvml.errors import NVMLError
 from agent.nvml.protocol import NvmlBackend
 from agent.runtime import Component, InventoryStore, Rediscovery, run_components
@@ -101,6 +103,7 @@ class Node:
     dev_root: Path = Path("/dev")  # where the IMEX channel device nodes are
     proc_devices: Path = Path("/proc/devices")
     simulated: bool = False
+    imex: ImexReader = field(default_factory=ImexCtlReader)  # the node's IMEX daemon
 
 
 def build_node(settings: RunSettings) -> Node:
@@ -130,6 +133,7 @@ def build_node(settings: RunSettings) -> Node:
             dev_root=settings.dev_root or sim.dev_root or Path("/dev"),
             proc_devices=sim.proc_devices or settings.proc_root / "devices",
             simulated=True,
+            imex=sim.imex if sim.imex is not None else NoImexDaemon(),
         )
     from agent.nvml.real import RealNvml  # noqa: PLC0415
 
@@ -266,6 +270,8 @@ async def serve(
             check_interval_s=settings.registration_check_s,
             pcie_levels=_pcie_levels(node.nvml),
         )
+        imex = ImexMonitor(reader=node.imex, interval_s=settings.health.probe_interval_s)
+        await imex.once()  # the first publication already says whether the node has a daemon
         ctx = RunContext(
             settings=settings,
             nvml=node.nvml,
@@ -273,11 +279,11 @@ async def serve(
             stop=stop,
             manager=manager,
             rediscovery=rediscovery,
-            extras={"discovery_duration_s": discovery_s},
+            extras={"discovery_duration_s": discovery_s, "imex": imex},
             readiness=[("discovery", rediscovery.problem)],
         )
         fabric = FabricWatch(nvml=node.nvml, store=store, interval_s=settings.health.probe_interval_s)
-        components: list[Component] = [health, rediscovery, manager, fabric]
+        components: list[Component] = [health, rediscovery, manager, fabric, imex]
         if node.faults is not None:
             components.append(node.faults)
         if node.hotplug is not None:

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 
 from prometheus_client.metrics_core import Metric
 
+from agent.imex import DCGM_VALUES, ImexDaemonStatus
 from agent.metrics.families import Families
 from agent.metrics.native import ScrapeStats, render_agent
 from agent.metrics.snapshot import AgentStats, GpuView, MetricsSnapshot, MigView, Owner, PodShare
@@ -64,6 +65,8 @@ _HELP = {
     "value 1.",
     "DCGM_FI_DEV_FABRIC_CLIQUE_ID": "ID of the fabric clique the GPU belongs to.",
     "DCGM_FI_DEV_FABRIC_HEALTH_MASK": "GPU fabric health mask (NVML healthMask).",
+    "DCGM_FI_IMEX_DAEMON_STATUS": "IMEX daemon status (0 initializing ... 5 ready, 6 shutting down, "
+    "7 unavailable; -1 not installed, -2 not configured, -3 command error).",
     "DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY": "GPU fabric health summary (0 not supported, 1 healthy, "
     "2 unhealthy, 3 limited capacity).",
 }
@@ -109,8 +112,18 @@ def render_dcgm(
     snap: MetricsSnapshot, agent: AgentStats, scrapes: ScrapeStats, version: str
 ) -> Iterable[Metric]:
     f = render_dcgm_devices(snap)
-    render_agent(f, snap, agent, scrapes, version)
+    render_dcgm_agent(f, snap, agent, scrapes, version)
     return f
+
+
+def render_dcgm_agent(
+    f: Families, snap: MetricsSnapshot, agent: AgentStats, scrapes: ScrapeStats, version: str
+) -> None:
+    """The agent's self-metrics, and the node-wide DCGM fields the agent knows (the IMEX daemon)."""
+    render_agent(f, snap, agent, scrapes, version)
+    if agent.imex_daemon_status is not None:
+        value = DCGM_VALUES[ImexDaemonStatus(agent.imex_daemon_status)]
+        _emit(f, "DCGM_FI_IMEX_DAEMON_STATUS", {"Hostname": snap.hostname, "hostname": snap.hostname}, value)
 
 
 def render_dcgm_devices(snap: MetricsSnapshot) -> Families:

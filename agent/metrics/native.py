@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from agent.imex import ImexDaemonStatus
 from agent.metrics.families import Families
 from agent.metrics.snapshot import AgentStats, GpuView, MetricsSnapshot, MigView, Owner, Sharing
 from topology.fabrichealth import FabricCondition, fabric_conditions
@@ -385,6 +386,15 @@ def render_agent(
             float(registered),
         )
     f.counter(P + "kubelet_restarts", "Kubelet restarts the agent noticed.", {}, agent.kubelet_restarts)
+    if agent.imex_daemon_status is not None:
+        for status in ImexDaemonStatus:
+            f.gauge(
+                P + "imex_daemon_status",
+                "The node's IMEX daemon as nvidia-imex-ctl -q reports it (1 for the current status; "
+                "NOT_INSTALLED when there is none).",
+                {"status": status.value},
+                float(status.value == agent.imex_daemon_status),
+            )
     r = snap.refresh
     f.gauge(
         P + "nvml_up",

@@ -18,6 +18,8 @@
       {"event":"mig_reconfig","gpu":0,"profiles":["3g.40gb","3g.40gb"]}   (null profiles: MIG off)
       {"event":"nvml_error","code":"LIB_RM_VERSION_MISMATCH"}   (every call fails; optional "call",
       "gpu"; "code": null clears) — e.g. a driver upgraded under a running agent
+      {"event":"imex","state":"WAITING_FOR_PEERS"}   (the simulated IMEX daemon of a GB200 tray,
+      ``agent.imex``; "NOT_INSTALLED" makes it absent, "READY" ready again)
 
   A bad line is logged (``fault_line_invalid`` with the file and line number) and skipped; the
   others still apply. Lines are bounded: at most ``MAX_LINE_BYTES`` bytes and ``MAX_DEPTH`` levels of
@@ -39,6 +41,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from agent.imex import SimulatedImexDaemon
 from agent.nvml.errors import CODES
 from agent.nvml.fabric import encode_health_mask, summary_of
 from agent.nvml.fake import SimulatedNvml, SimulationError
@@ -61,6 +64,7 @@ FAULT_EVENTS = (
     "nvml_error",
     "process_start",
     "process_exit",
+    "imex",
 )
 
 
@@ -119,11 +123,17 @@ def _int_field(event: Mapping[str, Any], key: str) -> int:
     return value
 
 
-def apply_fault(sim: SimulatedNvml, event: Mapping[str, Any]) -> None:
-    """Apply one decoded fault event; raises ``FaultLineError`` / ``SimulationError`` naming the problem."""
+def apply_fault(
+    sim: SimulatedNvml, event: Mapping[str, Any], *, imex: SimulatedImexDaemon | None = None
+) -> None:
+    """Apply one decoded fault event; raises ``FaultLineError`` / ``SimulationError`` naming the problem.
+    ``imex``: the node's simulated IMEX daemon, which ``imex`` events drive."""
     kind = event.get("event")
     if kind not in FAULT_EVENTS:
         raise FaultLineError(f"unknown event {kind!r}; valid: {', '.join(FAULT_EVENTS)}")
+    if kind == "imex":
+        _apply_imex(imex, event)
+        return
     if kind == "nvml_error":
         _apply_nvml_error(sim, event)
         return
@@ -232,6 +242,19 @@ def _apply_fabric(sim: SimulatedNvml, gpu: int, event: Mapping[str, Any]) -> Non
         sim.set_fabric_health(gpu, summary)
 
 
+def _apply_imex(imex: SimulatedImexDaemon | None, event: Mapping[str, Any]) -> None:
+    """``{"event":"imex","state":"…"}``: the simulated IMEX daemon's new state."""
+    if imex is None:
+        raise FaultLineError("this simulated node has no IMEX daemon (only multi-node NVLink profiles do)")
+    state = event.get("state")
+    if not isinstance(state, str):
+        raise FaultLineError(f"field 'state' must be an IMEX daemon state such as READY, got {state!r}")
+    try:
+        imex.set_state(state)
+    except ValueError as exc:
+        raise FaultLineError(str(exc)) from None
+
+
 def _apply_nvml_error(sim: SimulatedNvml, event: Mapping[str, Any]) -> None:
     """``{"event":"nvml_error","code":"LIB_RM_VERSION_MISMATCH"}``: every NVML call fails with that
     code from now on (optionally only ``call`` and/or ``gpu``); ``"code": null`` clears all."""
@@ -255,10 +278,18 @@ def _apply_nvml_error(sim: SimulatedNvml, event: Mapping[str, Any]) -> None:
 class FaultFollower:
     """Follows a JSON-lines fault file and applies each new line to a simulator."""
 
-    def __init__(self, sim: SimulatedNvml, path: Path, *, poll_interval_s: float = 0.02) -> None:
+    def __init__(
+        self,
+        sim: SimulatedNvml,
+        path: Path,
+        *,
+        poll_interval_s: float = 0.02,
+        imex: SimulatedImexDaemon | None = None,
+    ) -> None:
         if poll_interval_s <= 0:
             raise ValueError(f"poll_interval_s must be positive, got {poll_interval_s}")
         self.sim = sim
+        self.imex = imex
         self.path = path
         self.poll_interval_s = poll_interval_s
         self.applied = 0
@@ -322,7 +353,7 @@ class FaultFollower:
 
     def _apply(self, raw: bytes) -> bool:
         try:
-            apply_fault(self.sim, decode_line(raw))
+            apply_fault(self.sim, decode_line(raw), imex=self.imex)
         except (ValueError, SimulationError, RecursionError) as exc:  # JSON and FaultLineError: ValueErrors
             self._report(self._line_no, exc)
             return False
