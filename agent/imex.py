@@ -125,7 +125,7 @@ class SimulatedImexDaemon:
             value = ImexDaemonStatus(state.upper())
         except ValueError:
             valid = ", ".join(s.value for s in ImexDaemonStatus)
-            raise ValueError(f"unknown IMEX daemon state {state!r}; valid: {valid}") from None
+            raise ValueError(f"unknown IMEX daemon state {state[:40]!r}; valid: {valid}") from None
         with self._lock:
             self._state = value
 

@@ -10,8 +10,12 @@ reason. The command runs in a worker thread, never on the event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import shutil
+import signal
 import subprocess
+import threading
 from pathlib import Path
 from typing import Protocol
 
@@ -45,21 +49,17 @@ class ImexCtlReader:
             return ImexStatus(ImexDaemonStatus.NOT_INSTALLED)
         peers, peer_problem = self._peers()
         try:
-            done = subprocess.run(
-                [path, "-q"], capture_output=True, text=True, timeout=self.timeout_s, check=False
-            )
-        except subprocess.TimeoutExpired:
+            code, text, timed_out = run_bounded([path, "-q"], self.timeout_s, MAX_OUTPUT_CHARS)
+        except OSError as exc:
+            return ImexStatus(ImexDaemonStatus.COMMAND_ERROR, peers, f"{self.ctl} -q: {exc.strerror or exc}")
+        if timed_out:
             return ImexStatus(
                 ImexDaemonStatus.COMMAND_ERROR, peers, f"{self.ctl} -q gave no answer in {self.timeout_s:g} s"
             )
-        except OSError as exc:
-            return ImexStatus(ImexDaemonStatus.COMMAND_ERROR, peers, f"{self.ctl} -q: {exc.strerror or exc}")
-        if done.returncode != 0:
-            said = (done.stderr or done.stdout).strip()[:200]
-            return ImexStatus(
-                ImexDaemonStatus.COMMAND_ERROR, peers, f"{self.ctl} -q exited {done.returncode}: {said}"
-            )
-        status = parse_ctl_output(done.stdout[:MAX_OUTPUT_CHARS])
+        if code != 0:
+            said = " ".join(text.split())[:200]
+            return ImexStatus(ImexDaemonStatus.COMMAND_ERROR, peers, f"{self.ctl} -q exited {code}: {said}")
+        status = parse_ctl_output(text)
         return ImexStatus(status, peers, peer_problem)
 
     def _peers(self) -> tuple[tuple[str, ...], str | None]:
@@ -69,6 +69,40 @@ class ImexCtlReader:
         except OSError as exc:
             return (), f"no peer list: {self.nodes_config}: {exc.strerror or exc}"
         return parse_peers(raw.decode("utf-8", "replace"))
+
+
+def run_bounded(argv: list[str], timeout_s: float, limit: int) -> tuple[int, str, bool]:
+    """Run ``argv`` and keep at most ``limit`` bytes of its output (stdout and stderr together); a
+    command still running after ``timeout_s``, or writing more, is killed with whatever it started (its
+    own process group). Returns (exit code, output, whether it timed out)."""
+    expired = threading.Event()
+    with subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    ) as proc:
+
+        def stop() -> None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+        def expire() -> None:
+            expired.set()
+            stop()
+
+        timer = threading.Timer(timeout_s, expire)
+        timer.start()
+        try:
+            assert proc.stdout is not None
+            data = proc.stdout.read(limit)
+            if len(data) == limit:
+                stop()  # more than we keep
+            code = proc.wait()
+        finally:
+            timer.cancel()
+    return code, data.decode("utf-8", "replace"), expired.is_set()
 
 
 class ImexMonitor:

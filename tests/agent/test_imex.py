@@ -224,3 +224,8 @@ def test_a_daemon_change_is_published(fake: tuple[FakeKube, str]) -> None:  # no
         await asyncio.gather(*tasks)
 
     asyncio.run(body())
+
+
+def test_a_command_that_starts_a_child_and_hangs_is_stopped_with_its_child(tmp_path: Path) -> None:
+    hanging = ImexCtlReader(ctl=str(ctl(tmp_path, "sleep 30; echo READY")), timeout_s=0.2).read()
+    assert hanging.status is ImexDaemonStatus.COMMAND_ERROR
