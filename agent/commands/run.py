@@ -232,7 +232,7 @@ async def serve(
         except DiscoveryIncompleteError as exc:  # start with what answered; not ready until NVML answers
             inventory, first_failure = exc.inventory, exc
         discovery_s = time.perf_counter() - started
-        plugin_config = imex_plugin_config(settings, node)
+        plugin_config = await asyncio.to_thread(imex_plugin_config, settings, node)  # stats device nodes
         try:
             plan = build_plan(inventory, plugin_config)
         except ResourceError as exc:
