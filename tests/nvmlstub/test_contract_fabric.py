@@ -72,12 +72,18 @@ def _fabric(result: dict[str, Any], gpu: int) -> dict[str, Any]:
     return entry
 
 
-@pytest.mark.parametrize("variant", ["current"])
+@pytest.mark.parametrize("variant", ["current", "no-fabric-v"])
 def test_each_fabric_condition_and_in_progress_at_boot_answer_the_same(runner: Runner, variant: str) -> None:
     script = _script()
     simulated = runner.probe(PROFILE, script, stub=False, variant=variant)
     stub = runner.probe(PROFILE, script, stub=True, variant=variant)
     assert_same(simulated, stub)
+    if variant == "no-fabric-v":  # the unversioned v1 call: state only, no health fields, on both sides
+        steps = list(zip(script, stub[1:], strict=True))
+        first = next(r for s, r in steps if "discover" in s)
+        assert _fabric(first, 2)["state"] == "IN_PROGRESS"
+        assert {f["health_summary"] for f in first["inventory"]["fabric"]} == {"NOT_SUPPORTED"}
+        return
 
     # and the shared answer is the fault's
     steps = list(zip(script, stub[1:], strict=True))
