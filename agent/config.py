@@ -11,6 +11,14 @@ node's ``health`` section, parsed here into :class:`~agent.healthbook.HealthConf
       recoveryQuietSeconds: 120
       probeIntervalSeconds: 5
 
+and the ``fabric`` section, the fabric policy (:mod:`topology.fabrichealth`; what takes a GPU out of its
+NVLink domain, and with ``health.fabricUnhealthyMarksGpu`` out of kubelet, and what only marks the
+node ``degraded``)::
+
+    fabric:
+      unhealthyConditions: [route_unhealthy, incorrect_configuration, not_completed, summary_unhealthy]
+      degradedConditions: [degraded_bandwidth, route_recovery, access_timeout_recovery, limited_capacity]
+
 Every problem is reported as one line naming the setting and where it came
 from (``--kubelet-dir``, ``env GPU_NODE_AGENT_KUBELET_DIR``, ``config.yaml: kubeletDir``); the command
 prints them and exits 2, before anything starts.
@@ -27,6 +35,7 @@ CLI flag, the env var and the file key come from the row.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import ipaddress
 import math
 import re
@@ -40,12 +49,14 @@ from agent.files import RefusedFileError, read_bytes
 from agent.healthbook import DEFAULT_IGNORED_XIDS, HealthConfig
 from deviceplugin.config import ConfigError, MigStrategy, PluginConfig, SectionReader, parse_plugin_config
 from topology import safeyaml
+from topology.fabrichealth import DEFAULT_FABRIC_POLICY, FabricCondition, FabricPolicy, parse_conditions
 from topology.logs import FORMATS, LEVELS
 
 ENV_PREFIX = "GPU_NODE_AGENT_"
 CONFIG_VERSION = "v1"
-PLUGIN_SECTIONS = ("flags", "sharing", "cdi")
+PLUGIN_SECTIONS = ("flags", "sharing", "cdi", "imex")
 HEALTH_SECTION = "health"
+FABRIC_SECTION = "fabric"
 MAX_CONFIG_BYTES = 1024 * 1024
 SECONDS: dict[str, tuple[float, float]] = {
     # RunSettings field: (least, most) seconds
@@ -86,6 +97,7 @@ class RunSettings:
     metrics_interval_s: float = 10.0
     pod_resources_interval_s: float = 10.0
     proc_root: Path = Path("/proc")
+    dev_root: Path | None = None  # None: /dev, or the simulated node's own with --simulate
     pod_logs_root: Path = Path("/var/log/pods")
     plugin: PluginConfig = field(default_factory=PluginConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
@@ -335,6 +347,14 @@ SETTINGS: tuple[Setting, ...] = (
         "host /proc, to map processes of shared GPUs to pods (needs hostPID)",
     ),
     Setting(
+        "dev_root",
+        "--dev-root",
+        ENV_PREFIX + "DEV_ROOT",
+        "devRoot",
+        _path,
+        "host /dev, where the IMEX channel device nodes are (default /dev; --simulate: its own)",
+    ),
+    Setting(
         "pod_logs_root",
         "--pod-logs-root",
         ENV_PREFIX + "POD_LOGS_ROOT",
@@ -347,6 +367,8 @@ SETTINGS: tuple[Setting, ...] = (
 PLUGIN_OVERRIDES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     # (CLI flag, env var, path inside the file's plugin sections)
     ("--mig-strategy", "MIG_STRATEGY", ("flags", "migStrategy")),
+    ("--imex-channel-ids", "IMEX_CHANNEL_IDS", ("imex", "channelIDs")),  # NVIDIA's device plugin's names
+    ("--imex-required", "IMEX_REQUIRED", ("imex", "required")),
 )
 
 
@@ -362,6 +384,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(s.flag, dest=dest, metavar="VALUE", help=f"{s.help} [{s.env}]")
     parser.add_argument(
         "--mig-strategy", dest="mig_strategy", choices=[m.value for m in MigStrategy], help="[MIG_STRATEGY]"
+    )
+    parser.add_argument(
+        "--imex-channel-ids",
+        dest="imex_channel_ids",
+        metavar="IDS",
+        help="IMEX channels every GPU container gets: '' (none) or 0 [IMEX_CHANNEL_IDS]",
+    )
+    parser.add_argument(
+        "--imex-required",
+        dest="imex_required",
+        action="store_const",
+        const="true",
+        help="refuse to start without the IMEX channel device node [IMEX_REQUIRED]",
     )
 
 
@@ -396,7 +431,7 @@ def load_settings(args: argparse.Namespace, env: Mapping[str, str]) -> RunSettin
     data: dict[str, Any] = load_file(config_path) if config_path is not None else {}
     source = str(config_path) if config_path is not None else "config"
     problems: list[str] = []
-    known = {"version", HEALTH_SECTION} | {s.key for s in SETTINGS} | set(PLUGIN_SECTIONS)
+    known = {"version", HEALTH_SECTION, FABRIC_SECTION} | {s.key for s in SETTINGS} | set(PLUGIN_SECTIONS)
     for key in sorted(_key_text(k) for k in data if k not in known):  # YAML keys may be ints or null
         problems.append(f"{source}: {key}: unknown key; valid: {', '.join(sorted(known))}")
 
@@ -439,6 +474,10 @@ def load_settings(args: argparse.Namespace, env: Mapping[str, str]) -> RunSettin
     except ConfigError as exc:
         problems.extend(exc.problems)
         health = HealthConfig()
+    try:
+        health = dataclasses.replace(health, fabric_policy=parse_fabric_policy(data, source=source))
+    except ConfigError as exc:
+        problems.extend(exc.problems)
     if values.get("simulate_faults") is not None and values.get("simulate") is None:
         problems.append("--simulate-faults: needs --simulate (faults are injected into the simulator)")
     values.setdefault("health_addr", DEFAULT_HEALTH_ADDR)
@@ -501,6 +540,33 @@ def parse_health_config(data: Mapping[str, Any], *, source: str = "config") -> H
     if problems:
         raise ConfigError([f"{source}: {p}" for p in problems])
     return health
+
+
+def parse_fabric_policy(data: Mapping[str, Any], *, source: str = "config") -> FabricPolicy:
+    """Validate the ``fabric`` section: each key a list of condition names (absent: the default)."""
+    problems: list[str] = []
+    body = SectionReader(problems).section(
+        data, FABRIC_SECTION, "", {"unhealthyConditions", "degradedConditions"}
+    )
+    sets: dict[str, frozenset[FabricCondition]] = {}
+    for key in ("unhealthyConditions", "degradedConditions"):
+        if body.get(key) is None:
+            continue
+        try:
+            sets[key] = parse_conditions(body[key], f"fabric.{key}")
+        except ValueError as exc:
+            problems.append(str(exc))
+    policy = DEFAULT_FABRIC_POLICY
+    if not problems:
+        unhealthy = sets.get("unhealthyConditions", DEFAULT_FABRIC_POLICY.unhealthy)
+        degraded = sets.get("degradedConditions", DEFAULT_FABRIC_POLICY.degraded - unhealthy)
+        try:
+            policy = FabricPolicy(unhealthy=unhealthy, degraded=degraded)
+        except ValueError as exc:
+            problems.append(f"fabric: {exc}")
+    if problems:
+        raise ConfigError([f"{source}: {p}" for p in problems])
+    return policy
 
 
 def _health_seconds(r: SectionReader, body: Mapping[str, Any], key: str, default: float) -> float:

@@ -11,8 +11,9 @@ backend as a GPU_LOST event on the next wait (``agent.nvml.real``), within one w
 Every GPU is probed every ``probe_interval_s``: one identity query and one bulk read of its volatile
 ECC counts, row-remap and retirement flags (:meth:`~agent.nvml.protocol.NvmlBackend.health_reading`),
 all GPUs in one worker-thread call; the book judges the readings (a GPU that stopped answering, a rise in
-uncorrectable ECC, a pending remap, evidence of a reset). Fabric health is polled at the same pace when
-it can mark GPUs. A MIG configuration change asks for a rediscovery.
+uncorrectable ECC, a pending remap, evidence of a reset). Fabric health is read from the store's inventory
+(kept current by ``agent.fabricwatch.FabricWatch``) each time it changes, judged by the fabric policy
+and handed to the book. A MIG configuration change asks for a rediscovery.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from agent.nvml.errors import LOST_CODES, NVMLError
 from agent.nvml.protocol import EventKind, HealthReading, NvmlBackend, NvmlEvent
 from agent.runtime import InventoryStore, StoreUpdate
 from topology import logs
+from topology.fabrichealth import fabric_verdicts
 from topology.lifecycle import sleep_until, wait_for_event
 
 WAIT_TIMEOUT_MS = 100
@@ -61,6 +63,7 @@ class HealthMonitor:
 
     async def run(self, stop: asyncio.Event) -> None:
         self._apply(self.book.set_inventory(self._store.inventory, self._clock()))
+        self.apply_fabric()
         remove = self._store.add_listener(self._on_store)
         try:
             await self._register()
@@ -120,7 +123,7 @@ class HealthMonitor:
             await self.probe_once()
 
     async def probe_once(self) -> None:
-        """Probe every GPU, and poll fabric health where it can mark GPUs."""
+        """Probe every GPU."""
         targets = self._probe_targets()
         results = await asyncio.to_thread(self._probe_all, targets)
         for (_, uuid), (answered, lost, error, reading) in zip(targets, results, strict=True):
@@ -142,16 +145,25 @@ class HealthMonitor:
                         hint="the device is withdrawn from new pods; the reason says what returns it",
                     )
             self._apply(outcome)
-        if self.config.fabric_unhealthy_marks_gpu:
-            for gpu in self._store.inventory.gpus:
-                if gpu.lost or self.book.is_lost(gpu.uuid):
-                    continue
-                try:
-                    info = await asyncio.to_thread(self._nvml.fabric, gpu.index)
-                except NVMLError:
-                    continue
-                if info is not None:
-                    self._apply(self.book.on_fabric(gpu.uuid, info.health_summary, self._clock()))
+
+    def apply_fabric(self) -> None:
+        """Hand the inventory's fabric, judged by the fabric policy, to the book (one more fault source)."""
+        if not self.config.fabric_unhealthy_marks_gpu:
+            return
+        inventory = self._store.inventory
+        uuids = {g.index: g.uuid for g in inventory.gpus if g.uuid and not g.lost}
+        for verdict in fabric_verdicts(inventory, self.config.fabric_policy):
+            uuid = uuids.get(verdict.gpu_index)
+            if uuid is None or self.book.is_lost(uuid):
+                continue
+            outcome = self.book.on_fabric(uuid, verdict, self._clock())
+            if outcome.changed:
+                self._log.bind(gpu_uuid=uuid).warning(
+                    "device_fabric_unhealthy",
+                    reason=verdict.reason,
+                    hint="set by the fabric policy (health.fabricUnhealthyMarksGpu); check the NVLink fabric",
+                )
+            self._apply(outcome)
 
     def _probe_targets(self) -> list[tuple[int, str]]:
         """(index, UUID) of every GPU of the inventory and every GPU the book holds unhealthy."""
@@ -178,6 +190,7 @@ class HealthMonitor:
         while not await wait_for_event(self._inventory_changed, stop):
             self._inventory_changed.clear()
             self._apply(self.book.set_inventory(self._store.inventory, self._clock()))
+            self.apply_fabric()
             await self._register()
 
     # ----------------------------------------------------------------- helpers

@@ -21,8 +21,10 @@ Rules:
   a probe, the metrics refresh, discovery) arrives here as a lost event or a failing probe.
 - Probe readings (:class:`~agent.nvml.protocol.HealthReading`): a rise of the volatile uncorrectable ECC
   count, a pending or failed row remap, or pages pending retirement mark the GPU as needing a reset.
-- Fabric health ``UNHEALTHY`` marks the GPU when ``fabric_unhealthy_marks_gpu`` is set, until the fabric
-  is healthy again.
+- A fabric the fabric policy calls unhealthy (``topology.fabrichealth``: by default route unhealthy,
+  incorrect configuration, state other than ``COMPLETED``, summary ``UNHEALTHY``) marks the GPU when
+  ``fabric_unhealthy_marks_gpu`` is set, until the fabric is no longer unhealthy; the reason names the
+  conditions. A degraded fabric never marks a GPU.
 
 Recovery, on evidence. Each fault is of one of two classes (:data:`RESET_XIDS` is the table, with its
 source):
@@ -49,7 +51,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from agent.nvml.protocol import EventKind, HealthReading, NvmlEvent
-from topology.model import FabricHealthSummary, Health, NodeInventory
+from topology.fabrichealth import DEFAULT_FABRIC_POLICY, FabricLevel, FabricPolicy, GpuFabricVerdict
+from topology.model import Health, NodeInventory
 
 DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
 LOST_XIDS: frozenset[int] = frozenset({79})
@@ -107,6 +110,7 @@ class HealthConfig:
     fabric_unhealthy_marks_gpu: bool = False
     recovery_quiet_s: float = 120.0
     probe_interval_s: float = 5.0
+    fabric_policy: FabricPolicy = DEFAULT_FABRIC_POLICY
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,14 +240,16 @@ class HealthBook:
             return Outcome(ignored=True)
         return Outcome(changed=_diff(before, self.snapshot()))
 
-    def on_fabric(self, gpu_uuid: str, summary: FabricHealthSummary | None, now: float) -> Outcome:
+    def on_fabric(self, gpu_uuid: str, verdict: GpuFabricVerdict, now: float) -> Outcome:
+        """The GPU's fabric as the fabric policy judges it (one more fault source): unhealthy marks the
+        GPU (with ``fabric_unhealthy_marks_gpu``); anything else lets it recover after the quiet period."""
         if not self.config.fabric_unhealthy_marks_gpu or gpu_uuid not in self._index_of:
             return Outcome(ignored=True)
         before = self.snapshot()
         record = self._records.get(gpu_uuid)
-        if summary is FabricHealthSummary.UNHEALTHY:
+        if verdict.level is FabricLevel.UNHEALTHY:
             if record is None or not record.fabric:
-                self._mark(gpu_uuid, "fabric health UNHEALTHY", now)
+                self._mark(gpu_uuid, verdict.reason, now)
                 self._records[gpu_uuid].fabric = True
         elif record is not None and record.fabric:
             record.fabric = False  # recovery still waits for the quiet period

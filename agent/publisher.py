@@ -6,6 +6,8 @@
 - Node labels (``topology.labels``): GFD-compatible ``nvidia.com/*`` and our ``gpuagent.dev/*``,
   applied as one server-side apply of ``metadata.labels``; a label this node no longer has is removed
   because the same manager stops sending it.
+- The IMEX daemon's status (``agent.imexctl.ImexMonitor``, where given): ``status.imex`` and the label
+  ``gpuagent.dev/imex``; a change of it is published like a change of the store.
 - Nothing is written when nothing changed (the last successful write is remembered per part).
 - When the API is down or the CRD is missing, writes are retried with exponential backoff; the latest
   state is always what the next attempt sends, and the agent keeps running.
@@ -24,7 +26,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote
 
+from agent.imex import ImexStatus
+from agent.imexctl import ImexMonitor
 from topology import logs
+from topology.fabrichealth import DEFAULT_FABRIC_POLICY, FabricPolicy
 from topology.gpunode import API_VERSION, KIND, gpunode_object
 from topology.kube import GPUNODES, NODES, Kube, KubeError
 from topology.kube.recorder import EventRecorder, ObjectRef
@@ -54,6 +59,16 @@ class PublisherSource(Protocol):
     def health(self) -> Mapping[str, HealthLike]: ...
 
     async def wait_for_change(self, since: int, *, timeout: float | None = None) -> int: ...
+
+
+class ImexSource(Protocol):
+    """The IMEX daemon's latest status and a count of its changes (``agent.imexctl.ImexMonitor`` fits)."""
+
+    @property
+    def status(self) -> ImexStatus | None: ...
+
+    @property
+    def version(self) -> int: ...
 
 
 class NodeApi(Protocol):
@@ -124,6 +139,7 @@ class PublisherSettings:
     min_backoff_s: float = 1.0
     max_backoff_s: float = 60.0
     verify_interval_s: float = 300.0
+    fabric_policy: FabricPolicy = DEFAULT_FABRIC_POLICY
 
 
 def device_health(inventory: NodeInventory, unhealthy: Mapping[str, HealthLike]) -> dict[str, Health]:
@@ -147,8 +163,10 @@ class Publisher:
         source: PublisherSource,
         api: NodeApi,
         settings: PublisherSettings,
+        imex: ImexSource | None = None,
     ) -> None:
         self.source = source
+        self.imex = imex
         self.api = api
         self.settings = settings
         self.writes = 0
@@ -165,7 +183,15 @@ class Publisher:
         inv = self.source.inventory
         s = self.settings
         health = device_health(inv, self.source.health())
-        obj = gpunode_object(inv, node_name=s.node_name, node_uid=self._uid, health=health)
+        imex = self.imex.status if self.imex is not None else None
+        obj = gpunode_object(
+            inv,
+            node_name=s.node_name,
+            node_uid=self._uid,
+            health=health,
+            fabric_policy=s.fabric_policy,
+            imex=imex.to_status() if imex is not None else None,
+        )
         labels = node_labels(
             inv,
             node_name=s.node_name,
@@ -173,6 +199,8 @@ class Publisher:
             sharing_strategy=s.sharing_strategy,
             replicas=s.replicas,
             shared_renamed=s.shared_renamed,
+            fabric_policy=s.fabric_policy,
+            imex=imex.label if imex is not None else None,
         )
         return obj, labels
 
@@ -256,12 +284,14 @@ class Publisher:
     async def run(self, stop: asyncio.Event) -> None:
         backoff = self.settings.min_backoff_s
         version = -1
+        imex_version = -1
         loop = asyncio.get_running_loop()
         next_verify = loop.time() + self.settings.verify_interval_s
         pending = True
         while not stop.is_set():
             if pending:
                 version = self.source.version
+                imex_version = self.imex.version if self.imex is not None else -1
                 try:
                     n = await self._call(self.publish_once)
                     if n:
@@ -285,7 +315,7 @@ class Publisher:
                 continue
             wait = max(0.0, next_verify - loop.time())
             changed = await self.source.wait_for_change(version, timeout=min(wait, 0.25))
-            if changed != version:
+            if changed != version or (self.imex is not None and self.imex.version != imex_version):
                 pending = True
 
 
@@ -312,8 +342,10 @@ def publisher_for_run(ctx: Any) -> Publisher | None:
     sharing = plugin.sharing
     replicas = max((r.replicas for r in sharing.resources), default=1)
     renamed = bool(sharing.resources) and all(r.rename for r in sharing.resources)
+    imex = ctx.extras.get("imex")
     return Publisher(
         source=ctx.store,
+        imex=imex if isinstance(imex, ImexMonitor) else None,
         api=KubeNodeApi(Kube(client)),
         settings=PublisherSettings(
             node_name=settings.node_name,
@@ -321,5 +353,6 @@ def publisher_for_run(ctx: Any) -> Publisher | None:
             sharing_strategy=str(sharing.strategy.value),
             replicas=replicas,
             shared_renamed=renamed,
+            fabric_policy=settings.health.fabric_policy,
         ),
     )

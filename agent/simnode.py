@@ -10,6 +10,8 @@ more component (``await node.faults.run(stop)``) to apply the lines appended lat
 
 from __future__ import annotations
 
+import os
+import stat
 import tempfile
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -17,6 +19,7 @@ from pathlib import Path
 
 from agent.discovery import discover
 from agent.host import simulated_host
+from agent.imex import SimulatedImexDaemon
 from agent.mps import DEFAULT_PIPE_DIRECTORY
 from agent.nvml.fake import SimulatedNvml
 from agent.nvml.faults import FaultFollower
@@ -33,6 +36,11 @@ class SimulatedNode:
     mps_root: Path  # an empty root: no MPS daemon unless a test writes one
     host: Host
     faults: FaultFollower | None = None  # the follower of the fault file, where one was given
+    # multi-node NVLink machines (GB200): a dev root holding IMEX channel 0 and the /proc/devices naming
+    # its major (a character device where mknod is allowed, else a regular file standing in for it)
+    dev_root: Path | None = None
+    proc_devices: Path | None = None
+    imex: SimulatedImexDaemon | None = None  # its IMEX daemon (multi-node NVLink profiles)
     _stack: ExitStack = field(default_factory=ExitStack, repr=False)
 
     def discover(
@@ -75,9 +83,14 @@ def open_simulated_node(
     if faults_path is not None and not faults_path.is_file():
         raise ValueError(f"--simulate-faults {faults_path}: no such file")
     sim = build_simulator(spec)
+    multi_node = any(g.fabric is not None and g.fabric.cluster_uuid.strip("0-") for g in sim.machine.gpus)
+    imex = None
+    if multi_node:  # the rack's trays are the IMEX domain's peers
+        rack = spec.option("rack", 0)
+        imex = SimulatedImexDaemon(tuple(f"rack{rack}-tray{t}" for t in range(18)))
     faults = None
     if faults_path is not None:
-        faults = FaultFollower(sim, faults_path)
+        faults = FaultFollower(sim, faults_path, imex=imex)
         faults.poll()  # the lines already written apply before anything reads the node
     stack = ExitStack()
     root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpu-node-agent-sim-")))
@@ -87,6 +100,9 @@ def open_simulated_node(
         write_sysfs(sysfs_root, spec)
     mps_root = root / "mps-root"
     mps_root.mkdir()
+    dev_root = proc_devices = None
+    if multi_node:
+        dev_root, proc_devices = write_imex_channel(root)
     return SimulatedNode(
         spec=spec,
         nvml=sim,
@@ -94,5 +110,33 @@ def open_simulated_node(
         mps_root=mps_root,
         host=simulated_host(sim.machine, hostname=hostname),
         faults=faults,
+        dev_root=dev_root,
+        proc_devices=proc_devices,
+        imex=imex,
         _stack=stack,
     )
+
+
+SIMULATED_IMEX_MAJOR = 510
+
+
+def write_imex_channel(root: Path) -> tuple[Path, Path]:
+    """``root/dev/nvidia-caps-imex-channels/channel0`` and ``root/proc/devices`` naming its major, as a
+    GB200 node's driver makes them; returns (dev root, the devices file)."""
+    dev_root = root / "dev"
+    channels = dev_root / "nvidia-caps-imex-channels"
+    channels.mkdir(parents=True)
+    node = channels / "channel0"
+    try:
+        os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(SIMULATED_IMEX_MAJOR, 0))
+    except OSError:  # not root (or no CAP_MKNOD): a stand-in only --simulate accepts
+        node.write_text("simulated IMEX channel 0\n", encoding="utf-8")
+    proc = root / "proc"
+    proc.mkdir()
+    devices = proc / "devices"
+    devices.write_text(
+        "Character devices:\n  1 mem\n195 nvidia-frontend\n"
+        f"{SIMULATED_IMEX_MAJOR} nvidia-caps-imex-channels\n\nBlock devices:\n  8 sd\n",
+        encoding="utf-8",
+    )
+    return dev_root, devices

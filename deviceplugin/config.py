@@ -8,8 +8,9 @@ config v1 where they mean the same thing::
       migStrategy: none | single | mixed
       mpsRoot: /run/nvidia/mps
       plugin:
-        deviceListStrategy: envvar | cdi-cri | [envvar, cdi-cri]
+        deviceListStrategy: envvar | cdi-cri | volume-mounts | [envvar, cdi-cri, ...]
         deviceIDStrategy: uuid | index
+        passDeviceSpecs: false                 # DeviceSpecs for the device nodes (and IMEX channels)
         sharedDevicesAllocationPolicy: distributed | packed   # replicas: spread (default) or pack
     sharing:
       timeSlicing | mps:
@@ -24,6 +25,9 @@ config v1 where they mean the same thing::
       enabled: false                           # also implied by deviceListStrategy cdi-cri
       specDir: /var/run/cdi
       kind: gpuagent.dev/gpu
+    imex:                                      # IMEX channels in every GPU container (multi-node NVLink)
+      channelIDs: []                           # [] or [0], as NVIDIA's device plugin accepts
+      required: false                          # true: no channel device node is a start-up error
 
 The file's ``health`` section configures the node's health rules, not the plugin: it is parsed by
 ``agent.config`` with the same :class:`SectionReader`.
@@ -68,6 +72,27 @@ class DeviceIdStrategy(enum.StrEnum):
 class ListStrategy(enum.StrEnum):
     ENVVAR = "envvar"
     CDI_CRI = "cdi-cri"
+    VOLUME_MOUNTS = "volume-mounts"
+
+
+IMEX_CHANNEL_IDS = ((), (0,))
+"""The channel lists ``imex.channelIDs`` accepts (NVIDIA's device plugin accepts the same two)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ImexConfig:
+    channel_ids: tuple[int, ...] = ()
+    required: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ImexChannel:
+    """An IMEX channel whose device node the agent found: ``host_path`` on the node, ``path`` in the
+    container (``/dev/nvidia-caps-imex-channels/channel<id>``)."""
+
+    id: int
+    path: str
+    host_path: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +127,11 @@ class PluginConfig:
     mps_root: str = "/run/nvidia/mps"
     sharing: Sharing = field(default_factory=Sharing)
     cdi: CdiConfig = field(default_factory=CdiConfig)
+    pass_device_specs: bool = False
+    imex: ImexConfig = field(default_factory=ImexConfig)
+    # the channels checked on this node (filled in by the composition root after the device-node check;
+    # every container of every resource gets them)
+    imex_channels: tuple[ImexChannel, ...] = ()
 
 
 class ConfigError(ValueError):
@@ -201,7 +231,8 @@ class SectionReader:
 
 
 def parse_plugin_config(data: Mapping[str, Any], *, source: str = "config") -> PluginConfig:
-    """Validate the ``flags``, ``sharing`` and ``cdi`` sections of a v1 config file (others are not read).
+    """Validate the ``flags``, ``sharing``, ``cdi`` and ``imex`` sections of a v1 config file (others are
+    not read).
 
     Raises :class:`ConfigError` listing every problem as ``<source>: <key path>: <what is wrong>``.
     """
@@ -209,7 +240,10 @@ def parse_plugin_config(data: Mapping[str, Any], *, source: str = "config") -> P
     r = SectionReader(problems)
     flags = r.section(data, "flags", "", {"migStrategy", "mpsRoot", "plugin"})
     plugin = r.section(
-        flags, "plugin", "flags.", {"deviceListStrategy", "deviceIDStrategy", "sharedDevicesAllocationPolicy"}
+        flags,
+        "plugin",
+        "flags.",
+        {"deviceListStrategy", "deviceIDStrategy", "sharedDevicesAllocationPolicy", "passDeviceSpecs"},
     )
     mig = r.choice(
         flags, "migStrategy", "flags.migStrategy", {m.value: m for m in MigStrategy}, MigStrategy.NONE
@@ -242,6 +276,8 @@ def parse_plugin_config(data: Mapping[str, Any], *, source: str = "config") -> P
         spec_dir=r.string(cdi_data, "specDir", "cdi.specDir", DEFAULT_CDI_DIR),
         kind=kind,
     )
+    pass_specs = r.boolean(plugin, "passDeviceSpecs", "flags.plugin.passDeviceSpecs", False)
+    imex = _imex(r, data)
     if sharing.strategy is SharingStrategy.MPS and mig is not MigStrategy.NONE:
         problems.append(
             f"sharing.mps: MPS cannot be combined with flags.migStrategy {mig.value} (MPS needs whole GPUs)"
@@ -256,7 +292,34 @@ def parse_plugin_config(data: Mapping[str, Any], *, source: str = "config") -> P
         mps_root=mps_root,
         sharing=sharing,
         cdi=cdi,
+        pass_device_specs=pass_specs,
+        imex=imex,
     )
+
+
+def _imex(r: SectionReader, data: Mapping[str, Any]) -> ImexConfig:
+    """The ``imex`` section; ``channelIDs`` and ``required`` also as the strings the flags and env
+    variables give (``"0"``, ``""``, ``"true"``)."""
+    body = r.section(data, "imex", "", {"channelIDs", "required"})
+    raw = body.get("channelIDs")
+    ids: tuple[int, ...] = ()
+    if isinstance(raw, str):  # --imex-channel-ids / IMEX_CHANNEL_IDS: comma-separated
+        parts = [p.strip() for p in raw.split(",") if p.strip()]
+        raw = [int(p) if p.isdigit() else p for p in parts]
+    if raw is not None:
+        plain = isinstance(raw, list) and all(type(x) is int for x in raw)
+        if plain and tuple(raw) in IMEX_CHANNEL_IDS:
+            ids = tuple(raw)
+        else:
+            r.problems.append(f"imex.channelIDs: {_show(body.get('channelIDs'))} is not [] or [0]")
+    required_raw = body.get("required")
+    if isinstance(required_raw, str) and required_raw.lower() in ("true", "false"):
+        required = required_raw.lower() == "true"
+    else:
+        required = r.boolean(body, "required", "imex.required", False)
+    if required and not ids:
+        r.problems.append("imex.required: true needs imex.channelIDs [0]")
+    return ImexConfig(channel_ids=ids, required=required)
 
 
 def _list_strategies(value: Any, problems: list[str]) -> tuple[ListStrategy, ...]:

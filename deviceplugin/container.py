@@ -11,6 +11,13 @@ a device that is unhealthy, or more than one shared device where ``failRequestsG
   ``/dev/shm``.
 - ``cdi-cri``: ``cdi_devices`` = ``<kind>=<GPU or MIG UUID>`` per device, matching the spec
   :mod:`deviceplugin.cdi` writes.
+- ``volume-mounts``: ``/dev/null`` mounted at ``/var/run/nvidia-container-devices/<id>`` per device (the
+  NVIDIA container toolkit reads the names).
+- ``passDeviceSpecs``: a ``rw`` DeviceSpec per device node (the GPU's ``/dev/nvidia<minor>`` and the
+  control nodes).
+- IMEX channels (``PluginConfig.imex_channels``, every container): ``NVIDIA_IMEX_CHANNELS`` (envvar),
+  ``<vendor>/imex-channel=<id>`` (CDI), ``/var/run/nvidia-container-devices/imex/<id>`` (volume-mounts),
+  a ``rw`` DeviceSpec of the channel node (passDeviceSpecs).
 """
 
 from __future__ import annotations
@@ -19,13 +26,16 @@ import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from deviceplugin.config import ListStrategy, PluginConfig, SharingStrategy
+from deviceplugin.config import ImexChannel, ListStrategy, PluginConfig, SharingStrategy
 from deviceplugin.resources import Device, Resource
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 MPS_PIPE = "CUDA_MPS_PIPE_DIRECTORY"
 MPS_THREADS = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 MPS_PINNED = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+IMEX_CHANNELS = "NVIDIA_IMEX_CHANNELS"
+VOLUME_MOUNT_ROOT = "/var/run/nvidia-container-devices"
+CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 
 class AllocationError(ValueError):
@@ -44,11 +54,19 @@ class Mount:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceSpec:
+    container_path: str
+    host_path: str
+    permissions: str = "rw"
+
+
+@dataclass(frozen=True, slots=True)
 class ContainerAllocation:
     envs: dict[str, str] = field(default_factory=dict)
     mounts: tuple[Mount, ...] = ()
     annotations: dict[str, str] = field(default_factory=dict)
     cdi_devices: tuple[str, ...] = ()
+    devices: tuple[DeviceSpec, ...] = ()
 
 
 def mps_pipe_dir(config: PluginConfig, resource_name: str) -> str:
@@ -109,4 +127,40 @@ def allocate(
     cdi: tuple[str, ...] = ()
     if ListStrategy.CDI_CRI in config.list_strategies or config.cdi.enabled:
         cdi = tuple(f"{config.cdi.kind}={d.base_uuid}" for d in distinct)
-    return ContainerAllocation(envs=envs, mounts=tuple(mounts), cdi_devices=cdi)
+    if ListStrategy.VOLUME_MOUNTS in config.list_strategies:
+        mounts += [
+            Mount(container_path=f"{VOLUME_MOUNT_ROOT}/{d.visible_id}", host_path="/dev/null", read_only=True)
+            for d in distinct
+        ]
+    specs: list[DeviceSpec] = []
+    if config.pass_device_specs:
+        nodes = [f"/dev/nvidia{d.minor_number}" for d in distinct if d.minor_number is not None]
+        specs += [DeviceSpec(p, p) for p in (*dict.fromkeys(nodes), *CONTROL_NODES)]
+    if config.imex_channels:
+        extra = imex_allocation(config.imex_channels, config)
+        envs.update(extra.envs)
+        mounts += extra.mounts
+        cdi += extra.cdi_devices
+        specs += extra.devices
+    return ContainerAllocation(envs=envs, mounts=tuple(mounts), cdi_devices=cdi, devices=tuple(specs))
+
+
+def imex_allocation(channels: Sequence[ImexChannel], config: PluginConfig) -> ContainerAllocation:
+    """The IMEX channels' part of a container, per strategy (as NVIDIA's device plugin gives them)."""
+    envs: dict[str, str] = {}
+    if ListStrategy.ENVVAR in config.list_strategies:
+        envs[IMEX_CHANNELS] = ",".join(str(c.id) for c in channels)
+    cdi: tuple[str, ...] = ()
+    if ListStrategy.CDI_CRI in config.list_strategies or config.cdi.enabled:
+        vendor = config.cdi.kind.split("/", 1)[0]
+        cdi = tuple(f"{vendor}/imex-channel={c.id}" for c in channels)
+    mounts: tuple[Mount, ...] = ()
+    if ListStrategy.VOLUME_MOUNTS in config.list_strategies:
+        mounts = tuple(
+            Mount(container_path=f"{VOLUME_MOUNT_ROOT}/imex/{c.id}", host_path="/dev/null", read_only=True)
+            for c in channels
+        )
+    specs: tuple[DeviceSpec, ...] = ()
+    if config.pass_device_specs:
+        specs = tuple(DeviceSpec(c.path, c.host_path, "rw") for c in channels)
+    return ContainerAllocation(envs=envs, mounts=mounts, cdi_devices=cdi, devices=specs)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from deviceplugin.cdi import cdi_spec, write_spec
 from deviceplugin.config import PluginConfig
+from deviceplugin.imex import imex_cdi_spec
 from deviceplugin.node import NodeChange, NodeState
 from deviceplugin.preferred import Topology, topology_from_inventory
 from deviceplugin.resources import Resource, ResourceError, ResourcePlan, build_plan
@@ -244,6 +245,9 @@ class PluginManager:
         devices = [d for r in self._plan.resources for d in r.devices]
         try:
             path = write_spec(Path(self._config.cdi.spec_dir), cdi_spec(devices, kind=self._config.cdi.kind))
+            if self._config.imex_channels:
+                spec = imex_cdi_spec(self._config.imex_channels, gpu_kind=self._config.cdi.kind)
+                write_spec(Path(self._config.cdi.spec_dir), spec)
         except OSError as exc:
             self._log.error("cdi_spec_write_failed", error=str(exc), hint="check cdi.specDir is writable")
         else:

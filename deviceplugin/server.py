@@ -206,6 +206,12 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
                     ],
                     annotations=got.annotations,
                     cdi_devices=[pb.CDIDevice(name=n) for n in got.cdi_devices],
+                    devices=[
+                        pb.DeviceSpec(
+                            container_path=d.container_path, host_path=d.host_path, permissions=d.permissions
+                        )
+                        for d in got.devices
+                    ],
                 )
             )
         state.allocations += 1

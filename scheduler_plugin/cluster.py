@@ -3,7 +3,9 @@
 Pure: no client, no I/O. Nodes give allocatable ``nvidia.com/gpu`` (and cpu, memory); bound pods that
 still hold resources give the used part; Volcano ``HyperNode`` CRs give the domain tree by tier. Where
 no HyperNode covers a node at some tier, our node labels stand in (``gpuagent.dev/nvlink-domain``, else
-GFD's ``nvidia.com/gpu.clique``; ``gpuagent.dev/ib-leaf``; ``gpuagent.dev/<tier>-domain``).
+GFD's ``nvidia.com/gpu.clique``; ``gpuagent.dev/ib-leaf``; ``gpuagent.dev/<tier>-domain``). A node
+labelled ``gpuagent.dev/fabric-health=degraded`` (its agent's fabric policy: degraded bandwidth or a
+recovery in progress) is ``degraded``: the planner ranks it after clean nodes of the same domain.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ GPU = "nvidia.com/gpu"
 CPU = "cpu"
 MEMORY = "memory"
 TRACKED = (CPU, MEMORY)
+LABEL_FABRIC_HEALTH = "gpuagent.dev/fabric-health"  # topology.fabrichealth's label, read here as a string
 
 DEFAULT_TIER_NAMES = ("nvlink", "leaf", "spine", "core")  # ARCHITECTURE.md: tier 1..4
 LABEL_FALLBACK: dict[str, tuple[str, ...]] = {
@@ -289,6 +292,7 @@ def snapshot_from_objects(
             resources=res_alloc,
             free_resources={r: max(0, v - u.get(r, 0)) for r, v in res_alloc.items()},
             schedulable=node_schedulable(node),
+            degraded=labels[name].get(LABEL_FABRIC_HEALTH) == "degraded",
         )
         old = before.get(name)
         states.append(old if old is not None and old == state else state)

@@ -23,7 +23,7 @@ from scheduler_plugin.snapshot import (
     Role,
 )
 
-_NODE_KEYS = {"name", "gpus", "free", "domains", "resources", "free_resources", "schedulable"}
+_NODE_KEYS = {"name", "gpus", "free", "domains", "resources", "free_resources", "schedulable", "degraded"}
 _ROLE_KEYS = {"name", "pods", "gpus_per_pod", "subgroup_size", "subgroup_tier", "min_subgroups", "resources"}
 _GANG_KEYS = {"name", "tier", "mode", "soft", "roles"}
 
@@ -124,6 +124,9 @@ def snapshot_from_data(data: Any, path: str = "cluster") -> ClusterSnapshot:
         schedulable = n.get("schedulable", True)
         if not isinstance(schedulable, bool):
             raise FormatError(f"{npath}.schedulable: expected true or false")
+        degraded = n.get("degraded", False)
+        if not isinstance(degraded, bool):
+            raise FormatError(f"{npath}.degraded: expected true or false")
         nodes.append(
             NodeState(
                 name=name,
@@ -133,6 +136,7 @@ def snapshot_from_data(data: Any, path: str = "cluster") -> ClusterSnapshot:
                 resources=resources,
                 free_resources=free_resources,
                 schedulable=schedulable,
+                degraded=degraded,
             )
         )
     return ClusterSnapshot(tiers=tiers, nodes=tuple(nodes))

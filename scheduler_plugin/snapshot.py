@@ -29,6 +29,9 @@ class NodeState:
     resources: Mapping[str, int] = field(default_factory=dict)
     free_resources: Mapping[str, int] = field(default_factory=dict)
     schedulable: bool = True
+    # the node's NVLink fabric is degraded (label gpuagent.dev/fabric-health=degraded): still schedulable,
+    # ranked after clean nodes of the same domain (the objective's ``degraded`` figure)
+    degraded: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +89,8 @@ class Plan:
     ``placed_pods``, ``opened_domains`` (wholly free domains the plan breaks into), ``opened_upper``
     (wholly free higher-tier domains those break into, higher tiers weighing more), ``stranded_gpus``,
     ``lost_blocks`` (useful blocks of room the touched domains lose), ``leftover_gpus``, ``span_tier``
-    (1 = the first tier; one past the last = the whole cluster), then ``relaxed_tiers`` (soft gangs)
-    and ``nodes_used``.
+    (1 = the first tier; one past the last = the whole cluster), ``degraded_pods`` (pods on nodes whose
+    fabric is degraded), then ``relaxed_tiers`` (soft gangs) and ``nodes_used``.
     """
 
     placement: Mapping[PodSlot, str]
@@ -107,7 +110,8 @@ PlanResult = Plan | Infeasible
 
 def changed_nodes(before: ClusterSnapshot, after: ClusterSnapshot) -> list[int] | None:
     """Positions in ``after.nodes`` whose state is not the very object ``before`` had there, or None
-    when the topology differs (tiers, or node by node in the same order: names, GPU counts, domains).
+    when the topology differs (tiers, or node by node in the same order: names, GPU counts, domains,
+    degraded fabric — rare, and it reorders the nodes inside their domains).
 
     Snapshots of one cluster taken one after the other keep the unchanged ``NodeState`` objects, so
     the diff costs one identity comparison per node.
@@ -119,6 +123,8 @@ def changed_nodes(before: ClusterSnapshot, after: ClusterSnapshot) -> list[int] 
     for k in changed:
         x, y = old[k], new[k]
         if x.name != y.name or x.gpus != y.gpus or not (x.domains is y.domains or x.domains == y.domains):
+            return None
+        if x.degraded != y.degraded:
             return None
     return changed
 

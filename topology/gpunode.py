@@ -1,7 +1,8 @@
 """The ``GPUNode`` custom resource: one per node, named after it, facts in ``status``. Pure.
 
-- :func:`gpunode_object` builds the object the agent applies (inventory, per-device health, a summary
-  for ``kubectl get gpunodes``) from a :class:`~topology.model.NodeInventory`.
+- :func:`gpunode_object` builds the object the agent applies (inventory, per-device health, per-GPU
+  fabric conditions under the fabric policy, the IMEX daemon's status, a summary for
+  ``kubectl get gpunodes``) from a :class:`~topology.model.NodeInventory`.
 - :func:`inventory_from_gpunode` reads one back (the controller's input), with one-line errors.
 - :func:`gpunode_crd` is the CustomResourceDefinition; its ``status.inventory`` schema is generated from
   the model's dataclasses, so the API server checks every field's type, the enums and the required
@@ -21,6 +22,14 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from topology.fabrichealth import (
+    DEFAULT_FABRIC_POLICY,
+    FabricCondition,
+    FabricLevel,
+    FabricPolicy,
+    fabric_verdicts,
+    node_fabric_level,
+)
 from topology.model import SCHEMA_VERSION, Health, NodeInventory
 from topology.nvlink import nvlink_facts
 
@@ -54,9 +63,12 @@ def gpunode_object(
     node_name: str,
     node_uid: str | None = None,
     health: Mapping[str, Health] | None = None,
+    fabric_policy: FabricPolicy = DEFAULT_FABRIC_POLICY,
+    imex: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``GPUNode`` for one node. ``health`` maps device ids (GPU / MIG UUIDs) to kubelet health;
-    ``node_uid`` adds an owner reference to the Node so the object goes when the Node goes."""
+    ``node_uid`` adds an owner reference to the Node so the object goes when the Node goes;
+    ``imex`` is the IMEX daemon's status (``agent.imex.ImexStatus.to_status``), left out when ``None``."""
     if not node_name:
         raise ValueError("gpunode: node_name is empty")
     metadata: dict[str, Any] = {"name": node_name}
@@ -65,9 +77,17 @@ def gpunode_object(
             {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid}
         ]
     status: dict[str, Any] = {
-        "summary": _summary(inventory, health),
+        "summary": _summary(inventory, health, fabric_policy),
         "inventory": _drop_none(inventory.to_dict()),
     }
+    verdicts = fabric_verdicts(inventory, fabric_policy)
+    if verdicts:
+        status["fabric"] = [
+            {"gpu": v.gpu_index, "level": v.level.value, "conditions": [c.value for c in v.conditions]}
+            for v in verdicts
+        ]
+    if imex is not None:
+        status["imex"] = dict(imex)
     if health is not None:
         status["health"] = [{"id": dev, "health": h.value} for dev, h in sorted(health.items())]
     return {
@@ -79,9 +99,11 @@ def gpunode_object(
     }
 
 
-def _summary(inventory: NodeInventory, health: Mapping[str, Health] | None) -> dict[str, Any]:
+def _summary(
+    inventory: NodeInventory, health: Mapping[str, Health] | None, policy: FabricPolicy
+) -> dict[str, Any]:
     products = sorted({g.name for g in inventory.gpus})
-    facts = nvlink_facts(inventory)
+    facts = nvlink_facts(inventory, policy)
     out: dict[str, Any] = {
         "gpus": len(inventory.gpus),
         "product": products[0] if len(products) == 1 else ("mixed" if products else "none"),
@@ -90,8 +112,11 @@ def _summary(inventory: NodeInventory, health: Mapping[str, Health] | None) -> d
     }
     if inventory.gpus:
         out["memoryMiB"] = min(g.memory_total_mib for g in inventory.gpus)
-    if facts.gfd_clique is not None:
-        out["clique"] = facts.gfd_clique
+    if facts.clique is not None:  # the clique the node belongs to, also while it is out of it
+        out["clique"] = str(facts.clique)
+    level = node_fabric_level(inventory, policy)
+    if level is not None:
+        out["fabricHealth"] = level.value
     if facts.reason is not None:
         out["fabricReason"] = facts.reason
     if health is not None:
@@ -365,6 +390,7 @@ def gpunode_crd() -> dict[str, Any]:
             "clique": {"type": "string", "pattern": r"^[0-9a-f-]{36}\.[0-9]+$"},
             "fabric": {"type": "string", "enum": ["none", "ok", "incomplete", "unhealthy", "inconsistent"]},
             "fabricReason": {"type": "string"},
+            "fabricHealth": {"type": "string", "enum": [v.value for v in FabricLevel]},
             "health": {"type": "string", "enum": [h.value for h in NodeHealth]},
             "unhealthyDevices": {"type": "integer", "minimum": 0},
         },
@@ -375,6 +401,36 @@ def gpunode_crd() -> dict[str, Any]:
         "properties": {
             "summary": summary,
             "inventory": inventory_schema(),
+            "fabric": {
+                "type": "array",
+                "description": "Per GPU with fabric info: its level under the agent's fabric policy and the "
+                "conditions NVML reports (state, status, health summary and health mask).",
+                "items": {
+                    "type": "object",
+                    "required": ["gpu", "level", "conditions"],
+                    "properties": {
+                        "gpu": {"type": "integer", "minimum": 0},
+                        "level": {"type": "string", "enum": [v.value for v in FabricLevel]},
+                        "conditions": {
+                            "type": "array",
+                            "items": {"type": "string", "enum": [c.value for c in FabricCondition]},
+                        },
+                    },
+                },
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["gpu"],
+            },
+            "imex": {
+                "type": "object",
+                "description": "The node's IMEX daemon, as nvidia-imex-ctl -q reports it.",
+                "required": ["state", "status"],
+                "properties": {
+                    "state": {"type": "string", "enum": ["ready", "not-ready", "absent"]},
+                    "status": {"type": "string"},
+                    "peers": {"type": "integer", "minimum": 0},
+                    "reason": {"type": "string"},
+                },
+            },
             "health": {
                 "type": "array",
                 "items": {
@@ -447,6 +503,7 @@ def gpunode_crd() -> dict[str, Any]:
                         column("Model", ".status.summary.product"),
                         column("Clique", ".status.summary.clique"),
                         column("Fabric", ".status.summary.fabric"),
+                        column("Fabric-Health", ".status.summary.fabricHealth", priority=1),
                         column("Health", ".status.summary.health"),
                         column("Memory-MiB", ".status.summary.memoryMiB", "integer", priority=1),
                         column("Age", ".metadata.creationTimestamp", "date"),

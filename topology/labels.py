@@ -7,7 +7,10 @@ Two families:
   only when every GPU's fabric is ``COMPLETED`` with status ``SUCCESS`` and all agree on
   ``<clusterUuid>.<cliqueId>``.
 - ``gpuagent.dev/*`` labels we own: the node's NVLink domain (the same name as its tier-1 HyperNode),
-  the fabric status, and the InfiniBand leaf set its ports cable to (the name the controller gives the
+  the fabric status, the fabric health (``gpuagent.dev/fabric-health``: ``healthy``, ``degraded`` or
+  ``unhealthy`` under the fabric policy, see :mod:`topology.fabrichealth`; absent without multi-node
+  fabric info), the IMEX daemon (``gpuagent.dev/imex``: ``ready``, ``not-ready`` or ``absent``, when the
+  agent reports it), and the InfiniBand leaf set its ports cable to (the name the controller gives the
   leaf domain when it knows nothing more than the switch GUIDs).
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import re
 
+from topology.fabrichealth import DEFAULT_FABRIC_POLICY, LABEL_FABRIC_HEALTH, FabricPolicy, node_fabric_level
 from topology.model import NodeInventory
 from topology.names import clique_domain_name, node_domain_name, normalize_guid, switch_set_name
 from topology.nvlink import FabricStatus, nvlink_facts
@@ -25,6 +29,8 @@ LABEL_NVLINK_DOMAIN = f"{OURS}nvlink-domain"
 LABEL_FABRIC = f"{OURS}nvlink-fabric"
 LABEL_IB_LEAF = f"{OURS}ib-leaf"
 LABEL_CLIQUE = f"{NVIDIA}gpu.clique"
+LABEL_IMEX = f"{OURS}imex"
+IMEX_LABEL_VALUES = ("ready", "not-ready", "absent")
 
 MIG_STRATEGIES = ("none", "single", "mixed")
 SHARING_STRATEGIES = ("none", "time-slicing", "mps")
@@ -57,8 +63,11 @@ def node_labels(
     sharing_strategy: str = "none",
     replicas: int = 1,
     shared_renamed: bool = False,
+    fabric_policy: FabricPolicy = DEFAULT_FABRIC_POLICY,
+    imex: str | None = None,
 ) -> dict[str, str]:
-    """Every label the agent owns on its Node; a label absent here is removed from the Node."""
+    """Every label the agent owns on its Node; a label absent here is removed from the Node.
+    ``imex``: the IMEX daemon's label value (``IMEX_LABEL_VALUES``), ``None`` to leave it out."""
     if mig_strategy not in MIG_STRATEGIES:
         raise ValueError(f"mig_strategy {mig_strategy!r}: valid: {', '.join(MIG_STRATEGIES)}")
     if sharing_strategy not in SHARING_STRATEGIES:
@@ -117,7 +126,7 @@ def node_labels(
         labels[f"{NVIDIA}cuda.runtime-version.minor"] = str(cuda_minor)
         labels[f"{NVIDIA}cuda.runtime-version.full"] = f"{cuda_major}.{cuda_minor}"
 
-    facts = nvlink_facts(inventory)
+    facts = nvlink_facts(inventory, fabric_policy)
     if facts.gfd_clique is not None:
         labels[LABEL_CLIQUE] = facts.gfd_clique
     if gpus:
@@ -126,6 +135,13 @@ def node_labels(
             labels[LABEL_NVLINK_DOMAIN] = clique_domain_name(facts.clique)
         elif facts.status is FabricStatus.NONE:
             labels[LABEL_NVLINK_DOMAIN] = node_domain_name(node_name)
+    level = node_fabric_level(inventory, fabric_policy) if gpus else None
+    if level is not None:
+        labels[LABEL_FABRIC_HEALTH] = level.value
+    if imex is not None:
+        if imex not in IMEX_LABEL_VALUES:
+            raise ValueError(f"imex {imex!r}: valid: {', '.join(IMEX_LABEL_VALUES)}")
+        labels[LABEL_IMEX] = imex
     leaves = ib_leaf_switches(inventory)
     if leaves:
         labels[LABEL_IB_LEAF] = switch_set_name("leaf", leaves)

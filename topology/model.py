@@ -380,7 +380,8 @@ class NodeInventory:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> NodeInventory:
-        body = {k: v for k, v in data.items() if k != "schema"}
+        # ``discover``'s output puts the node's IMEX daemon status beside the inventory, under "imex"
+        body = {k: v for k, v in data.items() if k not in ("schema", "imex")}
         return from_plain(cls, body)
 
 

@@ -8,8 +8,10 @@ Rules (GPU Feature Discovery's clique rule, plus health):
   reported by unrelated racks).
 - A node without a multi-node fabric (no fabric info, state ``NOT_SUPPORTED``, or ``COMPLETED`` with the
   all-zero clusterUuid of an HGX board) is its own domain: its NVSwitch or NVLink mesh, or just itself.
-- A node whose fabric is not ``COMPLETED`` (or not ``SUCCESS``), whose GPUs disagree, or whose fabric
-  health summary is ``UNHEALTHY`` has no trustworthy NVLink domain; ``status`` and ``reason`` say why.
+- A node whose fabric is not ``COMPLETED`` (or not ``SUCCESS``), whose GPUs disagree, or where a GPU's
+  fabric is unhealthy under the fabric policy (``topology.fabrichealth``: by default route unhealthy,
+  incorrect configuration or health summary ``UNHEALTHY``) has no trustworthy NVLink domain; ``status``
+  and ``reason`` say why, and GFD's clique label is withdrawn.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from topology.model import FabricHealthSummary, FabricState, NodeInventory
+from topology.fabrichealth import DEFAULT_FABRIC_POLICY, FabricLevel, FabricPolicy, gpu_fabric_verdict
+from topology.model import FabricState, NodeInventory
 
 
 class FabricStatus(enum.StrEnum):
@@ -47,13 +50,13 @@ class NvlinkFacts:
 
     @property
     def gfd_clique(self) -> str | None:
-        """Value of ``nvidia.com/gpu.clique``: completed and agreed, whatever the health."""
-        if self.clique is None or self.status is FabricStatus.INCOMPLETE:
+        """Value of ``nvidia.com/gpu.clique``: completed, agreed and not unhealthy."""
+        if self.clique is None or self.status is not FabricStatus.OK:
             return None
         return str(self.clique)
 
 
-def nvlink_facts(inventory: NodeInventory) -> NvlinkFacts:
+def nvlink_facts(inventory: NodeInventory, policy: FabricPolicy = DEFAULT_FABRIC_POLICY) -> NvlinkFacts:
     entries = [f for f in inventory.fabric if f.state is not FabricState.NOT_SUPPORTED]
     if not entries:
         return NvlinkFacts(FabricStatus.NONE, None, None)
@@ -76,8 +79,12 @@ def nvlink_facts(inventory: NodeInventory) -> NvlinkFacts:
         seen = ", ".join(sorted(str(k) for k in keys))
         return NvlinkFacts(FabricStatus.INCONSISTENT, None, f"GPUs disagree on the clique ({seen})")
     (key,) = keys
-    bad = sorted(f.gpu_index for f in entries if f.health_summary is FabricHealthSummary.UNHEALTHY)
+    verdicts = [gpu_fabric_verdict(f, policy) for f in sorted(entries, key=lambda e: e.gpu_index)]
+    bad = [v for v in verdicts if v.level is FabricLevel.UNHEALTHY]
     if bad:
-        gpus = ", ".join(str(i) for i in bad)
-        return NvlinkFacts(FabricStatus.UNHEALTHY, key, f"fabric health UNHEALTHY on GPU {gpus}")
+        groups: dict[str, list[str]] = {}
+        for v in bad:
+            groups.setdefault(", ".join(c.value for c in v.conditions), []).append(str(v.gpu_index))
+        where = "; ".join(f"on GPU {', '.join(gpus)}: {conds}" for conds, gpus in groups.items())
+        return NvlinkFacts(FabricStatus.UNHEALTHY, key, f"fabric unhealthy {where}")
     return NvlinkFacts(FabricStatus.OK, key, None)

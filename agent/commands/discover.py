@@ -12,6 +12,7 @@ Exit codes: 0 inventory printed (problems found on the way are listed in it); 1 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from agent.discovery import discover
+from agent.imex import ImexStatus, NoImexDaemon
+from agent.imexctl import ImexCtlReader, ImexReader
 from agent.mps import DEFAULT_PIPE_DIRECTORY
 from agent.nvml.errors import NVMLError
 from agent.nvml.protocol import NvmlBackend
@@ -40,6 +43,7 @@ class Options:
     mps_pipe_directory: str
     log_format: str
     log_level: str
+    imex: ImexStatus | None = None  # the IMEX daemon as discovery read it (set by main for the renderers)
 
 
 # --------------------------------------------------------------------------- rendering
@@ -84,7 +88,7 @@ def _fabric_summary(info: FabricInfo | None) -> str:
     return " ".join(parts)
 
 
-def render_table(inv: NodeInventory, _: Options | None = None) -> str:
+def render_table(inv: NodeInventory, opts: Options | None = None) -> str:
     """Summary, GPUs, the ``topo -m``-style matrix, MIG devices, InfiniBand, MPS and problems."""
     out: list[str] = []
     host = inv.host
@@ -175,6 +179,13 @@ def render_table(inv: NodeInventory, _: Options | None = None) -> str:
         else:
             out.append("MPS     not running")
 
+    imex = opts.imex if opts is not None else None
+    if imex is not None:
+        out.append("")
+        peers = f", {len(imex.peers)} peers" if imex.peers else ""
+        reason = f"; {imex.reason}" if imex.reason else ""
+        out.append(f"IMEX    {imex.status.value} ({imex.label}{peers}){reason}")
+
     failed = [g for g in inv.gpus if g.error]
     if inv.errors or failed:
         out.append("")
@@ -205,25 +216,37 @@ def _matrix_lines(inv: NodeInventory) -> list[str]:
     return [*lines, "", legend]
 
 
-def render_json(inv: NodeInventory, _: Options | None = None) -> str:
-    return json.dumps(inv.to_dict(), indent=2) + "\n"
+def _with_imex(inv: NodeInventory, imex: ImexStatus | None) -> dict[str, object]:
+    """The inventory's schema, and the IMEX daemon's status under ``imex`` where it was read
+    (``NodeInventory.from_dict`` reads the inventory and leaves ``imex`` aside)."""
+    out = inv.to_dict()
+    if imex is not None:
+        out["imex"] = imex.to_dict()
+    return out
 
 
-def render_yaml(inv: NodeInventory, _: Options | None = None) -> str:
+def render_json(inv: NodeInventory, opts: Options | None = None) -> str:
+    return json.dumps(_with_imex(inv, opts.imex if opts is not None else None), indent=2) + "\n"
+
+
+def render_yaml(inv: NodeInventory, opts: Options | None = None) -> str:
     import yaml  # noqa: PLC0415 - only this output needs it
 
-    text: str = yaml.safe_dump(inv.to_dict(), sort_keys=False, default_flow_style=False)
+    data = _with_imex(inv, opts.imex if opts is not None else None)
+    text: str = yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
     return text
 
 
-def render_gpunode(inv: NodeInventory, opts: Options | None = None) -> str:
+def render_gpunode(inv: NodeInventory, opts: Options | None = None, *, imex: ImexStatus | None = None) -> str:
     """The node's ``GPUNode`` object (``topology.gpunode``) as YAML, named ``--node-name`` or the host."""
     import yaml  # noqa: PLC0415 - only this output needs it
 
     from topology.gpunode import gpunode_object  # noqa: PLC0415
 
     name = (opts.node_name if opts is not None else None) or inv.host.name
-    text: str = yaml.safe_dump(gpunode_object(inv, node_name=name), sort_keys=False, default_flow_style=False)
+    imex = opts.imex if opts is not None else None
+    obj = gpunode_object(inv, node_name=name, imex=imex.to_status() if imex is not None else None)
+    text: str = yaml.safe_dump(obj, sort_keys=False, default_flow_style=False)
     return text
 
 
@@ -324,6 +347,7 @@ class Environment:
     sysfs_root: Path
     mps_root: Path | None
     host: Host
+    imex: ImexReader
 
 
 @contextmanager
@@ -342,7 +366,13 @@ def simulated_environment(opts: Options) -> Iterator[Environment]:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     with node:
-        yield Environment(nvml=node.nvml, sysfs_root=node.sysfs_root, mps_root=node.mps_root, host=node.host)
+        yield Environment(
+            nvml=node.nvml,
+            sysfs_root=node.sysfs_root,
+            mps_root=node.mps_root,
+            host=node.host,
+            imex=node.imex if node.imex is not None else NoImexDaemon(),
+        )
 
 
 def real_environment(opts: Options) -> Environment:
@@ -356,6 +386,7 @@ def real_environment(opts: Options) -> Environment:
         sysfs_root=sysfs,
         mps_root=Path("/"),
         host=read_host(sysfs_root=sysfs, hostname=opts.node_name),
+        imex=ImexCtlReader(),
     )
 
 
@@ -374,6 +405,11 @@ def _no_driver_message(exc: NVMLError) -> str:
 
 def run(opts: Options) -> NodeInventory:
     """Discover with the options' backend; raises :class:`UsageError` / :class:`NoDriverError`."""
+    return run_with_imex(opts)[0]
+
+
+def run_with_imex(opts: Options) -> tuple[NodeInventory, ImexStatus]:
+    """:func:`run`, and the node's IMEX daemon as ``nvidia-imex-ctl -q`` reports it (absent: not an error)."""
     log = logs.get_logger("agent.commands.discover")
     with ExitStack() as stack:
         if opts.simulate is not None:
@@ -397,6 +433,7 @@ def run(opts: Options) -> NodeInventory:
             )
         finally:
             env.nvml.shutdown()
+        imex = env.imex.read()
     for gpu in inventory.gpus:
         if gpu.error:
             (log.bind(gpu_uuid=gpu.uuid) if gpu.uuid else log).warning(
@@ -404,8 +441,8 @@ def run(opts: Options) -> NodeInventory:
             )
     for problem in inventory.errors:
         log.warning("discovery_problem", problem=problem)
-    log.info("discovery_done", gpus=len(inventory.gpus), ib_ports=len(inventory.ib))
-    return inventory
+    log.info("discovery_done", gpus=len(inventory.gpus), ib_ports=len(inventory.ib), imex=imex.status.value)
+    return inventory, imex
 
 
 def main(argv: list[str]) -> int:
@@ -415,12 +452,12 @@ def main(argv: list[str]) -> int:
         return exc.code if isinstance(exc.code, int) else 2
     logs.configure(opts.log_format, opts.log_level)
     try:
-        inventory = run(opts)
+        inventory, imex = run_with_imex(opts)
     except UsageError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     except NoDriverError as exc:
         print(str(exc), file=sys.stderr)
         return 1
-    sys.stdout.write(OUTPUTS[opts.output](inventory, opts))
+    sys.stdout.write(OUTPUTS[opts.output](inventory, dataclasses.replace(opts, imex=imex)))
     return 0

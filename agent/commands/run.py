@@ -9,7 +9,7 @@ component (or ``None`` when it does not apply, e.g. publishing with ``--no-kube`
 :func:`default_factories` (metrics exporter, publisher) unless given its own list (the demo adds one).
 
 Exit codes: 0 after a clean stop, 1 when the agent cannot start (no NVML, an invalid resource plan),
-2 for invalid settings (one line per problem).
+2 for invalid settings (one line per problem) and for a missing IMEX channel with ``imex.required``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 import sys
@@ -27,12 +28,16 @@ from pathlib import Path
 
 from agent.config import RunSettings, add_arguments, load_settings
 from agent.discovery import DiscoveryIncompleteError, discover
+from agent.fabricwatch import FabricWatch
 from agent.health import HealthMonitor
 from agent.host import read_host
+from agent.imex import NoImexDaemon
+from agent.imexctl import ImexCtlReader, ImexMonitor, ImexReader
 from agent.nvml.errors import NVMLError
 from agent.nvml.protocol import NvmlBackend
 from agent.runtime import Component, InventoryStore, Rediscovery, run_components
-from deviceplugin.config import ConfigError
+from deviceplugin.config import ConfigError, PluginConfig
+from deviceplugin.imex import ImexChannelError, find_channels
 from deviceplugin.manager import AllocatableCheck, PluginManager
 from deviceplugin.resources import ResourceError, build_plan
 from topology import logs
@@ -40,7 +45,11 @@ from topology.model import LinkLevel, NodeInventory
 
 
 class StartupError(RuntimeError):
-    """The agent cannot start; the message is one line for the operator."""
+    """The agent cannot start; the message is one line for the operator, ``exit_code`` the command's."""
+
+    def __init__(self, message: str, *, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 @dataclass(slots=True)
@@ -91,6 +100,10 @@ class Node:
     faults: Component | None = None
     hotplug: object | None = None  # an agent.udev HotplugSource, where one applies
     cleanup: Callable[[], None] = lambda: None
+    dev_root: Path = Path("/dev")  # where the IMEX channel device nodes are
+    proc_devices: Path = Path("/proc/devices")
+    simulated: bool = False
+    imex: ImexReader = field(default_factory=ImexCtlReader)  # the node's IMEX daemon
 
 
 def build_node(settings: RunSettings) -> Node:
@@ -117,6 +130,10 @@ def build_node(settings: RunSettings) -> Node:
             faults=sim.faults,
             hotplug=simulated_source(sim.nvml),
             cleanup=sim.close,
+            dev_root=settings.dev_root or sim.dev_root or Path("/dev"),
+            proc_devices=sim.proc_devices or settings.proc_root / "devices",
+            simulated=True,
+            imex=sim.imex if sim.imex is not None else NoImexDaemon(),
         )
     from agent.nvml.real import RealNvml  # noqa: PLC0415
 
@@ -133,8 +150,35 @@ def build_node(settings: RunSettings) -> Node:
     sysfs_root = settings.sysfs_root or Path("/sys")
     real_host = read_host(sysfs_root=sysfs_root, hostname=settings.node_name)
     return Node(
-        nvml=real, discover=lambda: discover(nvml=real, sysfs_root=sysfs_root, host=real_host, strict=True)
+        nvml=real,
+        discover=lambda: discover(nvml=real, sysfs_root=sysfs_root, host=real_host, strict=True),
+        dev_root=settings.dev_root or Path("/dev"),
+        proc_devices=settings.proc_root / "devices",
     )
+
+
+def imex_plugin_config(settings: RunSettings, node: Node) -> PluginConfig:
+    """The plugin config with the IMEX channels this node has (``imex.channelIDs``), checked once at
+    start: a missing channel is a :class:`StartupError` (exit 2) with ``imex.required``, else one warning
+    and no channel in any container."""
+    plugin = settings.plugin
+    ids = plugin.imex.channel_ids
+    if not ids:
+        return plugin
+    try:
+        channels = find_channels(
+            ids, dev_root=node.dev_root, proc_devices=node.proc_devices, allow_stand_in=node.simulated
+        )
+    except ImexChannelError as exc:
+        if plugin.imex.required:
+            raise StartupError(f"imex.required: {exc}", exit_code=2) from None
+        logs.get_logger("agent.run").bind(node=settings.node_name).warning(
+            "imex_channel_missing",
+            error=str(exc),
+            hint="containers get no IMEX channel (multi-node NVLink falls back); set imex.required to refuse",
+        )
+        return plugin
+    return dataclasses.replace(plugin, imex_channels=channels)
 
 
 class HotplugTrigger:
@@ -188,8 +232,9 @@ async def serve(
         except DiscoveryIncompleteError as exc:  # start with what answered; not ready until NVML answers
             inventory, first_failure = exc.inventory, exc
         discovery_s = time.perf_counter() - started
+        plugin_config = await asyncio.to_thread(imex_plugin_config, settings, node)  # stats device nodes
         try:
-            plan = build_plan(inventory, settings.plugin)
+            plan = build_plan(inventory, plugin_config)
         except ResourceError as exc:
             raise StartupError(f"cannot advertise this node's devices: {exc}") from None
         if plan.unmatched:
@@ -218,13 +263,15 @@ async def serve(
         )
         manager = PluginManager(
             store=store,
-            config=settings.plugin,
+            config=plugin_config,
             kubelet_dir=settings.kubelet_dir,
             grace_s=min(settings.shutdown_grace_s, 2.0),
             allocatable_check=_allocatable_check(settings.pod_resources_socket),
             check_interval_s=settings.registration_check_s,
             pcie_levels=_pcie_levels(node.nvml),
         )
+        imex = ImexMonitor(reader=node.imex, interval_s=settings.health.probe_interval_s)
+        await imex.once()  # the first publication already says whether the node has a daemon
         ctx = RunContext(
             settings=settings,
             nvml=node.nvml,
@@ -232,10 +279,11 @@ async def serve(
             stop=stop,
             manager=manager,
             rediscovery=rediscovery,
-            extras={"discovery_duration_s": discovery_s},
+            extras={"discovery_duration_s": discovery_s, "imex": imex},
             readiness=[("discovery", rediscovery.problem)],
         )
-        components: list[Component] = [health, rediscovery, manager]
+        fabric = FabricWatch(nvml=node.nvml, store=store, interval_s=settings.health.probe_interval_s)
+        components: list[Component] = [health, rediscovery, manager, fabric, imex]
         if node.faults is not None:
             components.append(node.faults)
         if node.hotplug is not None:
@@ -320,7 +368,7 @@ def main(argv: list[str]) -> int:
         return asyncio.run(serve(settings))
     except StartupError as exc:
         print(f"gpu-node-agent run: {exc}", file=sys.stderr)
-        return 1
+        return exc.exit_code
     except ExceptionGroup as group:
         for failure in group.exceptions:
             print(f"gpu-node-agent run: stopped on error: {failure}", file=sys.stderr)

@@ -25,9 +25,11 @@ from collections.abc import Iterable
 
 from prometheus_client.metrics_core import Metric
 
+from agent.imex import DCGM_VALUES, ImexDaemonStatus
 from agent.metrics.families import Families
 from agent.metrics.native import ScrapeStats, render_agent
 from agent.metrics.snapshot import AgentStats, GpuView, MetricsSnapshot, MigView, Owner, PodShare
+from topology.model import FabricHealthSummary, FabricInfo, FabricState
 
 MIB = 1024 * 1024
 
@@ -57,6 +59,16 @@ _HELP = {
     "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": "Total number of NVLink data CRC errors.",
     "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": "Total number of NVLink retries.",
     "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": "Total number of NVLink recovery errors.",
+    "DCGM_FI_DEV_FABRIC_MANAGER_STATUS": "Fabric registration of the GPU (0 not supported, 1 not started, "
+    "2 in progress, 3 success, 4 failure).",
+    "DCGM_FI_DEV_FABRIC_CLUSTER_UUID": "UUID of the NVLink cluster the GPU belongs to (label cluster_uuid); "
+    "value 1.",
+    "DCGM_FI_DEV_FABRIC_CLIQUE_ID": "ID of the fabric clique the GPU belongs to.",
+    "DCGM_FI_DEV_FABRIC_HEALTH_MASK": "GPU fabric health mask (NVML healthMask).",
+    "DCGM_FI_IMEX_DAEMON_STATUS": "IMEX daemon status (0 initializing ... 5 ready, 6 shutting down, "
+    "7 unavailable; -1 not installed, -2 not configured, -3 command error).",
+    "DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY": "GPU fabric health summary (0 not supported, 1 healthy, "
+    "2 unhealthy, 3 limited capacity).",
 }
 _COUNTERS = frozenset(
     {
@@ -100,8 +112,18 @@ def render_dcgm(
     snap: MetricsSnapshot, agent: AgentStats, scrapes: ScrapeStats, version: str
 ) -> Iterable[Metric]:
     f = render_dcgm_devices(snap)
-    render_agent(f, snap, agent, scrapes, version)
+    render_dcgm_agent(f, snap, agent, scrapes, version)
     return f
+
+
+def render_dcgm_agent(
+    f: Families, snap: MetricsSnapshot, agent: AgentStats, scrapes: ScrapeStats, version: str
+) -> None:
+    """The agent's self-metrics, and the node-wide DCGM fields the agent knows (the IMEX daemon)."""
+    render_agent(f, snap, agent, scrapes, version)
+    if agent.imex_daemon_status is not None:
+        value = DCGM_VALUES[ImexDaemonStatus(agent.imex_daemon_status)]
+        _emit(f, "DCGM_FI_IMEX_DAEMON_STATUS", {"Hostname": snap.hostname, "hostname": snap.hostname}, value)
 
 
 def render_dcgm_devices(snap: MetricsSnapshot) -> Families:
@@ -209,8 +231,30 @@ def _gpu(f: Families, view: GpuView, snap: MetricsSnapshot) -> None:
                 labels,
                 _sum(lk.recovery_errors for lk in s.nvlinks),
             )
+    if view.fabric is not None and view.fabric.state is not FabricState.NOT_SUPPORTED:
+        _fabric(f, base, view.fabric)
     for mig in view.migs:
         _mig(f, base, mig)
+
+
+# DCGM's dcgmFabricManagerStatus_t from NVML's fabric state (and status once COMPLETED)
+_FM_STATUS = {FabricState.NOT_SUPPORTED: 0, FabricState.NOT_STARTED: 1, FabricState.IN_PROGRESS: 2}
+_HEALTH_SUMMARY = {
+    FabricHealthSummary.NOT_SUPPORTED: 0,
+    FabricHealthSummary.HEALTHY: 1,
+    FabricHealthSummary.UNHEALTHY: 2,
+    FabricHealthSummary.LIMITED_CAPACITY: 3,
+}
+
+
+def _fabric(f: Families, base: dict[str, str], fab: FabricInfo) -> None:
+    """DCGM's fabric fields (170, 172-175) of one GPU."""
+    status = _FM_STATUS.get(fab.state, 3 if fab.status == "SUCCESS" else 4)
+    _emit(f, "DCGM_FI_DEV_FABRIC_MANAGER_STATUS", base, status)
+    _emit(f, "DCGM_FI_DEV_FABRIC_CLUSTER_UUID", {**base, "cluster_uuid": fab.cluster_uuid}, 1)
+    _emit(f, "DCGM_FI_DEV_FABRIC_CLIQUE_ID", base, fab.clique_id)
+    _emit(f, "DCGM_FI_DEV_FABRIC_HEALTH_MASK", base, fab.health_mask)
+    _emit(f, "DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY", base, _HEALTH_SUMMARY[fab.health_summary])
 
 
 def _mig(f: Families, parent: dict[str, str], mig: MigView) -> None:

@@ -22,7 +22,7 @@ from importlib import metadata
 from prometheus_client.registry import CollectorRegistry
 
 from agent.metrics.cache import MetricsCache, XidSource
-from agent.metrics.dcgm import render_dcgm, render_dcgm_devices
+from agent.metrics.dcgm import render_dcgm, render_dcgm_agent, render_dcgm_devices
 from agent.metrics.exposition import render_text
 from agent.metrics.families import Families
 from agent.metrics.native import (
@@ -103,7 +103,9 @@ class CachedRender:
         agent_stats: Callable[[], AgentStats],
         scrape_stats: Callable[[], ScrapeStats],
         version: str,
+        agent: Callable[[Families, MetricsSnapshot, AgentStats, ScrapeStats, str], None] = render_agent,
     ) -> None:
+        self._agent = agent
         self._devices = devices
         self._snapshot = snapshot
         self._agent_stats = agent_stats
@@ -116,7 +118,7 @@ class CachedRender:
         if self._rendered is None or self._rendered[0] is not snap:
             self._rendered = (snap, render_text(self._devices(snap)))
         tail = Families()
-        render_agent(tail, snap, self._agent_stats(), self._scrape_stats(), self._version)
+        self._agent(tail, snap, self._agent_stats(), self._scrape_stats(), self._version)
         return self._rendered[1] + render_text(tail)
 
 
@@ -179,6 +181,7 @@ class MetricsExporter:
             agent_stats=agent_stats,
             scrape_stats=self.server.scrape_stats,
             version=version,
+            agent=render_dcgm_agent if dcgm else render_agent,
         )
         self.registry.register(
             SnapshotCollector(

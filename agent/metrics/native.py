@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from agent.imex import ImexDaemonStatus
 from agent.metrics.families import Families
 from agent.metrics.snapshot import AgentStats, GpuView, MetricsSnapshot, MigView, Owner, Sharing
+from topology.fabrichealth import FabricCondition, fabric_conditions
 from topology.model import FabricHealthSummary, FabricState
 
 P = "gpuagent_"
@@ -154,6 +156,18 @@ def _gpu(f: Families, view: GpuView, driver_version: str | None) -> None:
             {**base, "cluster_uuid": fab.cluster_uuid, "clique_id": str(fab.clique_id)},
             1,
         )
+        if fab.state is not FabricState.NOT_SUPPORTED:
+            seen = fabric_conditions(fab)
+            for condition in FabricCondition:
+                f.gauge(
+                    P + "fabric_condition",
+                    "1 while the GPU's NVLink fabric shows the condition (health mask, state/status, "
+                    "summary), else 0.",
+                    {**base, "condition": condition.value},
+                    float(condition in seen),
+                )
+        if fab.health_mask is not None:
+            f.gauge(P + "fabric_health_mask", "NVML's raw fabric healthMask.", base, fab.health_mask)
     if g.power_limit_watts is not None:
         f.gauge(P + "gpu_power_limit_watts", "Enforced power limit.", lb, g.power_limit_watts)
     s = view.sample
@@ -372,6 +386,15 @@ def render_agent(
             float(registered),
         )
     f.counter(P + "kubelet_restarts", "Kubelet restarts the agent noticed.", {}, agent.kubelet_restarts)
+    if agent.imex_daemon_status is not None:
+        for status in ImexDaemonStatus:
+            f.gauge(
+                P + "imex_daemon_status",
+                "The node's IMEX daemon as nvidia-imex-ctl -q reports it (1 for the current status; "
+                "NOT_INSTALLED when there is none).",
+                {"status": status.value},
+                float(status.value == agent.imex_daemon_status),
+            )
     r = snap.refresh
     f.gauge(
         P + "nvml_up",

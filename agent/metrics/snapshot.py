@@ -83,6 +83,7 @@ class AgentStats:
     registrations: int | None = None  # successful device-plugin registrations with kubelet, all resources
     registered: tuple[tuple[str, bool], ...] = ()  # (resource, registered now)
     kubelet_restarts: int | None = None
+    imex_daemon_status: str | None = None  # agent.imex.ImexDaemonStatus value; None: not read yet
 
 
 @dataclass(frozen=True, slots=True)

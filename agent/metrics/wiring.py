@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from agent.imex import ImexStatus
 from agent.metrics.cache import CountsXids
 from agent.metrics.exporter import MetricsExporter, MetricsSettings, parse_addr
 from agent.metrics.server import HealthServer, ReadinessCheck
@@ -140,8 +141,12 @@ def exporter_for_run(
     store, manager = ctx.store, ctx.manager
     duration = ctx.extras.get("discovery_duration_s")
 
+    imex = ctx.extras.get("imex")
+
     def agent_stats() -> AgentStats:
+        imex_status = getattr(imex, "status", None)
         return AgentStats(
+            imex_daemon_status=imex_status.status.value if isinstance(imex_status, ImexStatus) else None,
             discovery_duration_seconds=float(duration) if isinstance(duration, int | float) else None,
             registrations=manager.registrations,
             registered=tuple(sorted(manager.registered().items())),

@@ -69,6 +69,7 @@ from agent.nvml.fake import (  # NVML event type bits (nvml.h nvmlEventType*): t
     gi_id_for,
     plan_layout,
 )
+from agent.nvml.faults import fabric_mask_fault
 from agent.nvml.profiles import (
     ARCH_ADA,
     ARCH_AMPERE,
@@ -375,8 +376,17 @@ def _fabric_command(gpu: GpuSpec, event: Mapping[str, Any]) -> str:
             raise DescribeError(f"unknown fabric health summary {event['health_summary']!r}") from None
         summary = str(HEALTH_SUMMARIES[value])
         mask = f"0x{HEALTH_MASKS[value]:X}"
+    try:
+        masked = fabric_mask_fault(event)
+    except ValueError as exc:
+        raise DescribeError(str(exc)) from None
+    if masked is not None:  # the same mask and summary the simulator sets
+        mask, summary = f"0x{masked[0]:X}", str(HEALTH_SUMMARIES[masked[1]])
     if (state, status, clique, summary) == ("-", "-", "-", "-"):
-        raise DescribeError("a fabric event needs health_summary, state, status or clique_id")
+        raise DescribeError(
+            "a fabric event needs health_summary, conditions, incorrect_configuration, state, status or "
+            "clique_id"
+        )
     return "\t".join(["fabric", str(gpu.index), state, status, clique, mask, summary])
 
 

@@ -3,7 +3,9 @@ backend and the simulator so both report the same ``FabricHealth`` for the same 
 
 from __future__ import annotations
 
-from topology.model import FabricHealth
+from collections.abc import Iterable
+
+from topology.model import FabricHealth, FabricHealthSummary
 
 # the 4-bit "incorrect configuration" field at bit 8
 INCORRECT_CONFIGURATIONS: dict[int, str] = {
@@ -37,3 +39,44 @@ def decode_health_mask(mask: int | None) -> FabricHealth:
         partition_assigned=flag(12),
         gfm_connected=flag(14),
     )
+
+
+# the 2-bit flags a fault can set, by the condition name the fabric policy uses (topology.fabrichealth)
+MASK_FLAGS: dict[str, int] = {
+    "degraded_bandwidth": 0,
+    "route_recovery": 2,
+    "route_unhealthy": 4,
+    "access_timeout_recovery": 6,
+}
+_UNHEALTHY_FLAGS = frozenset({"route_unhealthy"})
+
+
+def encode_health_mask(conditions: Iterable[str], incorrect_configuration: str = "NONE") -> int:
+    """A ``healthMask`` with exactly ``conditions`` true (the other flags false), the configuration field
+    set to ``incorrect_configuration`` and the partition flag not reported; ``ValueError`` naming an
+    unknown condition or configuration."""
+    wanted = set(conditions)
+    unknown = wanted - set(MASK_FLAGS)
+    if unknown:
+        raise ValueError(
+            f"unknown fabric condition(s) {', '.join(sorted(unknown))}; valid: {', '.join(MASK_FLAGS)}"
+        )
+    codes = {name: code for code, name in INCORRECT_CONFIGURATIONS.items()}
+    if incorrect_configuration not in codes:
+        raise ValueError(
+            f"unknown incorrect configuration {incorrect_configuration!r}; valid: {', '.join(codes)}"
+        )
+    mask = codes[incorrect_configuration] << 8
+    for name, shift in MASK_FLAGS.items():
+        mask |= (1 if name in wanted else 2) << shift
+    return mask
+
+
+def summary_of(conditions: Iterable[str], incorrect_configuration: str = "NONE") -> FabricHealthSummary:
+    """The ``healthSummary`` a driver gives a mask made by :func:`encode_health_mask`: ``UNHEALTHY`` for
+    an unhealthy route or a wrong configuration, ``LIMITED_CAPACITY`` for degraded bandwidth or a
+    recovery in progress, else ``HEALTHY``."""
+    wanted = set(conditions)
+    if wanted & _UNHEALTHY_FLAGS or incorrect_configuration != "NONE":
+        return FabricHealthSummary.UNHEALTHY
+    return FabricHealthSummary.LIMITED_CAPACITY if wanted else FabricHealthSummary.HEALTHY

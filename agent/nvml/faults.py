@@ -9,6 +9,10 @@
       {"event":"xid","gpu":0,"xid":31,"gpu_instance_id":7}      (an Xid on one MIG GPU instance)
       {"event":"fabric","gpu":0,"health_summary":"UNHEALTHY"}
       {"event":"fabric","gpu":0,"state":"IN_PROGRESS","status":"INSUFFICIENT_RESOURCES","clique_id":7}
+      {"event":"fabric","gpu":0,"conditions":["route_unhealthy"]}   (the health mask: exactly these
+      flags true — degraded_bandwidth, route_recovery, route_unhealthy, access_timeout_recovery — and
+      optional "incorrect_configuration":"INSUFFICIENT_NVLINKS"; the summary follows unless given;
+      "conditions": [] is a clean mask)
       {"event":"process_start","gpu":0,"pid":4242,"used_memory_mib":1024}   (optional "mig_uuid",
       "sm_percent")          {"event":"process_exit","gpu":0,"pid":4242}
       {"event":"mig_reconfig","gpu":0,"profiles":["3g.40gb","3g.40gb"]}   (null profiles: MIG off)
@@ -18,6 +22,8 @@
       "reset" ends it)          {"event":"reset","gpu":3}   (a GPU reset: answers again, volatile ECC
       counters to zero, pending row remap applied)          {"event":"ecc_rising","gpu":1,"count":5}
       (uncorrectable ECC count rises, no event; "count" defaults to 1)
+      {"event":"imex","state":"WAITING_FOR_PEERS"}   (the simulated IMEX daemon of a GB200 tray,
+      ``agent.imex``; "NOT_INSTALLED" makes it absent, "READY" ready again)
 
   A bad line is logged (``fault_line_invalid`` with the file and line number) and skipped; the
   others still apply. Lines are bounded: at most ``MAX_LINE_BYTES`` bytes and ``MAX_DEPTH`` levels of
@@ -39,7 +45,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from agent.imex import SimulatedImexDaemon
 from agent.nvml.errors import CODES
+from agent.nvml.fabric import encode_health_mask, summary_of
 from agent.nvml.fake import SimulatedNvml, SimulationError
 from topology import logs
 from topology.lifecycle import sleep_until
@@ -63,6 +71,7 @@ FAULT_EVENTS = (
     "gpu_lost_silent",
     "reset",
     "ecc_rising",
+    "imex",
 )
 
 
@@ -121,11 +130,17 @@ def _int_field(event: Mapping[str, Any], key: str) -> int:
     return value
 
 
-def apply_fault(sim: SimulatedNvml, event: Mapping[str, Any]) -> None:
-    """Apply one decoded fault event; raises ``FaultLineError`` / ``SimulationError`` naming the problem."""
+def apply_fault(
+    sim: SimulatedNvml, event: Mapping[str, Any], *, imex: SimulatedImexDaemon | None = None
+) -> None:
+    """Apply one decoded fault event; raises ``FaultLineError`` / ``SimulationError`` naming the problem.
+    ``imex``: the node's simulated IMEX daemon, which ``imex`` events drive."""
     kind = event.get("event")
     if kind not in FAULT_EVENTS:
         raise FaultLineError(f"unknown event {kind!r}; valid: {', '.join(FAULT_EVENTS)}")
+    if kind == "imex":
+        _apply_imex(imex, event)
+        return
     if kind == "nvml_error":
         _apply_nvml_error(sim, event)
         return
@@ -192,15 +207,47 @@ def _apply_health_fault(sim: SimulatedNvml, gpu: int, event: Mapping[str, Any]) 
         sim.ecc_rising(gpu, count)
 
 
+def fabric_mask_fault(event: Mapping[str, Any]) -> tuple[int, FabricHealthSummary] | None:
+    """The health mask and summary a fabric fault's ``conditions`` / ``incorrect_configuration`` ask
+    for (the summary given by ``health_summary`` when present), or ``None`` when it sets neither;
+    ``FaultLineError`` naming a bad field. Shared with the C stand-in's fault translator."""
+    conditions = event.get("conditions")
+    config = event.get("incorrect_configuration")
+    if conditions is None and config is None:
+        return None
+    if conditions is None:
+        conditions = []
+    if not isinstance(conditions, list) or not all(isinstance(c, str) for c in conditions):
+        raise FaultLineError(f"field 'conditions' must be a list of condition names, got {conditions!r}")
+    if config is not None and not isinstance(config, str):
+        raise FaultLineError(f"field 'incorrect_configuration' must be a string, got {config!r}")
+    config = "NONE" if config is None else config.upper()
+    wanted = [c.lower() for c in conditions]
+    try:
+        mask = encode_health_mask(wanted, config)
+    except ValueError as exc:
+        raise FaultLineError(str(exc)) from None
+    summary = summary_of(wanted, config)
+    given = event.get("health_summary")
+    if isinstance(given, str) and given.upper() in FabricHealthSummary.__members__:
+        summary = FabricHealthSummary[given.upper()]
+    return mask, summary
+
+
 def _apply_fabric(sim: SimulatedNvml, gpu: int, event: Mapping[str, Any]) -> None:
-    """``fabric``: ``health_summary`` and/or ``state``, ``status``, ``clique_id``."""
+    """``fabric``: ``health_summary``, ``conditions`` / ``incorrect_configuration`` (the health mask)
+    and/or ``state``, ``status``, ``clique_id``."""
     fields = {k: event.get(k) for k in ("health_summary", "state", "status")}
     for key, value in fields.items():
         if value is not None and not isinstance(value, str):
             raise FaultLineError(f"field {key!r} must be a string, got {value!r}")
     clique = event.get("clique_id")
-    if all(v is None for v in fields.values()) and clique is None:
-        raise FaultLineError("a fabric event needs health_summary, state, status or clique_id")
+    masked = fabric_mask_fault(event)
+    if all(v is None for v in fields.values()) and clique is None and masked is None:
+        raise FaultLineError(
+            "a fabric event needs health_summary, conditions, incorrect_configuration, state, status or "
+            "clique_id"
+        )
     summary, state, status = (str(v).upper() if v is not None else None for v in fields.values())
     if summary is not None and summary not in FabricHealthSummary.__members__:
         valid = ", ".join(FabricHealthSummary.__members__)
@@ -212,8 +259,23 @@ def _apply_fabric(sim: SimulatedNvml, gpu: int, event: Mapping[str, Any]) -> Non
             status=status,
             clique_id=None if clique is None else _int_field(event, "clique_id"),
         )
-    if summary is not None:
+    if masked is not None:
+        sim.set_fabric_health(gpu, masked[1], mask=masked[0])
+    elif summary is not None:
         sim.set_fabric_health(gpu, summary)
+
+
+def _apply_imex(imex: SimulatedImexDaemon | None, event: Mapping[str, Any]) -> None:
+    """``{"event":"imex","state":"…"}``: the simulated IMEX daemon's new state."""
+    if imex is None:
+        raise FaultLineError("this simulated node has no IMEX daemon (only multi-node NVLink profiles do)")
+    state = event.get("state")
+    if not isinstance(state, str):
+        raise FaultLineError(f"field 'state' must be an IMEX daemon state such as READY, got {state!r}")
+    try:
+        imex.set_state(state)
+    except ValueError as exc:
+        raise FaultLineError(str(exc)) from None
 
 
 def _apply_nvml_error(sim: SimulatedNvml, event: Mapping[str, Any]) -> None:
@@ -239,10 +301,18 @@ def _apply_nvml_error(sim: SimulatedNvml, event: Mapping[str, Any]) -> None:
 class FaultFollower:
     """Follows a JSON-lines fault file and applies each new line to a simulator."""
 
-    def __init__(self, sim: SimulatedNvml, path: Path, *, poll_interval_s: float = 0.02) -> None:
+    def __init__(
+        self,
+        sim: SimulatedNvml,
+        path: Path,
+        *,
+        poll_interval_s: float = 0.02,
+        imex: SimulatedImexDaemon | None = None,
+    ) -> None:
         if poll_interval_s <= 0:
             raise ValueError(f"poll_interval_s must be positive, got {poll_interval_s}")
         self.sim = sim
+        self.imex = imex
         self.path = path
         self.poll_interval_s = poll_interval_s
         self.applied = 0
@@ -306,7 +376,7 @@ class FaultFollower:
 
     def _apply(self, raw: bytes) -> bool:
         try:
-            apply_fault(self.sim, decode_line(raw))
+            apply_fault(self.sim, decode_line(raw), imex=self.imex)
         except (ValueError, SimulationError, RecursionError) as exc:  # JSON and FaultLineError: ValueErrors
             self._report(self._line_no, exc)
             return False

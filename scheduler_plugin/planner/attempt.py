@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 from scheduler_plugin.planner.objective import (
     Figures,
+    clean_first,
+    degraded_pods,
     open_cost,
     price,
     room_change,
@@ -141,6 +143,7 @@ def _place_tiered(
     caps: list[tuple[int, int, int]] = []  # (group index, pods, free gpus)
     most: tuple[int, int] | None = None  # (pods, -group index) of the roomiest group, for the reason
     smallest = rem if rem else size
+    cleans: list[int | None] = []  # per caps entry: room on clean nodes (None: no degraded node there)
     for k, (cap0, free0) in enumerate(base_caps):
         cap, freeg = cap0, free0
         if k in touched:
@@ -151,6 +154,11 @@ def _place_tiered(
             most = (cap, -k)
         if cap >= smallest:
             caps.append((k, cap, freeg))
+            if p.any_degraded:
+                fit_k = (lambda i: _fit_now(p, st, i, key, base)) if k in touched else None
+                cleans.append(p.clean_room(key, groups[k][1], fit_k))
+            else:
+                cleans.append(None)
 
     def failure(count: int) -> Failure:
         where = (
@@ -187,7 +195,7 @@ def _place_tiered(
         # cost does not depend on the others, so the programme below picks the cheapest ``full``
         # domains, the earlier on ties
         priced = sorted(
-            (price(opens_at[gi], cap, freeg, size, g=g, useful=useful), gi)
+            (price(opens_at[gi], cap, freeg, size, g=g, useful=useful, clean=cleans[gi]), gi)
             for gi, (_, cap, freeg) in enumerate(caps)
             if cap >= size
         )
@@ -215,7 +223,7 @@ def _place_tiered(
                 used = x * size + y * rem
                 if used > cap:
                     break
-                row.append(price(opens_at[gi], cap, freeg, used, g=g, useful=useful))
+                row.append(price(opens_at[gi], cap, freeg, used, g=g, useful=useful, clean=cleans[gi]))
             priced_xy.append(row)
         for s_idx in range(n_states):
             c0 = cost[s_idx]
@@ -288,9 +296,10 @@ def _fill_blocks(
             st.placed_pods += n
         return None
     for dname, nodes, blocks in domains:
+        order = clean_first(nodes, p.degraded) if p.any_degraded else nodes
         for b in blocks:
             if not _fill(
-                p, st, role, key, pod_range=ranges[b], nodes=nodes, base=base
+                p, st, role, key, pod_range=ranges[b], nodes=order, base=base
             ):  # pragma: no cover - DP counted room
                 return Failure(role.name, need, b, f"role {role.name!r}: domain {dname} lost room")
             st.subgroups.append(SubgroupPlacement(role=role.name, index=b, domain=dname))
@@ -426,9 +435,19 @@ def _measure(p: PreparedSnapshot, st: _State, tier: int | None, main: Role) -> F
     """The attempt's ``Figures`` (as ``objective.evaluate`` defines them), from the per-domain
     capacity caches and what the attempt took: only the touched domains are summed."""
     span = _span(p, st)
-    if tier is None or not (st.used_gpus or st.by_domain):
-        return Figures(placed=st.placed_pods, opened=0, upper=0, stranded=0, lost=0, leftover=0, span=span)
     key = role_key(main)
+    degraded = _degraded(p, st, key)
+    if tier is None or not (st.used_gpus or st.by_domain):
+        return Figures(
+            placed=st.placed_pods,
+            opened=0,
+            upper=0,
+            stranded=0,
+            lost=0,
+            leftover=0,
+            span=span,
+            degraded=degraded,
+        )
     useful = useful_block(main)
     base = p.base_fit(key)
     dom_t = p.dom[tier]
@@ -478,7 +497,23 @@ def _measure(p: PreparedSnapshot, st: _State, tier: int | None, main: Role) -> F
         lost=lost,
         leftover=leftover,
         span=span,
+        degraded=degraded,
     )
+
+
+def _degraded(p: PreparedSnapshot, st: _State, key: RoleKey) -> int:
+    """Pods the attempt put on degraded nodes (deferred: each domain filled clean nodes first)."""
+    if not p.any_degraded:
+        return 0
+    if st.by_domain:
+        members = p.members[0]
+        total = 0
+        for d, n in st.by_domain.items():
+            clean = p.clean_room(key, members[d])
+            total += 0 if clean is None else degraded_pods(n, clean)
+        return total
+    bad = p.degraded
+    return sum(1 for _, _, i in st.pods if bad[i])
 
 
 def _span(p: PreparedSnapshot, st: _State) -> int:
@@ -513,7 +548,7 @@ def place_deferred(
     subgroups: list[SubgroupPlacement] = []
     used = 0
     for dname, nodes, blocks in d.domains:
-        free_nodes = iter(nodes)
+        free_nodes = iter(clean_first(nodes, p.degraded) if p.any_degraded else nodes)
         node = room = 0
         for b in blocks:
             for k in range(b * size, min((b + 1) * size, total)):

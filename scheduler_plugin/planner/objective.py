@@ -23,7 +23,12 @@ Figures, best first in ``ORDER`` (lexicographic), over the *touched* domains of 
 ``lost``     useful blocks of room the touched domains lose (room ``c`` holds ``c // useful``);
 ``leftover`` free GPUs left in the touched domains (best fit: the fullest domains);
 ``span``     the lowest tier where one domain holds every placed pod (0 = tier 1; the number of tiers
-             = the whole cluster).
+             = the whole cluster);
+``degraded`` pods placed on nodes whose NVLink fabric is degraded (``NodeState.degraded``): last, so
+             it never changes which domains a plan takes, only which nodes inside them — a domain's
+             clean nodes are filled first (``clean_first``), and among domains otherwise equal the one
+             with more clean room wins. A domain of ``cap`` pods of room, ``clean`` of them on clean
+             nodes, that takes ``used`` pods adds ``max(0, used - clean)`` (``degraded_pods``).
 
 Ties after these are broken by names (scope, then domains in path order, then nodes), which the
 search carries, not the figures.
@@ -47,6 +52,8 @@ __all__ = [
     "WEIGHT",
     "Figures",
     "at_least",
+    "clean_first",
+    "degraded_pods",
     "evaluate",
     "measuring_tier",
     "node_key",
@@ -63,7 +70,7 @@ __all__ = [
 # -- the figures and their order ------------------------------------------------------------------
 
 # Figures, the first deciding: a plan is better than another when its ``Figures.key`` is smaller.
-ORDER: tuple[str, ...] = ("placed", "opened", "upper", "stranded", "lost", "leftover", "span")
+ORDER: tuple[str, ...] = ("placed", "opened", "upper", "stranded", "lost", "leftover", "span", "degraded")
 _MORE_IS_BETTER = frozenset({"placed"})
 # the plan's score: each figure under its name there, in ``ORDER``; ``span`` shows 1-based
 _SCORE_NAME = {
@@ -74,15 +81,18 @@ _SCORE_NAME = {
     "lost": "lost_blocks",
     "leftover": "leftover_gpus",
     "span": "span_tier",
+    "degraded": "degraded_pods",
 }
 
 # The figures the block programme sums per domain, in ``ORDER``: ``placed`` is the programme's state
-# (how many blocks), ``span`` is found by planning inside ever tighter scopes.
+# (how many blocks), ``span`` is found by planning inside ever tighter scopes. ``degraded`` comes after
+# ``span`` in ``ORDER`` and last in the price: inside one scope the programme breaks ties by it, and a
+# plan with a better span is found in the tighter scope that holds it.
 PRICED: tuple[str, ...] = tuple(f for f in ORDER if f not in ("placed", "span"))
 # Bits a priced figure's sum over one plan's domains takes in the price: the figure before it in
 # ``PRICED`` weighs ``2**bits`` times this one, so the weighted sum orders plans as ``ORDER`` does
 # while every sum stays inside its bits. The first priced figure is unbounded.
-_PRICE_BITS = {"upper": 42, "stranded": 42, "lost": 21, "leftover": 21}
+_PRICE_BITS = {"upper": 42, "stranded": 42, "lost": 21, "leftover": 21, "degraded": 21}
 
 
 def _weights() -> dict[str, int]:
@@ -96,6 +106,7 @@ def _weights() -> dict[str, int]:
 WEIGHT: Mapping[str, int] = _weights()
 _W_OPENED, _W_UPPER = WEIGHT["opened"], WEIGHT["upper"]
 _W_STRANDED, _W_LOST, _W_LEFTOVER = WEIGHT["stranded"], WEIGHT["lost"], WEIGHT["leftover"]
+_W_DEGRADED = WEIGHT["degraded"]
 
 # per tier above the measuring one in the ``upper`` figure: a higher tier's wholly free domains weigh
 # more than every lower tier's together
@@ -120,6 +131,7 @@ class Figures:
     lost: int
     leftover: int
     span: int
+    degraded: int = 0
 
     def key(self, through: str | None = None) -> tuple[int, ...]:
         """The figures in ``ORDER``, signed so that smaller is better; with ``through``, only up to
@@ -181,12 +193,29 @@ def open_cost(upper: int) -> int:
     return _W_OPENED + _W_UPPER * upper
 
 
-def price(opens: int, cap: int, free: int, used: int, *, g: int, useful: int) -> int:
+def degraded_pods(used: int, clean: int) -> int:
+    """Pods on degraded nodes when ``used`` pods go to a domain with ``clean`` pods of room on clean
+    nodes, filled clean nodes first."""
+    return used - clean if used > clean else 0
+
+
+def clean_first(nodes: Sequence[int], degraded: Sequence[bool]) -> Sequence[int]:
+    """A domain's nodes in the order its pods fill them: clean nodes first, each part in name order."""
+    if not any(degraded[i] for i in nodes):
+        return nodes
+    return [*(i for i in nodes if not degraded[i]), *(i for i in nodes if degraded[i])]
+
+
+def price(
+    opens: int, cap: int, free: int, used: int, *, g: int, useful: int, clean: int | None = None
+) -> int:
     """A domain's price in the block programme when ``used`` pods of ``g`` GPUs go to it: the priced
-    figures it adds, weighted by ``WEIGHT`` (``opens``: its ``open_cost``, 0 unless wholly free)."""
+    figures it adds, weighted by ``WEIGHT`` (``opens``: its ``open_cost``, 0 unless wholly free;
+    ``clean``: its room on clean nodes, ``None`` when it has no degraded node)."""
     after = free - used * g
     stranded, lost = room_change(cap, free, cap - used, after, useful)
-    return opens + stranded * _W_STRANDED + lost * _W_LOST + after * _W_LEFTOVER
+    bad = 0 if clean is None else degraded_pods(used, clean)
+    return opens + stranded * _W_STRANDED + lost * _W_LOST + after * _W_LEFTOVER + bad * _W_DEGRADED
 
 
 def measuring_tier(
@@ -211,21 +240,23 @@ def measuring_tier(
 # ``remainder_key``), then every other node by ``node_key``: the figures one pod's node decides, in
 # ``ORDER`` (``opened``: its tier-1 domain is wholly free; ``leftover``: best fit, its room in pods).
 
-_NODE_FIGURES = ("opened", "leftover")
+_NODE_FIGURES = ("opened", "leftover", "degraded")
 _NODE_PICK: Callable[[Sequence[object]], tuple[object, ...]] = itemgetter(
     *(_NODE_FIGURES.index(f) for f in ORDER if f in _NODE_FIGURES)
 )
 
 
-def node_key(opens: bool, room: int, node: int) -> tuple[int, ...]:
+def node_key(opens: bool, room: int, degraded: bool, node: int) -> tuple[int, ...]:
     """A node's place in the greedy order: by the figures it decides in ``ORDER``, then its index
     (name order). Every key ends with the node."""
-    return (*cast("tuple[int, ...]", _NODE_PICK((opens, room))), node)
+    return (*cast("tuple[int, ...]", _NODE_PICK((opens, room, degraded))), node)
 
 
-def node_key_columns(opens: Sequence[bool], room: Sequence[int]) -> Iterable[tuple[int, ...]]:
+def node_key_columns(
+    opens: Sequence[bool], room: Sequence[int], degraded: Sequence[bool]
+) -> Iterable[tuple[int, ...]]:
     """``node_key`` of every node (index = position), zipped in C from per-node columns."""
-    columns = cast("tuple[Sequence[int], ...]", _NODE_PICK((opens, room)))
+    columns = cast("tuple[Sequence[int], ...]", _NODE_PICK((opens, room, degraded)))
     return zip(*columns, range(len(room)), strict=True)
 
 
@@ -320,4 +351,5 @@ def evaluate(
         if len(held) == 1 and None not in held:
             span = ti
             break
-    return Figures(len(placement), opened, upper, stranded, lost, leftover, span)
+    degraded = sum(1 for name in placement.values() if nodes[name].degraded)
+    return Figures(len(placement), opened, upper, stranded, lost, leftover, span, degraded)

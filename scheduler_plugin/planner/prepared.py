@@ -62,6 +62,8 @@ class PreparedSnapshot:
     dom: list[list[str | None]]  # per tier index: each node's domain
     members: list[dict[str, list[int]]]  # per tier index: domain -> node indices (name order)
     paths: list[dict[str, tuple[str, ...]]]  # per tier index: domain -> its ancestors' names, top first
+    degraded: list[bool] = field(default_factory=list)  # per node: fabric degraded (part of the topology)
+    any_degraded: bool = False
     order: list[int] = field(default_factory=list)  # snapshot.nodes index of each node in name order
     position: list[int] = field(default_factory=list)  # name-order index of each snapshot.nodes entry
     _fit: dict[RoleKey, list[int]] = field(default_factory=dict)
@@ -117,6 +119,20 @@ class PreparedSnapshot:
         return _Origin(None, [], [])
 
     # -- capacity -------------------------------------------------------------------------------
+    def clean_room(
+        self, key: RoleKey, nodes: Iterable[int], fit: Callable[[int], int] | None = None
+    ) -> int | None:
+        """Pods of this shape the clean nodes among ``nodes`` can host (``fit``: each node's room, default
+        ``base_fit``); ``None`` when none of them is degraded (no ``degraded`` figure to price)."""
+        if not self.any_degraded:
+            return None
+        degraded = self.degraded
+        nodes = list(nodes)
+        if not any(degraded[i] for i in nodes):
+            return None
+        room = fit if fit is not None else self.base_fit(key).__getitem__
+        return sum(room(i) for i in nodes if not degraded[i])
+
     def base_fit(self, key: RoleKey) -> list[int]:
         """Pods of this shape each node can host with nothing of the gang placed yet."""
         cached = self._fit.get(key)
@@ -445,10 +461,11 @@ class PreparedSnapshot:
         fit = self.base_fit(key)
         whole = self.whole(0) if self.dom else {}
         dom0 = self.dom[0] if self.dom else None
+        degraded = self.degraded
 
         def sort_key(i: int) -> tuple[int, ...]:
             d = dom0[i] if dom0 is not None else None
-            return node_key(whole.get(d, False) if d is not None else False, fit[i], i)
+            return node_key(whole.get(d, False) if d is not None else False, fit[i], degraded[i], i)
 
         o = self._origin(lambda a: ck in a._order_keys)
         if o.src is not None:
@@ -474,7 +491,8 @@ class PreparedSnapshot:
                     if old_fit[i] <= 0 or (in_scope is not None and i not in in_scope):
                         continue
                     d = dom0[i] if dom0 is not None else None
-                    old = node_key((old_whole or {}).get(d, False) if d is not None else False, old_fit[i], i)
+                    was_whole = (old_whole or {}).get(d, False) if d is not None else False
+                    old = node_key(was_whole, old_fit[i], degraded[i], i)  # degraded: topology, unchanged
                     at = bisect.bisect_left(kept, old)
                     if at == len(kept) or kept[at] != old:  # pragma: no cover - src's keys are these
                         kept = None
@@ -488,7 +506,7 @@ class PreparedSnapshot:
             # a node without a tier-1 domain (None) is in none that is wholly free
             by_dom = cast("dict[str | None, bool]", whole)
             opens = list(map(by_dom.get, dom0, repeat(False))) if dom0 else [False] * len(fit)
-            cached = sorted(compress(node_key_columns(opens, fit), fit))
+            cached = sorted(compress(node_key_columns(opens, fit, degraded), fit))
         else:
             cached = sorted(sort_key(i) for i in self.scope_nodes(scope) if fit[i] > 0)
         self._order_keys[ck] = cached
@@ -522,6 +540,8 @@ def prepare(snapshot: ClusterSnapshot, like: PreparedSnapshot | None = None) -> 
             dom=like.dom,
             members=like.members,
             paths=like.paths,
+            degraded=like.degraded,
+            any_degraded=like.any_degraded,
             order=like.order,
             position=like.position,
             _groups=like._groups,
@@ -572,6 +592,8 @@ def prepare(snapshot: ClusterSnapshot, like: PreparedSnapshot | None = None) -> 
         dom=dom,
         members=members,
         paths=paths,
+        degraded=[n.degraded for n in nodes],
+        any_degraded=any(n.degraded for n in nodes),
         order=order,
         position=position,
     )

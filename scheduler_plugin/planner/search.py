@@ -30,6 +30,7 @@ from scheduler_plugin.planner.attempt import Candidate, Failure, attempt, place_
 from scheduler_plugin.planner.objective import (
     Figures,
     at_least,
+    degraded_pods,
     measuring_tier,
     room_change,
     score,
@@ -266,7 +267,14 @@ def _plan_once(p: PreparedSnapshot, gang: Gang, relax: int, *, shortcuts: bool) 
                     and scope[1] > found.scope_name  # type: ignore[index]
                     and found.figures.key()
                     <= at_least(
-                        placed=all_pods, opened=0, upper=0, stranded=-can_fill, lost=0, leftover=0, span=ti
+                        placed=all_pods,
+                        opened=0,
+                        upper=0,
+                        stranded=-can_fill,
+                        lost=0,
+                        leftover=0,
+                        span=ti,
+                        degraded=0,
                     )
                 ):
                     continue  # its best conceivable plan ties with found, whose scope name is first
@@ -296,7 +304,8 @@ def _one_domain_choice(
     ``ti`` the measuring tier. A domain that holds every pod is then one touched domain whose
     figures follow from its room and free GPUs before the plan (each pod takes one pod's worth of
     room); domains worse than ``best`` through ``stranded`` are left out, the best of the rest by
-    the figures through ``leftover``, then name, is the choice. Returns (whether the case applies,
+    the figures (through ``leftover``, then ``degraded``: the same ``span`` for all), then name, is the
+    choice. Returns (whether the case applies,
     the domain or None when no domain of the tier qualifies).
     """
     if len(roles) != 1 or ti != measure:
@@ -310,11 +319,12 @@ def _one_domain_choice(
     whole = p.whole(ti)
     bound = best.key(through="stranded")
     pick: tuple[int | str, ...] | None = None
-    for (d, _), (cap, free) in zip(p.groups(None, ti), p.group_caps(key, None, ti), strict=True):
+    for (d, nodes), (cap, free) in zip(p.groups(None, ti), p.group_caps(key, None, ti), strict=True):
         if cap < role.pods:
             continue
         after = free - role.pods * g
         stranded, lost = room_change(cap, free, cap - role.pods, after, useful)
+        clean = p.clean_room(key, nodes)
         figures = Figures(
             placed=role.pods,
             opened=int(whole[d]),
@@ -323,8 +333,9 @@ def _one_domain_choice(
             lost=lost,
             leftover=after,
             span=ti,
+            degraded=0 if clean is None else degraded_pods(role.pods, clean),
         )
-        item: tuple[int | str, ...] = (*figures.key(through="leftover"), d)
+        item: tuple[int | str, ...] = (*figures.key(), d)
         if figures.key(through="stranded") <= bound and (pick is None or item < pick):
             pick = item
     return True, (None if pick is None else (ti, str(pick[-1])))

@@ -216,7 +216,11 @@ def test_fault_commands(machine: MachineSpec, event: dict[str, Any], line: str) 
         (A100, {"event": "nvlink_down", "gpu": 0, "link": 12}, "GPU 0 has 12 NVLinks; no link 12"),
         (L40S, {"event": "nvlink_up", "gpu": 0, "link": 0}, "GPU 0 has 0 NVLinks"),
         (L40S, {"event": "fabric", "gpu": 0, "health_summary": "HEALTHY"}, "has no NVLink fabric info"),
-        (GB200, {"event": "fabric", "gpu": 0}, "needs health_summary, state, status or clique_id"),
+        (
+            GB200,
+            {"event": "fabric", "gpu": 0},
+            "needs health_summary, conditions, incorrect_configuration, state, status or",
+        ),
         (GB200, {"event": "fabric", "gpu": 0, "health_summary": "SO-SO"}, "unknown fabric health summary"),
         (GB200, {"event": "fabric", "gpu": 0, "state": "DONE"}, "unknown fabric state 'DONE'"),
         (GB200, {"event": "fabric", "gpu": 0, "status": "FINE"}, "unknown fabric status 'FINE'"),

@@ -9,7 +9,8 @@ import pytest
 from agent.healthbook import RESET_XIDS, HealthBook, HealthConfig
 from agent.nvml.protocol import EventKind, HealthReading, NvmlEvent
 from tests.deviceplugin.helpers import inventory
-from topology.model import FabricHealthSummary, Gpu, Health, NodeInventory
+from topology.fabrichealth import FabricCondition, FabricLevel, GpuFabricVerdict
+from topology.model import Gpu, Health, NodeInventory
 
 
 @pytest.fixture(scope="module")
@@ -102,15 +103,27 @@ def test_xid_79_counts_as_lost(mig_inventory: NodeInventory) -> None:
     assert b.is_lost(gpu.uuid)
 
 
+ROUTE_UNHEALTHY = GpuFabricVerdict(0, FabricLevel.UNHEALTHY, (FabricCondition.ROUTE_UNHEALTHY,))
+
+
 def test_fabric_health_only_when_configured(mig_inventory: NodeInventory) -> None:
     gpu = mig_inventory.gpus[0]
-    assert book(mig_inventory).on_fabric(gpu.uuid, FabricHealthSummary.UNHEALTHY, 0.0).ignored
+    assert book(mig_inventory).on_fabric(gpu.uuid, ROUTE_UNHEALTHY, 0.0).ignored
     b = book(mig_inventory, fabric_unhealthy_marks_gpu=True)
-    assert b.on_fabric(gpu.uuid, FabricHealthSummary.UNHEALTHY, 0.0).changed == {gpu.uuid}
+    assert b.on_fabric(gpu.uuid, ROUTE_UNHEALTHY, 0.0).changed == {gpu.uuid}
+    assert b.status(gpu.uuid).reason == "fabric unhealthy: route_unhealthy"
     b.on_probe(gpu.uuid, answered=True, lost=False, now=50.0)
     assert not b.status(gpu.uuid).healthy  # fabric still unhealthy
-    b.on_fabric(gpu.uuid, FabricHealthSummary.HEALTHY, 51.0)
+    b.on_fabric(gpu.uuid, GpuFabricVerdict(0, FabricLevel.HEALTHY), 51.0)
     b.on_probe(gpu.uuid, answered=True, lost=False, now=52.0)
+    assert b.status(gpu.uuid).healthy
+
+
+def test_a_degraded_fabric_never_marks_the_gpu(mig_inventory: NodeInventory) -> None:
+    gpu = mig_inventory.gpus[0]
+    b = book(mig_inventory, fabric_unhealthy_marks_gpu=True)
+    degraded = GpuFabricVerdict(0, FabricLevel.DEGRADED, (FabricCondition.DEGRADED_BANDWIDTH,))
+    assert not b.on_fabric(gpu.uuid, degraded, 0.0).changed
     assert b.status(gpu.uuid).healthy
 
 

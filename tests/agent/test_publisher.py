@@ -74,13 +74,17 @@ def test_health_change_writes_status_only_and_labels_follow_fabric(fake: tuple[F
     assert status["summary"]["health"] == "Degraded"
     assert {"id": gpu2, "health": "Unhealthy"} in status["health"]
 
-    # fabric turns unhealthy: our NVLink-domain label is removed, the GFD clique label stays
+    # fabric turns unhealthy: the tray leaves its NVLink domain (ours and GFD's clique label go)
     store.set_inventory(nvl72_tray(NODE, summary=FabricHealthSummary.UNHEALTHY))
     assert p.publish_once() == 2
     labels = f.get(NODES, NODE)["metadata"]["labels"]  # type: ignore[index]
     assert "gpuagent.dev/nvlink-domain" not in labels
     assert labels["gpuagent.dev/nvlink-fabric"] == "unhealthy"
-    assert "nvidia.com/gpu.clique" in labels
+    assert labels["gpuagent.dev/fabric-health"] == "unhealthy"
+    assert "nvidia.com/gpu.clique" not in labels
+    status = f.get(GPUNODES, NODE)["status"]  # type: ignore[index]
+    assert status["fabric"][0] == {"gpu": 0, "level": "unhealthy", "conditions": ["summary_unhealthy"]}
+    assert status["summary"]["fabricHealth"] == "unhealthy"
     assert labels["team"] == "ml"
 
 

@@ -12,6 +12,7 @@ from agent.commands import run as run_command
 from agent.config import RunSettings, add_arguments, load_settings, parse_health_config
 from agent.healthbook import DEFAULT_IGNORED_XIDS
 from deviceplugin.config import ConfigError, MigStrategy
+from topology.fabrichealth import DEFAULT_FABRIC_POLICY, FabricCondition
 
 
 def parse(argv: list[str], env: dict[str, str] | None = None) -> RunSettings:
@@ -162,3 +163,40 @@ def test_kubeconfig_setting_comes_from_the_flag_or_our_env_not_kubeconfig_path_l
     assert env.kubeconfig is None
     ours = load_settings(parser.parse_args(["--node-name", "n"]), {"GPU_NODE_AGENT_KUBECONFIG": "/c"})
     assert str(ours.kubeconfig) == "/c"
+
+
+def test_fabric_policy_section_from_the_file(tmp_path: Path) -> None:
+    assert parse([]).health.fabric_policy == DEFAULT_FABRIC_POLICY
+    path = write(
+        tmp_path, "version: v1\nfabric:\n  unhealthyConditions: [route_unhealthy, degraded_bandwidth]\n"
+    )
+    policy = parse(["--config", str(path)]).health.fabric_policy
+    assert policy.unhealthy == {FabricCondition.ROUTE_UNHEALTHY, FabricCondition.DEGRADED_BANDWIDTH}
+    assert FabricCondition.DEGRADED_BANDWIDTH not in policy.degraded  # moved, not in both
+    assert FabricCondition.ROUTE_RECOVERY in policy.degraded
+    bad = write(
+        tmp_path,
+        "version: v1\nfabric:\n  unhealthyConditions: [route_unhealthy]\n"
+        "  degradedConditions: [route_unhealthy]\n  other: 1\n",
+    )
+    with pytest.raises(ConfigError) as err:
+        parse(["--config", str(bad)])
+    assert err.value.problems == [
+        f"{bad}: fabric.other: unknown key; valid: degradedConditions, unhealthyConditions",
+    ]
+    both = write(
+        tmp_path,
+        "version: v1\nfabric:\n  unhealthyConditions: [route_unhealthy]\n"
+        "  degradedConditions: [route_unhealthy]\n",
+    )
+    with pytest.raises(ConfigError) as err:
+        parse(["--config", str(both)])
+    assert err.value.problems == [
+        f"{both}: fabric: fabric condition(s) route_unhealthy cannot be both unhealthy and degraded"
+    ]
+    typo = write(tmp_path, "version: v1\nfabric: {degradedConditions: [slow]}\n")
+    with pytest.raises(ConfigError) as err:
+        parse(["--config", str(typo)])
+    assert err.value.problems[0].startswith(
+        f"{typo}: fabric.degradedConditions: 'slow' is not a fabric condition"
+    )

@@ -315,7 +315,8 @@ def test_fabric_state_status_and_clique_events(tmp_path: Path) -> None:
     assert [e.split(": ", 1)[1] for e in follower.errors] == [
         "unknown fabric state 'DONE'; valid: NOT_SUPPORTED, NOT_STARTED, IN_PROGRESS, COMPLETED",
         "unknown fabric health summary 'SICK'; valid: NOT_SUPPORTED, HEALTHY, UNHEALTHY, LIMITED_CAPACITY",
-        "a fabric event needs health_summary, state, status or clique_id",
+        "a fabric event needs health_summary, conditions, incorrect_configuration, state, status or "
+        "clique_id",
     ]
 
 

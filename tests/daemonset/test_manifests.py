@@ -263,7 +263,12 @@ def every_published_label_key() -> set[str]:
                 for sharing, replicas in (("none", 1), ("time-slicing", 4), ("mps", 2)):
                     keys |= set(
                         node_labels(
-                            inv, node_name="n", mig_strategy=mig, sharing_strategy=sharing, replicas=replicas
+                            inv,
+                            node_name="n",
+                            mig_strategy=mig,
+                            sharing_strategy=sharing,
+                            replicas=replicas,
+                            imex="ready",
                         )
                     )
     return keys

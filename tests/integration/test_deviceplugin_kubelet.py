@@ -21,6 +21,7 @@ import grpc.aio
 import pytest
 
 from agent.config import parse_health_config
+from agent.fabricwatch import FabricWatch
 from agent.health import HealthMonitor
 from agent.runtime import Component, InventoryStore, Rediscovery, run_components
 from deviceplugin.api import deviceplugin_pb2 as pb
@@ -80,7 +81,8 @@ async def agent(
         wait_timeout_ms=20,
     )
     manager = PluginManager(store=store, config=config, kubelet_dir=directory, poll_s=0.05, **manager_kw)
-    components: list[Component] = [health, rediscovery, manager]
+    fabric = FabricWatch(nvml=node.sim, store=store, interval_s=0.05)
+    components: list[Component] = [health, rediscovery, manager, fabric]
     follower = node.faults
     if follower is not None:
         follower.poll_interval_s = 0.01
@@ -430,7 +432,9 @@ def test_fabric_unhealthy_marks_the_gpu_when_configured(short_dir: Path) -> None
             gpu = a.store.inventory.gpu(1).uuid
             a.node.sim.set_fabric_health(1, "UNHEALTHY")
             await kubelet.wait_for(lambda: kubelet.devices["nvidia.com/gpu"][gpu] == "Unhealthy")
-            assert (a.store.health_of(gpu).reason or "").startswith("fabric health UNHEALTHY")
+            assert (a.store.health_of(gpu).reason or "").startswith(
+                "fabric unhealthy: route_unhealthy, summary_unhealthy"
+            )
             a.node.sim.set_fabric_health(1, "HEALTHY")
             await kubelet.wait_for(all_healthy(kubelet, "nvidia.com/gpu", 4))
 

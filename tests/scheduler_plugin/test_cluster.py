@@ -168,3 +168,17 @@ def test_other_digits_take_the_full_parser(text: str) -> None:
             _amount("nvidia.com/gpu", text)
     else:
         assert _amount("nvidia.com/gpu", text) == 4
+
+
+def test_a_degraded_fabric_label_marks_the_node_degraded_and_changes_the_topology() -> None:
+    labels = {"nvidia.com/gpu.clique": "uuid.1"}
+    clean = snapshot_from_objects([node("a", 4, labels=labels), node("b", 4, labels=labels)], [])
+    assert [n.degraded for n in clean.nodes] == [False, False]
+    bad = {**labels, "gpuagent.dev/fabric-health": "degraded"}
+    snap = snapshot_from_objects([node("a", 4, labels=bad), node("b", 4, labels=labels)], [], previous=clean)
+    assert [n.degraded for n in snap.nodes] == [True, False]
+    assert changed_nodes(clean, snap) is None  # the planner prepares it afresh: domains fill clean-first
+    unhealthy = {"gpuagent.dev/fabric-health": "unhealthy"}  # the agent withdrew its clique label too
+    (n,) = snapshot_from_objects([node("c", 4, labels=unhealthy)], []).nodes
+    assert not n.degraded
+    assert "nvlink" not in n.domains

@@ -3,6 +3,7 @@ determinism, and feasibility against a brute-force search on small clusters)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections import Counter
 from collections.abc import Sequence
@@ -918,3 +919,42 @@ def layered_cases(draw: st.DrawFn) -> tuple[ClusterSnapshot, Gang]:
 @given(layered_cases())
 def test_shortcuts_do_not_change_plans_on_many_domains(case: tuple[ClusterSnapshot, Gang]) -> None:
     assert_shortcuts_change_nothing(*case)
+
+
+def test_degraded_trays_are_ranked_after_clean_trays_of_the_same_domain() -> None:
+    base = rack_cluster([0, 0], trays=6)
+    # rack 0's first two trays have a degraded fabric; rack 1 has one degraded tray
+    bad = {"rack00-tray00", "rack00-tray01", "rack01-tray05"}
+    snap = ClusterSnapshot(
+        tiers=base.tiers,
+        nodes=tuple(dataclasses.replace(n, degraded=n.name in bad) for n in base.nodes),
+    )
+    result = plan(snap, nvl72_gang(pods=4, size=4))
+    assert isinstance(result, Plan)
+    # rack 0 (first by name) holds 4 pods on its clean trays: they are filled first, not tray00/01
+    assert sorted(result.placement.values()) == [f"rack00-tray0{t}" for t in range(2, 6)]
+    assert result.score["degraded_pods"] == 0
+    # five pods: only rack 1 has five clean trays; both racks are otherwise alike
+    five = plan(snap, nvl72_gang(pods=5, size=5))
+    assert isinstance(five, Plan)
+    assert sorted(five.placement.values()) == [f"rack01-tray0{t}" for t in range(5)]
+    assert five.score["degraded_pods"] == 0
+    # six: every tray of a rack; rack 1 has one degraded tray, rack 0 two
+    six = plan(snap, nvl72_gang(pods=6, size=6))
+    assert isinstance(six, Plan)
+    assert {domain_of(snap, n, "nvlink") for n in six.placement.values()} == {"nvl-01"}
+    assert six.score["degraded_pods"] == 1
+
+
+def test_the_plan_format_reads_degraded_and_refuses_a_non_boolean() -> None:
+    from scheduler_plugin.formats import FormatError, snapshot_from_data
+
+    data = {
+        "tiers": ["nvlink"],
+        "nodes": [{"name": "t0", "gpus": 4, "free": 4, "domains": {"nvlink": "r0"}, "degraded": True}],
+    }
+    (n,) = snapshot_from_data(data).nodes
+    assert n.degraded
+    data["nodes"][0]["degraded"] = "yes"  # type: ignore[index]
+    with pytest.raises(FormatError, match=r"cluster.nodes\[0\].degraded: expected true or false"):
+        snapshot_from_data(data)

@@ -1,14 +1,14 @@
 """The planner is optimal under its documented objective: brute force over every feasible placement.
 
-On small clusters (up to eight nodes, two tiers, three tier-1 domains each under one of two leaves,
-random free GPUs, some nodes unschedulable) every placement of a one-role gang is enumerated (as pods
-per node: the pods are alike), its figures computed with ``objective.evaluate``, and the plan must
-have the smallest ``Figures.key`` (and be infeasible exactly when no placement exists); its score must
-be ``evaluate`` of its own placement. These are the planner's claim and its conditions
-(``scheduler_plugin.planner``): the role's blocks are placed by the block programme (a subgroup tier,
-or a gang tier), not greedily; and no plan can open two tier-1 domains under one wholly free leaf
-without fitting in that leaf (three tier-1 domains, so a better plan there is found by the leaf
-scope). The two known gaps outside these conditions are pinned at the end.
+On small clusters (up to eight nodes, two tiers, three tier-1 domains each under one of two leaves, random
+free GPUs, some nodes unschedulable, some with a degraded NVLink fabric) every placement of a one-role
+gang is enumerated (as pods per node: the pods are alike), its figures computed with
+``objective.evaluate``, and the plan must have the smallest ``Figures.key`` (and be infeasible exactly
+when no placement exists); its score must be ``evaluate`` of its own placement. These are the planner's
+claim and its conditions (``scheduler_plugin.planner``): the role's blocks are placed by the block
+programme (a subgroup tier, or a gang tier), not greedily; and no plan can open two tier-1 domains under
+one wholly free leaf without fitting in that leaf (three tier-1 domains, so a better plan there is found
+by the leaf scope). The two known gaps outside these conditions are pinned at the end.
 
 For several roles, placed in turn, the weaker property that holds: the first role placed (a role with
 a subgroup tier) has the smallest figures through ``leftover``, measured for it alone at its subgroup
@@ -45,6 +45,7 @@ def small_clusters(draw: st.DrawFn, *, max_nodes: int = 8) -> ClusterSnapshot:
                 free=draw(st.one_of(st.just(gpus), st.integers(0, gpus))),  # wholly free half the time
                 domains={"nvlink": f"d{nv}", "leaf": f"l{leaf_of[nv]}"},
                 schedulable=draw(st.integers(0, 5)) > 0,
+                degraded=draw(st.integers(0, 3)) == 0,  # a degraded NVLink fabric, a quarter of the time
             )
         )
     return ClusterSnapshot(tiers=TIERS, nodes=tuple(draw(st.permutations(nodes))))
@@ -147,6 +148,7 @@ def score_figures(result: Plan) -> Figures:
         lost=int(s["lost_blocks"]),
         leftover=int(s["leftover_gpus"]),
         span=int(s["span_tier"]) - 1,
+        degraded=int(s["degraded_pods"]),
     )
 
 

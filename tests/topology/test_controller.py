@@ -162,7 +162,7 @@ def test_reconciles_tree_then_writes_only_changes(fake: tuple[FakeKube, str]) ->
             "name": "rack0-tray1",
             "uid": f.get(NODES, "rack0-tray1")["metadata"]["uid"],  # type: ignore[index]
         }
-        assert "UNHEALTHY" in event["message"]
+        assert "summary_unhealthy" in event["message"]
 
     # a restarted controller finds everything in place and writes nothing (nor repeats its Events)
     before = len(f.writes(HYPERNODES))

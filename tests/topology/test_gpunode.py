@@ -93,6 +93,7 @@ def test_summary_of_an_nvl72_tray() -> None:
         "gpus": 4,
         "product": "NVIDIA GB200",
         "fabric": "ok",
+        "fabricHealth": "healthy",
         "health": "Degraded",
         "memoryMiB": 189471,
         "clique": "9c6f5af3-0000-4000-8000-00000000000a.32766",

@@ -28,10 +28,15 @@ def test_gfd_labels_of_an_nvl72_tray() -> None:
 CLIQUE_CASES = {
     "completed-healthy": (nvl72_tray("t"), True, True),
     "in-progress": (nvl72_tray("t", state=FabricState.IN_PROGRESS), False, False),
-    "unhealthy-keeps-gfd-clique-loses-domain": (
+    "unhealthy-loses-gfd-clique-and-domain": (
         nvl72_tray("t", summary=FabricHealthSummary.UNHEALTHY),
-        True,
         False,
+        False,
+    ),
+    "limited-capacity-keeps-both": (
+        nvl72_tray("t", summary=FabricHealthSummary.LIMITED_CAPACITY),
+        True,
+        True,
     ),
 }
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from agent.metrics.attribution import DeviceResolver, PodOfProcess, attribute
 from agent.metrics.cache import Reads, XidCounter, build_snapshot
 from agent.metrics.snapshot import MetricsSnapshot, RefreshStats
+from agent.nvml.fabric import decode_health_mask
 from agent.nvml.protocol import EventKind, NvmlEvent, ProcessInfo, ProcessUtilization
 from agent.podresources.model import AllocatableDevice, Assignment, PodResourcesSnapshot
 from tests.agent.metrics.builders import GIB, gpu_uuid, make_inventory, make_mig_sample, make_sample, mig_uuid
-from topology.model import FabricHealth, FabricHealthSummary, FabricInfo, FabricState
+from topology.model import FabricHealthSummary, FabricInfo, FabricState
 
 INVENTORY = make_inventory(gpus=4, mig={3: [(1, "3g.40gb"), (2, "1g.10gb")]})
 
@@ -52,8 +53,8 @@ def scenario(*, pids_visible: bool = True) -> MetricsSnapshot:
                 clique_id=7,
                 state=FabricState.COMPLETED,
                 status="SUCCESS",
-                health_mask=0,
-                health=FabricHealth(),
+                health_mask=0x1A6,  # a route recovery in progress, nothing else
+                health=decode_health_mask(0x1A6),
                 health_summary=FabricHealthSummary.HEALTHY,
             )
         },

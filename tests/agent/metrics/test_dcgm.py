@@ -41,6 +41,17 @@ def test_dcgm_names_units_and_labels_of_an_exclusive_gpu() -> None:
     assert value(text, "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", gpu="0") == 1
 
 
+def test_dcgm_fabric_fields_of_a_gpu_with_fabric() -> None:
+    text = render()
+    assert value(text, "DCGM_FI_DEV_FABRIC_MANAGER_STATUS", gpu="0") == 3  # COMPLETED, SUCCESS
+    assert value(text, "DCGM_FI_DEV_FABRIC_CLIQUE_ID", gpu="0") == 7
+    assert value(text, "DCGM_FI_DEV_FABRIC_HEALTH_MASK", gpu="0") == 0x1A6
+    assert value(text, "DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY", gpu="0") == 1  # HEALTHY
+    uuid = "5a8d3c1e-0000-4000-8000-000000000001"
+    assert value(text, "DCGM_FI_DEV_FABRIC_CLUSTER_UUID", gpu="0", cluster_uuid=uuid) == 1
+    assert not [s for s in samples(text) if s[0].startswith("DCGM_FI_DEV_FABRIC") and s[1]["gpu"] != "0"]
+
+
 def test_mig_series_carry_the_gpu_instance_labels() -> None:
     text = render()
     assert (
@@ -79,17 +90,23 @@ def test_failed_gpu_only_reports_its_last_xid() -> None:
 DCGM_OWN_LINT = (
     "label names should be written in 'snake_case' not 'camelCase'",  # modelName
     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER metric name should not include type 'counter'",
+    "DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY metric name should not include type 'summary'",
 )
 
 
 def test_promtool_parses_the_dcgm_format_and_lints_only_dcgm_exporters_own_names() -> None:
-    """Exit 3 is "lint findings only" (a parse error exits 1); every finding must be one of the two that
+    """Exit 3 is "lint findings only" (a parse error exits 1); every finding must be one of those that
     dcgm-exporter's names cause, and with those two names changed promtool is fully clean."""
     for text in (render(), render(pids_visible=False)):
         code, out = promtool(text)
         findings = [line for line in out.splitlines() if line.strip()]
         assert code in (0, 3), out
         assert all(any(known in f for known in DCGM_OWN_LINT) for f in findings), out
-    renamed = render().replace("modelName", "model_name").replace("PCIE_REPLAY_COUNTER", "PCIE_REPLAYS")
+    renamed = (
+        render()
+        .replace("modelName", "model_name")
+        .replace("PCIE_REPLAY_COUNTER", "PCIE_REPLAYS")
+        .replace("FABRIC_HEALTH_SUMMARY", "FABRIC_HEALTH_OVERALL")
+    )
     code, out = promtool(renamed)
     assert code == 0, out

@@ -44,6 +44,10 @@ def test_base_units_and_values_of_a_gpu() -> None:
     assert value(text, "gpuagent_fabric_state", state="IN_PROGRESS", **g0) == 0
     assert value(text, "gpuagent_fabric_health", summary="HEALTHY", **g0) == 1
     assert value(text, "gpuagent_fabric_info", clique_id="7", **g0) == 1
+    assert value(text, "gpuagent_fabric_condition", condition="route_recovery", **g0) == 1
+    assert value(text, "gpuagent_fabric_condition", condition="route_unhealthy", **g0) == 0
+    assert value(text, "gpuagent_fabric_condition", condition="not_completed", **g0) == 0
+    assert value(text, "gpuagent_fabric_health_mask", **g0) == 0x1A6
 
 
 def test_info_metric_carries_the_static_facts() -> None:
@@ -160,6 +164,7 @@ def test_labels_are_bounded() -> None:
         "device",
         "cluster_uuid",
         "clique_id",
+        "condition",
         "parent_uuid",
         "compute_instance_id",
     }
