@@ -932,5 +932,17 @@ def gang_for_pod(
                 f"pod {pod_key(pod)}: RayCluster {key} ({RAY_CLUSTER}) is not known yet (not created, or "
                 "the ray.io/v1 API is not served)"
             )
-        return gang_from_raycluster(raycluster, mates, tiers)
-    return gang_from_annotations(key, mates, tiers)
+        return _whole(gang_from_raycluster(raycluster, mates, tiers), f"RayCluster {key}", "its spec wants")
+    return _whole(gang_from_annotations(key, mates, tiers), f"gang {key}", f"{ANN_GANG_SIZE} says")
+
+
+def _whole(spec: GangSpec, where: str, wanted: str) -> GangSpec:
+    """``spec`` once a pod exists for each of its places: these sources describe the gang from what the
+    pods declare (``gang-size``) or the RayCluster's replicas, so until then the queue would plan, and
+    hold nodes for, pods that do not exist (and may never: one pod can declare a gang of 8). Native
+    PodGroups wait for their minimum the same way. Indexed Jobs, JobSets and KubeRay make all of a
+    gang's pods at once, so the wait is short."""
+    want = sum(r.pods for r in spec.gang.roles)
+    if len(spec.members) < want:
+        raise GangIncompleteError(f"{where}: {len(spec.members)} of the {want} pods {wanted} exist so far")
+    return spec

@@ -7,8 +7,10 @@ where a gang goes; this module decides *when* and *what is held for whom*. The e
 (``scheduler_plugin.placement.sim``, queue ``core``) calls the very same function.
 
 Order
-    Waiting gangs are taken by PriorityClass value (higher first), then creation time, then name
-    (``order``).
+    Waiting gangs are taken by PriorityClass value (higher first), then the time the gang became
+    complete, then name (``order``). The extender gives a gang the lowest priority of its pods and the
+    creation time of its newest pod: one pod of a higher class does not lift a gang of low ones, and a
+    pod parked for a day does not move a gang made of new ones ahead.
 
 Reservation
     The first gang in that order that cannot start now (the *head*) gets a reservation if it has none:
@@ -125,8 +127,8 @@ class QueueError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Waiting:
-    """A gang not yet started. ``name`` is ``<namespace>/<gang>``; ``limit_s`` its declared time limit
-    (None: none, it counts as never ending)."""
+    """A gang not yet started. ``name`` is ``<namespace>/<gang>``; ``created_s`` when it became complete
+    (its newest pod's creation); ``limit_s`` its time limit (None: none, it counts as never ending)."""
 
     name: str
     gang: Gang
@@ -258,7 +260,7 @@ def planner_place(cache: SnapshotCache | None = None) -> Place:
 
 
 def order(waiting: Iterable[Waiting]) -> list[Waiting]:
-    """The queue order: PriorityClass value (higher first), then creation time, then name."""
+    """The queue order: PriorityClass value (higher first), then when complete (``created_s``), then name."""
     return sorted(waiting, key=_order_key)
 
 
@@ -938,7 +940,7 @@ def rebuild(
         started = max(starts)
         limits = [p.limit_s for p in bound if p.limit_s is not None]
         ends = started + min(limits) if limits else math.inf
-        running[name] = Running(name, max(p.priority for p in bound), min(starts), ends, claims)
+        running[name] = Running(name, min(p.priority for p in bound), min(starts), ends, claims)
     nodes_of: dict[str, list[str]] = {}
     stale: list[str] = []
     for node, gang in sorted(reserved_for.items()):

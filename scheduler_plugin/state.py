@@ -688,8 +688,10 @@ class ClusterState:
                 Waiting(
                     name=name,
                     gang=dataclasses.replace(gang, name=name),
-                    priority=max(pod_priority(p) for p in mates),
-                    created_s=min(self._pod_time(p, "created", wall) for p in mates),
+                    # the lowest: one pod of a higher class does not lift a gang of low ones into
+                    # preempting; the newest pod: a pod parked long ago does not move a new gang ahead
+                    priority=min(pod_priority(p) for p in mates),
+                    created_s=max(self._pod_time(p, "created", wall) for p in mates),
                     limit_s=min(limits) if limits else None,
                 )
             )
