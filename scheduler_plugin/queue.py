@@ -23,6 +23,11 @@ Reservation
     GPU-seconds of capacity that is free before that time and held idle for the gang
     (``Reservation.held_idle_gpu_s``); ties go to the planner's own choice on the whole cluster, then
     to the domain name.
+    A gang that fits nowhere even with every node free (no domain of its tier could ever hold it,
+    or no node its pods may use is large enough) holds nothing and is not the head: the next gang is
+    (``Decision.never_fits`` says which and why), so one impossible gang cannot switch reservations
+    off for everyone behind it. A gang that waits only for running work without a limit stays the
+    head, holding nothing until that work ends.
 
 Backfill
     Any other gang may start now on the cluster with every reservation it could delay held back: a
@@ -238,14 +243,16 @@ class Decision:
     """One pass: gangs to start (in order, each plan on the cluster as the earlier starts left it),
     gangs to preempt for, the reservations held after the pass (new, kept or planned again), the gangs
     whose reservation of the previous pass is not held any more (started, deleted, or dropped as no
-    longer valid and not planned again), and when to run the next pass at the latest (a preemption
-    wait ending; ``math.inf``: on events only)."""
+    longer valid and not planned again), when to run the next pass at the latest (a preemption
+    wait ending; ``math.inf``: on events only), and the gangs passed over as the head because they
+    fit nowhere even with every node free (gang -> the planner's reason)."""
 
     starts: tuple[Start, ...]
     preemptions: tuple[Preemption, ...]
     reservations: Mapping[str, Reservation]
     released: tuple[str, ...]
     wake_s: float = math.inf
+    never_fits: Mapping[str, str] = field(default_factory=dict)
 
 
 def planner_place(cache: SnapshotCache | None = None) -> Place:
@@ -777,6 +784,7 @@ def decide(
     holes: dict[tuple[str, ...], tuple[ClusterSnapshot, int]] = {}
     head_seen = False
     wake = math.inf
+    never: dict[str, str] = {}
     prio = {w.name: w.priority for w in queue}
     wait_s = config.preempt_after_s
     lowest = min((r.priority for r in cl.running.values()), default=None)
@@ -851,8 +859,26 @@ def decide(
                             del held[n]  # a lower class gives way; planned again when it is the head
                     views.clear()
                     holes.clear()
+                else:
+                    why = _never_fits(w, cl, place)
+                    if why is not None:  # it could hold nothing ever: the next gang is the head
+                        never[w.name] = why
+                        head_seen = False
     gone = tuple(sorted(n for n in reservations if n not in held))
-    return Decision(tuple(starts), tuple(preemptions), held, gone, wake)
+    return Decision(tuple(starts), tuple(preemptions), held, gone, wake, never)
+
+
+def _never_fits(w: Waiting, cl: _Cluster, place: Place) -> str | None:
+    """The planner's reason when ``w`` fits nowhere even with every schedulable node wholly free (no
+    domain of its tier could ever hold it), else None (it waits for work that never ends)."""
+    empty = [
+        n
+        if n.free == n.gpus and n.free_resources == n.resources
+        else replace(n, free=n.gpus, free_resources=n.resources)
+        for n in cl.nodes
+    ]
+    res = place(ClusterSnapshot(tiers=cl.tiers, nodes=tuple(empty)), w.gang)
+    return res.reason if isinstance(res, Infeasible) else None
 
 
 # -- rebuilding after a restart --------------------------------------------------------------------

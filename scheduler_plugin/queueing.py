@@ -248,6 +248,7 @@ def render_metrics(
     reserved_gpus: int,
     reserved_nodes: int,
     waiting_gangs: int,
+    never_fitting_gangs: int = 0,
 ) -> bytes:
     """The extender's queue metrics in the Prometheus text format (version 0.0.4)."""
     rows = (
@@ -265,6 +266,12 @@ def render_metrics(
             reserved_nodes,
         ),
         ("gpuagent_extender_waiting_gangs", "gauge", "Gangs waiting in the extender's queue.", waiting_gangs),
+        (
+            "gpuagent_extender_never_fitting_gangs",
+            "gauge",
+            "Waiting gangs that fit nowhere even with every node free (passed over as the queue's head).",
+            never_fitting_gangs,
+        ),
         (
             "gpuagent_extender_queue_passes_total",
             "counter",

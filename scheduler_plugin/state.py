@@ -257,6 +257,7 @@ class ClusterState:
         self._evicted_times: dict[str, tuple[int, float]] = {}  # ... and when the evicted run started
         self._refused: dict[str, str] = {}  # pod key -> gang: filter refused it while its gang waited
         self._pending_nudges: dict[str, str] = {}  # pod key -> the gang-planned value to annotate
+        self._never_fit: set[str] = set()  # waiting gangs the queue passed over: they fit nowhere
 
     # -- informer side ---------------------------------------------------------------------------
     @staticmethod
@@ -723,6 +724,19 @@ class ClusterState:
         self._queue_wake = decision.wake_s
         started = {st.gang for st in decision.starts}
         self._queue_waiting = [w.name for w in order(waiting) if w.name not in started]
+        self._never_fit = {
+            g for g in self._never_fit if g in self._queue_waiting and g not in self.queue_reservations
+        }
+        for name, why in sorted(decision.never_fits.items()):
+            if name in self._never_fit:
+                continue  # said once
+            self._never_fit.add(name)
+            msg = (
+                f"gang {name} fits nowhere even with every node free ({why}); nothing is held for it and "
+                "the gangs behind it in the queue go first"
+            )
+            for k in pending.get(name, ()):
+                self._pending_events += self._event_once(self.pods[k], "GangNeverFits", msg)
         for start in decision.starts:
             spec, gang, members, _, _ = prepared[start.gang]
             res = self._reservation_from(spec, gang, members, start.plan.placement, now)
@@ -854,6 +868,7 @@ class ClusterState:
             reserved_gpus=sum(sum(r.claims.values()) for r in self.queue_reservations.values()),
             reserved_nodes=len(nodes),
             waiting_gangs=len(self._queue_waiting),
+            never_fitting_gangs=len(self._never_fit),
         )
 
     def _queue_caps(self, pod: Mapping[str, Any], wall: float) -> dict[str, int]:

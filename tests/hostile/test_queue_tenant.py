@@ -45,3 +45,36 @@ def test_a_gang_takes_the_lowest_priority_of_its_pods_in_the_queue_order() -> No
     s = make_state([*busy_cluster(), *mixed, *steady])
     s.queue_tick(1.0, T0 + 30)
     assert s._queue_waiting == ["default/steady", "default/mixed"]
+
+
+def test_a_head_gang_that_can_never_fit_lets_the_next_gang_be_the_head() -> None:
+    """A gang of five 4-GPU pods inside one NVLink domain of four nodes fits nowhere, ever: it once
+    stayed the head with no reservation, so no gang behind it was ever reserved."""
+    impossible = [member("huge", i, size=5, at=T0 + 5) for i in range(5)]
+    s = make_state([*busy_cluster(), *impossible, *(member("next", i, at=T0 + 10) for i in range(4))])
+    actions = s.queue_tick(1.0, T0 + 20)
+    assert set(s.queue_reservations) == {"default/next"}  # the next gang is the head
+    said = [e for e in actions.events if e.reason == "GangNeverFits"]
+    assert {e.pod["metadata"]["name"] for e in said} == {f"huge-{i}" for i in range(5)}
+    assert "fits nowhere even with every node free" in said[0].message
+    assert "gpuagent_extender_never_fitting_gangs 1" in s.metrics_text().decode()
+    s._queue_dirty = True
+    again = s.queue_tick(2.0, T0 + 30)
+    assert not [e for e in again.events if e.reason == "GangNeverFits"]  # said once
+    assert set(s.queue_reservations) == {"default/next"}
+
+
+def test_a_head_waiting_for_endless_work_still_holds_the_queue() -> None:
+    """Only a gang that could never fit is passed over; one that waits for work without a limit to end
+    stays the head (the order is kept), holding nothing until then."""
+    endless = [member("run", i, size=2, on=f"r{r}-t{i + 2 * r}", at=T0) for r in range(2) for i in range(2)]
+    for i, p in enumerate(endless):  # two gangs of 2 pods: one on each domain, no limits
+        p["metadata"]["name"] = f"run{i // 2}-{i % 2}"
+        p["metadata"]["annotations"]["gpuagent.dev/gang"] = f"run{i // 2}"
+        p["metadata"]["annotations"]["gpuagent.dev/rank"] = str(i % 2)
+    s = make_state([*endless, *(member("head", i, at=T0 + 5) for i in range(4))])
+    s.apply("pods", "ADDED", member("next", 0, size=1, at=T0 + 10))
+    s.queue_tick(1.0, T0 + 20)
+    assert "default/head" in s._queue_waiting
+    assert s.queue_reservations == {}
+    assert "gpuagent_extender_never_fitting_gangs 0" in s.metrics_text().decode()
