@@ -84,7 +84,8 @@ Preemption
 Restart-safe
     The only state between passes is the reservations, and each is visible on its nodes
     (``gpuagent.dev/reserved-for``). ``rebuild`` turns pods and node annotations back into the inputs
-    of ``decide`` after an extender restart.
+    of ``decide`` after an extender restart, keeping a hold only where the queue would grant it now
+    (anyone who may write a Node annotation could have written it).
 """
 
 from __future__ import annotations
@@ -947,8 +948,10 @@ def rebuild(
     """Running gangs from their bound pods (a gang whose pods are all bound and started runs from its
     latest pod's start; its limit from its first pod's), and each waiting gang's reservation from the
     nodes annotated ``reserved-for`` it: the gang planned on those nodes alone at the first time it
-    fits there. A reservation that no longer fits is left out (the next ``decide`` plans a new one);
-    annotations naming no waiting gang come back as ``stale_nodes``."""
+    fits there. A reservation that no longer fits is left out (the next ``decide`` plans a new one), and
+    so is one the queue would not grant now: only the first waiting gang of its priority class keeps
+    its hold (the head's, or one that delays nobody ahead of it), so a forged annotation cannot move a
+    gang ahead; annotations naming no waiting gang come back as ``stale_nodes``."""
     by_gang: dict[str, list[PodFacts]] = {}
     for pod in pods:
         if pod.node is not None:
@@ -974,9 +977,17 @@ def rebuild(
             nodes_of.setdefault(gang, []).append(node)
         else:
             stale.append(node)
+    # the first waiting gang of each class: only its hold delays nobody ahead of it (a hold holds back
+    # gangs of its class and lower; gangs of a higher class pass it). Any other came from a forged or
+    # outdated annotation and would reorder the queue: left out, ``decide`` plans the head afresh
+    firsts: dict[int, str] = {}
+    for w in sorted(waiting_by.values(), key=_order_key):
+        firsts.setdefault(w.priority, w.name)
     cl = _Cluster(snapshot, running)
     out: dict[str, Reservation] = {}
     for gang in sorted(nodes_of, key=lambda g: _order_key(waiting_by[g])):
+        if firsts[waiting_by[gang].priority] != gang:
+            continue
         members = [cl.index[n] for n in nodes_of[gang] if n in cl.index]
         if not members:
             continue

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from scheduler_plugin.queue import QueueConfig
 from tests.scheduler_plugin.test_extender_queue import (
+    DOMAIN0,
+    NODES,
     T0,
     busy_cluster,
     make_state,
@@ -78,3 +80,29 @@ def test_a_head_waiting_for_endless_work_still_holds_the_queue() -> None:
     assert "default/head" in s._queue_waiting
     assert s.queue_reservations == {}
     assert "gpuagent_extender_never_fitting_gangs 0" in s.metrics_text().decode()
+
+
+def test_a_forged_reserved_for_does_not_reorder_the_queue_after_a_restart() -> None:
+    """``gpuagent.dev/reserved-for: default/second`` written on nodes while the extender was down: the
+    rebuilt hold would put the second gang ahead of the first; it is kept only where the queue would
+    grant it now."""
+    first = [member("first", i, at=T0 + 10) for i in range(4)]
+    second = [member("second", i, at=T0 + 20) for i in range(4)]
+    annotated = dict.fromkeys(DOMAIN0, "default/second")
+    s = make_state([*busy_cluster(), *first, *second], annotated=annotated)
+    actions = s.queue_tick(1.0, T0 + 30)
+    assert set(s.queue_reservations) == {"default/first"}
+    head = s.queue_reservations["default/first"]
+    assert (sorted(head.claims), head.start_s) == (DOMAIN0, T0 + 100)  # the domain that frees first
+    assert actions.annotate == dict.fromkeys(DOMAIN0, "default/first")
+
+
+def test_a_rebuilt_hold_of_the_head_is_kept_after_a_restart() -> None:
+    first = [member("first", i, at=T0 + 10) for i in range(4)]
+    second = [member("second", i, at=T0 + 20) for i in range(4)]
+    nvl1 = [n for n in NODES if n not in DOMAIN0]
+    s = make_state([*busy_cluster(), *first, *second], annotated=dict.fromkeys(nvl1, "default/first"))
+    actions = s.queue_tick(1.0, T0 + 30)
+    held = s.queue_reservations["default/first"]
+    assert (sorted(held.claims), held.start_s) == (nvl1, T0 + 300)  # the head's, as the nodes say
+    assert actions.annotate == {}
