@@ -150,7 +150,9 @@ class Waiting:
 @dataclass(frozen=True, slots=True)
 class Running:
     """A started gang: GPUs it holds per node, when it (last) started and when its limit ends
-    (``math.inf`` without a limit), and how often it was evicted before (0 when unknown)."""
+    (``math.inf`` without a limit), how often it was evicted before (0 when unknown), and the other
+    resources it holds per node (``uses``: CPU millicores, memory bytes, as ``NodeState.resources``),
+    freed with its GPUs when it ends."""
 
     name: str
     priority: int
@@ -158,6 +160,7 @@ class Running:
     ends_s: float
     claims: Mapping[str, int]
     evictions: int = 0
+    uses: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
     @property
     def gpus(self) -> int:
@@ -292,6 +295,18 @@ def scope_tier(snapshot: ClusterSnapshot, gang: Gang) -> str | None:
     return max(known, key=tiers.index) if one_block else None
 
 
+def _uses(gang: Gang, placement: Mapping[PodSlot, str]) -> dict[str, dict[str, int]]:
+    """Resources other than GPUs per node a plan of ``gang`` takes (its pods' requests)."""
+    per = {r.name: r.resources_per_pod for r in gang.roles}
+    out: dict[str, dict[str, int]] = {}
+    for pod, node in placement.items():
+        if per[pod.role]:
+            acc = out.setdefault(node, {})
+            for k, v in per[pod.role].items():
+                acc[k] = acc.get(k, 0) + v
+    return out
+
+
 def _claims(gang: Gang, placement: Mapping[PodSlot, str]) -> dict[str, int]:
     """GPUs per node a plan of ``gang`` takes."""
     per = {r.name: r.gpus_per_pod for r in gang.roles}
@@ -332,22 +347,38 @@ class _Cluster:
         return sum(g for end, g in self.held().get(node, ()) if end > t)
 
     def take(self, w: Waiting, p: Plan, now: float) -> None:
+        """``w`` starts by ``p``: its GPUs and every other resource its pods request are taken."""
         claims = _claims(w.gang, p.placement)
+        uses = _uses(w.gang, p.placement)
         for node, g in claims.items():
             i = self.index[node]
             n = self.nodes[i]
-            self.nodes[i] = replace(n, free=n.free - g)
+            u = uses.get(node, {})
+            rest = {r: max(0, v - u.get(r, 0)) for r, v in n.free_resources.items()}
+            self.nodes[i] = replace(n, free=n.free - g, free_resources=rest if u else n.free_resources)
         self.snapshot = ClusterSnapshot(tiers=self.tiers, nodes=tuple(self.nodes))
         ends = now + w.limit_s if w.limit_s is not None else math.inf
-        self.running[w.name] = Running(w.name, w.priority, now, ends, claims)
+        self.running[w.name] = Running(w.name, w.priority, now, ends, claims, uses=uses)
         self._held = None
 
-    def with_free(self, free: Mapping[int, int], base: Sequence[NodeState] | None = None) -> ClusterSnapshot:
+    def with_free(
+        self,
+        free: Mapping[int, int],
+        base: Sequence[NodeState] | None = None,
+        freed: Mapping[int, Mapping[str, int]] | None = None,
+    ) -> ClusterSnapshot:
+        """The nodes (``base``, else the pass's) with ``free`` GPUs by index, and ``freed`` other
+        resources given back by index (up to each node's allocatable)."""
         nodes = list(self.nodes if base is None else base)
         for i, f in free.items():
             n = nodes[i]
             if n.free != f:
                 nodes[i] = replace(n, free=f)
+        for i, back in (freed or {}).items():
+            n = nodes[i]
+            rest = {r: min(n.resources.get(r, v), v + back.get(r, 0)) for r, v in n.free_resources.items()}
+            if rest != n.free_resources:
+                nodes[i] = replace(n, free_resources=rest)
         return ClusterSnapshot(tiers=self.tiers, nodes=tuple(nodes))
 
 
@@ -485,13 +516,22 @@ def _reserve(  # noqa: PLR0917 -- private helper, called in two places
             points.append((at, k))
 
     def future(upto: int) -> ClusterSnapshot:
+        """The cluster once the first ``upto`` of ``ends`` ended: their GPUs and every other resource
+        they hold (CPU, memory) free again."""
         fr = list(base)
+        back: dict[int, dict[str, int]] = {}
         for _, _, r in ends[:upto]:
             for node, g in r.claims.items():
                 i = cl.index.get(node)
                 if i is not None and usable(i):
                     fr[i] = min(cl.nodes[i].gpus, fr[i] + g)
-        return cl.with_free({i: net(i, f) for i, f in enumerate(fr)})
+            for node, u in r.uses.items():
+                i = cl.index.get(node)
+                if i is not None and usable(i):
+                    acc = back.setdefault(i, {})
+                    for k, v in u.items():
+                        acc[k] = acc.get(k, 0) + v
+        return cl.with_free({i: net(i, f) for i, f in enumerate(fr)}, freed=back)
 
     lo, hi = 0, len(points)
     found: tuple[float, ClusterSnapshot, Plan] | None = None
@@ -898,6 +938,7 @@ class PodFacts:
     node: str | None
     gpus: int
     started_s: float | None = None
+    resources: Mapping[str, int] = field(default_factory=dict)  # its other requests (CPU, memory)
 
 
 @dataclass(frozen=True, slots=True)
@@ -962,14 +1003,19 @@ def rebuild(
         if name in waiting_by:
             continue
         claims: dict[str, int] = {}
+        uses: dict[str, dict[str, int]] = {}
         for pod in bound:
             assert pod.node is not None
             claims[pod.node] = claims.get(pod.node, 0) + pod.gpus
+            if pod.resources:
+                acc = uses.setdefault(pod.node, {})
+                for k, v in pod.resources.items():
+                    acc[k] = acc.get(k, 0) + v
         starts = [p.started_s if p.started_s is not None else now for p in bound]
         started = max(starts)
         limits = [p.limit_s for p in bound if p.limit_s is not None]
         ends = started + min(limits) if limits else math.inf
-        running[name] = Running(name, min(p.priority for p in bound), min(starts), ends, claims)
+        running[name] = Running(name, min(p.priority for p in bound), min(starts), ends, claims, uses=uses)
     nodes_of: dict[str, list[str]] = {}
     stale: list[str] = []
     for node, gang in sorted(reserved_for.items()):

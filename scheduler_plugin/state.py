@@ -641,7 +641,8 @@ class ClusterState:
         for key, pod in self.pods.items():
             found = gang_key_of(pod)
             if holds_resources(pod):
-                gpus = pod_requests(pod).get(GPU, 0)
+                req = pod_requests(pod)
+                gpus = req.get(GPU, 0)
                 if found is None and gpus <= 0:
                     continue
                 name = found[1] if found is not None else SOLO + key
@@ -654,6 +655,7 @@ class ClusterState:
                         node=str((pod.get("spec") or {}).get("nodeName")),
                         gpus=gpus,
                         started_s=self._pod_time(pod, "start", wall),
+                        resources={k: v for k, v in req.items() if k != GPU and v},
                     )
                 )
             elif found is not None and found[1] not in self.reservations and key in self._gang_pending:

@@ -7,7 +7,10 @@ nodes."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from scheduler_plugin.queue import QueueConfig
+from tests.integration.fakekube import node
 from tests.scheduler_plugin.test_extender_queue import (
     DOMAIN0,
     NODES,
@@ -16,6 +19,7 @@ from tests.scheduler_plugin.test_extender_queue import (
     make_state,
     member,
     preemption_cluster,
+    solo,
 )
 
 
@@ -106,3 +110,29 @@ def test_a_rebuilt_hold_of_the_head_is_kept_after_a_restart() -> None:
     held = s.queue_reservations["default/first"]
     assert (sorted(held.claims), held.start_s) == (nvl1, T0 + 300)  # the head's, as the nodes say
     assert actions.annotate == {}
+
+
+def _requesting(p: dict[str, Any], cpu: str, memory: str) -> dict[str, Any]:
+    p["spec"]["containers"][0]["resources"]["requests"] = {"cpu": cpu, "memory": memory}
+    return p
+
+
+def test_a_gang_requesting_cpu_and_memory_is_reserved_on_a_full_cluster() -> None:
+    """Trays of 144 CPUs and 1000 GiB; every pod, running or waiting, requests 4 GPUs, 136 CPUs and
+    800 GiB as real training pods do. The queue's view of the future once freed only GPUs, so the gang
+    never fitted on what will free and was never reserved."""
+    running = [
+        _requesting(solo(f"job-{n}", 4, on=n, limit=100 if n in DOMAIN0 else 300), "136", "800Gi")
+        for n in NODES
+    ]
+    waiting = [_requesting(member("train", i, at=T0 + 10), "136", "800Gi") for i in range(4)]
+    s = make_state([*running, *waiting])
+    trays = []
+    for n in NODES:
+        tray = node(n, 4)
+        tray["status"]["allocatable"].update({"cpu": "144", "memory": "1000Gi"})
+        trays.append(tray)
+    s.replace("nodes", trays)
+    s.queue_tick(1.0, T0 + 20)
+    held = s.queue_reservations["default/train"]
+    assert (sorted(held.claims), held.start_s) == (DOMAIN0, T0 + 100)
