@@ -99,8 +99,10 @@ from scheduler_plugin.planner import SnapshotCache, plan
 from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, NodeState, Plan, PlanResult, PodSlot
 
 __all__ = [
+    "KUEUE_MAX_EXEC",
     "LIMIT_ANNOTATIONS",
     "RESERVED_FOR",
+    "TIME_LIMIT",
     "Decision",
     "PodFacts",
     "Preemption",

@@ -51,6 +51,7 @@ from scheduler_plugin.gangs import GangError, GangIncompleteError, GangSpec, gan
 from scheduler_plugin.planner import SnapshotCache, plan
 from scheduler_plugin.queue import (
     RESERVED_FOR,
+    TIME_LIMIT,
     PodFacts,
     QueueConfig,
     QueueError,
@@ -62,10 +63,11 @@ from scheduler_plugin.queue import (
 )
 from scheduler_plugin.queue import Reservation as QueueReservation
 from scheduler_plugin.queueing import (
+    Limits,
     QueueMetrics,
     VictimSet,
     held_back_caps,
-    pod_limit,
+    pod_limits,
     pod_priority,
     preempt_answer,
     render_metrics,
@@ -96,6 +98,9 @@ EVICTION_MEMORY = 10_000  # gangs whose evictions are remembered (max_evictions)
 # free the moment their jobs run a little late, and let others take them
 OVERDUE_GRACE_S = 30.0
 SCHEDULER_NAME = "gpu-topology-scheduler"  # ARCHITECTURE.md: the second kube-scheduler that calls us
+# which declared time limits the extender enforces (evicts past the limit plus a grace): those of work on
+# nodes held for a waiting gang (``held``: what backfilled there, and what the hold waits for), all, none
+ENFORCE_MODES = ("held", "all", "off")
 
 
 # on a pod of a gang that started after filter refused it: "<n> pod(s) on <m> node(s) at <UTC time>"
@@ -141,11 +146,13 @@ class Reservation:
 
 @dataclass(frozen=True)
 class Eviction:
-    """A pod to evict for a preemption: it belongs to ``victim`` (a whole gang, or ``pod:<key>``)."""
+    """A pod to evict for a preemption, or (``reason`` ``TimeLimitExceeded``) for running past its
+    declared time limit: it belongs to ``victim`` (a whole gang, or ``pod:<key>``)."""
 
     pod: Mapping[str, Any]
     victim: str
     message: str
+    reason: str = "Preempted"  # the Event's reason once evicted
 
 
 @dataclass(frozen=True)
@@ -202,7 +209,18 @@ class ClusterState:
         barrier_timeout_s: float = 20.0,
         scheduler_name: str = SCHEDULER_NAME,
         queue: QueueConfig | None = None,
+        enforce_time_limits: str = "held",
+        time_limit_grace_s: float = 60.0,
     ) -> None:
+        if enforce_time_limits not in ENFORCE_MODES:
+            raise QueueError(
+                f"enforce_time_limits must be one of {', '.join(ENFORCE_MODES)}, got {enforce_time_limits!r}"
+            )
+        if not (0 <= time_limit_grace_s < math.inf):
+            raise QueueError(f"time_limit_grace_s must be a finite number >= 0, got {time_limit_grace_s}")
+        # declared limits (``queueing.Limits``) count, plus the grace, only where they are enforced
+        self.enforce_time_limits = enforce_time_limits
+        self.time_limit_grace_s = time_limit_grace_s
         self.reservation_ttl_s = reservation_ttl_s
         self.barrier_timeout_s = barrier_timeout_s
         self.scheduler_name = scheduler_name
@@ -257,6 +275,7 @@ class ClusterState:
         self._evicted_times: dict[str, tuple[int, float]] = {}  # ... and when the evicted run started
         self._refused: dict[str, str] = {}  # pod key -> gang: filter refused it while its gang waited
         self._pending_nudges: dict[str, str] = {}  # pod key -> the gang-planned value to annotate
+        self._overrun: set[str] = set()  # pods asked to go for running past their declared limit
         self._never_fit: set[str] = set()  # waiting gangs the queue passed over: they fit nowhere
 
     # -- informer side ---------------------------------------------------------------------------
@@ -343,6 +362,7 @@ class ClusterState:
         )
 
     def _forget(self, key: str) -> None:
+        self._overrun.discard(key)
         self._last_event.pop(key, None)
         self._refused.pop(key, None)
         self._pending_nudges.pop(key, None)
@@ -576,12 +596,27 @@ class ClusterState:
             return t
         return self._first_seen.setdefault(pod_key(pod), wall)  # no time in the API object: first seen
 
-    def _limit(self, pod: Mapping[str, Any]) -> float | None:
+    def _limits(self, pod: Mapping[str, Any]) -> Limits:
+        """The pod's time limits; the declared one only for this scheduler's pods while the extender
+        enforces declared limits (``enforce_time_limits``), the others never act on it."""
         try:
-            return pod_limit(pod, self.jobs)
+            found = pod_limits(pod, self.jobs)
         except QueueError as exc:  # said once on the pod; it counts as never ending
             self._pending_events += self._event_once(pod, "InvalidTimeLimit", f"{exc}; counted as no limit")
-            return None
+            return Limits()
+        if self.enforce_time_limits == "off" or _scheduler_of(pod) != self.scheduler_name:
+            return Limits(found.enforced, None)
+        return found
+
+    def _limit(self, pod: Mapping[str, Any]) -> float | None:
+        """The time limit the queue counts: the pod runs at most this long. A declared limit counts with
+        the grace the extender gives before it evicts, since that is when the pod is gone at the latest
+        (on a node held for a gang; ``queue_pass`` enforces it there, or everywhere)."""
+        found = self._limits(pod)
+        declared = found.declared + self.time_limit_grace_s if found.declared is not None else None
+        if found.enforced is None:
+            return declared
+        return found.enforced if declared is None else min(found.enforced, declared)
 
     def _queue_place(
         self,
@@ -638,6 +673,7 @@ class ClusterState:
         self._last_snapshot = snapshot
         facts: list[PodFacts] = []
         pending: dict[str, list[str]] = {}
+        declared: dict[str, tuple[float, float]] = {}  # running work -> (its latest start, declared limit)
         for key, pod in self.pods.items():
             found = gang_key_of(pod)
             if holds_resources(pod):
@@ -646,6 +682,10 @@ class ClusterState:
                 if found is None and gpus <= 0:
                     continue
                 name = found[1] if found is not None else SOLO + key
+                lim = self._limits(pod).declared
+                if lim is not None:
+                    start, least = declared.get(name, (-math.inf, math.inf))
+                    declared[name] = (max(start, self._pod_time(pod, "start", wall)), min(least, lim))
                 facts.append(
                     PodFacts(
                         gang=name,
@@ -723,7 +763,7 @@ class ClusterState:
         decision = decide(wall, snapshot, running, waiting, before, place=place, config=self.queue_config)
         self.queue_reservations = dict(decision.reservations)
         self._queue_running = running
-        self._queue_wake = decision.wake_s
+        self._queue_wake = min(decision.wake_s, self._enforce_limits(declared, now, wall))
         started = {st.gang for st in decision.starts}
         self._queue_waiting = [w.name for w in order(waiting) if w.name not in started]
         self._never_fit = {
@@ -796,6 +836,55 @@ class ClusterState:
                     self._evicting[k] = now
                     self._pending_evictions.append(Eviction(pod=self.pods[k], victim=victim, message=msg))
 
+    def _enforce_limits(self, declared: Mapping[str, tuple[float, float]], now: float, wall: float) -> float:
+        """Evict whole the running work past its declared limit plus the grace, where the extender
+        enforces it: on nodes held for a waiting gang (``held``), or everywhere (``all``). Returns when
+        the next such eviction is due (``math.inf``: none)."""
+        if self.enforce_time_limits == "off" or not declared:
+            return math.inf
+        held: dict[str, str] = {}
+        for gang, r in sorted(self.queue_reservations.items(), reverse=True):
+            held.update(dict.fromkeys(r.claims, gang))
+        pods_of: dict[str, list[str]] = {}
+        for key, pod in self.pods.items():
+            if holds_resources(pod):
+                found = gang_key_of(pod)
+                name = found[1] if found is not None else SOLO + key
+                if name in declared:
+                    pods_of.setdefault(name, []).append(key)
+        wake = math.inf
+        for name, (started, limit) in sorted(declared.items()):
+            keys = pods_of.get(name, [])
+            nodes = sorted({str((self.pods[k].get("spec") or {}).get("nodeName")) for k in keys})
+            on = next((n for n in nodes if n in held), None)
+            if self.enforce_time_limits == "held" and on is None:
+                continue  # not where a waiting gang needs it: its limit holds nobody back
+            due = started + limit + self.time_limit_grace_s
+            if wall < due:
+                wake = min(wake, due)
+                continue
+            what = f"gang {name}" if not name.startswith(SOLO) else f"pod {name[len(SOLO) :]}"
+            where = (
+                f"on node {on}, held for gang {held[on]}" if on is not None else "(--enforce-time-limits=all)"
+            )
+            msg = (
+                f"{what} ran {wall - started:.0f}s, past its declared time limit of {limit:g}s plus a grace "
+                f"of {self.time_limit_grace_s:g}s, {where}; evicted ({TIME_LIMIT} counts only where the "
+                "extender enforces it)"
+            )
+            for k in keys:
+                asked = self._evicting.get(k)
+                if asked is not None and now - asked < EVICTION_RETRY_S:
+                    continue
+                if (self.pods[k].get("metadata") or {}).get("deletionTimestamp"):
+                    continue
+                self._evicting[k] = now
+                self._overrun.add(k)
+                self._pending_evictions.append(
+                    Eviction(pod=self.pods[k], victim=name, message=msg, reason="TimeLimitExceeded")
+                )
+        return wake
+
     def _queue_idle(self) -> bool:
         """Nothing for a pass to decide: no gang's pod waits, nothing is held or being preempted for."""
         return not self._gang_pending and not self.queue_reservations and not self._preempting
@@ -847,6 +936,10 @@ class ClusterState:
         self.queue_metrics.evictions_refused += 1
 
     def eviction_done(self, key: str) -> None:
+        if key in self._overrun:  # past its declared time limit, not a preemption
+            self._overrun.discard(key)
+            self.queue_metrics.time_limit_evictions += 1
+            return
         self.queue_metrics.evictions += 1
 
     def queue_position(self, gang: str) -> str:

@@ -7,15 +7,21 @@ nodes."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+from scheduler_plugin.extender import Extender
 from scheduler_plugin.queue import QueueConfig
+from scheduler_plugin.queueing import Limits, pod_limits
 from tests.integration.fakekube import node
 from tests.scheduler_plugin.test_extender_queue import (
     DOMAIN0,
     NODES,
     T0,
+    FakeQueueCluster,
+    big_gang,
     busy_cluster,
+    iso,
     make_state,
     member,
     preemption_cluster,
@@ -136,3 +142,100 @@ def test_a_gang_requesting_cpu_and_memory_is_reserved_on_a_full_cluster() -> Non
     s.queue_tick(1.0, T0 + 20)
     held = s.queue_reservations["default/train"]
     assert (sorted(held.claims), held.start_s) == (DOMAIN0, T0 + 100)
+
+
+# -- declared time limits count only where something enforces them ----------------------------------
+def _bound(s: Any, p: dict[str, Any], node_name: str, at: float) -> None:
+    p = dict(p, spec={**p["spec"], "nodeName": node_name}, status={"phase": "Running", "startTime": iso(at)})
+    s.apply("pods", "MODIFIED", p)
+
+
+def test_a_pod_that_backfilled_onto_held_nodes_is_evicted_past_its_limit_and_the_start_stays() -> None:
+    """A pod on its own declaring ``time-limit: 50`` backfilled onto a node held for the head gang and
+    ran forever, the head's expected start sliding forward on every pass. The extender now evicts it at
+    its limit plus the grace (an Event says why) and counts it as gone by then, so the start holds."""
+    s = make_state([*busy_cluster(), *big_gang()], grace=30)
+    s.queue_tick(1.0, T0 + 20)
+    start = s.queue_reservations["default/big"].start_s
+    assert start == T0 + 130  # r0-t0's job: its limit of 100 s plus the grace
+    sneak = solo("sneak", 4, limit=50, at=T0 + 30)  # ends by T0+110 at the latest: before the start
+    s.apply("pods", "ADDED", sneak)
+    assert "r0-t1" in s.filter(s.pods["default/sneak"], NODES, 2.0, T0 + 30).passed
+    _bound(s, s.pods["default/sneak"], "r0-t1", T0 + 31)
+    for t in (T0 + 90, T0 + 105):  # past its limit (T0+81), within the grace: it may finish
+        s._queue_dirty = True
+        assert s.queue_tick(3.0, t).evictions == ()
+        assert s.queue_reservations["default/big"].start_s == start  # the start does not slide
+    fake = FakeQueueCluster()
+    ext = Extender(state=s, cluster=fake, queue_cluster=fake, wall=lambda: T0 + 112, clock=lambda: 4.0)
+
+    async def run() -> None:
+        actions = await ext.queue_once()  # a pass is due at T0+111: the eviction's time
+        assert [(e.pod["metadata"]["name"], e.reason) for e in actions.evictions] == [
+            ("sneak", "TimeLimitExceeded")
+        ]
+        await asyncio.sleep(0.05)  # Events are recorded in the background
+        _, metrics = await ext.dispatch_health("GET", "/metrics", b"")
+        assert b"gpuagent_extender_time_limit_evictions_total 1" in metrics.body
+        assert b"gpuagent_extender_evicted_pods_total 0" in metrics.body  # no preemption
+        await ext.drain()
+
+    asyncio.run(run())
+    assert fake.evicted == ["sneak"]
+    said = [e for e in fake.events if e[1] == "TimeLimitExceeded"]
+    assert len(said) == 1
+    assert "declared time limit of 50s plus a grace of 30s" in said[0][2]
+    assert "held for gang default/big" in said[0][2]
+    assert s.queue_reservations["default/big"].start_s == start
+
+
+def test_a_declared_limit_off_held_nodes_is_left_alone_by_default() -> None:
+    s = make_state([solo("free", 4, on="r1-t3", limit=50, at=T0)], grace=30)
+    assert s.queue_tick(1.0, T0 + 1000).evictions == ()  # no gang waits for its node
+    everywhere = make_state([solo("free", 4, on="r1-t3", limit=50, at=T0)], grace=30, enforce="all")
+    evicted = everywhere.queue_tick(1.0, T0 + 1000).evictions
+    assert [(e.pod["metadata"]["name"], e.reason) for e in evicted] == [("free", "TimeLimitExceeded")]
+
+
+def test_with_enforcement_off_a_declared_limit_does_not_let_a_pod_onto_held_nodes() -> None:
+    """Nothing would end it: a pod declaring a short limit counts as never ending."""
+    s = make_state([*busy_cluster(), *big_gang()], enforce="off")
+    s.queue_tick(1.0, T0 + 20)
+    assert "default/big" not in s.queue_reservations  # the running jobs' annotation limits count no more
+    s = make_state([*busy_cluster(), *big_gang()])
+    s.queue_tick(1.0, T0 + 20)
+    sneak = solo("sneak", 4, limit=50, at=T0 + 30)
+    s.enforce_time_limits = "off"
+    s.apply("pods", "ADDED", sneak)
+    out = s.filter(s.pods["default/sneak"], NODES, 2.0, T0 + 30)
+    assert "r0-t1" not in out.passed
+    assert "r1-t1" in out.passed
+
+
+def _deadline(p: dict[str, Any], seconds: int) -> dict[str, Any]:
+    p["spec"]["activeDeadlineSeconds"] = seconds  # the kubelet ends it
+    return p
+
+
+def test_limits_others_enforce_count_and_kueues_only_where_kueue_admits() -> None:
+    deadline = _deadline(solo("deadline", 4, at=T0), 50)
+    kueue = solo("kueue", 4, at=T0)
+    kueue["metadata"]["labels"] = {
+        "kueue.x-k8s.io/queue-name": "team",
+        "kueue.x-k8s.io/max-exec-time-seconds": "50",
+    }
+    forged = solo("forged", 4, at=T0)
+    forged["metadata"]["labels"] = {"kueue.x-k8s.io/max-exec-time-seconds": "50"}  # no Kueue admits it
+    assert pod_limits(deadline, {}) == Limits(enforced=50.0)
+    assert pod_limits(kueue, {}) == Limits(enforced=50.0)
+    assert pod_limits(forged, {}) == Limits(declared=50.0)
+    assert pod_limits(solo("ours", 4, limit=50, at=T0), {}) == Limits(declared=50.0)
+    busy = [_deadline(solo("a", 4, on="r0-t0"), 100), _deadline(solo("b", 4, on="r1-t0"), 300)]
+    s = make_state([*busy, *big_gang()], enforce="off")
+    s.queue_tick(1.0, T0 + 20)
+    assert s.queue_reservations["default/big"].start_s == T0 + 100
+    for p, held_ok in ((deadline, True), (kueue, True), (forged, False)):
+        p["metadata"]["creationTimestamp"] = iso(T0 + 30)
+        s.apply("pods", "ADDED", p)
+        passed = s.filter(s.pods[f"default/{p['metadata']['name']}"], NODES, 2.0, T0 + 30).passed
+        assert ("r0-t1" in passed) is held_ok, p["metadata"]["name"]

@@ -198,7 +198,9 @@ def test_events_are_not_repeated_for_the_same_reason() -> None:
     s = make_state(pods=pods)
     first = s.filter(pods[0], NODES, 0.0)
     again = s.filter(pods[0], NODES, 1.0)
-    assert [e.reason for e in first.events] == ["GangUnschedulable"]
+    # the queue says once, on every pod, that the gang fits nowhere even with every node free
+    assert sorted({e.reason for e in first.events}) == ["GangNeverFits", "GangUnschedulable"]
+    assert [e.reason for e in first.events].count("GangNeverFits") == 10
     assert again.events == []
 
 
