@@ -14,8 +14,10 @@ reservations of earlier passes). A gang the queue starts gets a plan on the node
 every pod of the gang is filtered to its planned node. A gang that does not start waits: the head of
 the queue holds the nodes it will get (``queue_reservations``, an Event ``GangReserved`` with the
 expected start, the node annotation ``gpuagent.dev/reserved-for``); other gangs, and pods on their own,
-use those nodes only if their time limit ends before that start. A gang of higher priority that has
-waited ``QueueConfig.preempt_after_s`` evicts whole lower-priority gangs inside one domain
+use those nodes only if their time limit ends before that start (a limit only declared counts only
+where the extender enforces it: ``enforce_time_limits``, the queue pass evicting work past it). A gang
+of higher priority that has waited ``QueueConfig.preempt_after_s`` evicts whole lower-priority gangs
+inside one domain
 (``take_actions`` hands the evictions to the caller). After a restart the queue's reservations are
 rebuilt from the pods and the node annotations (``queue.rebuild``).
 

@@ -15,8 +15,11 @@ PriorityClass-then-creation order; the head's nodes are held for it and carry th
 after a restart); a gang of higher priority that has waited ``--preempt-after`` seconds evicts whole
 lower-priority gangs inside one domain through the Eviction API (``pods/eviction``; a
 PodDisruptionBudget's refusal, HTTP 429, is said in an Event and asked again later). Jobs are read
-(optional) for their ``activeDeadlineSeconds``, a time limit of their pods. The queue's metrics are
-served at ``/metrics`` on ``--health-addr``.
+(optional) for their ``activeDeadlineSeconds``, a time limit of their pods. A declared limit
+(``gpuagent.dev/time-limit``) counts only because the extender enforces it: work past it plus
+``--time-limit-grace`` seconds is evicted the same way on nodes held for a waiting gang
+(``--enforce-time-limits=held``), everywhere (``all``) or never (``off``, and then it counts as none).
+The queue's metrics are served at ``/metrics`` on ``--health-addr``.
 
 Trust: the extender answers kube-scheduler only. By default it listens on loopback, as a container in
 the pod of its own kube-scheduler (``daemonset/base/scheduler-deployment.yaml``). On any other address
@@ -42,7 +45,7 @@ from typing import Any
 
 from scheduler_plugin.extender import Extender, ExtenderServer, ServerLimits, server_tls_context
 from scheduler_plugin.queue import RESERVED_FOR, QueueConfig
-from scheduler_plugin.state import GANG_PLANNED, SCHEDULER_NAME, ClusterState
+from scheduler_plugin.state import ENFORCE_MODES, GANG_PLANNED, SCHEDULER_NAME, ClusterState
 from topology import logs
 from topology.kube import (
     HYPERNODES,
@@ -144,6 +147,8 @@ class Settings:
     preempt_loss_ratio: float | None = 1.0  # None: a preemption may cost any loss
     min_run_before_preempt_s: float = 0.0
     max_evictions: int | None = 1  # None: no cap
+    enforce_time_limits: str = "held"  # whose declared limits are evicted past (state.ENFORCE_MODES)
+    time_limit_grace_s: float = 60.0  # seconds past a declared limit before that eviction
 
     def queue_config(self) -> QueueConfig:
         """The queue's settings (``QueueConfig`` checks them: ``QueueError`` says what is wrong)."""
@@ -271,6 +276,20 @@ def parse_settings(argv: list[str]) -> Settings:
         help="times a gang may be evicted for preemption, counted while this extender runs "
         "(default 1; 'unlimited' for no cap)",
     )
+    p.add_argument(
+        "--enforce-time-limits",
+        choices=ENFORCE_MODES,
+        default="held",
+        help="evict pods past their declared time limit (gpuagent.dev/time-limit) plus the grace: "
+        "on nodes held for a waiting gang (held, the default), everywhere (all), or never (off: declared "
+        "limits then count as no limit)",
+    )
+    p.add_argument(
+        "--time-limit-grace",
+        type=float,
+        default=60.0,
+        help="seconds a pod may run past its declared time limit before that eviction (default 60)",
+    )
     p.add_argument("--log-format", choices=logs.FORMATS, default="auto", help="auto: text on a TTY")
     p.add_argument("--log-level", choices=logs.LEVELS, default="info")
     a = p.parse_args(argv)
@@ -320,6 +339,8 @@ def parse_settings(argv: list[str]) -> Settings:
     max_evictions = None if evictions is None else int(evictions)
     if not 0 <= a.min_run_before_preempt < float("inf"):
         p.error("--min-run-before-preempt: must be a finite number of seconds >= 0")
+    if not 0 <= a.time_limit_grace < float("inf"):
+        p.error("--time-limit-grace: must be a finite number of seconds >= 0")
     settings = Settings(
         host=host,
         port=port,
@@ -343,6 +364,8 @@ def parse_settings(argv: list[str]) -> Settings:
         preempt_loss_ratio=loss_ratio,
         min_run_before_preempt_s=a.min_run_before_preempt,
         max_evictions=max_evictions,
+        enforce_time_limits=a.enforce_time_limits,
+        time_limit_grace_s=a.time_limit_grace,
     )
     problem = exposure_error(settings)
     if problem:
@@ -492,6 +515,8 @@ class Service:
             barrier_timeout_s=settings.barrier_timeout_s,
             scheduler_name=settings.scheduler_name,
             queue=settings.queue_config(),
+            enforce_time_limits=settings.enforce_time_limits,
+            time_limit_grace_s=settings.time_limit_grace_s,
         )
         self.state.synced = False  # the queue rebuilds its reservations once every informer has listed
 

@@ -67,6 +67,7 @@ class QueueExtender:
             health_port=cluster.free_port(),
             preempt_after_s=PREEMPT_AFTER_S,
             queue_interval_s=0.5,
+            time_limit_grace_s=1.0,  # the jobs' limits are seconds here: so is the grace past them
         )
         self.settings = settings
         self.service = Service(settings, config.new_client_from_config(config_file=kubeconfig))
