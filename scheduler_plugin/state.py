@@ -686,8 +686,8 @@ class ClusterState:
                 name = found[1] if found is not None else SOLO + key
                 lim = self._limits(pod).declared
                 if lim is not None:
-                    start, least = declared.get(name, (-math.inf, math.inf))
-                    declared[name] = (max(start, self._pod_time(pod, "start", wall)), min(least, lim))
+                    began, least = declared.get(name, (-math.inf, math.inf))
+                    declared[name] = (max(began, self._pod_time(pod, "start", wall)), min(least, lim))
                 facts.append(
                     PodFacts(
                         gang=name,
