@@ -888,8 +888,15 @@ class ClusterState:
         return wake
 
     def _queue_idle(self) -> bool:
-        """Nothing for a pass to decide: no gang's pod waits, nothing is held or being preempted for."""
-        return not self._gang_pending and not self.queue_reservations and not self._preempting
+        """Nothing for a pass to decide: no gang's pod waits, nothing is held or being preempted for, and
+        declared time limits are enforced only on held nodes (with ``all``, a pod that started may be
+        one to evict later: the pass that sees it sets the wake)."""
+        return (
+            not self._gang_pending
+            and not self.queue_reservations
+            and not self._preempting
+            and self.enforce_time_limits != "all"
+        )
 
     def _evictions_before(self, gang: str, started_s: float) -> int:
         """Times ``gang`` was evicted before this run of it; a run still leaving after its eviction is

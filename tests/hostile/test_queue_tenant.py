@@ -195,6 +195,12 @@ def test_a_declared_limit_off_held_nodes_is_left_alone_by_default() -> None:
     everywhere = make_state([solo("free", 4, on="r1-t3", limit=50, at=T0)], grace=30, enforce="all")
     evicted = everywhere.queue_tick(1.0, T0 + 1000).evictions
     assert [(e.pod["metadata"]["name"], e.reason) for e in evicted] == [("free", "TimeLimitExceeded")]
+    # with nothing queued, a pod that starts later is still seen, and evicted when its time comes
+    later = solo("later", 4, on="r0-t3", limit=50, at=T0 + 1000)
+    everywhere.apply("pods", "ADDED", later)
+    assert everywhere.queue_tick(2.0, T0 + 1001).evictions == ()
+    evicted = everywhere.queue_tick(3.0, T0 + 1080).evictions
+    assert [e.pod["metadata"]["name"] for e in evicted] == ["later"]
 
 
 def test_with_enforcement_off_a_declared_limit_does_not_let_a_pod_onto_held_nodes() -> None:
