@@ -101,29 +101,12 @@ def _strings(value: Any) -> dict[str, str]:
 
 
 def pod_limit(pod: Mapping[str, Any], jobs: Mapping[str, Mapping[str, Any]]) -> float | None:
-    """The pod's time limit in seconds (module docstring) or None: the smallest of the limit annotations
-    (or labels: Kueue's is a label on the Job) on the pod and on the Job that owns it, and both
-    ``activeDeadlineSeconds``. Raises ``QueueError`` naming the object and the field for a bad value."""
-    meta = get_in(pod, "metadata") or {}
-    where = f"pod {meta.get('namespace') or 'default'}/{meta.get('name', '')}"
-    sources: list[tuple[str, Mapping[str, Any]]] = [(where, pod)]
-    job = owning_job(pod)
-    if job is not None and job in jobs:
-        sources.append((f"job {job}", jobs[job]))
-    found: list[float] = []
-    for what, obj in sources:
-        deadline = get_in(obj, "spec", "activeDeadlineSeconds")
-        if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, int)):
-            raise QueueError(f"{what}: activeDeadlineSeconds={str(deadline)[:40]!r} is not an integer")
-        for kind in ("labels", "annotations"):
-            limit = time_limit(
-                _strings(get_in(obj, "metadata", kind)),
-                deadline if kind == "annotations" else None,
-                where=f"{what} {kind}",
-            )
-            if limit is not None:
-                found.append(limit)
-    return min(found) if found else None
+    """The pod's smallest time limit in seconds, whoever enforces it (``pod_limits``), or None: the limit
+    annotations (or labels: Kueue's is a label on the Job) on the pod and on the Job that owns it, and
+    both ``activeDeadlineSeconds``. Raises ``QueueError`` naming the object and the field for a bad
+    value."""
+    found = pod_limits(pod, jobs)
+    return _least(found.enforced, found.declared)
 
 
 @dataclass(frozen=True)
