@@ -50,6 +50,10 @@ resolve raises ``GangIncompleteError`` (wait). Sizes are bounded: no count (gang
 minimum, rank, a worker group's replicas x hosts) may exceed ``MAX_GANG_PODS``, nor may a gang's roles
 together, so a hostile annotation (``gang-size: "1000000000"``) or ``replicas: 2147483647`` is an error
 naming the field and the limit, never a plan the planner would spend minutes and gigabytes on.
+
+``gang_for_pod`` makes an annotation gang and a RayCluster wait (``GangIncompleteError``) until a pod
+exists for each of their places: nothing is planned, nor held, for pods that do not exist (one pod may
+declare ``gang-size: "8"``).
 """
 
 from __future__ import annotations
@@ -932,8 +936,10 @@ def gang_for_pod(
                 f"pod {pod_key(pod)}: RayCluster {key} ({RAY_CLUSTER}) is not known yet (not created, or "
                 "the ray.io/v1 API is not served)"
             )
-        return _whole(gang_from_raycluster(raycluster, mates, tiers), f"RayCluster {key}", "its spec wants")
-    return _whole(gang_from_annotations(key, mates, tiers), f"gang {key}", f"{ANN_GANG_SIZE} says")
+        return _whole(
+            gang_from_raycluster(raycluster, mates, tiers), f"RayCluster {key}", "its spec's replicas"
+        )
+    return _whole(gang_from_annotations(key, mates, tiers), f"gang {key}", ANN_GANG_SIZE)
 
 
 def _whole(spec: GangSpec, where: str, wanted: str) -> GangSpec:
@@ -944,5 +950,8 @@ def _whole(spec: GangSpec, where: str, wanted: str) -> GangSpec:
     gang's pods at once, so the wait is short."""
     want = sum(r.pods for r in spec.gang.roles)
     if len(spec.members) < want:
-        raise GangIncompleteError(f"{where}: {len(spec.members)} of the {want} pods {wanted} exist so far")
+        raise GangIncompleteError(
+            f"{where}: {len(spec.members)} of its {want} pods ({wanted}) exist so far; nothing is planned or "
+            "held for it until all do"
+        )
     return spec

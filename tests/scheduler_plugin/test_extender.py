@@ -332,7 +332,7 @@ def test_an_annotation_gang_is_neither_planned_nor_held_before_its_pods_exist() 
     for t in range(3):  # kube-scheduler retries
         out = s.filter(lone, NODES, float(t))
         assert out.passed == []
-        assert "1 of the 8 pods gpuagent.dev/gang-size says exist so far" in next(iter(out.failed.values()))
+        assert "1 of its 8 pods (gpuagent.dev/gang-size) exist so far" in next(iter(out.failed.values()))
     assert s.reservations == {}
     assert s.queue_reservations == {}
     other = pod("solo", 4)
