@@ -8,12 +8,14 @@ nodes."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 from scheduler_plugin.extender import Extender
-from scheduler_plugin.queue import QueueConfig
+from scheduler_plugin.queue import PodFacts, QueueConfig, Running, Waiting, decide, planner_place, rebuild
 from scheduler_plugin.queueing import Limits, pod_limits
 from tests.integration.fakekube import node
+from tests.scheduler_plugin.placement.builders import gang, racks
 from tests.scheduler_plugin.test_extender_queue import (
     DOMAIN0,
     NODES,
@@ -245,3 +247,50 @@ def test_limits_others_enforce_count_and_kueues_only_where_kueue_admits() -> Non
         s.apply("pods", "ADDED", p)
         passed = s.filter(s.pods[f"default/{p['metadata']['name']}"], NODES, 2.0, T0 + 30).passed
         assert ("r0-t1" in passed) is held_ok, p["metadata"]["name"]
+
+
+# -- the same, on the pure queue core ----------------------------------------------------------------
+def test_the_core_frees_what_ending_work_holds_besides_gpus() -> None:
+    snap = racks([0, 0, 0, 0], [0, 0, 0, 0])
+    cpu = 136_000  # millicores per pod, of 144 CPUs per node
+    snap = dataclasses.replace(
+        snap,
+        nodes=tuple(
+            dataclasses.replace(n, resources={"cpu": 144_000}, free_resources={"cpu": 8_000})
+            for n in snap.nodes
+        ),
+    )
+    running = {
+        f"job-{n.name}": Running(
+            f"job-{n.name}",
+            0,
+            0.0,
+            100.0 if n.name.startswith("r0") else 300.0,
+            {n.name: 4},
+            uses={n.name: {"cpu": cpu}},
+        )
+        for n in snap.nodes
+    }
+    g = gang(4, subgroup=4)
+    g = dataclasses.replace(g, roles=(dataclasses.replace(g.roles[0], resources_per_pod={"cpu": cpu}),))
+    d = decide(10.0, snap, running, [Waiting("train", g, 0, 1.0)], {}, place=planner_place())
+    assert d.reservations["train"].start_s == 100.0
+    assert sorted(d.reservations["train"].claims) == [n.name for n in snap.nodes[:4]]
+
+
+def test_the_core_rebuilds_only_the_hold_the_queue_would_grant() -> None:
+    snap = racks([0, 4, 4, 4], [0, 4, 4, 4])
+    running = {
+        "a": Running("a", 0, 0.0, 100.0, {"r0-n00": 4}),
+        "b": Running("b", 0, 0.0, 300.0, {"r1-n00": 4}),
+    }
+    pods = [PodFacts("a", 0, 0.0, 100.0, "r0-n00", 4, 0.0), PodFacts("b", 0, 0.0, 300.0, "r1-n00", 4, 0.0)]
+    first = Waiting("first", gang(4, subgroup=4), 0, 1.0)
+    second = Waiting("second", gang(4, subgroup=4), 0, 2.0)
+    urgent = Waiting("urgent", gang(4, subgroup=4), 5, 3.0)  # ahead of both; lower holds do not delay it
+    r0 = [n.name for n in snap.nodes[:4]]
+    r1 = [n.name for n in snap.nodes[4:]]
+    forged = dict.fromkeys(r0, "second") | dict.fromkeys(r1, "first")
+    state = rebuild(10.0, snap, pods, [first, second, urgent], forged, place=planner_place())
+    assert set(state.reservations) == {"first"}  # the first of its class; the second's would delay it
+    assert running.keys() == state.running.keys()
