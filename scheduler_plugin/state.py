@@ -17,9 +17,8 @@ expected start, the node annotation ``gpuagent.dev/reserved-for``); other gangs,
 use those nodes only if their time limit ends before that start (a limit only declared counts only
 where the extender enforces it: ``enforce_time_limits``, the queue pass evicting work past it). A gang
 of higher priority that has waited ``QueueConfig.preempt_after_s`` evicts whole lower-priority gangs
-inside one domain
-(``take_actions`` hands the evictions to the caller). After a restart the queue's reservations are
-rebuilt from the pods and the node annotations (``queue.rebuild``).
+inside one domain (``take_actions`` hands the evictions to the caller). After a restart the queue's
+reservations are rebuilt from the pods and the node annotations (``queue.rebuild``).
 
 Bind waits at a barrier until every planned pod has arrived, then all are bound together; on
 ``barrier_timeout_s`` the pods bind only if at least the gang minimum arrived, otherwise nothing
@@ -676,6 +675,7 @@ class ClusterState:
         facts: list[PodFacts] = []
         pending: dict[str, list[str]] = {}
         declared: dict[str, tuple[float, float]] = {}  # running work -> (its latest start, declared limit)
+        keys_of: dict[str, list[str]] = {}  # running work -> its pods
         for key, pod in self.pods.items():
             found = gang_key_of(pod)
             if holds_resources(pod):
@@ -684,6 +684,7 @@ class ClusterState:
                 if found is None and gpus <= 0:
                     continue
                 name = found[1] if found is not None else SOLO + key
+                keys_of.setdefault(name, []).append(key)
                 lim = self._limits(pod).declared
                 if lim is not None:
                     began, least = declared.get(name, (-math.inf, math.inf))
@@ -765,7 +766,7 @@ class ClusterState:
         decision = decide(wall, snapshot, running, waiting, before, place=place, config=self.queue_config)
         self.queue_reservations = dict(decision.reservations)
         self._queue_running = running
-        self._queue_wake = min(decision.wake_s, self._enforce_limits(declared, now, wall))
+        self._queue_wake = min(decision.wake_s, self._enforce_limits(declared, keys_of, now, wall))
         started = {st.gang for st in decision.starts}
         self._queue_waiting = [w.name for w in order(waiting) if w.name not in started]
         self._never_fit = {
@@ -838,25 +839,24 @@ class ClusterState:
                     self._evicting[k] = now
                     self._pending_evictions.append(Eviction(pod=self.pods[k], victim=victim, message=msg))
 
-    def _enforce_limits(self, declared: Mapping[str, tuple[float, float]], now: float, wall: float) -> float:
-        """Evict whole the running work past its declared limit plus the grace, where the extender
-        enforces it: on nodes held for a waiting gang (``held``), or everywhere (``all``). Returns when
-        the next such eviction is due (``math.inf``: none)."""
+    def _enforce_limits(
+        self,
+        declared: Mapping[str, tuple[float, float]],
+        keys_of: Mapping[str, Sequence[str]],
+        now: float,
+        wall: float,
+    ) -> float:
+        """Evict whole the running work (``keys_of``: its pods) past its declared limit plus the grace,
+        where the extender enforces it: on nodes held for a waiting gang (``held``), or everywhere
+        (``all``). Returns when the next such eviction is due (``math.inf``: none)."""
         if self.enforce_time_limits == "off" or not declared:
             return math.inf
         held: dict[str, str] = {}
         for gang, r in sorted(self.queue_reservations.items(), reverse=True):
             held.update(dict.fromkeys(r.claims, gang))
-        pods_of: dict[str, list[str]] = {}
-        for key, pod in self.pods.items():
-            if holds_resources(pod):
-                found = gang_key_of(pod)
-                name = found[1] if found is not None else SOLO + key
-                if name in declared:
-                    pods_of.setdefault(name, []).append(key)
         wake = math.inf
         for name, (started, limit) in sorted(declared.items()):
-            keys = pods_of.get(name, [])
+            keys = keys_of.get(name, [])
             nodes = sorted({str((self.pods[k].get("spec") or {}).get("nodeName")) for k in keys})
             on = next((n for n in nodes if n in held), None)
             if self.enforce_time_limits == "held" and on is None:
@@ -867,7 +867,9 @@ class ClusterState:
                 continue
             what = f"gang {name}" if not name.startswith(SOLO) else f"pod {name[len(SOLO) :]}"
             where = (
-                f"on node {on}, held for gang {held[on]}" if on is not None else "(--enforce-time-limits=all)"
+                f"on node {on}, held for gang {held[on]}"
+                if on is not None
+                else "and declared limits are enforced everywhere (--enforce-time-limits=all)"
             )
             msg = (
                 f"{what} ran {wall - started:.0f}s, past its declared time limit of {limit:g}s plus a grace "
