@@ -598,14 +598,15 @@ class ClusterState:
         return self._first_seen.setdefault(pod_key(pod), wall)  # no time in the API object: first seen
 
     def _limits(self, pod: Mapping[str, Any]) -> Limits:
-        """The pod's time limits; the declared one only for this scheduler's pods while the extender
-        enforces declared limits (``enforce_time_limits``), the others never act on it."""
+        """The pod's time limits; the declared one only while the extender enforces declared limits
+        (``enforce_time_limits``), whichever scheduler placed the pod: a pod declaring
+        ``gpuagent.dev/time-limit`` agrees to be evicted past it where a waiting gang needs its node."""
         try:
             found = pod_limits(pod, self.jobs)
         except QueueError as exc:  # said once on the pod; it counts as never ending
             self._pending_events += self._event_once(pod, "InvalidTimeLimit", f"{exc}; counted as no limit")
             return Limits()
-        if self.enforce_time_limits == "off" or _scheduler_of(pod) != self.scheduler_name:
+        if self.enforce_time_limits == "off":
             return Limits(found.enforced, None)
         return found
 
