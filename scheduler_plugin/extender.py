@@ -428,7 +428,7 @@ class Extender:
             if refused is None:
                 await self._locked(self.state.eviction_done, f"{ns}/{name}")
                 log.info("pod_evicted", pod=f"{ns}/{name}", gang=ev.victim, reason=ev.message)
-                self._record([EventRecord(pod=ev.pod, reason="Preempted", message=ev.message)])
+                self._record([EventRecord(pod=ev.pod, reason=ev.reason, message=ev.message)])
             else:
                 await self._locked(self.state.eviction_refused, f"{ns}/{name}")
                 log.warning("eviction_refused", pod=f"{ns}/{name}", gang=ev.victim, error=refused)

@@ -55,6 +55,11 @@ terms, both checked before their entries are read, so the work per gang is linea
 selector is read as the API server validates one (a mapping ``matchLabels`` of strings; each expression
 a key, a known operator and a list of string values, non-empty for ``In``/``NotIn``, empty otherwise).
 Whatever shape no check foresaw is a ``GangError`` of that gang alone (``gang_for_pod``).
+
+
+``gang_for_pod`` makes an annotation gang and a RayCluster wait (``GangIncompleteError``) until a pod
+exists for each of their places: nothing is planned, nor held, for pods that do not exist (one pod may
+declare ``gang-size: "8"``).
 """
 
 from __future__ import annotations
@@ -1093,5 +1098,22 @@ def _gang_of(
                 f"pod {pod_key(pod)}: RayCluster {key} ({RAY_CLUSTER}) is not known yet (not created, or "
                 "the ray.io/v1 API is not served)"
             )
-        return gang_from_raycluster(raycluster, mates, tiers)
-    return gang_from_annotations(key, mates, tiers)
+        return _whole(
+            gang_from_raycluster(raycluster, mates, tiers), f"RayCluster {key}", "its spec's replicas"
+        )
+    return _whole(gang_from_annotations(key, mates, tiers), f"gang {key}", ANN_GANG_SIZE)
+
+
+def _whole(spec: GangSpec, where: str, wanted: str) -> GangSpec:
+    """``spec`` once a pod exists for each of its places: these sources describe the gang from what the
+    pods declare (``gang-size``) or the RayCluster's replicas, so until then the queue would plan, and
+    hold nodes for, pods that do not exist (and may never: one pod can declare a gang of 8). Native
+    PodGroups wait for their minimum the same way. Indexed Jobs, JobSets and KubeRay make all of a
+    gang's pods at once, so the wait is short."""
+    want = sum(r.pods for r in spec.gang.roles)
+    if len(spec.members) < want:
+        raise GangIncompleteError(
+            f"{where}: {len(spec.members)} of its {want} pods ({wanted}) exist so far; nothing is planned or "
+            "held for it until all do"
+        )
+    return spec

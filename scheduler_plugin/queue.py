@@ -7,8 +7,10 @@ where a gang goes; this module decides *when* and *what is held for whom*. The e
 (``scheduler_plugin.placement.sim``, queue ``core``) calls the very same function.
 
 Order
-    Waiting gangs are taken by PriorityClass value (higher first), then creation time, then name
-    (``order``).
+    Waiting gangs are taken by PriorityClass value (higher first), then the time the gang became
+    complete, then name (``order``). The extender gives a gang the lowest priority of its pods and the
+    creation time of its newest pod: one pod of a higher class does not lift a gang of low ones, and a
+    pod parked for a day does not move a gang made of new ones ahead.
 
 Reservation
     The first gang in that order that cannot start now (the *head*) gets a reservation if it has none:
@@ -21,6 +23,11 @@ Reservation
     GPU-seconds of capacity that is free before that time and held idle for the gang
     (``Reservation.held_idle_gpu_s``); ties go to the planner's own choice on the whole cluster, then
     to the domain name.
+    A gang that fits nowhere even with every node free (no domain of its tier could ever hold it,
+    or no node its pods may use is large enough) holds nothing and is not the head: the next gang is
+    (``Decision.never_fits`` says which and why), so one impossible gang cannot switch reservations
+    off for everyone behind it. A gang that waits only for running work without a limit stays the
+    head, holding nothing until that work ends.
 
 Backfill
     Any other gang may start now on the cluster with every reservation it could delay held back: a
@@ -78,7 +85,8 @@ Preemption
 Restart-safe
     The only state between passes is the reservations, and each is visible on its nodes
     (``gpuagent.dev/reserved-for``). ``rebuild`` turns pods and node annotations back into the inputs
-    of ``decide`` after an extender restart.
+    of ``decide`` after an extender restart, keeping a hold only where the queue would grant it now
+    (anyone who may write a Node annotation could have written it).
 """
 
 from __future__ import annotations
@@ -92,8 +100,10 @@ from scheduler_plugin.planner import SnapshotCache, plan
 from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, NodeState, Plan, PlanResult, PodSlot
 
 __all__ = [
+    "KUEUE_MAX_EXEC",
     "LIMIT_ANNOTATIONS",
     "RESERVED_FOR",
+    "TIME_LIMIT",
     "Decision",
     "PodFacts",
     "Preemption",
@@ -126,8 +136,8 @@ class QueueError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Waiting:
-    """A gang not yet started. ``name`` is ``<namespace>/<gang>``; ``limit_s`` its declared time limit
-    (None: none, it counts as never ending)."""
+    """A gang not yet started. ``name`` is ``<namespace>/<gang>``; ``created_s`` when it became complete
+    (its newest pod's creation); ``limit_s`` its time limit (None: none, it counts as never ending)."""
 
     name: str
     gang: Gang
@@ -146,7 +156,8 @@ class Running:
     (``math.inf`` without a limit), how often it was evicted before (0 when unknown), and whether it
     may be evicted at all (``preemptible``: False for what an eviction cannot free or may not take,
     as its caller judges: a DaemonSet's or a node's own pods, a namespace not allowed, a disruption
-    budget that refuses)."""
+    budget that refuses), and the other resources it holds per node (``uses``: CPU millicores, memory
+    bytes, as ``NodeState.resources``), freed with its GPUs when it ends."""
 
     name: str
     priority: int
@@ -155,6 +166,7 @@ class Running:
     claims: Mapping[str, int]
     evictions: int = 0
     preemptible: bool = True
+    uses: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
     @property
     def gpus(self) -> int:
@@ -241,14 +253,16 @@ class Decision:
     """One pass: gangs to start (in order, each plan on the cluster as the earlier starts left it),
     gangs to preempt for, the reservations held after the pass (new, kept or planned again), the gangs
     whose reservation of the previous pass is not held any more (started, deleted, or dropped as no
-    longer valid and not planned again), and when to run the next pass at the latest (a preemption
-    wait ending; ``math.inf``: on events only)."""
+    longer valid and not planned again), when to run the next pass at the latest (a preemption
+    wait ending; ``math.inf``: on events only), and the gangs passed over as the head because they
+    fit nowhere even with every node free (gang -> the planner's reason)."""
 
     starts: tuple[Start, ...]
     preemptions: tuple[Preemption, ...]
     reservations: Mapping[str, Reservation]
     released: tuple[str, ...]
     wake_s: float = math.inf
+    never_fits: Mapping[str, str] = field(default_factory=dict)
 
 
 def planner_place(cache: SnapshotCache | None = None) -> Place:
@@ -263,7 +277,7 @@ def planner_place(cache: SnapshotCache | None = None) -> Place:
 
 
 def order(waiting: Iterable[Waiting]) -> list[Waiting]:
-    """The queue order: PriorityClass value (higher first), then creation time, then name."""
+    """The queue order: PriorityClass value (higher first), then when complete (``created_s``), then name."""
     return sorted(waiting, key=_order_key)
 
 
@@ -285,6 +299,18 @@ def scope_tier(snapshot: ClusterSnapshot, gang: Gang) -> str | None:
         return None
     one_block = all(r.subgroup_size and r.subgroup_size >= r.pods for r in gang.roles if r.subgroup_tier)
     return max(known, key=tiers.index) if one_block else None
+
+
+def _uses(gang: Gang, placement: Mapping[PodSlot, str]) -> dict[str, dict[str, int]]:
+    """Resources other than GPUs per node a plan of ``gang`` takes (its pods' requests)."""
+    per = {r.name: r.resources_per_pod for r in gang.roles}
+    out: dict[str, dict[str, int]] = {}
+    for pod, node in placement.items():
+        if per[pod.role]:
+            acc = out.setdefault(node, {})
+            for k, v in per[pod.role].items():
+                acc[k] = acc.get(k, 0) + v
+    return out
 
 
 def _claims(gang: Gang, placement: Mapping[PodSlot, str]) -> dict[str, int]:
@@ -327,22 +353,38 @@ class _Cluster:
         return sum(g for end, g in self.held().get(node, ()) if end > t)
 
     def take(self, w: Waiting, p: Plan, now: float) -> None:
+        """``w`` starts by ``p``: its GPUs and every other resource its pods request are taken."""
         claims = _claims(w.gang, p.placement)
+        uses = _uses(w.gang, p.placement)
         for node, g in claims.items():
             i = self.index[node]
             n = self.nodes[i]
-            self.nodes[i] = replace(n, free=n.free - g)
+            u = uses.get(node, {})
+            rest = {r: max(0, v - u.get(r, 0)) for r, v in n.free_resources.items()}
+            self.nodes[i] = replace(n, free=n.free - g, free_resources=rest if u else n.free_resources)
         self.snapshot = ClusterSnapshot(tiers=self.tiers, nodes=tuple(self.nodes))
         ends = now + w.limit_s if w.limit_s is not None else math.inf
-        self.running[w.name] = Running(w.name, w.priority, now, ends, claims)
+        self.running[w.name] = Running(w.name, w.priority, now, ends, claims, uses=uses)
         self._held = None
 
-    def with_free(self, free: Mapping[int, int], base: Sequence[NodeState] | None = None) -> ClusterSnapshot:
+    def with_free(
+        self,
+        free: Mapping[int, int],
+        base: Sequence[NodeState] | None = None,
+        freed: Mapping[int, Mapping[str, int]] | None = None,
+    ) -> ClusterSnapshot:
+        """The nodes (``base``, else the pass's) with ``free`` GPUs by index, and ``freed`` other
+        resources given back by index (up to each node's allocatable)."""
         nodes = list(self.nodes if base is None else base)
         for i, f in free.items():
             n = nodes[i]
             if n.free != f:
                 nodes[i] = replace(n, free=f)
+        for i, back in (freed or {}).items():
+            n = nodes[i]
+            rest = {r: min(n.resources.get(r, v), v + back.get(r, 0)) for r, v in n.free_resources.items()}
+            if rest != n.free_resources:
+                nodes[i] = replace(n, free_resources=rest)
         return ClusterSnapshot(tiers=self.tiers, nodes=tuple(nodes))
 
 
@@ -480,13 +522,22 @@ def _reserve(  # noqa: PLR0917 -- private helper, called in two places
             points.append((at, k))
 
     def future(upto: int) -> ClusterSnapshot:
+        """The cluster once the first ``upto`` of ``ends`` ended: their GPUs and every other resource
+        they hold (CPU, memory) free again."""
         fr = list(base)
+        back: dict[int, dict[str, int]] = {}
         for _, _, r in ends[:upto]:
             for node, g in r.claims.items():
                 i = cl.index.get(node)
                 if i is not None and usable(i):
                     fr[i] = min(cl.nodes[i].gpus, fr[i] + g)
-        return cl.with_free({i: net(i, f) for i, f in enumerate(fr)})
+            for node, u in r.uses.items():
+                i = cl.index.get(node)
+                if i is not None and usable(i):
+                    acc = back.setdefault(i, {})
+                    for k, v in u.items():
+                        acc[k] = acc.get(k, 0) + v
+        return cl.with_free({i: net(i, f) for i, f in enumerate(fr)}, freed=back)
 
     lo, hi = 0, len(points)
     found: tuple[float, ClusterSnapshot, Plan] | None = None
@@ -782,6 +833,7 @@ def decide(
     holes: dict[tuple[str, ...], tuple[ClusterSnapshot, int]] = {}
     head_seen = False
     wake = math.inf
+    never: dict[str, str] = {}
     prio = {w.name: w.priority for w in queue}
     wait_s = config.preempt_after_s
     lowest = min((r.priority for r in cl.running.values()), default=None)
@@ -856,8 +908,26 @@ def decide(
                             del held[n]  # a lower class gives way; planned again when it is the head
                     views.clear()
                     holes.clear()
+                else:
+                    why = _never_fits(w, cl, place)
+                    if why is not None:  # it could hold nothing ever: the next gang is the head
+                        never[w.name] = why
+                        head_seen = False
     gone = tuple(sorted(n for n in reservations if n not in held))
-    return Decision(tuple(starts), tuple(preemptions), held, gone, wake)
+    return Decision(tuple(starts), tuple(preemptions), held, gone, wake, never)
+
+
+def _never_fits(w: Waiting, cl: _Cluster, place: Place) -> str | None:
+    """The planner's reason when ``w`` fits nowhere even with every schedulable node wholly free (no
+    domain of its tier could ever hold it), else None (it waits for work that never ends)."""
+    empty = [
+        n
+        if n.free == n.gpus and n.free_resources == n.resources
+        else replace(n, free=n.gpus, free_resources=n.resources)
+        for n in cl.nodes
+    ]
+    res = place(ClusterSnapshot(tiers=cl.tiers, nodes=tuple(empty)), w.gang)
+    return res.reason if isinstance(res, Infeasible) else None
 
 
 # -- rebuilding after a restart --------------------------------------------------------------------
@@ -876,6 +946,7 @@ class PodFacts:
     node: str | None
     gpus: int
     started_s: float | None = None
+    resources: Mapping[str, int] = field(default_factory=dict)  # its other requests (CPU, memory)
 
 
 @dataclass(frozen=True, slots=True)
@@ -926,8 +997,10 @@ def rebuild(
     """Running gangs from their bound pods (a gang whose pods are all bound and started runs from its
     latest pod's start; its limit from its first pod's), and each waiting gang's reservation from the
     nodes annotated ``reserved-for`` it: the gang planned on those nodes alone at the first time it
-    fits there. A reservation that no longer fits is left out (the next ``decide`` plans a new one);
-    annotations naming no waiting gang come back as ``stale_nodes``."""
+    fits there. A reservation that no longer fits is left out (the next ``decide`` plans a new one), and
+    so is one the queue would not grant now: only the first waiting gang of its priority class keeps
+    its hold (the head's, or one that delays nobody ahead of it), so a forged annotation cannot move a
+    gang ahead; annotations naming no waiting gang come back as ``stale_nodes``."""
     by_gang: dict[str, list[PodFacts]] = {}
     for pod in pods:
         if pod.node is not None:
@@ -938,14 +1011,19 @@ def rebuild(
         if name in waiting_by:
             continue
         claims: dict[str, int] = {}
+        uses: dict[str, dict[str, int]] = {}
         for pod in bound:
             assert pod.node is not None
             claims[pod.node] = claims.get(pod.node, 0) + pod.gpus
+            if pod.resources:
+                acc = uses.setdefault(pod.node, {})
+                for k, v in pod.resources.items():
+                    acc[k] = acc.get(k, 0) + v
         starts = [p.started_s if p.started_s is not None else now for p in bound]
         started = max(starts)
         limits = [p.limit_s for p in bound if p.limit_s is not None]
         ends = started + min(limits) if limits else math.inf
-        running[name] = Running(name, max(p.priority for p in bound), min(starts), ends, claims)
+        running[name] = Running(name, min(p.priority for p in bound), min(starts), ends, claims, uses=uses)
     nodes_of: dict[str, list[str]] = {}
     stale: list[str] = []
     for node, gang in sorted(reserved_for.items()):
@@ -953,9 +1031,17 @@ def rebuild(
             nodes_of.setdefault(gang, []).append(node)
         else:
             stale.append(node)
+    # the first waiting gang of each class: only its hold delays nobody ahead of it (a hold holds back
+    # gangs of its class and lower; gangs of a higher class pass it). Any other came from a forged or
+    # outdated annotation and would reorder the queue: left out, ``decide`` plans the head afresh
+    firsts: dict[int, str] = {}
+    for w in sorted(waiting_by.values(), key=_order_key):
+        firsts.setdefault(w.priority, w.name)
     cl = _Cluster(snapshot, running)
     out: dict[str, Reservation] = {}
     for gang in sorted(nodes_of, key=lambda g: _order_key(waiting_by[g])):
+        if firsts[waiting_by[gang].priority] != gang:
+            continue
         members = [cl.index[n] for n in nodes_of[gang] if n in cl.index]
         if not members:
             continue

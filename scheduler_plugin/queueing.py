@@ -4,10 +4,12 @@
 turns the informer's plain API dicts into its inputs and its decisions into what a user sees:
 
 - a pod's priority (``spec.priority``, which the API server fills from the pod's PriorityClass), its
-  creation and start times (RFC 3339 in the API, seconds since the epoch here) and its time limit
+  creation and start times (RFC 3339 in the API, seconds since the epoch here) and its time limits
   (``gpuagent.dev/time-limit``, Kueue's ``kueue.x-k8s.io/max-exec-time-seconds``, as annotations or
   labels of the pod or its Job, the pod's own ``activeDeadlineSeconds`` and its Job's; the smallest
-  wins);
+  wins), told apart by who ends the pod (``pod_limits``): ``activeDeadlineSeconds`` (the kubelet, the
+  Job controller) and Kueue's on an object Kueue admits (labelled ``kueue.x-k8s.io/queue-name``) are
+  enforced elsewhere; the rest are only declared, and count only where the extender enforces them;
 - the capacity a pod that is not part of a gang may use on a reserved node (``held_back_caps``, the
   queue's backfill rule: a reservation whose expected start comes before the pod's end keeps its claim
   plus what running work still holds at that start);
@@ -35,15 +37,25 @@ from datetime import datetime
 from typing import Any
 
 from scheduler_plugin.cluster import get_in
-from scheduler_plugin.queue import QueueError, Reservation, Running, time_limit
+from scheduler_plugin.queue import (
+    KUEUE_MAX_EXEC,
+    LIMIT_ANNOTATIONS,
+    QueueError,
+    Reservation,
+    Running,
+    time_limit,
+)
 
 __all__ = [
+    "KUEUE_QUEUE",
     "MAX_VICTIM_PODS",
+    "Limits",
     "QueueMetrics",
     "VictimSet",
     "held_back_caps",
     "parse_victims",
     "pod_limit",
+    "pod_limits",
     "pod_priority",
     "preempt_answer",
     "render_metrics",
@@ -52,6 +64,7 @@ __all__ = [
 ]
 
 MAX_VICTIM_PODS = 100_000  # victims one preempt call may name, over all nodes
+KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"  # the label that puts a Job (or pod) under Kueue's admission
 _INT32 = 2**31 - 1
 
 
@@ -95,29 +108,59 @@ def _strings(value: Any) -> dict[str, str]:
 
 
 def pod_limit(pod: Mapping[str, Any], jobs: Mapping[str, Mapping[str, Any]]) -> float | None:
-    """The pod's time limit in seconds (module docstring) or None: the smallest of the limit annotations
-    (or labels: Kueue's is a label on the Job) on the pod and on the Job that owns it, and both
-    ``activeDeadlineSeconds``. Raises ``QueueError`` naming the object and the field for a bad value."""
+    """The pod's smallest time limit in seconds, whoever enforces it (``pod_limits``), or None: the limit
+    annotations (or labels: Kueue's is a label on the Job) on the pod and on the Job that owns it, and
+    both ``activeDeadlineSeconds``. Raises ``QueueError`` naming the object and the field for a bad
+    value."""
+    found = pod_limits(pod, jobs)
+    return _least(found.enforced, found.declared)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A pod's time limits in seconds (None: none), by who ends the pod when they pass: ``enforced``
+    by someone else (``activeDeadlineSeconds``; Kueue's limit on an object Kueue admits), ``declared``
+    by nobody but this extender (``gpuagent.dev/time-limit``; Kueue's limit where Kueue does not admit
+    the object, so it never acts on it)."""
+
+    enforced: float | None = None
+    declared: float | None = None
+
+
+def _least(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def pod_limits(pod: Mapping[str, Any], jobs: Mapping[str, Mapping[str, Any]]) -> Limits:
+    """The pod's time limits (``Limits``) from the pod and the Job that owns it. Raises ``QueueError``
+    naming the object and the field for a bad value."""
     meta = get_in(pod, "metadata") or {}
     where = f"pod {meta.get('namespace') or 'default'}/{meta.get('name', '')}"
     sources: list[tuple[str, Mapping[str, Any]]] = [(where, pod)]
     job = owning_job(pod)
     if job is not None and job in jobs:
         sources.append((f"job {job}", jobs[job]))
-    found: list[float] = []
+    out = Limits()
     for what, obj in sources:
         deadline = get_in(obj, "spec", "activeDeadlineSeconds")
         if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, int)):
             raise QueueError(f"{what}: activeDeadlineSeconds={str(deadline)[:40]!r} is not an integer")
-        for kind in ("labels", "annotations"):
-            limit = time_limit(
-                _strings(get_in(obj, "metadata", kind)),
-                deadline if kind == "annotations" else None,
-                where=f"{what} {kind}",
-            )
-            if limit is not None:
-                found.append(limit)
-    return min(found) if found else None
+        labels = _strings(get_in(obj, "metadata", "labels"))
+        out = Limits(_least(out.enforced, time_limit({}, deadline, where=what)), out.declared)
+        kueue = KUEUE_QUEUE in labels
+        for kind, values in (
+            ("labels", labels),
+            ("annotations", _strings(get_in(obj, "metadata", "annotations"))),
+        ):
+            for key in LIMIT_ANNOTATIONS:
+                if key not in values:
+                    continue
+                limit = time_limit({key: values[key]}, where=f"{what} {kind}")
+                if key == KUEUE_MAX_EXEC and kueue:
+                    out = Limits(_least(out.enforced, limit), out.declared)
+                else:
+                    out = Limits(out.enforced, _least(out.declared, limit))
+    return out
 
 
 # -- who may be a victim, and as part of what --------------------------------------------------------
@@ -397,6 +440,7 @@ class QueueMetrics:
     evictions: int = 0
     evictions_refused: int = 0
     passes: int = 0
+    time_limit_evictions: int = 0
 
 
 def render_metrics(
@@ -406,6 +450,7 @@ def render_metrics(
     reserved_gpus: int,
     reserved_nodes: int,
     waiting_gangs: int,
+    never_fitting_gangs: int = 0,
 ) -> bytes:
     """The extender's queue metrics in the Prometheus text format (version 0.0.4)."""
     rows = (
@@ -424,6 +469,12 @@ def render_metrics(
         ),
         ("gpuagent_extender_waiting_gangs", "gauge", "Gangs waiting in the extender's queue.", waiting_gangs),
         (
+            "gpuagent_extender_never_fitting_gangs",
+            "gauge",
+            "Waiting gangs that fit nowhere even with every node free (passed over as the queue's head).",
+            never_fitting_gangs,
+        ),
+        (
             "gpuagent_extender_queue_passes_total",
             "counter",
             "Scheduling passes of the queue.",
@@ -440,6 +491,12 @@ def render_metrics(
             "counter",
             "Pods evicted for preemption.",
             metrics.evictions,
+        ),
+        (
+            "gpuagent_extender_time_limit_evictions_total",
+            "counter",
+            "Pods evicted for running past their declared time limit plus the grace.",
+            metrics.time_limit_evictions,
         ),
         (
             "gpuagent_extender_evictions_refused_total",

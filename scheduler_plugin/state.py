@@ -14,10 +14,11 @@ reservations of earlier passes). A gang the queue starts gets a plan on the node
 every pod of the gang is filtered to its planned node. A gang that does not start waits: the head of
 the queue holds the nodes it will get (``queue_reservations``, an Event ``GangReserved`` with the
 expected start, the node annotation ``gpuagent.dev/reserved-for``); other gangs, and pods on their own,
-use those nodes only if their time limit ends before that start. A gang of higher priority that has
-waited ``QueueConfig.preempt_after_s`` evicts whole lower-priority gangs inside one domain
-(``take_actions`` hands the evictions to the caller). After a restart the queue's reservations are
-rebuilt from the pods and the node annotations (``queue.rebuild``).
+use those nodes only if their time limit ends before that start (a limit only declared counts only
+where the extender enforces it: ``enforce_time_limits``, the queue pass evicting work past it). A gang
+of higher priority that has waited ``QueueConfig.preempt_after_s`` evicts whole lower-priority gangs
+inside one domain (``take_actions`` hands the evictions to the caller). After a restart the queue's
+reservations are rebuilt from the pods and the node annotations (``queue.rebuild``).
 
 Bind waits at a barrier until every planned pod has arrived, then all are bound together; on
 ``barrier_timeout_s`` the pods bind only if at least the gang minimum arrived, otherwise nothing
@@ -51,6 +52,7 @@ from scheduler_plugin.gangs import GangError, GangIncompleteError, GangSpec, gan
 from scheduler_plugin.planner import SnapshotCache, plan
 from scheduler_plugin.queue import (
     RESERVED_FOR,
+    TIME_LIMIT,
     PodFacts,
     Preemption,
     QueueConfig,
@@ -63,6 +65,7 @@ from scheduler_plugin.queue import (
 )
 from scheduler_plugin.queue import Reservation as QueueReservation
 from scheduler_plugin.queueing import (
+    Limits,
     QueueMetrics,
     VictimSet,
     budgets_from,
@@ -70,7 +73,7 @@ from scheduler_plugin.queueing import (
     never_victim,
     over_budget,
     owner_uid,
-    pod_limit,
+    pod_limits,
     pod_priority,
     preempt_answer,
     render_metrics,
@@ -105,6 +108,9 @@ BLOCKED_RETRY_S = 60.0  # victims whose evictions the API would refuse are no vi
 # free the moment their jobs run a little late, and let others take them
 OVERDUE_GRACE_S = 30.0
 SCHEDULER_NAME = "gpu-topology-scheduler"  # ARCHITECTURE.md: the second kube-scheduler that calls us
+# which declared time limits the extender enforces (evicts past the limit plus a grace): those of work on
+# nodes held for a waiting gang (``held``: what backfilled there, and what the hold waits for), all, none
+ENFORCE_MODES = ("held", "all", "off")
 
 
 # on a pod of a gang that started after filter refused it: "<n> pod(s) on <m> node(s) at <UTC time>"
@@ -150,15 +156,17 @@ class Reservation:
 
 @dataclass(frozen=True)
 class Eviction:
-    """A pod to evict for a preemption: it belongs to ``victim`` (a whole gang or workload, or
-    ``pod:<key>``); ``preemptor``: the gang it is evicted for. ``check_first``: the first asking of that
-    preemption: every eviction of it is tried as a dry run first and none is made if any is refused."""
+    """A pod to evict for a preemption, or (``reason`` ``TimeLimitExceeded``) for running past its
+    declared time limit: it belongs to ``victim`` (a whole gang or workload, or ``pod:<key>``);
+    ``preemptor``: the gang it is evicted for. ``check_first``: the first asking of that preemption: every
+    eviction of it is tried as a dry run first and none is made if any is refused."""
 
     pod: Mapping[str, Any]
     victim: str
     message: str
     preemptor: str = ""
     check_first: bool = False
+    reason: str = "Preempted"  # the Event's reason once evicted
 
 
 @dataclass(frozen=True)
@@ -216,7 +224,18 @@ class ClusterState:
         scheduler_name: str = SCHEDULER_NAME,
         queue: QueueConfig | None = None,
         preempt_namespaces: Collection[str] | None = None,
+        enforce_time_limits: str = "held",
+        time_limit_grace_s: float = 60.0,
     ) -> None:
+        if enforce_time_limits not in ENFORCE_MODES:
+            raise QueueError(
+                f"enforce_time_limits must be one of {', '.join(ENFORCE_MODES)}, got {enforce_time_limits!r}"
+            )
+        if not (0 <= time_limit_grace_s < math.inf):
+            raise QueueError(f"time_limit_grace_s must be a finite number >= 0, got {time_limit_grace_s}")
+        # declared limits (``queueing.Limits``) count, plus the grace, only where they are enforced
+        self.enforce_time_limits = enforce_time_limits
+        self.time_limit_grace_s = time_limit_grace_s
         self.reservation_ttl_s = reservation_ttl_s
         self.barrier_timeout_s = barrier_timeout_s
         self.scheduler_name = scheduler_name
@@ -278,6 +297,8 @@ class ClusterState:
         self._evicted_times: dict[tuple[str, str | None], tuple[int, float]] = {}
         self._refused: dict[str, str] = {}  # pod key -> gang: filter refused it while its gang waited
         self._pending_nudges: dict[str, str] = {}  # pod key -> the gang-planned value to annotate
+        self._overrun: set[str] = set()  # pods asked to go for running past their declared limit
+        self._never_fit: set[str] = set()  # waiting gangs the queue passed over: they fit nowhere
 
     # -- informer side ---------------------------------------------------------------------------
     @staticmethod
@@ -366,6 +387,7 @@ class ClusterState:
 
     def _forget(self, key: str) -> None:
         self._evicting.pop(key, None)  # a pod made again under this name is evicted afresh
+        self._overrun.discard(key)
         self._last_event.pop(key, None)
         self._refused.pop(key, None)
         self._pending_nudges.pop(key, None)
@@ -599,12 +621,28 @@ class ClusterState:
             return t
         return self._first_seen.setdefault(pod_key(pod), wall)  # no time in the API object: first seen
 
-    def _limit(self, pod: Mapping[str, Any]) -> float | None:
+    def _limits(self, pod: Mapping[str, Any]) -> Limits:
+        """The pod's time limits; the declared one only while the extender enforces declared limits
+        (``enforce_time_limits``), whichever scheduler placed the pod: a pod declaring
+        ``gpuagent.dev/time-limit`` agrees to be evicted past it where a waiting gang needs its node."""
         try:
-            return pod_limit(pod, self.jobs)
+            found = pod_limits(pod, self.jobs)
         except QueueError as exc:  # said once on the pod; it counts as never ending
             self._pending_events += self._event_once(pod, "InvalidTimeLimit", f"{exc}; counted as no limit")
-            return None
+            return Limits()
+        if self.enforce_time_limits == "off":
+            return Limits(found.enforced, None)
+        return found
+
+    def _limit(self, pod: Mapping[str, Any]) -> float | None:
+        """The time limit the queue counts: the pod runs at most this long. A declared limit counts with
+        the grace the extender gives before it evicts, since that is when the pod is gone at the latest
+        (on a node held for a gang; ``queue_pass`` enforces it there, or everywhere)."""
+        found = self._limits(pod)
+        declared = found.declared + self.time_limit_grace_s if found.declared is not None else None
+        if found.enforced is None:
+            return declared
+        return found.enforced if declared is None else min(found.enforced, declared)
 
     def _queue_place(
         self,
@@ -661,13 +699,21 @@ class ClusterState:
         self._last_snapshot = snapshot
         facts: list[PodFacts] = []
         pending: dict[str, list[str]] = {}
+        declared: dict[str, tuple[float, float]] = {}  # running work -> (its latest start, declared limit)
+        keys_of: dict[str, list[str]] = {}  # running work -> its pods
         for key, pod in self.pods.items():
             found = gang_key_of(pod)
             if holds_resources(pod):
-                gpus = pod_requests(pod).get(GPU, 0)
+                req = pod_requests(pod)
+                gpus = req.get(GPU, 0)
                 if found is None and gpus <= 0:
                     continue
                 name = _running_name(key, pod, found)
+                keys_of.setdefault(name, []).append(key)
+                lim = self._limits(pod).declared
+                if lim is not None:
+                    began, least = declared.get(name, (-math.inf, math.inf))
+                    declared[name] = (max(began, self._pod_time(pod, "start", wall)), min(least, lim))
                 facts.append(
                     PodFacts(
                         gang=name,
@@ -677,6 +723,7 @@ class ClusterState:
                         node=str((pod.get("spec") or {}).get("nodeName")),
                         gpus=gpus,
                         started_s=self._pod_time(pod, "start", wall),
+                        resources={k: v for k, v in req.items() if k != GPU and v},
                     )
                 )
             elif found is not None and found[1] not in self.reservations and key in self._gang_pending:
@@ -712,8 +759,10 @@ class ClusterState:
                 Waiting(
                     name=name,
                     gang=dataclasses.replace(gang, name=name),
-                    priority=max(pod_priority(p) for p in mates),
-                    created_s=min(self._pod_time(p, "created", wall) for p in mates),
+                    # the lowest: one pod of a higher class does not lift a gang of low ones into
+                    # preempting; the newest pod: a pod parked long ago does not move a new gang ahead
+                    priority=min(pod_priority(p) for p in mates),
+                    created_s=max(self._pod_time(p, "created", wall) for p in mates),
                     limit_s=min(limits) if limits else None,
                 )
             )
@@ -746,9 +795,26 @@ class ClusterState:
         decision = decide(wall, snapshot, running, waiting, before, place=place, config=self.queue_config)
         self.queue_reservations = dict(decision.reservations)
         self._queue_running = running
-        self._queue_wake = min(decision.wake_s, min(self._blocked.values(), default=math.inf))
+        self._queue_wake = min(
+            decision.wake_s,
+            min(self._blocked.values(), default=math.inf),
+            self._enforce_limits(declared, keys_of, now, wall),
+        )
         started = {st.gang for st in decision.starts}
         self._queue_waiting = [w.name for w in order(waiting) if w.name not in started]
+        self._never_fit = {
+            g for g in self._never_fit if g in self._queue_waiting and g not in self.queue_reservations
+        }
+        for name, why in sorted(decision.never_fits.items()):
+            if name in self._never_fit:
+                continue  # said once
+            self._never_fit.add(name)
+            msg = (
+                f"gang {name} fits nowhere even with every node free ({why}); nothing is held for it and "
+                "the gangs behind it in the queue go first"
+            )
+            for k in pending.get(name, ()):
+                self._pending_events += self._event_once(self.pods[k], "GangNeverFits", msg)
         for start in decision.starts:
             spec, gang, members, _, _ = prepared[start.gang]
             res = self._reservation_from(spec, gang, members, start.plan.placement, now)
@@ -904,9 +970,66 @@ class ClusterState:
         self._queue_dirty = True
         self._queue_wake = min(self._queue_wake, wall + BLOCKED_RETRY_S)
 
+    def _enforce_limits(
+        self,
+        declared: Mapping[str, tuple[float, float]],
+        keys_of: Mapping[str, Sequence[str]],
+        now: float,
+        wall: float,
+    ) -> float:
+        """Evict whole the running work (``keys_of``: its pods) past its declared limit plus the grace,
+        where the extender enforces it: on nodes held for a waiting gang (``held``), or everywhere
+        (``all``). Returns when the next such eviction is due (``math.inf``: none)."""
+        if self.enforce_time_limits == "off" or not declared:
+            return math.inf
+        held: dict[str, str] = {}
+        for gang, r in sorted(self.queue_reservations.items(), reverse=True):
+            held.update(dict.fromkeys(r.claims, gang))
+        wake = math.inf
+        for name, (started, limit) in sorted(declared.items()):
+            keys = keys_of.get(name, [])
+            nodes = sorted({str((self.pods[k].get("spec") or {}).get("nodeName")) for k in keys})
+            on = next((n for n in nodes if n in held), None)
+            if self.enforce_time_limits == "held" and on is None:
+                continue  # not where a waiting gang needs it: its limit holds nobody back
+            due = started + limit + self.time_limit_grace_s
+            if wall < due:
+                wake = min(wake, due)
+                continue
+            what = f"gang {name}" if not name.startswith(SOLO) else f"pod {name[len(SOLO) :]}"
+            where = (
+                f"on node {on}, held for gang {held[on]}"
+                if on is not None
+                else "and declared limits are enforced everywhere (--enforce-time-limits=all)"
+            )
+            msg = (
+                f"{what} ran {wall - started:.0f}s, past its declared time limit of {limit:g}s plus a grace "
+                f"of {self.time_limit_grace_s:g}s, {where}; evicted ({TIME_LIMIT} counts only where the "
+                "extender enforces it)"
+            )
+            for k in keys:
+                asked = self._evicting.get(k)
+                if asked is not None and now - asked < EVICTION_RETRY_S:
+                    continue
+                if (self.pods[k].get("metadata") or {}).get("deletionTimestamp"):
+                    continue
+                self._evicting[k] = now
+                self._overrun.add(k)
+                self._pending_evictions.append(
+                    Eviction(pod=self.pods[k], victim=name, message=msg, reason="TimeLimitExceeded")
+                )
+        return wake
+
     def _queue_idle(self) -> bool:
-        """Nothing for a pass to decide: no gang's pod waits, nothing is held or being preempted for."""
-        return not self._gang_pending and not self.queue_reservations and not self._preempting
+        """Nothing for a pass to decide: no gang's pod waits, nothing is held or being preempted for, and
+        declared time limits are enforced only on held nodes (with ``all``, a pod that started may be
+        one to evict later: the pass that sees it sets the wake)."""
+        return (
+            not self._gang_pending
+            and not self.queue_reservations
+            and not self._preempting
+            and self.enforce_time_limits != "all"
+        )
 
     def _evictions_before(self, gang: tuple[str, str | None], started_s: float) -> int:
         """Times ``gang`` was evicted before this run of it; a run still leaving after its eviction is
@@ -955,6 +1078,10 @@ class ClusterState:
         self.queue_metrics.evictions_refused += 1
 
     def eviction_done(self, key: str) -> None:
+        if key in self._overrun:  # past its declared time limit, not a preemption
+            self._overrun.discard(key)
+            self.queue_metrics.time_limit_evictions += 1
+            return
         self.queue_metrics.evictions += 1
 
     def queue_position(self, gang: str) -> str:
@@ -978,6 +1105,7 @@ class ClusterState:
             reserved_gpus=sum(sum(r.claims.values()) for r in self.queue_reservations.values()),
             reserved_nodes=len(nodes),
             waiting_gangs=len(self._queue_waiting),
+            never_fitting_gangs=len(self._never_fit),
         )
 
     def _queue_caps(self, pod: Mapping[str, Any], wall: float) -> dict[str, int]:

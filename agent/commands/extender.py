@@ -19,8 +19,11 @@ chosen, and every eviction is tried as a dry run before any is made (a refusal, 
 Event on each victim pod and other victims are sought). A DaemonSet's pods, static pods and pods outside
 ``--preempt-namespaces`` are never victims; pods of a workload the extender does not know as a gang (a
 JobSet, an MPIJob, a Kueue or coscheduling pod group, one controller's pods) are evicted together. Jobs
-are read (optional) for their ``activeDeadlineSeconds``, a time limit of their pods. The queue's metrics are
-served at ``/metrics`` on ``--health-addr``.
+are read (optional) for their ``activeDeadlineSeconds``, a time limit of their pods. A declared limit
+(``gpuagent.dev/time-limit``) counts only because the extender enforces it: work past it plus
+``--time-limit-grace`` seconds is evicted the same way on nodes held for a waiting gang
+(``--enforce-time-limits=held``), everywhere (``all``) or never (``off``, and then it counts as none).
+The queue's metrics are served at ``/metrics`` on ``--health-addr``.
 
 Trust: the extender answers kube-scheduler only. By default it listens on loopback, as a container in
 the pod of its own kube-scheduler (``daemonset/base/scheduler-deployment.yaml``). On any other address
@@ -47,7 +50,7 @@ from typing import Any
 
 from scheduler_plugin.extender import Extender, ExtenderServer, ServerLimits, server_tls_context
 from scheduler_plugin.queue import RESERVED_FOR, QueueConfig
-from scheduler_plugin.state import GANG_PLANNED, SCHEDULER_NAME, ClusterState
+from scheduler_plugin.state import ENFORCE_MODES, GANG_PLANNED, SCHEDULER_NAME, ClusterState
 from topology import logs
 from topology.kube import (
     HYPERNODES,
@@ -152,6 +155,8 @@ class Settings:
     min_run_before_preempt_s: float = 0.0
     max_evictions: int | None = 1  # None: no cap
     preempt_namespaces: frozenset[str] | None = None  # None: every namespace
+    enforce_time_limits: str = "held"  # whose declared limits are evicted past (state.ENFORCE_MODES)
+    time_limit_grace_s: float = 60.0  # seconds past a declared limit before that eviction
 
     def queue_config(self) -> QueueConfig:
         """The queue's settings (``QueueConfig`` checks them: ``QueueError`` says what is wrong)."""
@@ -285,6 +290,20 @@ def parse_settings(argv: list[str]) -> Settings:
         help="comma-separated namespaces whose pods gang preemption may evict (default '*': every "
         "namespace); a DaemonSet's pods and static pods are never evicted",
     )
+    p.add_argument(
+        "--enforce-time-limits",
+        choices=ENFORCE_MODES,
+        default="held",
+        help="evict pods past their declared time limit (gpuagent.dev/time-limit) plus the grace: "
+        "on nodes held for a waiting gang (held, the default), everywhere (all), or never (off: declared "
+        "limits then count as no limit)",
+    )
+    p.add_argument(
+        "--time-limit-grace",
+        type=float,
+        default=60.0,
+        help="seconds a pod may run past its declared time limit before that eviction (default 60)",
+    )
     p.add_argument("--log-format", choices=logs.FORMATS, default="auto", help="auto: text on a TTY")
     p.add_argument("--log-level", choices=logs.LEVELS, default="info")
     a = p.parse_args(argv)
@@ -335,6 +354,8 @@ def parse_settings(argv: list[str]) -> Settings:
     if not 0 <= a.min_run_before_preempt < float("inf"):
         p.error("--min-run-before-preempt: must be a finite number of seconds >= 0")
     preempt_namespaces = _namespaces(p, a.preempt_namespaces)
+    if not 0 <= a.time_limit_grace < float("inf"):
+        p.error("--time-limit-grace: must be a finite number of seconds >= 0")
     settings = Settings(
         host=host,
         port=port,
@@ -359,6 +380,8 @@ def parse_settings(argv: list[str]) -> Settings:
         min_run_before_preempt_s=a.min_run_before_preempt,
         max_evictions=max_evictions,
         preempt_namespaces=preempt_namespaces,
+        enforce_time_limits=a.enforce_time_limits,
+        time_limit_grace_s=a.time_limit_grace,
     )
     problem = exposure_error(settings)
     if problem:
@@ -530,6 +553,8 @@ class Service:
             scheduler_name=settings.scheduler_name,
             queue=settings.queue_config(),
             preempt_namespaces=settings.preempt_namespaces,
+            enforce_time_limits=settings.enforce_time_limits,
+            time_limit_grace_s=settings.time_limit_grace_s,
         )
         self.state.synced = False  # the queue rebuilds its reservations once every informer has listed
 

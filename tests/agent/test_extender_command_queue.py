@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from agent.commands.extender import SOURCES, KubeCluster, parse_settings
+from agent.commands.extender import SOURCES, KubeCluster, Service, parse_settings
 from scheduler_plugin.queue import RESERVED_FOR
 from scheduler_plugin.state import GANG_PLANNED
 from topology.kube import Kube, KubeError
@@ -182,9 +182,20 @@ def test_preemption_guard_flags_reach_the_queue_config() -> None:
     )
 
 
+def test_time_limit_enforcement_flags_reach_the_extenders_state() -> None:
+    d = parse_settings([])
+    assert (d.enforce_time_limits, d.time_limit_grace_s) == ("held", 60.0)
+    s = parse_settings(["--enforce-time-limits", "all", "--time-limit-grace", "15"])
+    service = Service(s, client.ApiClient(client.Configuration(host="http://127.0.0.1:9")))
+    assert (service.state.enforce_time_limits, service.state.time_limit_grace_s) == ("all", 15.0)
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
+        pytest.param(["--enforce-time-limits", "sometimes"], "--enforce-time-limits: invalid", id="enforce"),
+        pytest.param(["--time-limit-grace", "-1"], "--time-limit-grace: must be", id="grace-negative"),
+        pytest.param(["--time-limit-grace", "nan"], "--time-limit-grace: must be", id="grace-nan"),
         pytest.param(["--preempt-after", "soon"], "--preempt-after: expected seconds", id="preempt-word"),
         pytest.param(["--preempt-after", "-1"], "--preempt-after: must be", id="preempt-negative"),
         pytest.param(["--preempt-after", "inf"], "--preempt-after: must be", id="preempt-inf"),

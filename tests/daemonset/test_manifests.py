@@ -191,6 +191,26 @@ def test_chart_crd_is_the_same_file_as_the_base_crd() -> None:
                 == frozenset({"ml", "batch"})
             ),
         ),
+        (
+            ["extender.enforceTimeLimits=all", "extender.timeLimitGrace=15"],
+            lambda objs: (
+                (
+                    (
+                        s := parse_settings(
+                            next(
+                                c
+                                for c in objs[("Deployment", "gpu-system", "gpu-topology-scheduler")]["spec"][
+                                    "template"
+                                ]["spec"]["containers"]
+                                if c["name"] == "extender"
+                            )["args"][1:]
+                        )
+                    ).enforce_time_limits,
+                    s.time_limit_grace_s,
+                )
+                == ("all", 15.0)
+            ),
+        ),
     ],
     ids=[
         "mig-strategy",
@@ -203,6 +223,7 @@ def test_chart_crd_is_the_same_file_as_the_base_crd() -> None:
         "pod-monitor",
         "extender-queue",
         "extender-preempt-namespaces",
+        "extender-time-limits",
     ],
 )
 def test_helm_values_reach_the_objects(deploy_tools: Path, values: list[str], check: Any) -> None:

@@ -67,6 +67,9 @@ class QueueExtender:
             health_port=cluster.free_port(),
             preempt_after_s=PREEMPT_AFTER_S,
             queue_interval_s=0.5,
+            # the test's job controller ends each job at its limit; the extender's eviction past the
+            # limit plus this grace never races it
+            time_limit_grace_s=30.0,
         )
         self.settings = settings
         self.service = Service(settings, config.new_client_from_config(config_file=kubeconfig))

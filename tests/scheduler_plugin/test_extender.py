@@ -198,7 +198,9 @@ def test_events_are_not_repeated_for_the_same_reason() -> None:
     s = make_state(pods=pods)
     first = s.filter(pods[0], NODES, 0.0)
     again = s.filter(pods[0], NODES, 1.0)
-    assert [e.reason for e in first.events] == ["GangUnschedulable"]
+    # the queue says once, on every pod, that the gang fits nowhere even with every node free
+    assert sorted({e.reason for e in first.events}) == ["GangNeverFits", "GangUnschedulable"]
+    assert [e.reason for e in first.events].count("GangNeverFits") == 10
     assert again.events == []
 
 
@@ -308,16 +310,34 @@ def test_dispatch_prefix_path_and_not_ready() -> None:
     assert out["NodeNames"] == ["r0-t0"]
 
 
-def test_a_pod_created_after_the_plan_takes_its_reserved_place() -> None:
+def test_a_pod_made_again_after_the_plan_takes_its_reserved_place() -> None:
     pods = [gang_pod(f"w{i}", i) for i in range(4)]
-    s = make_state(pods=pods[:3])
+    s = make_state(pods=pods)
     planned_node(s, pods[0], 0.0)
     res = s.reservations["default/g"]
-    assert res.target == 4  # the whole gang was planned, though one pod did not exist yet
-    s.apply("pods", "ADDED", pods[3])
-    n3 = planned_node(s, pods[3], 1.0)
+    assert res.target == 4
+    s.apply("pods", "DELETED", pods[3])
+    again = gang_pod("w3-again", 3)  # its controller makes the pod of rank 3 again, under a new name
+    s.apply("pods", "ADDED", again)
+    n3 = planned_node(s, again, 1.0)
     assert s.reservations["default/g"] is res  # no new plan
     assert n3 == res.nodes[PodSlot("worker", 3)]
+
+
+def test_an_annotation_gang_is_neither_planned_nor_held_before_its_pods_exist() -> None:
+    """One pod declaring ``gang-size: 8`` once got 8 pods planned and their nodes held, renewed by
+    kube-scheduler's retries, so a pod on its own was refused on an empty cluster."""
+    lone = gang_pod("w0", 0, size=8)
+    s = make_state(pods=[lone])
+    for t in range(3):  # kube-scheduler retries
+        out = s.filter(lone, NODES, float(t))
+        assert out.passed == []
+        assert "1 of its 8 pods (gpuagent.dev/gang-size) exist so far" in next(iter(out.failed.values()))
+    assert s.reservations == {}
+    assert s.queue_reservations == {}
+    other = pod("solo", 4)
+    s.apply("pods", "ADDED", other)
+    assert s.filter(other, NODES, 3.0).passed == NODES  # nothing is held for pods that do not exist
 
 
 def test_gang_plan_honours_the_pods_node_selector() -> None:

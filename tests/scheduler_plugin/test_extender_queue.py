@@ -69,11 +69,24 @@ def member(
 
 
 def make_state(
-    pods: list[dict[str, Any]], *, config: QueueConfig | None = None, annotated: dict[str, str] | None = None
+    pods: list[dict[str, Any]],
+    *,
+    config: QueueConfig | None = None,
+    annotated: dict[str, str] | None = None,
+    enforce: str = "held",
+    grace: float = 0.0,
 ) -> ClusterState:
+    """``grace``: seconds past a declared time limit before the extender evicts (0 here: a limit's end
+    is the limit itself, as the times below are written)."""
     if annotated is None:
         annotated = {}
-    s = ClusterState(reservation_ttl_s=30.0, barrier_timeout_s=5.0, queue=config)
+    s = ClusterState(
+        reservation_ttl_s=30.0,
+        barrier_timeout_s=5.0,
+        queue=config,
+        enforce_time_limits=enforce,
+        time_limit_grace_s=grace,
+    )
     nodes = [node(n, 4) for n in NODES]
     for n in nodes:
         if n["metadata"]["name"] in annotated:

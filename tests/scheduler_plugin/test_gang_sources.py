@@ -783,5 +783,13 @@ def test_state_roles_on_different_pools_while_a_role_has_no_pod_yet() -> None:
     s.replace("pods", pods)
     s.replace("rayclusters", [two_groups()])
     out = s.filter(pods[0], [*RACK_NODES, "cpu-0"], now=1.0)
+    assert out.passed == []  # nothing is planned, nor held, for gpu-b's pods before they exist
+    assert "5 of its 9 pods (its spec's replicas) exist so far" in out.failed["cpu-0"]
+    assert "ml/rc" not in s.reservations
+    rest = [_ours(p) for p in ray_pods() if "gpu-b" in p["metadata"]["name"]]
+    for p in rest:
+        p["spec"]["nodeSelector"] = {"pool": "gpu"}
+        s.apply("pods", "ADDED", p)
+    out = s.filter(pods[0], [*RACK_NODES, "cpu-0"], now=2.0)
     assert out.passed == ["cpu-0"]
-    assert s.reservations["ml/rc"].target == 9  # the whole gang is planned, gpu-b's places too
+    assert s.reservations["ml/rc"].target == 9
