@@ -39,6 +39,7 @@ from typing import Any
 from agent.files import RefusedFileError, read_bytes
 from agent.healthbook import DEFAULT_IGNORED_XIDS, HealthConfig
 from deviceplugin.config import ConfigError, MigStrategy, PluginConfig, SectionReader, parse_plugin_config
+from deviceplugin.dra.config import DraConfig, parse_dra_config, shared_conflicts
 from topology import safeyaml
 from topology.logs import FORMATS, LEVELS
 
@@ -46,6 +47,7 @@ ENV_PREFIX = "GPU_NODE_AGENT_"
 CONFIG_VERSION = "v1"
 PLUGIN_SECTIONS = ("flags", "sharing", "cdi")
 HEALTH_SECTION = "health"
+DRA_SECTION = "dra"  # deviceplugin.dra.config
 MAX_CONFIG_BYTES = 1024 * 1024
 SECONDS: dict[str, tuple[float, float]] = {
     # RunSettings field: (least, most) seconds
@@ -89,6 +91,7 @@ class RunSettings:
     pod_logs_root: Path = Path("/var/log/pods")
     plugin: PluginConfig = field(default_factory=PluginConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
+    dra: DraConfig = field(default_factory=DraConfig)
 
 
 def _path(text: str) -> Path:
@@ -396,7 +399,7 @@ def load_settings(args: argparse.Namespace, env: Mapping[str, str]) -> RunSettin
     data: dict[str, Any] = load_file(config_path) if config_path is not None else {}
     source = str(config_path) if config_path is not None else "config"
     problems: list[str] = []
-    known = {"version", HEALTH_SECTION} | {s.key for s in SETTINGS} | set(PLUGIN_SECTIONS)
+    known = {"version", HEALTH_SECTION, DRA_SECTION} | {s.key for s in SETTINGS} | set(PLUGIN_SECTIONS)
     for key in sorted(_key_text(k) for k in data if k not in known):  # YAML keys may be ints or null
         problems.append(f"{source}: {key}: unknown key; valid: {', '.join(sorted(known))}")
 
@@ -439,6 +442,12 @@ def load_settings(args: argparse.Namespace, env: Mapping[str, str]) -> RunSettin
     except ConfigError as exc:
         problems.extend(exc.problems)
         health = HealthConfig()
+    try:
+        dra = parse_dra_config(data, source=source)
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+        dra = DraConfig()
+    problems.extend(f"{source}: {p}" for p in shared_conflicts(dra, plugin))
     if values.get("simulate_faults") is not None and values.get("simulate") is None:
         problems.append("--simulate-faults: needs --simulate (faults are injected into the simulator)")
     values.setdefault("health_addr", DEFAULT_HEALTH_ADDR)
@@ -448,7 +457,7 @@ def load_settings(args: argparse.Namespace, env: Mapping[str, str]) -> RunSettin
         problems.append(f"--health-addr: {clash}; the health listener needs a port of its own")
     if problems:
         raise ConfigError(problems)
-    return RunSettings(**values, config_file=config_path, plugin=plugin, health=health)
+    return RunSettings(**values, config_file=config_path, plugin=plugin, health=health, dra=dra)
 
 
 def _key_text(key: Any) -> str:

@@ -224,6 +224,7 @@ async def serve(
             allocatable_check=_allocatable_check(settings.pod_resources_socket),
             check_interval_s=settings.registration_check_s,
             pcie_levels=_pcie_levels(node.nvml),
+            served_elsewhere=settings.dra.serves if settings.dra.enabled else None,
         )
         ctx = RunContext(
             settings=settings,
@@ -236,6 +237,15 @@ async def serve(
             readiness=[("discovery", rediscovery.problem)],
         )
         components: list[Component] = [health, rediscovery, manager]
+        if settings.dra.enabled:  # the DRA kubelet plugin, beside the device plugin (agent.dra)
+            from agent.dra import DraUnavailableError, dra_driver_for_run  # noqa: PLC0415
+
+            try:
+                components.append(
+                    dra_driver_for_run(settings, store, grace_s=min(settings.shutdown_grace_s, 2.0))
+                )
+            except DraUnavailableError as exc:
+                raise StartupError(str(exc)) from None
         if node.faults is not None:
             components.append(node.faults)
         if node.hotplug is not None:
