@@ -70,7 +70,8 @@ def test_gb200_devices_carry_the_nvlink_domain_and_nvidias_names() -> None:
         assert a["rack"] == gpu.platform.chassis_serial
         assert a["numaNode"] == gpu.numa_node
         assert device["capacity"]["memory"]["value"] == quantity(gpu.memory_total_bytes)
-        assert "driverVersion" in a and "cudaDriverVersion" in a
+        assert "driverVersion" in a
+        assert "cudaDriverVersion" in a
 
 
 def test_node_without_multi_node_fabric_has_no_nvlink_domain() -> None:
