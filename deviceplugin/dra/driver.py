@@ -73,6 +73,7 @@ class DraDriver:
         poll_s: float = 0.5,
         min_backoff_s: float = 1.0,
         max_backoff_s: float = 60.0,
+        verify_interval_s: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
@@ -86,6 +87,8 @@ class DraDriver:
         self._min_backoff = min_backoff_s
         self._max_backoff = max_backoff_s
         self._clock = clock
+        self._verify_interval = verify_interval_s
+        self._next_verify = clock() + verify_interval_s
         self._log = logs.get_logger("deviceplugin.dra").bind(driver=config.driver_name, node=node_name)
         self.service_dir = Path(config.plugin_dir) / config.driver_name
         self.service_socket = self.service_dir / SERVICE_SOCKET
@@ -221,6 +224,16 @@ class DraDriver:
         await self._publish()
 
     async def _publish(self) -> None:
+        if self.publisher is not None and self._clock() >= self._next_verify:
+            self._next_verify = self._clock() + self._verify_interval
+            try:
+                same = await asyncio.to_thread(self.publisher.verify)
+            except KubeError as exc:
+                self._log.warning("resourceslice_verify_failed", error=str(exc))
+            else:
+                if not same:
+                    self._log.warning("resourceslices_changed_elsewhere", hint="writing the pool again")
+                    self._publish_pending = True
         if self.publisher is None or not self._publish_pending or self._clock() < self._publish_at:
             return
         try:

@@ -8,6 +8,8 @@ timer.
 - Later publishes: only when the content (devices, attributes, taints, slice count) differs from the
   last one applied; the generation then rises by one.
 - A refusal (API down, RBAC) is retried with back-off by the driver; what was applied is kept.
+- Every ``verify`` interval (minutes) the pool is listed once: a slice deleted or rewritten by someone
+  else is written again.
 """
 
 from __future__ import annotations
@@ -112,6 +114,22 @@ class SlicePublisher:
         self._applied = content(want)
         self.writes += len(want)
         return len(want)
+
+    def verify(self) -> bool:
+        """Whether the pool in the API is still what was last applied (same slice names, same
+        generation); when not (a slice deleted or rewritten by hand), the next publish writes it
+        again. Blocking; raises :class:`KubeError`."""
+        if self.generation is None or self._applied is None:
+            return True
+        existing = self.api.list_slices(self.node_name, self.driver)
+        names = {str((s.get("metadata") or {}).get("name")) for s in existing}
+        generations = {
+            int(((s.get("spec") or {}).get("pool") or {}).get("generation") or 0) for s in existing
+        }
+        if names == self._names and generations == {self.generation}:
+            return True
+        self.forget()
+        return False
 
     def forget(self) -> None:
         """Read the pool from the API again at the next publish (after a refusal mid-write)."""
