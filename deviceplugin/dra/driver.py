@@ -11,8 +11,9 @@
   socket removed under us (the directory wiped) is served again at the next poll.
 - Stop: both servers stop with a grace period and their sockets are removed; the checkpoint stays.
 
-``taints`` is the hook for health-as-taints: a function from the node's state to device taints by
-UUID, rendered into the slices (none by default).
+``taints`` is the hook for health-as-taints: a function from the node's state (inventory and the
+health it decided, the one owner) to device taints by UUID, rendered into the slices (none by default);
+every health change re-renders them, and the pool is written when they differ.
 """
 
 from __future__ import annotations
@@ -43,12 +44,12 @@ from deviceplugin.server import PluginError
 from topology import logs
 from topology.kube import KubeError
 from topology.lifecycle import wait_for_event
-from topology.model import NodeInventory
 
 SERVICE_SOCKET = "dra.sock"
 CHECKPOINT = "checkpoint.json"
 
-Taints = Callable[[NodeInventory], Mapping[str, Sequence[Mapping[str, Any]]]]
+Taints = Callable[[NodeState], Mapping[str, Sequence[Mapping[str, Any]]]]
+"""Device taints by GPU/MIG UUID from the node (its inventory and the health it decided)."""
 
 
 def registration_socket(config: DraConfig) -> Path:
@@ -137,7 +138,7 @@ class DraDriver:
             node_uid=node_uid,
             driver=self.config.driver_name,
             generation=generation,
-            taints=self._taints(inventory) if self._taints is not None else None,
+            taints=self._taints(self._store) if self._taints is not None else None,
             pcie_root=self._pcie_root,
         )
 

@@ -97,7 +97,7 @@ class Node:
 
 
 def _driver(
-    directory: Path, store: InventoryStore, claims: Claims, slices: Slices, config: DraConfig
+    directory: Path, store: InventoryStore, claims: Claims, slices: Slices, config: DraConfig, **kw: Any
 ) -> DraDriver:
     plugin = parse_plugin_config({"cdi": {"specDir": str(directory / "cdi")}})
     return DraDriver(
@@ -109,6 +109,7 @@ def _driver(
         slices=slices,
         poll_s=0.02,
         grace_s=0.1,
+        **kw,
     )
 
 
@@ -288,6 +289,39 @@ def test_slices_are_published_once_and_again_only_on_change(short_dir: Path) -> 
             await _until(lambda: len(node.slices.applied) == 2)
             assert node.slices.applied[1]["spec"]["pool"]["generation"] == 2
             assert len(node.slices.applied[1]["spec"]["devices"]) == 3
+
+    run(body())
+
+
+def test_taint_hook_is_fed_by_the_nodes_health_and_republishes(short_dir: Path) -> None:
+    """The hook health-as-taints plugs into: the node's health decision in, taints in the slices out,
+    written on the change and removed on recovery."""
+
+    def taints(node: Any) -> dict[str, list[dict[str, str]]]:
+        out = {}
+        for gpu in node.inventory.gpus:
+            status = node.device_health([gpu.uuid])
+            if not status.healthy:
+                out[gpu.uuid] = [{"key": "gpu.gpuagent.dev/xid", "value": "79", "effect": "NoSchedule"}]
+        return out
+
+    async def body() -> None:
+        sim = sim_node("dgx-h100")
+        store = InventoryStore(sim.discover())
+        config = DraConfig(enabled=True, plugin_dir=str(short_dir / "p"), registry_dir=str(short_dir / "r"))
+        slices = Slices()
+        driver = _driver(short_dir, store, Claims(), slices, config, taints=taints)
+        async with running(driver):
+            await _until(lambda: len(slices.applied) == 1)
+            assert not any("taints" in d for d in slices.applied[0]["spec"]["devices"])
+            gpu = store.inventory.gpus[4]
+            store.set_health({gpu.uuid: DeviceHealth(Health.UNHEALTHY, "xid 79")})
+            await _until(lambda: len(slices.applied) == 2)
+            tainted = [d["name"] for d in slices.applied[1]["spec"]["devices"] if "taints" in d]
+            assert tainted == [gpu.uuid.lower()]
+            store.set_health({})
+            await _until(lambda: len(slices.applied) == 3)
+            assert not any("taints" in d for d in slices.applied[2]["spec"]["devices"])
 
     run(body())
 
