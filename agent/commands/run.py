@@ -241,11 +241,11 @@ async def serve(
             from agent.dra import DraUnavailableError, dra_driver_for_run  # noqa: PLC0415
 
             try:
-                components.append(
-                    dra_driver_for_run(settings, store, grace_s=min(settings.shutdown_grace_s, 2.0))
-                )
+                dra = dra_driver_for_run(settings, store, grace_s=min(settings.shutdown_grace_s, 2.0))
             except DraUnavailableError as exc:
                 raise StartupError(str(exc)) from None
+            components.append(dra)
+            ctx.readiness.append(("dra", dra.problem))
         if node.faults is not None:
             components.append(node.faults)
         if node.hotplug is not None:

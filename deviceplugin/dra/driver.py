@@ -150,7 +150,17 @@ class DraDriver:
         return rows
 
     def ready(self) -> bool:
-        return self.started.is_set() and self.registered
+        return self.problem() is None
+
+    def problem(self) -> str | None:
+        """Why the driver is not ready (a line for ``/readyz``), or ``None``."""
+        if not self.started.is_set():
+            return "not serving its sockets yet"
+        if self.registration_error:
+            return f"the kubelet refused the registration: {self.registration_error[:200]}"
+        if not self.registered:
+            return f"not registered with the kubelet yet (plugin watcher, {self.registration_socket})"
+        return None
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -207,6 +217,7 @@ class DraDriver:
             else:
                 if server.socket_path == self.registration_socket:
                     self.registered = False  # the plugin watcher registers us again
+                    self.registration_error = ""
                 self._log.info("dra_socket_serving", path=str(server.socket_path))
 
     async def _tick(self) -> None:
@@ -269,7 +280,7 @@ class DraDriver:
 
     def _on_registration(self, registered: bool, error: str) -> None:
         self.registered = registered
-        self.registration_error = error
+        self.registration_error = "" if registered else error or "no reason given"
         if registered:
             self._log.info("dra_registered")
         else:

@@ -177,13 +177,18 @@ def test_registers_through_the_plugin_watcher_with_the_kubelets_names(short_dir:
     async def body() -> None:
         async with dra_node(short_dir) as node:
             assert not node.driver.registered
+            assert "not registered with the kubelet yet" in (node.driver.problem() or "")
+            socket = short_dir / "registry" / f"{DRIVER}-reg.sock"
+            refused = rpb.RegistrationStatus(plugin_registered=False, error="unsupported versions")
+            await call(socket, NOTIFY, refused, rpb.RegistrationStatusResponse)
+            assert node.driver.problem() == "the kubelet refused the registration: unsupported versions"
             info = await plugin_watcher(short_dir / "registry")
             assert info.type == "DRAPlugin"
             assert info.name == DRIVER
             assert info.endpoint == str(short_dir / "plugins" / DRIVER / "dra.sock")
             assert list(info.supported_versions) == ["v1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
             assert node.driver.registered
-            assert node.driver.ready()
+            assert node.driver.problem() is None
         assert not (short_dir / "registry" / f"{DRIVER}-reg.sock").exists()  # removed on stop
         assert not (short_dir / "plugins" / DRIVER / "dra.sock").exists()
 
