@@ -115,6 +115,7 @@ class DraDriver:
         self.registration_error = ""
         self.started = asyncio.Event()
         self._servers: list[UnixServer] = []
+        self._socket_errors: dict[Path, str] = {}
         self._inventory_dirty = False
         self._publish_pending = True
         self._publish_at = 0.0
@@ -156,6 +157,8 @@ class DraDriver:
         """Why the driver is not ready (a line for ``/readyz``), or ``None``."""
         if not self.started.is_set():
             return "not serving its sockets yet"
+        if self._socket_errors:
+            return "; ".join(sorted(self._socket_errors.values()))
         if self.registration_error:
             return f"the kubelet refused the registration: {self.registration_error[:200]}"
         if not self.registered:
@@ -213,8 +216,11 @@ class DraDriver:
             try:
                 await server.start()
             except PluginError as exc:
-                self._log.error("dra_socket_failed", reason=str(exc), hint="retrying at the next poll")
+                if self._socket_errors.get(server.socket_path) != str(exc):  # once per distinct failure
+                    self._log.error("dra_socket_failed", reason=str(exc), hint="retrying at every poll")
+                self._socket_errors[server.socket_path] = str(exc)
             else:
+                self._socket_errors.pop(server.socket_path, None)
                 if server.socket_path == self.registration_socket:
                     self.registered = False  # the plugin watcher registers us again
                     self.registration_error = ""

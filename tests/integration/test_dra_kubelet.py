@@ -345,6 +345,24 @@ def test_registration_socket_removed_under_the_driver_is_served_again(short_dir:
     run(body())
 
 
+def test_unusable_registry_dir_is_reported_and_retried_without_stopping(short_dir: Path) -> None:
+    async def body() -> None:
+        sim = sim_node("dgx-h100")
+        store = InventoryStore(sim.discover())
+        (short_dir / "r").write_text("not a directory")
+        config = DraConfig(enabled=True, plugin_dir=str(short_dir / "p"), registry_dir=str(short_dir / "r"))
+        driver = _driver(short_dir, store, Claims(), Slices(), config)
+        async with running(driver):
+            problem = driver.problem() or ""
+            assert f"cannot prepare {short_dir / 'r'}" in problem
+            assert driver.service_socket.exists()  # the rest keeps serving
+            (short_dir / "r").unlink()
+            await _until((short_dir / "r" / f"{DRIVER}-reg.sock").exists)
+            await _until(lambda: "not registered with the kubelet yet" in (driver.problem() or ""))
+
+    run(body())
+
+
 def test_device_plugin_leaves_dra_resources_alone(short_dir: Path) -> None:
     """Each device is served by one API: with DRA serving the GPUs, the device plugin advertises none."""
 
