@@ -2,7 +2,8 @@
 
 The config file is YAML with ``version: v1``. Top-level keys are the run settings below (camelCase), the
 device plugin's sections (``flags``, ``sharing``, ``cdi``; see :mod:`deviceplugin.config`), the DRA
-driver's ``dra`` section (:mod:`deviceplugin.dra.config`) and the node's ``health`` section, parsed here into :class:`~agent.healthbook.HealthConfig`::
+driver's ``dra`` section (:mod:`deviceplugin.dra.config`) and the node's ``health`` section, parsed
+here into :class:`~agent.healthbook.HealthConfig`::
 
     health:
       ignoredXids: [13, 31, 43, 45, 68, 109]   # replaces the default list
