@@ -4,8 +4,8 @@ manager (:func:`deviceplugin.resources.build_plan`); each device is served by ex
 Pure: ``config`` (the ``dra`` config section), ``slices`` (the node's ResourceSlices from the
 inventory), ``prepare.devices_for`` (what a claim's allocation gives the container).
 Adapters: ``checkpoint`` (prepared claims on disk, atomic), ``prepare`` (idempotent prepare/unprepare
-over the checkpoint), ``server`` (the ``v1.DRAPlugin``, ``v1alpha1.DRAResourceHealth`` and plugin
-registration gRPC services on unix sockets), ``publish`` (server-side apply of the slices through
+over the checkpoint), ``server`` (the ``v1.DRAPlugin``, ``DRAResourceHealth`` ``v1`` and ``v1alpha1``,
+and plugin registration gRPC services on unix sockets), ``publish`` (server-side apply of the slices through
 :mod:`topology.kube`), ``driver`` (the node component that keeps all of it true).
 
 Owns ``deviceplugin/dra/api`` (our ``.proto`` files and generated stubs; only ``server`` imports them).

@@ -1,6 +1,7 @@
-"""The thin gRPC side of the DRA driver: the ``v1.DRAPlugin`` and ``v1alpha1.DRAResourceHealth``
-services on the service socket (``<pluginDir>/<driver>/dra.sock``), and the plugin watcher's
-``pluginregistration.Registration`` on the registration socket (``<registryDir>/<driver>-reg.sock``).
+"""The thin gRPC side of the DRA driver: the ``v1.DRAPlugin`` and ``DRAResourceHealth`` (``v1``, and
+``v1alpha1`` for kubelets 1.37-1.39 that negotiate it) services on the service socket
+(``<pluginDir>/<driver>/dra.sock``), and the plugin watcher's ``pluginregistration.Registration`` on
+the registration socket (``<registryDir>/<driver>-reg.sock``).
 
 Registration works the kubelet's way round: the kubelet's plugin watcher finds the registration socket,
 calls ``GetInfo`` (type ``DRAPlugin``, the driver name, the service socket, the services we serve) and
@@ -26,6 +27,8 @@ from deviceplugin.dra.api import dra_pb2 as pb
 from deviceplugin.dra.api import dra_pb2_grpc as pb_grpc
 from deviceplugin.dra.api import health_pb2 as hpb
 from deviceplugin.dra.api import health_pb2_grpc as hpb_grpc
+from deviceplugin.dra.api import health_v1_pb2 as h1pb
+from deviceplugin.dra.api import health_v1_pb2_grpc as h1pb_grpc
 from deviceplugin.dra.api import registration_pb2 as rpb
 from deviceplugin.dra.api import registration_pb2_grpc as rpb_grpc
 from deviceplugin.dra.prepare import ClaimRef, Preparer
@@ -33,8 +36,9 @@ from deviceplugin.server import PluginError, check_socket_path
 
 PLUGIN_TYPE = "DRAPlugin"
 DRA_SERVICE = "v1.DRAPlugin"
-HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
-SUPPORTED_SERVICES = (DRA_SERVICE, HEALTH_SERVICE)
+HEALTH_SERVICE = "v1.DRAResourceHealth"
+HEALTH_SERVICE_ALPHA = "v1alpha1.DRAResourceHealth"  # the kubelet accepts it from 1.37 to 1.39
+SUPPORTED_SERVICES = (DRA_SERVICE, HEALTH_SERVICE, HEALTH_SERVICE_ALPHA)
 MAX_CLAIMS_PER_CALL = 4096
 
 DeviceHealthRow = tuple[str, str, bool, str]
@@ -78,12 +82,13 @@ class HealthView:
         event.set()
 
 
-def health_response(rows: Sequence[DeviceHealthRow], now: int) -> hpb.NodeWatchResourcesResponse:
-    return hpb.NodeWatchResourcesResponse(
+def health_response(rows: Sequence[DeviceHealthRow], now: int, api: Any = hpb) -> Any:
+    """The stream message of the health API module ``api`` (v1alpha1 or v1: the same fields)."""
+    return api.NodeWatchResourcesResponse(
         devices=[
-            hpb.DeviceHealth(
-                device=hpb.DeviceIdentifier(pool_name=pool, device_name=name),
-                health=hpb.HEALTHY if healthy else hpb.UNHEALTHY,
+            api.DeviceHealth(
+                device=api.DeviceIdentifier(pool_name=pool, device_name=name),
+                health=api.HEALTHY if healthy else api.UNHEALTHY,
                 last_updated_time=now,
                 message=reason,
             )
@@ -138,21 +143,35 @@ class DraPluginService(pb_grpc.DRAPluginServicer):
         return out
 
 
-class DraHealthService(hpb_grpc.DRAResourceHealthServicer):
+class _HealthStream:
+    """``NodeWatchResources``: the whole set first, then the set again on every change."""
+
+    api: Any = hpb
+
     def __init__(self, view: HealthView, clock: Callable[[], float] = time.time) -> None:
         self.view = view
         self._clock = clock
 
-    async def NodeWatchResources(  # noqa: N802
-        self, request: hpb.NodeWatchResourcesRequest, context: Any
-    ) -> AsyncIterator[hpb.NodeWatchResourcesResponse]:
+    async def NodeWatchResources(self, request: Any, context: Any) -> AsyncIterator[Any]:  # noqa: N802
         version = self.view.version
-        yield health_response(self.view.rows(), int(self._clock()))
+        yield health_response(self.view.rows(), int(self._clock()), self.api)
         while True:
             version = await self.view.wait(version)
             if self.view.closed:
                 return
-            yield health_response(self.view.rows(), int(self._clock()))
+            yield health_response(self.view.rows(), int(self._clock()), self.api)
+
+
+class DraHealthService(_HealthStream, hpb_grpc.DRAResourceHealthServicer):
+    """``v1alpha1.DRAResourceHealth``."""
+
+    api = hpb
+
+
+class DraHealthServiceV1(_HealthStream, h1pb_grpc.DRAResourceHealthServicer):
+    """``v1.DRAResourceHealth``."""
+
+    api = h1pb
 
 
 class RegistrationService(rpb_grpc.RegistrationServicer):
@@ -228,6 +247,7 @@ def service_server(
     def add(server: grpc.aio.Server) -> None:
         pb_grpc.add_DRAPluginServicer_to_server(DraPluginService(preparer), server)
         hpb_grpc.add_DRAResourceHealthServicer_to_server(DraHealthService(health), server)
+        h1pb_grpc.add_DRAResourceHealthServicer_to_server(DraHealthServiceV1(health), server)
 
     return UnixServer(socket_path, add, grace_s=grace_s)
 

@@ -14,16 +14,22 @@ from typing import Any
 import pytest
 from google.protobuf import descriptor_pb2
 
-from deviceplugin.dra.api import dra_pb2, health_pb2, registration_pb2
+from deviceplugin.dra.api import dra_pb2, health_pb2, health_v1_pb2, registration_pb2
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBELET_MODULE = "k8s.io/kubelet@v0.37.2/pkg/apis"
 UPSTREAM = {
     "dra": "dra/v1/api.proto",
     "health": "dra-health/v1alpha1/api.proto",
+    "health_v1": "dra-health/v1/api.proto",
     "registration": "pluginregistration/v1/api.proto",
 }
-OURS: dict[str, Any] = {"dra": dra_pb2, "health": health_pb2, "registration": registration_pb2}
+OURS: dict[str, Any] = {
+    "dra": dra_pb2,
+    "health": health_pb2,
+    "health_v1": health_v1_pb2,
+    "registration": registration_pb2,
+}
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
@@ -45,6 +51,8 @@ def test_services_on_the_kubelets_wire_names() -> None:
     health = health_pb2.DESCRIPTOR.services_by_name["DRAResourceHealth"]
     assert health.full_name == "v1alpha1.DRAResourceHealth"
     assert health.methods_by_name["NodeWatchResources"].server_streaming
+    health_v1 = health_v1_pb2.DESCRIPTOR.services_by_name["DRAResourceHealth"]
+    assert health_v1.full_name == "v1.DRAResourceHealth"
     registration = registration_pb2.DESCRIPTOR.services_by_name["Registration"]
     assert registration.full_name == "pluginregistration.Registration"
 

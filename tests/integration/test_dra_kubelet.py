@@ -25,7 +25,7 @@ from agent.healthbook import DeviceHealth
 from agent.runtime import InventoryStore
 from deviceplugin.config import PluginConfig, parse_plugin_config
 from deviceplugin.dra.api import dra_pb2 as pb
-from deviceplugin.dra.api import health_pb2 as hpb
+from deviceplugin.dra.api import health_pb2, health_v1_pb2
 from deviceplugin.dra.api import registration_pb2 as rpb
 from deviceplugin.dra.config import DraConfig
 from deviceplugin.dra.driver import DraDriver
@@ -41,7 +41,10 @@ GET_INFO = "/pluginregistration.Registration/GetInfo"
 NOTIFY = "/pluginregistration.Registration/NotifyRegistrationStatus"
 PREPARE = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
 UNPREPARE = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources"
-WATCH = "/v1alpha1.DRAResourceHealth/NodeWatchResources"
+WATCH = {
+    "v1": "/v1.DRAResourceHealth/NodeWatchResources",
+    "v1alpha1": "/v1alpha1.DRAResourceHealth/NodeWatchResources",
+}
 
 
 def run(coro: Awaitable[T], timeout: float = 30.0) -> T:
@@ -186,7 +189,11 @@ def test_registers_through_the_plugin_watcher_with_the_kubelets_names(short_dir:
             assert info.type == "DRAPlugin"
             assert info.name == DRIVER
             assert info.endpoint == str(short_dir / "plugins" / DRIVER / "dra.sock")
-            assert list(info.supported_versions) == ["v1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
+            assert list(info.supported_versions) == [
+                "v1.DRAPlugin",
+                "v1.DRAResourceHealth",
+                "v1alpha1.DRAResourceHealth",
+            ]
             assert node.driver.registered
             assert node.driver.problem() is None
         assert not (short_dir / "registry" / f"{DRIVER}-reg.sock").exists()  # removed on stop
@@ -245,13 +252,16 @@ def test_prepare_unprepare_idempotent_and_kept_across_an_agent_restart(short_dir
     run(body())
 
 
-def test_health_stream_reports_a_fault_and_the_recovery(short_dir: Path) -> None:
+@pytest.mark.parametrize("version", ["v1", "v1alpha1"])
+def test_health_stream_reports_a_fault_and_the_recovery(short_dir: Path, version: str) -> None:
+    hpb: Any = health_v1_pb2 if version == "v1" else health_pb2
+
     async def body() -> None:
         async with dra_node(short_dir) as node:
             endpoint = short_dir / "plugins" / DRIVER / "dra.sock"
             async with grpc.aio.insecure_channel(f"unix://{endpoint}") as channel:
                 watch = channel.unary_stream(
-                    WATCH,
+                    WATCH[version],
                     request_serializer=hpb.NodeWatchResourcesRequest.SerializeToString,
                     response_deserializer=hpb.NodeWatchResourcesResponse.FromString,
                 )
