@@ -1,8 +1,9 @@
 """Settings of ``gpu-node-agent run``: one validated, frozen model; precedence CLI > env > file, here only.
 
 The config file is YAML with ``version: v1``. Top-level keys are the run settings below (camelCase), the
-device plugin's sections (``flags``, ``sharing``, ``cdi``; see :mod:`deviceplugin.config`) and the
-node's ``health`` section, parsed here into :class:`~agent.healthbook.HealthConfig`::
+device plugin's sections (``flags``, ``sharing``, ``cdi``; see :mod:`deviceplugin.config`), the DRA
+driver's ``dra`` section (:mod:`deviceplugin.dra.config`) and the node's ``health`` section, parsed
+here into :class:`~agent.healthbook.HealthConfig`::
 
     health:
       ignoredXids: [13, 31, 43, 45, 68, 109]   # replaces the default list
@@ -48,6 +49,7 @@ from typing import Any
 from agent.files import RefusedFileError, read_bytes
 from agent.healthbook import DEFAULT_IGNORED_XIDS, HealthConfig
 from deviceplugin.config import ConfigError, MigStrategy, PluginConfig, SectionReader, parse_plugin_config
+from deviceplugin.dra.config import DraConfig, parse_dra_config, shared_conflicts
 from topology import safeyaml
 from topology.fabrichealth import DEFAULT_FABRIC_POLICY, FabricCondition, FabricPolicy, parse_conditions
 from topology.logs import FORMATS, LEVELS
@@ -57,6 +59,7 @@ CONFIG_VERSION = "v1"
 PLUGIN_SECTIONS = ("flags", "sharing", "cdi", "imex")
 HEALTH_SECTION = "health"
 FABRIC_SECTION = "fabric"
+DRA_SECTION = "dra"  # deviceplugin.dra.config
 MAX_CONFIG_BYTES = 1024 * 1024
 SECONDS: dict[str, tuple[float, float]] = {
     # RunSettings field: (least, most) seconds
@@ -101,6 +104,7 @@ class RunSettings:
     pod_logs_root: Path = Path("/var/log/pods")
     plugin: PluginConfig = field(default_factory=PluginConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
+    dra: DraConfig = field(default_factory=DraConfig)
 
 
 def _path(text: str) -> Path:
@@ -431,7 +435,8 @@ def load_settings(args: argparse.Namespace, env: Mapping[str, str]) -> RunSettin
     data: dict[str, Any] = load_file(config_path) if config_path is not None else {}
     source = str(config_path) if config_path is not None else "config"
     problems: list[str] = []
-    known = {"version", HEALTH_SECTION, FABRIC_SECTION} | {s.key for s in SETTINGS} | set(PLUGIN_SECTIONS)
+    sections = {"version", HEALTH_SECTION, FABRIC_SECTION, DRA_SECTION}
+    known = sections | {s.key for s in SETTINGS} | set(PLUGIN_SECTIONS)
     for key in sorted(_key_text(k) for k in data if k not in known):  # YAML keys may be ints or null
         problems.append(f"{source}: {key}: unknown key; valid: {', '.join(sorted(known))}")
 
@@ -478,6 +483,12 @@ def load_settings(args: argparse.Namespace, env: Mapping[str, str]) -> RunSettin
         health = dataclasses.replace(health, fabric_policy=parse_fabric_policy(data, source=source))
     except ConfigError as exc:
         problems.extend(exc.problems)
+    try:
+        dra = parse_dra_config(data, source=source)
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+        dra = DraConfig()
+    problems.extend(f"{source}: {p}" for p in shared_conflicts(dra, plugin))
     if values.get("simulate_faults") is not None and values.get("simulate") is None:
         problems.append("--simulate-faults: needs --simulate (faults are injected into the simulator)")
     values.setdefault("health_addr", DEFAULT_HEALTH_ADDR)
@@ -487,7 +498,7 @@ def load_settings(args: argparse.Namespace, env: Mapping[str, str]) -> RunSettin
         problems.append(f"--health-addr: {clash}; the health listener needs a port of its own")
     if problems:
         raise ConfigError(problems)
-    return RunSettings(**values, config_file=config_path, plugin=plugin, health=health)
+    return RunSettings(**values, config_file=config_path, plugin=plugin, health=health, dra=dra)
 
 
 def _key_text(key: Any) -> str:

@@ -14,6 +14,7 @@ The node arrives through ``node``: Protocols this package defines (``NodeState``
 health, change notifications); the agent's inventory store satisfies them. Device health is the node's
 (``agent.healthbook`` decides it); the servers read it when they answer and keep no copy.
 
+The DRA kubelet plugin (``resource.k8s.io/v1``) is the subpackage ``dra``, over the same resource plan.
 Owns ``deviceplugin/api`` (our ``.proto`` and generated stubs; only ``server`` imports them here).
 Imports ``topology`` only: nothing of ``agent`` (not even lazily) nor ``scheduler_plugin``.
 """

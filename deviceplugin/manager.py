@@ -14,6 +14,8 @@ true while the node and kubelet change underneath.
   pod-resources check is given, every ``check_interval_s`` kubelet's allocatable devices are compared
   with ours and a resource kubelet lost is registered again.
 - Stop: servers stop with a grace period and their sockets are removed.
+- Resources ``served_elsewhere`` says another API serves (the DRA driver) are left out of the plan, so
+  each device is served by exactly one.
 
 The node arrives as a :class:`~deviceplugin.node.NodeState` (the agent's inventory store satisfies it).
 """
@@ -71,6 +73,7 @@ class PluginManager:
         allocatable_check: AllocatableCheck | None = None,
         pcie_levels: PcieLevels | None = None,
         check_interval_s: float = 30.0,
+        served_elsewhere: Callable[[str], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
@@ -83,6 +86,7 @@ class PluginManager:
         self._check = allocatable_check
         self._pcie_levels = pcie_levels
         self._check_interval = check_interval_s
+        self._elsewhere = served_elsewhere
         self._clock = clock
         self._plugins: dict[str, _Plugin] = {}
         self._unstarted: dict[str, Resource] = {}  # servers that failed to start; retried every tick
@@ -104,8 +108,16 @@ class PluginManager:
     def plan(self) -> ResourcePlan:
         """The plan now advertised (build it first when the manager has not started)."""
         if self._plan is None:
-            self._plan = build_plan(self._store.inventory, self._config)
+            self._plan = self._build_plan()
         return self._plan
+
+    def _build_plan(self) -> ResourcePlan:
+        """The resource plan less the resources served by another API (DRA): each device by one."""
+        plan = build_plan(self._store.inventory, self._config)
+        if self._elsewhere is None:
+            return plan
+        kept = tuple(r for r in plan.resources if not self._elsewhere(r.name))
+        return ResourcePlan(resources=kept, warnings=plan.warnings, unmatched=plan.unmatched)
 
     def registered(self) -> dict[str, bool]:
         """Each served resource and whether kubelet has accepted its registration."""
@@ -124,7 +136,7 @@ class PluginManager:
 
     async def run(self, stop: asyncio.Event) -> None:
         self._dir.mkdir(parents=True, exist_ok=True)
-        plan = build_plan(self._store.inventory, self._config)  # a bad plan at start is fatal
+        plan = self._build_plan()  # a bad plan at start is fatal
         for resource in plan.resources:
             check_socket_path(self._dir / resource.socket_name)  # so is a directory path too long
         remove = self._store.add_listener(self._on_store)
@@ -143,7 +155,7 @@ class PluginManager:
         if self._inventory_dirty:
             self._inventory_dirty = False
             try:
-                plan = build_plan(self._store.inventory, self._config)
+                plan = self._build_plan()
             except ResourceError as exc:
                 self._log.error(
                     "resource_plan_rejected", reason=str(exc), hint="keeping the resources advertised before"

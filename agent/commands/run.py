@@ -269,6 +269,7 @@ async def serve(
             allocatable_check=_allocatable_check(settings.pod_resources_socket),
             check_interval_s=settings.registration_check_s,
             pcie_levels=_pcie_levels(node.nvml),
+            served_elsewhere=settings.dra.serves if settings.dra.enabled else None,
         )
         imex = ImexMonitor(reader=node.imex, interval_s=settings.health.probe_interval_s)
         await imex.once()  # the first publication already says whether the node has a daemon
@@ -284,6 +285,15 @@ async def serve(
         )
         fabric = FabricWatch(nvml=node.nvml, store=store, interval_s=settings.health.probe_interval_s)
         components: list[Component] = [health, rediscovery, manager, fabric, imex]
+        if settings.dra.enabled:  # the DRA kubelet plugin, beside the device plugin (agent.dra)
+            from agent.dra import DraUnavailableError, dra_driver_for_run  # noqa: PLC0415
+
+            try:
+                dra = dra_driver_for_run(settings, store, grace_s=min(settings.shutdown_grace_s, 2.0))
+            except DraUnavailableError as exc:
+                raise StartupError(str(exc)) from None
+            components.append(dra)
+            ctx.readiness.append(("dra", dra.problem))
         if node.faults is not None:
             components.append(node.faults)
         if node.hotplug is not None:

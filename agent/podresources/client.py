@@ -55,6 +55,20 @@ class PodResourcesClient:
                                 device_id=device_id,
                             )
                         )
+                # DRA claims: one row per CDI device, as "<kind>=<id>" names it (ours: the GPU/MIG UUID);
+                # the resource is the driver's name
+                for dynamic in container.dynamic_resources:
+                    for claimed in dynamic.claim_resources:
+                        for cdi in claimed.cdi_devices:
+                            rows.append(
+                                Assignment(
+                                    namespace=pod.namespace,
+                                    pod=pod.name,
+                                    container=container.name,
+                                    resource=claimed.driver_name,
+                                    device_id=cdi.name.rpartition("=")[2],
+                                )
+                            )
         return tuple(sorted(set(rows))), len(reply.pod_resources)
 
     async def allocatable(self) -> tuple[AllocatableDevice, ...] | None:

@@ -22,6 +22,8 @@ from agent.podresources.api import api_pb2, api_pb2_grpc
 class FakeContainer:
     name: str
     devices: Mapping[str, Sequence[str]] = field(default_factory=dict)  # resource -> device IDs
+    # DRA: driver -> CDI device names ("<kind>=<id>") of one claim the container holds
+    claims: Mapping[str, Sequence[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +43,22 @@ def _to_proto(pod: FakePod) -> api_pb2.PodResources:
                 devices=[
                     api_pb2.ContainerDevices(resource_name=r, device_ids=list(ids))
                     for r, ids in sorted(c.devices.items())
+                ],
+                dynamic_resources=[
+                    api_pb2.DynamicResource(
+                        claim_name=f"{c.name}-claim",
+                        claim_namespace=pod.namespace,
+                        claim_resources=[
+                            api_pb2.ClaimResource(
+                                driver_name=driver,
+                                pool_name="pool",
+                                device_name=name.rpartition("=")[2].lower(),
+                                cdi_devices=[api_pb2.CDIDevice(name=name)],
+                            )
+                            for name in names
+                        ],
+                    )
+                    for driver, names in sorted(c.claims.items())
                 ],
             )
             for c in pod.containers

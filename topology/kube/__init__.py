@@ -24,6 +24,7 @@ from topology.kube.client import (
     NODES,
     PODGROUPS,
     PODS,
+    RESOURCESLICES,
     Kube,
     KubeError,
     Watch,
@@ -32,6 +33,7 @@ from topology.kube.client import (
     configmaps,
     events,
     leases,
+    resourceclaims,
 )
 from topology.kube.informer import Informer, Sink, Store, object_key
 from topology.kube.lease import LeaseElector, micro_time
@@ -46,6 +48,7 @@ __all__ = [
     "NODES",
     "PODGROUPS",
     "PODS",
+    "RESOURCESLICES",
     "EventRecorder",
     "Informer",
     "Kube",
@@ -63,4 +66,5 @@ __all__ = [
     "leases",
     "micro_time",
     "object_key",
+    "resourceclaims",
 ]

@@ -25,6 +25,7 @@ PODS = "/api/v1/pods"  # every namespace
 GPUNODES = "/apis/topology.gpuagent.dev/v1alpha1/gpunodes"
 HYPERNODES = "/apis/topology.volcano.sh/v1alpha1/hypernodes"
 PODGROUPS = "/apis/scheduling.volcano.sh/v1beta1/podgroups"  # every namespace
+RESOURCESLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
 
 def configmaps(namespace: str) -> str:
@@ -37,6 +38,10 @@ def leases(namespace: str) -> str:
 
 def events(namespace: str) -> str:
     return f"/api/v1/namespaces/{quote(namespace)}/events"
+
+
+def resourceclaims(namespace: str) -> str:
+    return f"/apis/resource.k8s.io/v1/namespaces/{quote(namespace)}/resourceclaims"
 
 
 def binding(namespace: str, pod: str) -> str:
@@ -317,11 +322,18 @@ class Kube:
         return out
 
     def list(
-        self, path: str, *, label_selector: str | None = None, missing_ok: bool = False
+        self,
+        path: str,
+        *,
+        label_selector: str | None = None,
+        missing_ok: bool = False,
+        field_selector: str | None = None,
     ) -> tuple[list[dict[str, Any]], str]:
         """The items and the list's resourceVersion. With ``missing_ok`` a kind whose CRD is not
         installed (404) lists as empty, with no resourceVersion."""
-        query = {"labelSelector": label_selector} if label_selector else None
+        query = {"labelSelector": label_selector} if label_selector else {}
+        if field_selector:
+            query["fieldSelector"] = field_selector
         try:
             body = self.request("GET", path, query=query)
         except KubeError as exc:

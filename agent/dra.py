@@ -1,0 +1,60 @@
+"""Wiring of the DRA driver (:mod:`deviceplugin.dra`) into ``run``: the Kubernetes client it reads claims
+and writes ResourceSlices with, and the node's PCIe roots from sysfs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from agent.config import RunSettings
+from agent.runtime import InventoryStore
+from deviceplugin.dra.driver import DraDriver
+from deviceplugin.dra.publish import KubeDraApi
+
+
+class DraUnavailableError(RuntimeError):
+    """The DRA driver cannot be built (one line for the operator)."""
+
+
+def pcie_root_reader(sysfs_root: Path) -> Callable[[str], str | None]:
+    """``pcie_root(bus_id)``: the root complex (``pci0000:00``) above a PCI device in sysfs, or None."""
+
+    def pcie_root(bus_id: str) -> str | None:
+        try:
+            real = os.path.realpath(sysfs_root / "bus" / "pci" / "devices" / bus_id)
+        except OSError:
+            return None
+        for part in Path(real).parts:
+            if part.startswith("pci") and ":" in part:
+                return part
+        return None
+
+    return pcie_root
+
+
+def dra_driver_for_run(settings: RunSettings, store: InventoryStore, *, grace_s: float) -> DraDriver:
+    """The driver for ``run``; raises :class:`DraUnavailableError` without a Kubernetes API (prepare reads
+    each claim's allocation from it)."""
+    if settings.no_kube:
+        raise DraUnavailableError(
+            "dra.enabled needs the Kubernetes API (claims are read from it); drop --no-kube"
+        )
+    from topology.kube import Kube, api_client_from  # noqa: PLC0415 - loads the Kubernetes client only here
+
+    try:
+        client = api_client_from(str(settings.kubeconfig) if settings.kubeconfig else None)
+    except Exception as exc:  # no kubeconfig and not in a cluster
+        raise DraUnavailableError(f"dra.enabled: no Kubernetes API configuration: {exc}") from None
+    api = KubeDraApi(Kube(client))
+    reader = pcie_root_reader(settings.sysfs_root or Path("/sys"))
+    return DraDriver(
+        store=store,
+        config=settings.dra,
+        plugin_config=settings.plugin,
+        node_name=settings.node_name,
+        claims=api,
+        slices=api,
+        pcie_root=reader,
+        grace_s=grace_s,
+    )

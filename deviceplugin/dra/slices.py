@@ -1,0 +1,258 @@
+"""The node's ResourceSlices (``resource.k8s.io/v1``): a pure function of the inventory, the devices DRA
+serves (the device plugin's resource plan, the one resource manager) and device taints.
+
+- One pool per node, named after the node; at most :data:`MAX_DEVICES_PER_SLICE` devices per slice
+  (the API's limit), slices named ``<node>-<driver>-<n>`` (bounded to 253 characters).
+- Device names are the lowercased GPU/MIG UUID with anything outside ``[a-z0-9-]`` as ``-`` (a DNS label,
+  stable across restarts and re-indexing): ``gpu-8f3c…``, ``mig-1a2b…``.
+- Attributes with NVIDIA's names where NVIDIA's driver publishes the same fact (``type``, ``uuid``,
+  ``productName``, ``brand``, ``architecture``, ``cudaComputeCapability``, ``driverVersion``,
+  ``cudaDriverVersion``, ``index``, ``minor``, ``resource.kubernetes.io/pciBusID``,
+  ``resource.kubernetes.io/pcieRoot``; MIG ``parentUUID``, ``profile``; capacity ``memory``) and ours
+  that no driver publishes: ``nvlinkDomain`` (``<clusterUUID>.<cliqueId>``, only while the node sits
+  in a completed, agreed clique: a claim can ``matchAttribute`` on it), ``cliqueId``, ``clusterUUID``,
+  ``rack`` (chassis serial) and ``tray`` from platform info, ``numaNode``, ``fabricHealth``
+  (``healthy|degraded|unhealthy`` from the GPU's own fabric summary).
+- Taints (``spec.devices[].taints``) come from the caller (``taints``, keyed by device UUID): the
+  hook for health-as-taints; this module decides nothing about health.
+
+Unqualified attribute names are in the driver's domain (``gpu.gpuagent.dev/nvlinkDomain``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from deviceplugin.preferred import DeviceKind
+from deviceplugin.resources import Device
+from topology.model import FabricHealthSummary, FabricInfo, Gpu, MigDevice, NodeInventory
+from topology.nvlink import nvlink_facts
+
+API_VERSION = "resource.k8s.io/v1"
+MAX_DEVICES_PER_SLICE = 128
+MAX_NAME = 253
+MAX_STRING = 64
+PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+_NOT_LABEL = re.compile(r"[^a-z0-9-]+")
+
+PcieRoot = Callable[[str], str | None]
+"""The PCIe root complex (``pci0000:00``) of a PCI bus ID, where the node can tell."""
+
+
+@dataclass(frozen=True, slots=True)
+class SliceDevice:
+    """One published device and what prepare needs to know of it."""
+
+    name: str
+    device: Device
+
+
+def device_name(uuid: str) -> str:
+    """The DNS-label name of the device with this GPU/MIG UUID."""
+    return _NOT_LABEL.sub("-", uuid.lower()).strip("-")[:63].rstrip("-")
+
+
+def slice_devices(devices: Iterable[Device]) -> tuple[SliceDevice, ...]:
+    """Whole GPUs and MIG devices (replicas are the device plugin's), by name."""
+    seen: dict[str, SliceDevice] = {}
+    for d in devices:
+        if d.kind is DeviceKind.REPLICA:
+            continue
+        name = device_name(d.base_uuid)
+        seen.setdefault(name, SliceDevice(name=name, device=d))
+    return tuple(seen[k] for k in sorted(seen))
+
+
+def pci_bus_id(nvml_form: str) -> str:
+    """NVML's ``00000000:1B:00.0`` as the kernel writes it, ``0000:1b:00.0``."""
+    domain, _, rest = nvml_form.partition(":")
+    if not rest:
+        return nvml_form.lower()
+    return f"{domain[-4:].rjust(4, '0')}:{rest}".lower()
+
+
+def quantity(n_bytes: int) -> str:
+    """Bytes as a Kubernetes quantity (``81920Mi`` where whole MiB, else the plain number)."""
+    mib = 1024 * 1024
+    return f"{n_bytes // mib}Mi" if n_bytes % mib == 0 and n_bytes else str(n_bytes)
+
+
+def _version(major: int, minor: int, patch: int = 0) -> dict[str, str]:
+    return {"version": f"{major}.{minor}.{patch}"}
+
+
+def _semver(text: str) -> dict[str, str] | None:
+    parts = text.split(".")
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() and len(p) <= 9 for p in parts):
+        return None
+    nums = [int(p) for p in parts] + [0] * (3 - len(parts))
+    return _version(*nums)
+
+
+_FABRIC_HEALTH = {
+    FabricHealthSummary.HEALTHY: "healthy",
+    FabricHealthSummary.LIMITED_CAPACITY: "degraded",
+    FabricHealthSummary.UNHEALTHY: "unhealthy",
+}
+
+
+def _gpu_attributes(
+    gpu: Gpu, inventory: NodeInventory, fabric: FabricInfo | None, clique: str | None, pcie_root: PcieRoot
+) -> dict[str, dict[str, Any]]:
+    attrs: dict[str, dict[str, Any]] = {
+        "productName": {"string": gpu.name},
+        "architecture": {"string": gpu.architecture},
+        "cudaComputeCapability": _version(*gpu.compute_capability),
+        "index": {"int": gpu.index},
+        PCI_BUS_ID: {"string": pci_bus_id(gpu.pci_bus_id)},
+    }
+    if gpu.brand:
+        attrs["brand"] = {"string": gpu.brand}
+    if gpu.minor_number is not None:
+        attrs["minor"] = {"int": gpu.minor_number}
+    if gpu.numa_node is not None and gpu.numa_node >= 0:
+        attrs["numaNode"] = {"int": gpu.numa_node}
+    root = pcie_root(attrs[PCI_BUS_ID]["string"])
+    if root:
+        attrs[PCIE_ROOT] = {"string": root}
+    driver = inventory.driver
+    if driver is not None:
+        version = _semver(driver.driver_version)
+        if version is not None:
+            attrs["driverVersion"] = version
+        attrs["cudaDriverVersion"] = _version(driver.cuda_major, driver.cuda_minor)
+    if fabric is not None and fabric.multi_node:
+        attrs["clusterUUID"] = {"string": fabric.cluster_uuid.lower()}
+        attrs["cliqueId"] = {"int": fabric.clique_id}
+        health = _FABRIC_HEALTH.get(fabric.health_summary)
+        if health is not None:
+            attrs["fabricHealth"] = {"string": health}
+        if clique is not None:
+            attrs["nvlinkDomain"] = {"string": clique}
+    if gpu.platform is not None:
+        if gpu.platform.chassis_serial:
+            attrs["rack"] = {"string": gpu.platform.chassis_serial}
+        attrs["tray"] = {"int": gpu.platform.tray_index}
+    return attrs
+
+
+def _device(
+    sd: SliceDevice,
+    *,
+    gpu: Gpu,
+    mig: MigDevice | None,
+    inventory: NodeInventory,
+    fabric: FabricInfo | None,
+    clique: str | None,
+    pcie_root: PcieRoot,
+    taints: Sequence[Mapping[str, Any]],
+) -> dict[str, Any]:
+    attrs = _gpu_attributes(gpu, inventory, fabric, clique, pcie_root)
+    if mig is None:
+        attrs["type"] = {"string": "gpu"}
+        attrs["uuid"] = {"string": gpu.uuid}
+        memory = gpu.memory_total_bytes
+    else:
+        attrs["type"] = {"string": "mig"}
+        attrs["uuid"] = {"string": mig.uuid}
+        attrs["parentUUID"] = {"string": gpu.uuid}
+        attrs["parentIndex"] = attrs.pop("index")
+        attrs["profile"] = {"string": mig.profile}
+        memory = mig.memory_bytes
+    for value in attrs.values():  # the API's limit for a string attribute
+        if "string" in value:
+            value["string"] = value["string"][:MAX_STRING]
+    out: dict[str, Any] = {
+        "name": sd.name,
+        "attributes": dict(sorted(attrs.items())),
+        "capacity": {"memory": {"value": quantity(memory)}},
+    }
+    if taints:
+        out["taints"] = [dict(t) for t in taints]
+    return out
+
+
+def build_slices(
+    inventory: NodeInventory,
+    devices: Iterable[Device],
+    *,
+    node_name: str,
+    node_uid: str | None,
+    driver: str,
+    generation: int,
+    taints: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    pcie_root: PcieRoot = lambda _bus: None,
+) -> list[dict[str, Any]]:
+    """The node's pool as ResourceSlice objects (at least one, even with no devices, so the pool's
+    emptiness is published too)."""
+    gpus = {g.uuid: g for g in inventory.gpus if g.uuid}
+    migs = {m.uuid: m for m in inventory.mig_devices()}
+    fabric = {f.gpu_index: f for f in inventory.fabric}
+    facts = nvlink_facts(inventory)
+    clique = str(facts.clique) if facts.clique is not None and facts.gfd_clique is not None else None
+    rendered: list[dict[str, Any]] = []
+    for sd in slice_devices(devices):
+        gpu = gpus.get(sd.device.gpu_uuid)
+        if gpu is None:
+            continue
+        mig = migs.get(sd.device.base_uuid) if sd.device.kind is DeviceKind.MIG else None
+        if sd.device.kind is DeviceKind.MIG and mig is None:
+            continue
+        device_taints = (taints or {}).get(sd.device.base_uuid, ())
+        rendered.append(
+            _device(
+                sd,
+                gpu=gpu,
+                mig=mig,
+                inventory=inventory,
+                fabric=fabric.get(gpu.index),
+                clique=clique,
+                pcie_root=pcie_root,
+                taints=device_taints,
+            )
+        )
+    chunks = [
+        rendered[i : i + MAX_DEVICES_PER_SLICE] for i in range(0, len(rendered), MAX_DEVICES_PER_SLICE)
+    ] or [[]]
+    out = []
+    for n, chunk in enumerate(chunks):
+        meta: dict[str, Any] = {"name": slice_name(node_name, driver, n)}
+        if node_uid:
+            meta["ownerReferences"] = [
+                {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid, "controller": True}
+            ]
+        out.append(
+            {
+                "apiVersion": API_VERSION,
+                "kind": "ResourceSlice",
+                "metadata": meta,
+                "spec": {
+                    "driver": driver,
+                    "nodeName": node_name,
+                    "pool": {"name": node_name, "generation": generation, "resourceSliceCount": len(chunks)},
+                    "devices": chunk,
+                },
+            }
+        )
+    return out
+
+
+def slice_name(node_name: str, driver: str, n: int) -> str:
+    """``<node>-<driver>-<n>``, cut to the API's 253 characters from the node name's end."""
+    tail = f"-{driver}-{n}"
+    return node_name[: MAX_NAME - len(tail)] + tail
+
+
+def content(slices: Sequence[Mapping[str, Any]]) -> list[Any]:
+    """What decides whether a pool must be written again: the slices without the pool generation."""
+    out: list[Any] = []
+    for s in slices:
+        spec = dict(s["spec"])
+        pool = dict(spec.pop("pool"))
+        pool.pop("generation", None)
+        out.append((s["metadata"], spec, pool))
+    return out

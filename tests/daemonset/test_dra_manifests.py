@@ -1,0 +1,77 @@
+"""The DRA deployment: the kustomize component ``daemonset/dra`` (+ ``extended-resource``) and the chart's
+``dra.*`` values render the same objects; off by default; the agent's config they write parses."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agent.config import parse_health_config
+from deviceplugin.config import parse_plugin_config
+from deviceplugin.dra.config import parse_dra_config
+from tests.daemonset.test_manifests import DAEMONSET, by_key, normalized, render_helm, render_kustomize
+
+
+def _overlay(tmp_path: Path, *components: str) -> Path:
+    shutil.copytree(DAEMONSET, tmp_path / "daemonset")
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    listed = ", ".join(f"../daemonset/{c}" for c in components)
+    (overlay / "kustomization.yaml").write_text(f"resources: [../daemonset/base]\ncomponents: [{listed}]\n")
+    return overlay
+
+
+@pytest.mark.parametrize(
+    ("components", "values"),
+    [
+        pytest.param(("dra",), ["dra.enabled=true"], id="dra"),
+        pytest.param(
+            ("dra", "dra/extended-resource"),
+            ["dra.enabled=true", "dra.extendedResourceName=nvidia.com/gpu"],
+            id="extended-resource",
+        ),
+    ],
+)
+def test_chart_renders_the_dra_component(
+    deploy_tools: Path, tmp_path: Path, components: tuple[str, ...], values: list[str]
+) -> None:
+    base = by_key(render_kustomize(deploy_tools, _overlay(tmp_path, *components)))
+    chart = by_key(render_helm(deploy_tools, *values))
+    base.pop(("Namespace", "", "gpu-system"))
+    assert sorted(chart) == sorted(base)
+    for k, obj in base.items():
+        assert normalized(chart[k]) == normalized(obj), f"{k} differs between the chart and the component"
+    device_class = base[("DeviceClass", "", "gpu.gpuagent.dev")]
+    extended = device_class["spec"].get("extendedResourceName")
+    assert extended == ("nvidia.com/gpu" if "dra/extended-resource" in components else None)
+
+
+def test_dra_is_off_by_default(deploy_tools: Path) -> None:
+    for objs in (render_kustomize(deploy_tools, DAEMONSET / "base"), render_helm(deploy_tools)):
+        kinds = {o["kind"] for o in objs}
+        assert "DeviceClass" not in kinds
+        names = {o["metadata"]["name"] for o in objs}
+        assert "gpu-node-agent-dra" not in names
+        config = next(o for o in objs if o["metadata"]["name"] == "gpu-node-agent-config")
+        assert "dra" not in yaml.safe_load(config["data"]["config.yaml"])
+
+
+def test_the_component_config_enables_dra_and_parses(deploy_tools: Path, tmp_path: Path) -> None:
+    objs = by_key(render_kustomize(deploy_tools, _overlay(tmp_path, "dra")))
+    data: dict[str, Any] = yaml.safe_load(
+        objs[("ConfigMap", "gpu-system", "gpu-node-agent-config")]["data"]["config.yaml"]
+    )
+    dra = parse_dra_config(data)
+    assert dra.enabled
+    assert dra.driver_name == "gpu.gpuagent.dev"
+    parse_plugin_config(data)
+    parse_health_config(data)
+    ds = objs[("DaemonSet", "gpu-system", "gpu-node-agent")]
+    mounts = {m["mountPath"] for m in ds["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
+    assert {dra.plugin_dir, dra.registry_dir} <= mounts
+    rbac = objs[("ClusterRole", "", "gpu-node-agent-dra")]
+    assert {"resourceslices", "resourceclaims"} == {r for rule in rbac["rules"] for r in rule["resources"]}

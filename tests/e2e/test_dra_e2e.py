@@ -1,0 +1,138 @@
+"""The DRA driver against the real kube-apiserver (1.37, ``resource.k8s.io/v1`` served): ``run`` with
+``dra.enabled`` publishes the node's pool as a ResourceSlice by server-side apply (field manager
+``gpu-node-agent``), the API server accepts every attribute we write, and a claim prepared by the
+kubelet's call is read from the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc.aio
+import pytest
+
+from agent import localcluster as cluster
+from agent.commands.run import serve
+from agent.config import RunSettings
+from deviceplugin.config import parse_plugin_config
+from deviceplugin.dra.api import dra_pb2 as pb
+from deviceplugin.dra.config import DraConfig
+from topology.kube import RESOURCESLICES, Kube, resourceclaims
+
+pytestmark = pytest.mark.e2e
+
+DRIVER = "gpu.gpuagent.dev"
+PREPARE = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="dra", dir="/tmp") as d:
+        yield Path(d)
+
+
+def _slices(kube: Kube, node: str) -> list[dict[str, Any]]:
+    items, _ = kube.list(RESOURCESLICES, field_selector=f"spec.nodeName={node},spec.driver={DRIVER}")
+    return items
+
+
+def test_resourceslice_appears_and_a_claim_is_prepared(
+    control_plane: cluster.ControlPlane,
+    api_client: Any,
+    gpu_nodes: Any,
+    namespace: str,
+    short_dir: Path,
+) -> None:
+    (node,) = gpu_nodes(["dra-e2e-gb200"], gpus=4)
+    kube = Kube(api_client)
+    settings = RunSettings(
+        node_name=node,
+        kubelet_dir=short_dir / "dp",
+        simulate="gb200-nvl72:rack=3,tray=7",
+        kubeconfig=Path(control_plane.apiserver.kubeconfig),
+        metrics_addr="",
+        plugin=parse_plugin_config({"cdi": {"specDir": str(short_dir / "cdi")}}),
+        dra=DraConfig(
+            enabled=True, plugin_dir=str(short_dir / "plugins"), registry_dir=str(short_dir / "reg")
+        ),
+    )
+    (short_dir / "dp").mkdir()
+
+    async def body() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(serve(settings, stop=stop, factories=()))
+        try:
+            await asyncio.to_thread(
+                cluster.wait_until,
+                lambda: bool(_slices(kube, node)),
+                what="the node's ResourceSlice",
+                timeout_s=60,
+            )
+            (obj,) = _slices(kube, node)
+            spec = obj["spec"]
+            assert spec["pool"]["name"] == node
+            assert spec["pool"]["resourceSliceCount"] == 1
+            assert len(spec["devices"]) == 4
+            managers = {m["manager"] for m in obj["metadata"]["managedFields"]}
+            assert managers == {"gpu-node-agent"}
+            assert obj["metadata"]["ownerReferences"][0]["kind"] == "Node"
+            domains = {d["attributes"]["nvlinkDomain"]["string"] for d in spec["devices"]}
+            assert len(domains) == 1
+            attrs = spec["devices"][0]["attributes"]
+            assert attrs["cudaComputeCapability"] == {"version": "10.0.0"}
+            assert attrs["tray"] == {"int": 7}
+            assert "resource.kubernetes.io/pciBusID" in attrs
+            device = spec["devices"][0]["name"]
+            # a claim as the scheduler would have allocated it, read by NodePrepareResources
+            claim = kube.create(
+                resourceclaims(namespace),
+                {
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "ResourceClaim",
+                    "metadata": {"name": "one-gpu"},
+                    "spec": {
+                        "devices": {
+                            "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.gpuagent.dev"}}]
+                        }
+                    },
+                },
+            )
+            claim["status"] = {
+                "allocation": {
+                    "devices": {
+                        "results": [{"request": "gpu", "driver": DRIVER, "pool": node, "device": device}]
+                    }
+                }
+            }
+            kube.replace(f"{resourceclaims(namespace)}/one-gpu/status", claim)
+            uid = claim["metadata"]["uid"]
+            async with grpc.aio.insecure_channel(
+                f"unix://{short_dir / 'plugins' / DRIVER / 'dra.sock'}"
+            ) as ch:
+                prepare = ch.unary_unary(
+                    PREPARE,
+                    request_serializer=pb.NodePrepareResourcesRequest.SerializeToString,
+                    response_deserializer=pb.NodePrepareResourcesResponse.FromString,
+                )
+                got = await prepare(
+                    pb.NodePrepareResourcesRequest(
+                        claims=[pb.Claim(namespace=namespace, uid=uid, name="one-gpu")]
+                    ),
+                    timeout=20,
+                    wait_for_ready=True,
+                )
+            assert got.claims[uid].error == ""
+            assert [d.device_name for d in got.claims[uid].devices] == [device]
+        finally:
+            stop.set()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(task, 30)
+            for s in _slices(kube, node):
+                kube.delete(f"{RESOURCESLICES}/{s['metadata']['name']}")
+
+    asyncio.run(body())
