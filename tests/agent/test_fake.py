@@ -690,3 +690,16 @@ def test_destroying_a_gpu_instance_frees_its_slices() -> None:
     assert sim.device_get_gpu_instance_remaining_capacity(2, 9) == 1
     with pytest.raises(errors.NVMLError_NotFound):
         sim.gpu_instance_destroy(2, 1)
+
+
+def test_max_mig_device_count_is_zero_while_mig_is_off() -> None:
+    """nvml.h: "Returns zero if MIG is not supported or enabled"; go-nvlib (NVIDIA's device plugin and GFD)
+    visits that many MIG handles and stops at the first it cannot get."""
+    sim = started("dgx-a100-mig")
+    counts: dict[int, tuple[bool, int]] = {}
+    for index in range(8):
+        state = sim.mig_state(index)
+        assert state is not None
+        counts[index] = (state.current_enabled, sim.device_get_max_mig_device_count(index))
+    assert {enabled for enabled, _ in counts.values()} == {True, False}  # both kinds are on this machine
+    assert all(count == (MIG_COMPUTE_SLICES if enabled else 0) for enabled, count in counts.values()), counts
