@@ -31,6 +31,10 @@ SHARING_STRATEGIES = ("none", "time-slicing", "mps")
 
 _VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
 
+GFD_FAMILIES = {"ada": "ada-lovelace"}
+"""Our architecture names whose ``nvidia.com/gpu.family`` value GFD spells otherwise (compared against
+NVIDIA's GFD in tests/e2e/test_peer_gfd.py); every other name is the label value as it is."""
+
 
 def label_value(text: str) -> str:
     """Spaces and other characters a label value cannot hold become ``-``; at most 63 characters."""
@@ -76,7 +80,7 @@ def node_labels(
         labels[f"{NVIDIA}gpu.product"] = product
         labels[f"{NVIDIA}gpu.count"] = str(len(gpus))
         labels[f"{NVIDIA}gpu.memory"] = str(first.memory_total_mib)
-        labels[f"{NVIDIA}gpu.family"] = label_value(first.architecture)
+        labels[f"{NVIDIA}gpu.family"] = label_value(GFD_FAMILIES.get(first.architecture, first.architecture))
         labels[f"{NVIDIA}gpu.compute.major"] = str(first.compute_capability[0])
         labels[f"{NVIDIA}gpu.compute.minor"] = str(first.compute_capability[1])
         devices = inventory.mig_devices()

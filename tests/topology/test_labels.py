@@ -25,6 +25,13 @@ def test_gfd_labels_of_an_nvl72_tray() -> None:
     assert LABEL_IB_LEAF not in labels
 
 
+def test_gpu_family_is_spelled_as_gfd_spells_it() -> None:
+    """GFD writes ``ada-lovelace`` where NVML's architecture is ADA (NVIDIA's GFD over the same machine:
+    tests/e2e/test_peer_gfd.py)."""
+    assert node_labels(pcie_node("p"), node_name="p")["nvidia.com/gpu.family"] == "ada-lovelace"
+    assert node_labels(nvl72_tray("t"), node_name="t")["nvidia.com/gpu.family"] == "blackwell"
+
+
 CLIQUE_CASES = {
     "completed-healthy": (nvl72_tray("t"), True, True),
     "in-progress": (nvl72_tray("t", state=FabricState.IN_PROGRESS), False, False),
