@@ -77,18 +77,7 @@ CASES: dict[str, Case] = {
     "mps": Case("pcie-l40s", sharing="mps", replicas=2),
 }
 
-DIFFERENCES: dict[str, dict[str, tuple[str | None, str | None]]] = {
-    # migStrategy single over GPUs that are not all cut the same way: GFD labels the node as an invalid
-    # single-strategy node (no GPU to schedule); ours keeps describing the whole GPUs, which is what our
-    # device plugin then advertises (see README.md).
-    "dgx-a100-mig-single": {
-        "nvidia.com/gpu.product": ("NVIDIA-A100-SXM4-80GB-MIG-INVALID", "NVIDIA-A100-SXM4-80GB"),
-        "nvidia.com/gpu.count": ("0", "8"),
-        "nvidia.com/gpu.memory": ("0", "81920"),
-        "nvidia.com/gpu.replicas": ("0", "1"),
-        "nvidia.com/gpu.sharing-strategy": ("", "none"),
-    },
-}
+DIFFERENCES: dict[str, dict[str, tuple[str | None, str | None]]] = {}
 """Case → label → (GFD's value, ours): the differences README.md explains. Anything else must be equal."""
 
 GFD_ONLY = re.compile(
