@@ -77,6 +77,23 @@ CASES: dict[str, Case] = {
     "mps": Case("pcie-l40s", sharing="mps", replicas=2),
 }
 
+MUST_MATCH: dict[str, dict[str, str]] = {
+    "gb200-nvl72": {"nvidia.com/gpu.clique": "702b1e69-8f57-5fbb-8061-00973c9cd06e.32766"},
+    "dgx-a100-mig-mixed": {"nvidia.com/mig-1g.10gb.count": "9", "nvidia.com/mig.strategy": "mixed"},
+    "dgx-a100-mig-single": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB-MIG-INVALID"},
+    "pcie-l40s": {"nvidia.com/gpu.family": "ada-lovelace"},
+    "time-slicing": {
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3-SHARED",
+        "nvidia.com/gpu.replicas": "4",
+    },
+    "time-slicing-renamed": {
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+        "nvidia.com/gpu.replicas": "4",
+    },
+    "mps": {"nvidia.com/gpu.sharing-strategy": "mps", "nvidia.com/gpu.replicas": "2"},
+}
+"""Case → labels both must write with these values (the comparison reaches clique, MIG and sharing)."""
+
 DIFFERENCES: dict[str, dict[str, tuple[str | None, str | None]]] = {}
 """Case → label → (GFD's value, ours): the differences README.md explains. Anything else must be equal."""
 
@@ -220,5 +237,7 @@ def test_gfd_labels_equal_ours(peer: cluster.Counterparts, runner: Runner, tmp_p
     ours_only = sorted(k for k in ours.keys() - theirs.keys() if not OURS_ONLY.match(k))
     assert not ours_only, f"we write labels GFD does not and README.md does not name: {ours_only}"
     # the comparison compared something: the families both write are there on both sides
+    for key, value in MUST_MATCH.get(name, {}).items():
+        assert (theirs.get(key), ours.get(key)) == (value, value), key
     for key in ("nvidia.com/gpu.product", "nvidia.com/gpu.count", "nvidia.com/cuda.driver-version.full"):
         assert key in theirs.keys() & ours.keys()
