@@ -37,6 +37,10 @@ SHARING_STRATEGIES = ("none", "time-slicing", "mps")
 
 _VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
 
+GFD_FAMILIES = {"ada": "ada-lovelace"}
+"""Our architecture names whose ``nvidia.com/gpu.family`` value GFD spells otherwise (compared against
+NVIDIA's GFD in tests/e2e/test_peer_gfd.py); every other name is the label value as it is."""
+
 
 def label_value(text: str) -> str:
     """Spaces and other characters a label value cannot hold become ``-``; at most 63 characters."""
@@ -53,6 +57,17 @@ def ib_leaf_switches(inventory: NodeInventory) -> frozenset[str]:
             except ValueError:
                 continue
     return frozenset(out)
+
+
+def _single_is_invalid(inventory: NodeInventory, gpu_indices: set[int]) -> bool:
+    """migStrategy ``single`` with MIG on somewhere, but not every GPU enabled with MIG devices of one
+    profile (the layouts GFD labels ``-MIG-INVALID`` and our device plugin refuses)."""
+    on = {s.gpu_index: s for s in inventory.mig if s.current_enabled and s.gpu_index in gpu_indices}
+    if not on:
+        return False
+    if any(not s.devices for s in on.values()) or set(on) != gpu_indices:
+        return True
+    return len({d.profile for s in on.values() for d in s.devices}) > 1
 
 
 def node_labels(
@@ -85,12 +100,18 @@ def node_labels(
         labels[f"{NVIDIA}gpu.product"] = product
         labels[f"{NVIDIA}gpu.count"] = str(len(gpus))
         labels[f"{NVIDIA}gpu.memory"] = str(first.memory_total_mib)
-        labels[f"{NVIDIA}gpu.family"] = label_value(first.architecture)
+        labels[f"{NVIDIA}gpu.family"] = label_value(GFD_FAMILIES.get(first.architecture, first.architecture))
         labels[f"{NVIDIA}gpu.compute.major"] = str(first.compute_capability[0])
         labels[f"{NVIDIA}gpu.compute.minor"] = str(first.compute_capability[1])
         devices = inventory.mig_devices()
         profiles = {d.profile for d in devices}
-        if mig_strategy == "single" and len(profiles) == 1:
+        invalid_single = mig_strategy == "single" and _single_is_invalid(inventory, {g.index for g in gpus})
+        if invalid_single:
+            # as GFD labels it: the node offers no nvidia.com/gpu (our device plugin refuses this layout too)
+            labels[f"{NVIDIA}gpu.product"] = label_value(f"{label_value(first.name)}-MIG-INVALID")
+            labels[f"{NVIDIA}gpu.count"] = "0"
+            labels[f"{NVIDIA}gpu.memory"] = "0"
+        elif mig_strategy == "single" and len(profiles) == 1:
             # single strategy: every GPU is cut the same way and the MIG devices are what is counted
             profile = next(iter(profiles))
             labels[f"{NVIDIA}gpu.product"] = label_value(f"{product}-MIG-{profile}")
@@ -110,8 +131,8 @@ def node_labels(
                 labels[f"{key}.slices.ci"] = str(of_profile[0].compute_slices)
         labels[f"{NVIDIA}mig.capable"] = "true" if any(g.mig_capable for g in gpus) else "false"
         labels[f"{NVIDIA}mig.strategy"] = mig_strategy
-        labels[f"{NVIDIA}gpu.sharing-strategy"] = sharing_strategy
-        labels[f"{NVIDIA}gpu.replicas"] = str(replicas)
+        labels[f"{NVIDIA}gpu.sharing-strategy"] = "" if invalid_single else sharing_strategy
+        labels[f"{NVIDIA}gpu.replicas"] = "0" if invalid_single else str(replicas)
     if inventory.driver is not None:
         parts = inventory.driver.driver_version.split(".")
         names = ("major", "minor", "rev")

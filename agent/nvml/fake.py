@@ -640,8 +640,8 @@ class SimulatedNvml:
 
     @_primitive
     def device_get_max_mig_device_count(self, index: int) -> int:
-        self._mig_capable(index)
-        return MIG_COMPUTE_SLICES
+        # nvml.h: zero while MIG is not enabled (go-nvlib then visits no MIG device of a MIG-off GPU)
+        return MIG_COMPUTE_SLICES if self._mig_capable(index).mig_enabled else 0
 
     @_primitive
     def device_get_gpu_instance_profile_info(self, index: int, profile_enum: int) -> MigProfileSpec:

@@ -765,3 +765,16 @@ def test_health_reading_follows_ecc_remap_and_reset() -> None:
     )
     with pytest.raises(SimulationError, match="must rise by a positive number"):
         sim.ecc_rising(2, 0)
+
+
+def test_max_mig_device_count_is_zero_while_mig_is_off() -> None:
+    """nvml.h: "Returns zero if MIG is not supported or enabled"; go-nvlib (NVIDIA's device plugin and GFD)
+    visits that many MIG handles and stops at the first it cannot get."""
+    sim = started("dgx-a100-mig")
+    counts: dict[int, tuple[bool, int]] = {}
+    for index in range(8):
+        state = sim.mig_state(index)
+        assert state is not None
+        counts[index] = (state.current_enabled, sim.device_get_max_mig_device_count(index))
+    assert {enabled for enabled, _ in counts.values()} == {True, False}  # both kinds are on this machine
+    assert all(count == (MIG_COMPUTE_SLICES if enabled else 0) for enabled, count in counts.values()), counts

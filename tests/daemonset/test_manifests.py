@@ -273,9 +273,10 @@ def every_published_label_key() -> set[str]:
         with open_simulated_node(spec) as node:
             node.nvml.init()
             inventory = node.discover()
-        # one MIG layout per node, so that "single" applies: the GPUs cut into one profile only
+        # one MIG layout per node, so that "single" applies: every GPU cut the way the first uniform one is
         uniform = [s for s in inventory.mig if len({d.profile for d in s.devices}) == 1 and s.devices]
-        variants = [inventory, dataclasses.replace(inventory, mig=tuple(uniform[:1]))]
+        same = tuple(dataclasses.replace(s, gpu_index=g.index) for s in uniform[:1] for g in inventory.gpus)
+        variants = [inventory, dataclasses.replace(inventory, mig=same)]
         if spec == "gb200-nvl72":  # ports whose switch is known (the ib-leaf label)
             port = ib_port("mlx5_0", node_guid="0x0002c90300000001", switch_guid="0x0002c90300000002")
             variants.append(nvl72_tray("t", ports=(port,)))

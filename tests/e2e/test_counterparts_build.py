@@ -46,6 +46,7 @@ def test_versions_file_names_every_pin() -> None:
         "VOLCANO_APIS_VERSION",
         "KUBERAY_VERSION",
         "KUEUE_VERSION",
+        "NVIDIA_DEVICE_PLUGIN_VERSION",
     }
     assert all(v.startswith("v") for v in pins.values())
 
@@ -84,7 +85,14 @@ def test_each_component_is_cached_under_its_own_pins(tmp_path: Path) -> None:
     src = tmp_path / "counterparts"
     shutil.copytree(cluster.COUNTERPARTS_SRC, src)
     before = _keys(src)
-    assert set(before) == {"kubernetes", "kube_controller_manager", "volcano", "kuberay", "kueue"}
+    assert set(before) == {
+        "kubernetes",
+        "kube_controller_manager",
+        "volcano",
+        "kuberay",
+        "kueue",
+        "nvidia_device_plugin",
+    }
     versions = src / "versions.env"
     text = versions.read_text()
     versions.write_text(text + "# a new counterpart\nSOMETHING_VERSION=v1.0.0\n")
@@ -95,3 +103,10 @@ def test_each_component_is_cached_under_its_own_pins(tmp_path: Path) -> None:
     assert {k for k in before if before[k] != after[k]} == {"kueue"}
     (src / "hollownode" / "main.go").write_text("package main // changed\n")
     assert {k for k in before if before[k] != _keys(src)[k]} == {"kueue", "kubernetes"}
+    nvidia = f"NVIDIA_DEVICE_PLUGIN_VERSION={pins['NVIDIA_DEVICE_PLUGIN_VERSION']}"
+    versions.write_text(versions.read_text().replace(nvidia, "NVIDIA_DEVICE_PLUGIN_VERSION=v9.9.9"))
+    assert {k for k in before if before[k] != _keys(src)[k]} == {
+        "kueue",
+        "kubernetes",
+        "nvidia_device_plugin",
+    }

@@ -1193,7 +1193,7 @@ static nvmlReturn_t max_mig(nvmlDevice_t d, unsigned int *count) {
     if (rc == NVML_SUCCESS)
         rc = mig_capable(g);
     if (rc == NVML_SUCCESS)
-        *count = MAX_MIG;
+        *count = g->mig_enabled ? MAX_MIG : 0; /* nvml.h: zero while MIG is not enabled */
     return rc;
 }
 

@@ -6,7 +6,7 @@ import pytest
 
 from tests.topology.factories import UUID_A, hgx_node, ib_port, nvl72_tray, pcie_node
 from topology.labels import LABEL_CLIQUE, LABEL_IB_LEAF, LABEL_NVLINK_DOMAIN, label_value, node_labels
-from topology.model import FabricHealthSummary, FabricState
+from topology.model import FabricHealthSummary, FabricState, MigDevice, MigState, NodeInventory
 from topology.names import switch_set_name
 
 
@@ -23,6 +23,13 @@ def test_gfd_labels_of_an_nvl72_tray() -> None:
     assert labels[LABEL_CLIQUE] == f"{UUID_A}.32766"
     assert labels[LABEL_NVLINK_DOMAIN] == f"nvl-{UUID_A}-32766"
     assert LABEL_IB_LEAF not in labels
+
+
+def test_gpu_family_is_spelled_as_gfd_spells_it() -> None:
+    """GFD writes ``ada-lovelace`` where NVML's architecture is ADA (NVIDIA's GFD over the same machine:
+    tests/e2e/test_peer_gfd.py)."""
+    assert node_labels(pcie_node("p"), node_name="p")["nvidia.com/gpu.family"] == "ada-lovelace"
+    assert node_labels(nvl72_tray("t"), node_name="t")["nvidia.com/gpu.family"] == "blackwell"
 
 
 CLIQUE_CASES = {
@@ -83,7 +90,6 @@ def test_label_value_sanitizing() -> None:
 
 
 def test_mig_labels_follow_the_strategy() -> None:
-    from topology.model import MigDevice, MigState
 
     inv = hgx_node("m")
     devices = tuple(
@@ -117,3 +123,49 @@ def test_mig_labels_follow_the_strategy() -> None:
     assert mixed["nvidia.com/mig-1g.10gb.count"] == "56"
     assert mixed["nvidia.com/gpu.count"] == "8"
     assert "nvidia.com/mig-1g.10gb.count" not in node_labels(mig, node_name="m")
+
+
+def _mig_node(enabled: dict[int, tuple[str, ...]]) -> NodeInventory:
+    """An 8-GPU HGX node whose GPUs in ``enabled`` have MIG on with one device per listed profile."""
+    inv = hgx_node("m")
+    states = []
+    for g, profiles in enabled.items():
+        devices = tuple(
+            MigDevice(
+                uuid=f"MIG-{g}-{i}",
+                parent_uuid=inv.gpus[g].uuid,
+                parent_index=g,
+                index=i,
+                gpu_instance_id=i,
+                compute_instance_id=0,
+                profile=profile,
+                gpu_slices=1,
+                memory_slices=1,
+                compute_slices=1,
+                memory_bytes=9984 * 2**20,
+                sm_count=16,
+            )
+            for i, profile in enumerate(profiles)
+        )
+        states.append(MigState(gpu_index=g, current_enabled=True, pending_enabled=True, devices=devices))
+    return dataclasses.replace(inv, mig=tuple(states))
+
+
+INVALID_SINGLE = {
+    "some-gpus-without-mig": dict.fromkeys(range(4), ("1g.10gb",)),
+    "a-mig-gpu-without-devices": {g: ("1g.10gb",) if g else () for g in range(8)},
+    "two-profiles": {g: ("1g.10gb",) if g else ("2g.20gb",) for g in range(8)},
+}
+
+
+@pytest.mark.parametrize("enabled", INVALID_SINGLE.values(), ids=INVALID_SINGLE.keys())
+def test_single_strategy_over_a_layout_it_cannot_serve_is_labelled_invalid_as_gfd_does(
+    enabled: dict[int, tuple[str, ...]],
+) -> None:
+    """NVIDIA's GFD over the same machine writes these (tests/e2e/test_peer_gfd.py); our device plugin
+    refuses the layout, so the node offers no nvidia.com/gpu."""
+    labels = node_labels(_mig_node(enabled), node_name="m", mig_strategy="single", replicas=4)
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3-MIG-INVALID"
+    assert (labels["nvidia.com/gpu.count"], labels["nvidia.com/gpu.memory"]) == ("0", "0")
+    assert (labels["nvidia.com/gpu.replicas"], labels["nvidia.com/gpu.sharing-strategy"]) == ("0", "")
+    assert node_labels(_mig_node(enabled), node_name="m", mig_strategy="mixed")["nvidia.com/gpu.count"] != "0"

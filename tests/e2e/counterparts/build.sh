@@ -11,6 +11,9 @@
 #               ray.io CRDs (crd/kuberay)
 #   kueue       kueue-manager (sigs.k8s.io/kueue/cmd/kueue, module in kueue/), its CRDs (crd/kueue) and its
 #               webhook configurations (crd/kueue-webhook/manifests.yaml, as published, service-based)
+#   nvidia_device_plugin  NVIDIA's nvidia-device-plugin and gpu-feature-discovery
+#               (github.com/NVIDIA/k8s-device-plugin, module in nvidia/), linked as NVIDIA links them: cgo
+#               on, NVML symbols left for the dlopen'ed libnvidia-ml.so.1 (our C stand-in) to resolve
 #
 # Cache: each component is built into its own folder,
 #   ${XDG_CACHE_HOME:-$HOME/.cache}/gpu-node-agent/components/<component>-<key>/{bin,crd,build.log}
@@ -33,7 +36,7 @@ cd "$here"
 # shellcheck source=versions.env
 source "$here/versions.env"
 : "${K8S_VERSION:?versions.env must set K8S_VERSION}" "${ETCD_VERSION:?}" "${VOLCANO_VERSION:?}" \
-  "${VOLCANO_APIS_VERSION:?}" "${KUBERAY_VERSION:?}" "${KUEUE_VERSION:?}"
+  "${VOLCANO_APIS_VERSION:?}" "${KUBERAY_VERSION:?}" "${KUEUE_VERSION:?}" "${NVIDIA_DEVICE_PLUGIN_VERSION:?}"
 
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/gpu-node-agent"
 components="$cache/components"
@@ -135,11 +138,12 @@ sync_volcano() {
   (cd volcano && run_logged /tmp/gpu-node-agent-gomod-tidy-volcano.log "$GO" mod tidy)
 }
 
-# sync_plain DIR MODULE VERSION MAIN_PACKAGE: a module of ours whose only requirement is MODULE, built as
-# MAIN_PACKAGE. For upstream modules without replace directives (KubeRay's operator, Kueue); a module
-# with replaces would need them copied, as sync_volcano does.
+# sync_plain DIR MODULE VERSION MAIN_PACKAGE...: a module of ours whose only requirement is MODULE, built as
+# the MAIN_PACKAGEs. For upstream modules without replace directives (KubeRay's operator, Kueue, NVIDIA's
+# device plugin); a module with replaces would need them copied, as sync_volcano does.
 sync_plain() {
-  local dir="$1" module="$2" version="$3" main="$4"
+  local dir="$1" module="$2" version="$3" main
+  shift 3
   step "sync $dir/go.mod: $module $version"
   local up_mod
   up_mod=$(mod_file "$module@$version")
@@ -154,7 +158,13 @@ sync_plain() {
     echo
     echo "go $(go_directive "$up_mod")"
     echo
-    echo "tool $main"
+    if [ "$#" = 1 ]; then
+      echo "tool $1"
+    else
+      echo "tool ("
+      for main in "$@"; do echo "	$main"; done
+      echo ")"
+    fi
     echo
     echo "require $module $version"
   } >"$dir/go.mod"
@@ -183,6 +193,8 @@ check_pins() {
   require_in kuberay/go.mod \
     "\"Path\":\"github.com/ray-project/kuberay/ray-operator\",\"Version\":\"$KUBERAY_VERSION\""
   require_in kueue/go.mod "\"Path\":\"sigs.k8s.io/kueue\",\"Version\":\"$KUEUE_VERSION\""
+  require_in nvidia/go.mod \
+    "\"Path\":\"github.com/NVIDIA/k8s-device-plugin\",\"Version\":\"$NVIDIA_DEVICE_PLUGIN_VERSION\""
 }
 
 # ------------------------------------------------------------------------------------- components
@@ -244,6 +256,19 @@ build_kueue() {
   chmod u+w "$dest/crd/kueue-webhook/manifests.yaml"
 }
 
+build_nvidia_device_plugin() {
+  local dest="$1"
+  # go-nvml reaches NVML through cgo: every nvml* symbol stays undefined in the binary and is resolved,
+  # lazily at its first call, from the libnvidia-ml.so.1 that go-nvml dlopens (RTLD_GLOBAL). NVIDIA's
+  # Makefile links with the same flags; the version is stamped where its Makefile stamps it.
+  local info=github.com/NVIDIA/k8s-device-plugin/internal/info
+  local ldflags="-s -w -X $info.version=$NVIDIA_DEVICE_PLUGIN_VERSION"
+  ldflags="$ldflags '-extldflags=-Wl,--export-dynamic -Wl,--unresolved-symbols=ignore-in-object-files'"
+  (cd nvidia && CGO_ENABLED=1 run_logged "$dest/build.log" "$GO" build -trimpath -ldflags="$ldflags" \
+    -o "$dest/bin/" github.com/NVIDIA/k8s-device-plugin/cmd/nvidia-device-plugin \
+    github.com/NVIDIA/k8s-device-plugin/cmd/gpu-feature-discovery)
+}
+
 copy_yaml() {  # copy_yaml FROM TO: every *.yaml of FROM (module files are read-only) into TO
   [ -d "$1" ] || { echo "build.sh: no CRD folder at $1" >&2; exit 1; }
   mkdir -p "$2"
@@ -257,14 +282,18 @@ inputs_kube_controller_manager() { echo "K8S_VERSION=$K8S_VERSION"; cat go.mod g
 inputs_volcano() { echo "VOLCANO_VERSION=$VOLCANO_VERSION VOLCANO_APIS_VERSION=$VOLCANO_APIS_VERSION"; cat volcano/go.mod volcano/go.sum; }
 inputs_kuberay() { echo "KUBERAY_VERSION=$KUBERAY_VERSION"; cat kuberay/go.mod kuberay/go.sum; }
 inputs_kueue() { echo "KUEUE_VERSION=$KUEUE_VERSION"; cat kueue/go.mod kueue/go.sum; }
+inputs_nvidia_device_plugin() {
+  echo "NVIDIA_DEVICE_PLUGIN_VERSION=$NVIDIA_DEVICE_PLUGIN_VERSION"; cat nvidia/go.mod nvidia/go.sum
+}
 
 binaries_kubernetes="kube-apiserver kube-scheduler etcd dmharness hollownode"
 binaries_kube_controller_manager="kube-controller-manager"
 binaries_volcano="vc-scheduler vc-controller-manager"
 binaries_kuberay="kuberay-operator"
 binaries_kueue="kueue-manager"
+binaries_nvidia_device_plugin="nvidia-device-plugin gpu-feature-discovery"
 
-COMPONENTS="kubernetes volcano kuberay kueue kube_controller_manager"
+COMPONENTS="kubernetes volcano kuberay kueue kube_controller_manager nvidia_device_plugin"
 
 component_key() {
   { "inputs_$1"; declare -f "build_$1" copy_yaml run_logged; } | sha256sum | cut -c1-16
@@ -335,6 +364,9 @@ if [ "${1:-}" = "--sync" ]; then
   sync_plain kuberay github.com/ray-project/kuberay/ray-operator "$KUBERAY_VERSION" \
     github.com/ray-project/kuberay/ray-operator
   sync_plain kueue sigs.k8s.io/kueue "$KUEUE_VERSION" sigs.k8s.io/kueue/cmd/kueue
+  sync_plain nvidia github.com/NVIDIA/k8s-device-plugin "$NVIDIA_DEVICE_PLUGIN_VERSION" \
+    github.com/NVIDIA/k8s-device-plugin/cmd/gpu-feature-discovery \
+    github.com/NVIDIA/k8s-device-plugin/cmd/nvidia-device-plugin
 elif [ -n "${1:-}" ]; then
   echo "build.sh: unknown argument '$1' (use --sync, --print-dir or --print-keys)" >&2; exit 2
 fi
