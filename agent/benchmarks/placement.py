@@ -95,6 +95,14 @@ def _parser() -> argparse.ArgumentParser:
         "extender's --reserve-after)",
     )
     p.add_argument(
+        "--reserve-after-limits",
+        type=float,
+        default=None,
+        metavar="K",
+        help="besides, a gang holds nothing back until it has waited K times its own time limit "
+        "(default: off; the extender's --reserve-after-limits)",
+    )
+    p.add_argument(
         "--no-tiers",
         action="store_true",
         help="every policy places the jobs with their tier constraints dropped (a topology-blind gang "
@@ -162,6 +170,11 @@ def main(argv: list[str]) -> int:
     except QueueError as err:
         print(f"bench placement: --reserve-after: {err}", file=sys.stderr)
         return 2
+    try:
+        config = dataclasses.replace(config, reserve_after_limits=args.reserve_after_limits)
+    except QueueError as err:
+        print(f"bench placement: --reserve-after-limits: {err}", file=sys.stderr)
+        return 2
     if args.frontier is not None:
         return _frontier(args, names, config)
     racks = args.racks if args.racks is not None else (16 if args.quick else 64)
@@ -216,7 +229,13 @@ def main(argv: list[str]) -> int:
     own_note = (
         "own queues: ours = the extender's queue (scheduler_plugin.queue: head reservation on the domains "
         f"that free earliest and block least, backfill by time limit, gang preemption after "
-        f"{args.preempt_after:g} s, holding back for a gang after {args.reserve_after:g} s); "
+        f"{args.preempt_after:g} s, holding back for a gang after {args.reserve_after:g} s"
+        + (
+            f" and {args.reserve_after_limits:g} x its time limit"
+            if args.reserve_after_limits is not None
+            else ""
+        )
+        + "); "
         "slurm = EASY backfill with node reservations from its own plan; "
         "volcano, kueue, kube-default = greedy (every job that fits starts, nothing held); kai = greedy "
         "with KAI's preempt action (whole lower-priority jobs, lowest priority and latest started first). "
@@ -267,6 +286,7 @@ def main(argv: list[str]) -> int:
         "high_priority": args.high_priority,
         "preempt_after_s": args.preempt_after,
         "reserve_after_s": args.reserve_after,
+        "reserve_after_limits": args.reserve_after_limits,
         "no_tiers": args.no_tiers,
         "seed": args.seed,
         "seeds": seeds,

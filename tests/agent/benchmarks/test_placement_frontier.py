@@ -86,3 +86,19 @@ def test_bad_frontier_options_exit_2_naming_the_option(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert message in err[0]
+
+
+def test_the_multiple_of_the_limit_reaches_the_tables_too(tmp_path: Path) -> None:
+    path = tmp_path / "k.json"
+    md = tmp_path / "k.md"
+    argv = ["--quick", "--racks", "4", "--jobs", "40", "--workers", "1", "--policies", "ours"]
+    argv += ["--optimum-instances", "0", "--tables", "own", "--reserve-after-limits", "2"]
+    assert bench.main([*argv, "--json", str(path), "--markdown", str(md)]) == 0
+    assert json.loads(path.read_text())["reserve_after_limits"] == 2.0
+    assert "and 2 x its time limit" in md.read_text()
+
+
+@pytest.mark.parametrize("value", ["-1", "inf", "nan"])
+def test_a_bad_multiple_exits_2_naming_the_option(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench.main(["--quick", "--reserve-after-limits", value]) == 2
+    assert "--reserve-after-limits" in capsys.readouterr().err.strip().splitlines()[-1]
