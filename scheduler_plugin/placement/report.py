@@ -265,9 +265,12 @@ def frontier_markdown(doc: Mapping[str, Any]) -> str:
         ]
         for anchor, verdict in part["aims"].items():
             pairs = verdict["paired"]
+            shown = (
+                anchor if anchor in doc["aim_anchors"] else f"{anchor} (no gang scheduler: not in the aim)"
+            )
             cells = [_paired_cell(pairs.get(k), f.replace("{:", "{:+", 1)) for k, _, f in _FRONTIER]
             lines.append(
-                f"| {anchor} | {verdict['setting'] or '—'} | "
+                f"| {shown} | {verdict['setting'] or '—'} | "
                 + " | ".join(cells)
                 + f" | {'yes' if verdict['holds'] else 'no'} | {'yes' if verdict['within_noise'] else 'no'} |"
             )
@@ -276,10 +279,12 @@ def frontier_markdown(doc: Mapping[str, Any]) -> str:
         f"{anchor} ({wl})"
         for wl, part in doc["workloads"].items()
         for anchor, verdict in part["aims"].items()
-        if not verdict["holds"]
+        if anchor in doc["aim_anchors"] and not verdict["holds"]
     ]
     lines.append(
-        "Aim holds for every anchor." if not failing else "Aim does not hold for: " + ", ".join(failing) + "."
+        "Aim holds for every gang anchor."
+        if not failing
+        else "Aim does not hold for: " + ", ".join(failing) + "."
     )
     lines += ["", *[f"- {n}" for n in doc.get("notes", [])], "", doc.get("machine", "")]
     return "\n".join(lines) + "\n"

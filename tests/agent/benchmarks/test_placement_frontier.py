@@ -15,7 +15,14 @@ SMALL = ["--quick", "--workers", "1", "--seeds", "2"]
 
 def test_frontier_runs_every_setting_and_anchor_on_both_workloads(philly_dir: Path, tmp_path: Path) -> None:
     out = {k: tmp_path / f"frontier.{k}" for k in ("json", "md", "png")}
-    argv = [*SMALL, "--frontier", "--data-dir", str(philly_dir), "--policies", "ours,volcano,slurm"]
+    argv = [
+        *SMALL,
+        "--frontier",
+        "--data-dir",
+        str(philly_dir),
+        "--policies",
+        "ours,volcano,slurm,kube-default",
+    ]
     argv += ["--frontier-settings", "0,3600,1x"]
     argv += ["--json", str(out["json"]), "--markdown", str(out["md"]), "--plot", str(out["png"])]
     assert bench.main(argv) == 0
@@ -26,7 +33,9 @@ def test_frontier_runs_every_setting_and_anchor_on_both_workloads(philly_dir: Pa
     assert doc["seeds"] == [1, 2]
     assert set(doc["workloads"]) == {"nvl72", "philly"}
     for wl, part in doc["workloads"].items():
-        assert list(part["rows"]) == ["ours 0", "ours 3600", "ours 1x", "volcano", "slurm"], wl
+        assert list(part["rows"]) == ["ours 0", "ours 3600", "ours 1x", "volcano", "slurm", "kube-default"], (
+            wl
+        )
         assert part["rows"]["ours 3600"]["queue"] == "core (reserve_after_s=3600)"
         assert part["rows"]["ours 1x"]["queue"] == "core (reserve_after_s=0, reserve_after_limits=1)"
         assert part["rows"]["volcano"]["queue"] == "greedy/none"
@@ -37,7 +46,7 @@ def test_frontier_runs_every_setting_and_anchor_on_both_workloads(philly_dir: Pa
             assert figs["wait_max_s"]["mean"] >= figs["wait_mean_s"]["mean"] >= 0
             assert figs["wait_mean_s"]["se"] is not None
             assert figs["wait_mean_by_class_s"]
-        assert set(part["aims"]) == {"volcano", "slurm"}
+        assert set(part["aims"]) == {"volcano", "slurm", "kube-default"}
         for verdict in part["aims"].values():
             assert verdict["setting"] in doc["settings"]
             assert set(verdict["paired"]) == {"allocation_ratio", "wait_mean_s", "wait_max_s"}
@@ -47,11 +56,15 @@ def test_frontier_runs_every_setting_and_anchor_on_both_workloads(philly_dir: Pa
         "one domain",
         "several domains",
     }
-    assert doc["aim_holds"] == all(v["holds"] for p in doc["workloads"].values() for v in p["aims"].values())
+    assert doc["aim_anchors"] == ["volcano", "slurm"]  # kube-default places pods, not gangs
+    assert doc["aim_holds"] == all(
+        p["aims"][a]["holds"] for p in doc["workloads"].values() for a in ("volcano", "slurm")
+    )
     md = out["md"].read_text()
     assert "### Queue frontier: workload `nvl72`" in md
     assert "| ours 0 (default) |" in md
     assert "| anchor | ours at |" in md
+    assert "| kube-default (no gang scheduler: not in the aim) |" in md
     assert "wait several domains s" in md
     assert out["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
