@@ -313,25 +313,34 @@ def frontier_plot(doc: Mapping[str, Any], path: Path) -> None:
         ):
             ax = axes[r][c]
 
-            pts = [_point(rows[k], key) for k in ours]
-            ax.errorbar(
-                [p[0] for p in pts],
-                [p[1] for p in pts],
-                xerr=[p[2] for p in pts],
-                yerr=[p[3] for p in pts],
-                fmt="-o",
-                color="black",
-                label="ours (dial settings)",
-                capsize=2,
-            )
-            for k, p in zip(ours, pts, strict=True):
-                ax.annotate(
-                    k.removeprefix("ours "),
-                    (p[0], p[1]),
-                    fontsize=7,
-                    xytext=(3, 3),
-                    textcoords="offset points",
+            # the seconds-only settings in dial order as one line; settings with a multiple as points
+            line = sorted((k for k in ours if "x" not in k), key=lambda k: float(k.removeprefix("ours ")))
+            for group, fmt, name in (
+                (line, "-o", "ours: hold back after S s"),
+                ([k for k in ours if "x" in k], "o", "ours: ... after K x its limit"),
+            ):
+                if not group:
+                    continue
+                pts = [_point(rows[k], key) for k in group]
+                ax.errorbar(
+                    [p[0] for p in pts],
+                    [p[1] for p in pts],
+                    xerr=[p[2] for p in pts],
+                    yerr=[p[3] for p in pts],
+                    fmt=fmt,
+                    color="black",
+                    mfc="black" if fmt == "-o" else "white",
+                    label=name,
+                    capsize=2,
                 )
+                for k, p in zip(group, pts, strict=True):
+                    ax.annotate(
+                        k.removeprefix("ours "),
+                        (p[0], p[1]),
+                        fontsize=7,
+                        xytext=(3, 3),
+                        textcoords="offset points",
+                    )
             for i, k in enumerate(others):
                 x, y, xe, ye = _point(rows[k], key)
                 ax.errorbar([x], [y], xerr=[xe], yerr=[ye], fmt=markers[i % len(markers)], label=k, capsize=2)
