@@ -25,7 +25,7 @@ from scheduler_plugin.placement.metrics import BETTER, paired
 from scheduler_plugin.queue import QueueConfig, QueueError
 
 AIM_FIGURES: tuple[str, ...] = ("allocation_ratio", "wait_mean_s", "wait_max_s")
-DEFAULT_SETTINGS = "0,3600,14400,43200,86400,1x,4x"
+DEFAULT_SETTINGS = "0,3600,43200,86400,108000,172800,237600,345600,1x,3600/2x"
 MAX_SETTINGS = 16
 _SHOWN = 40  # characters of a bad setting an error message shows
 
