@@ -196,7 +196,10 @@ class QueueConfig:
     offered that reservation's idle capacity (module docstring, Backfill); ``reserve_after_s``: how
     long a gang waits before it may hold anything back (0: at once; Slurm's ``bf_min_age_reserve``
     is the same idea): until then later gangs pass it freely, after that it is the head as above, so
-    its wait stays bounded by this plus the limits of the work it waits for;
+    its wait stays bounded by this plus the limits of the work it waits for; ``reserve_after_limits``:
+    besides, how many times its own time limit a gang waits before it may hold anything back (None:
+    off; a gang without a limit waits ``reserve_after_s`` only), so a short gang does not hold a
+    large share of the cluster idle for long while a long one waits in proportion to its length;
     ``preempt_loss_ratio``: a preemption goes ahead only when its victims lose at most this times the
     GPU-time the preemptor would otherwise wait (module docstring, Preemption; None: any loss);
     ``min_run_before_preempt_s``: a gang that has run less than this since it (re)started is no
@@ -208,6 +211,7 @@ class QueueConfig:
     max_plans: int = 64
     fill_holes: bool = True
     reserve_after_s: float = 0.0
+    reserve_after_limits: float | None = None
     preempt_loss_ratio: float | None = 1.0
     min_run_before_preempt_s: float = 0.0
     max_evictions: int | None = 1
@@ -223,6 +227,12 @@ class QueueConfig:
             )
         if not (self.reserve_after_s >= 0) or math.isinf(self.reserve_after_s):
             raise QueueError(f"reserve_after_s must be a finite number >= 0, got {self.reserve_after_s}")
+        if self.reserve_after_limits is not None and (
+            not (self.reserve_after_limits >= 0) or math.isinf(self.reserve_after_limits)
+        ):
+            raise QueueError(
+                f"reserve_after_limits must be a finite number >= 0 or None, got {self.reserve_after_limits}"
+            )
         if self.max_evictions is not None and self.max_evictions < 0:
             raise QueueError(f"max_evictions must be >= 0 or None, got {self.max_evictions}")
         if self.exact_victims < 0 or self.max_plans < 1:
@@ -782,6 +792,15 @@ def _fill_hole(  # noqa: PLR0917 -- private helper of ``decide``, called once
     return res
 
 
+def _reserve_age(w: Waiting, config: QueueConfig) -> float:
+    """How long ``w`` waits before it may hold anything back (``QueueConfig.reserve_after_s`` and
+    ``reserve_after_limits``)."""
+    k = config.reserve_after_limits
+    if k is None or w.limit_s is None or not math.isfinite(w.limit_s):
+        return config.reserve_after_s
+    return max(config.reserve_after_s, k * w.limit_s)
+
+
 def _shape(g: Gang) -> tuple[object, ...]:
     return (
         g.tier,
@@ -893,8 +912,9 @@ def decide(
         if not head_seen:
             # the same sum decides and wakes: "now - created < after" can hold where "created + after"
             # rounds to now, and a wake at now is a pass that never lets time advance
-            grown = w.created_s + config.reserve_after_s
-            if config.reserve_after_s > 0 and w.name not in held and now < grown:
+            age = _reserve_age(w, config)
+            grown = w.created_s + age
+            if age > 0 and w.name not in held and now < grown:
                 wake = min(wake, grown)
                 continue  # too young to hold anything back: later gangs may pass it freely
             head_seen = True

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.benchmarks.machine import machine_summary
-from scheduler_plugin.placement import optimum, report, workloads
+from scheduler_plugin.placement import frontier, optimum, report, workloads
 from scheduler_plugin.placement import shapes as clusters
-from scheduler_plugin.placement.metrics import figures, paired
+from scheduler_plugin.placement.metrics import SIZE_CLASSES, figures, paired
 from scheduler_plugin.placement.policies import OWN_QUEUE, POLICIES
 from scheduler_plugin.placement.policies.base import TierBlind
 from scheduler_plugin.placement.sim import BACKFILL, SimulationError, simulate
@@ -37,6 +37,11 @@ DEFAULT_JOBS = {"nvl72": 2000, "philly": 0, "mixed": 8000}  # 0: the whole Phill
 # 200 s per 64-rack seed alone); 10 seeds as issue 8 ran them take --seeds 10
 DEFAULT_SEEDS = {"nvl72": 3, "philly": 1, "mixed": 3}
 QUICK_JOBS = {"nvl72": 150, "philly": 600, "mixed": 400}
+# --frontier: (racks, jobs) per workload, sized so that every setting and anchor runs on each of
+# FRONTIER_SEEDS seeds in minutes on two cores; Philly's jobs are small, so a small cluster saturates
+FRONTIER_SIZE = {"nvl72": (16, 400), "philly": (4, 2500), "mixed": (8, 1200)}
+FRONTIER_QUICK_SIZE = {"nvl72": (4, 60), "philly": (1, 200), "mixed": (2, 200)}
+FRONTIER_SEEDS = 8
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_DATA = REPO.parent / "shared" / "data"
 
@@ -90,6 +95,14 @@ def _parser() -> argparse.ArgumentParser:
         "extender's --reserve-after)",
     )
     p.add_argument(
+        "--reserve-after-limits",
+        type=float,
+        default=None,
+        metavar="K",
+        help="besides, a gang holds nothing back until it has waited K times its own time limit "
+        "(default: off; the extender's --reserve-after-limits)",
+    )
+    p.add_argument(
         "--no-tiers",
         action="store_true",
         help="every policy places the jobs with their tier constraints dropped (a topology-blind gang "
@@ -114,6 +127,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--data-dir", type=Path, default=DEFAULT_DATA, help=f"Philly data (default {DEFAULT_DATA})"
     )
+    p.add_argument(
+        "--frontier",
+        nargs="?",
+        const="nvl72,philly",
+        default=None,
+        metavar="WORKLOADS",
+        help="the queue's trade-off instead of the tables: ours at each --frontier-settings, every other "
+        "policy at its own queue, per workload (default nvl72,philly; sizes in FRONTIER_SIZE), seed by "
+        f"seed (default {FRONTIER_SEEDS} seeds)",
+    )
+    p.add_argument(
+        "--frontier-settings",
+        default=frontier.DEFAULT_SETTINGS,
+        help="our queue's dial for --frontier: S (hold back after S seconds), Kx (after K times the "
+        f"gang's time limit) or S/Kx, comma-separated (default {frontier.DEFAULT_SETTINGS})",
+    )
     p.add_argument("--quick", action="store_true", help="CI-sized run")
     p.add_argument("--json", type=Path, help="write the figures as JSON here")
     p.add_argument("--markdown", type=Path, help="write a Markdown table here")
@@ -131,6 +160,23 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    try:
+        config = QueueConfig(preempt_after_s=args.preempt_after)
+    except QueueError as err:
+        print(f"bench placement: --preempt-after: {err}", file=sys.stderr)
+        return 2
+    try:
+        config = dataclasses.replace(config, reserve_after_s=args.reserve_after)
+    except QueueError as err:
+        print(f"bench placement: --reserve-after: {err}", file=sys.stderr)
+        return 2
+    try:
+        config = dataclasses.replace(config, reserve_after_limits=args.reserve_after_limits)
+    except QueueError as err:
+        print(f"bench placement: --reserve-after-limits: {err}", file=sys.stderr)
+        return 2
+    if args.frontier is not None:
+        return _frontier(args, names, config)
     racks = args.racks if args.racks is not None else (16 if args.quick else 64)
     count = (
         args.jobs if args.jobs is not None else (QUICK_JOBS if args.quick else DEFAULT_JOBS)[args.workload]
@@ -145,16 +191,6 @@ def main(argv: list[str]) -> int:
     tables = [t.strip() for t in args.tables.split(",") if t.strip()]
     if not tables or any(t not in TABLES for t in tables) or len(set(tables)) != len(tables):
         print(f"bench placement: --tables: {args.tables!r}; give own, like or own,like", file=sys.stderr)
-        return 2
-    try:
-        config = QueueConfig(preempt_after_s=args.preempt_after)
-    except QueueError as err:
-        print(f"bench placement: --preempt-after: {err}", file=sys.stderr)
-        return 2
-    try:
-        config = dataclasses.replace(config, reserve_after_s=args.reserve_after)
-    except QueueError as err:
-        print(f"bench placement: --reserve-after: {err}", file=sys.stderr)
         return 2
     try:
         cluster = clusters.build(args.cluster, racks)
@@ -193,7 +229,13 @@ def main(argv: list[str]) -> int:
     own_note = (
         "own queues: ours = the extender's queue (scheduler_plugin.queue: head reservation on the domains "
         f"that free earliest and block least, backfill by time limit, gang preemption after "
-        f"{args.preempt_after:g} s, holding back for a gang after {args.reserve_after:g} s); "
+        f"{args.preempt_after:g} s, holding back for a gang after {args.reserve_after:g} s"
+        + (
+            f" and {args.reserve_after_limits:g} x its time limit"
+            if args.reserve_after_limits is not None
+            else ""
+        )
+        + "); "
         "slurm = EASY backfill with node reservations from its own plan; "
         "volcano, kueue, kube-default = greedy (every job that fits starts, nothing held); kai = greedy "
         "with KAI's preempt action (whole lower-priority jobs, lowest priority and latest started first). "
@@ -244,6 +286,7 @@ def main(argv: list[str]) -> int:
         "high_priority": args.high_priority,
         "preempt_after_s": args.preempt_after,
         "reserve_after_s": args.reserve_after,
+        "reserve_after_limits": args.reserve_after_limits,
         "no_tiers": args.no_tiers,
         "seed": args.seed,
         "seeds": seeds,
@@ -317,6 +360,224 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def _frontier(args: argparse.Namespace, names: list[str], config: QueueConfig) -> int:
+    """``--frontier``: ours at each setting of its dial and every other policy at its own queue, per
+    workload, on the same seeds; the aim judged per anchor (``scheduler_plugin.placement.frontier``)."""
+    wanted = [w.strip() for w in str(args.frontier).split(",") if w.strip()]
+    bad = [w for w in wanted if w not in workloads.WORKLOADS]
+    if bad or not wanted or len(set(wanted)) != len(wanted):
+        print(
+            f"bench placement: --frontier: {args.frontier!r}; give workloads from "
+            f"{', '.join(workloads.WORKLOADS)}, each once",
+            file=sys.stderr,
+        )
+        return 2
+    if "ours" not in names:
+        print("bench placement: --frontier: --policies must include ours", file=sys.stderr)
+        return 2
+    try:
+        settings = frontier.parse_settings(args.frontier_settings)
+    except frontier.FrontierError as err:
+        print(f"bench placement: --frontier-settings: {err}", file=sys.stderr)
+        return 2
+    n_seeds = args.seeds if args.seeds is not None else (2 if args.quick else FRONTIER_SEEDS)
+    workers = args.workers if args.workers is not None else min(2, _usable_cpus())
+    if n_seeds < 1 or workers < 1:
+        print("bench placement: --seeds and --workers must be >= 1", file=sys.stderr)
+        return 2
+    seeds = list(range(args.seed, args.seed + n_seeds))
+    anchors = [n for n in names if n != "ours"]
+    rows = [*(f"ours {s.label}" for s in settings), *anchors]
+    try:
+        philly = workloads.load_philly(args.data_dir) if set(wanted) - {"nvl72"} else None
+        setups: dict[str, tuple[clusters.Cluster, dict[int, list[workloads.Job]]]] = {}
+        for wl in wanted:
+            racks, count = (FRONTIER_QUICK_SIZE if args.quick else FRONTIER_SIZE)[wl]
+            racks = args.racks if args.racks is not None else racks
+            count = args.jobs if args.jobs is not None else count
+            cluster = clusters.build(args.cluster, racks)
+            streams = {
+                seed: workloads.build(
+                    wl,
+                    count=count,
+                    seed=seed,
+                    load=args.load,
+                    capacity=cluster.total_gpus,
+                    nvlink_domain_gpus=cluster.tier1_domain_gpus(),
+                    tier_gpus=cluster.largest_domain_gpus(),
+                    fits=cluster.fits_empty,
+                    philly=philly,
+                    high_priority=args.high_priority,
+                )
+                for seed in seeds
+            }
+            setups[wl] = (cluster, streams)
+    except (ValueError, OSError) as err:
+        print(f"bench placement: {err}", file=sys.stderr)
+        return 2
+    machine = machine_summary()
+    print(machine, file=sys.stderr)
+    started = time.perf_counter()
+    tasks: list[tuple[str, str, int]] = [(wl, row, seed) for wl in wanted for seed in seeds for row in rows]
+    by_label = {f"ours {s.label}": s for s in settings}
+
+    def submit_args(wl: str, row: str, seed: int) -> tuple[Any, ...]:
+        cluster, streams = setups[wl]
+        if row in by_label:
+            return (cluster, streams[seed], "ours", seed, *OWN_QUEUE["ours"])
+        return (cluster, streams[seed], row, seed, *OWN_QUEUE[row])
+
+    def run_config(row: str) -> QueueConfig:
+        return by_label[row].config(config) if row in by_label else config
+
+    done: dict[tuple[str, str, int], dict[str, Any]] = {}
+    try:
+        if workers == 1:
+            for wl, row, seed in tasks:
+                run = partial(_simulate_one, no_tiers=args.no_tiers, config=run_config(row))
+                done[(wl, row, seed)] = run(*submit_args(wl, row, seed))[0]
+        else:
+            with ProcessPoolExecutor(
+                max_workers=workers, mp_context=multiprocessing.get_context("spawn")
+            ) as pool:
+                futures = {
+                    pool.submit(
+                        partial(_simulate_one, no_tiers=args.no_tiers, config=run_config(row)),
+                        *submit_args(wl, row, seed),
+                    ): (wl, row, seed)
+                    for wl, row, seed in tasks
+                }
+                for fut, key in futures.items():
+                    done[key] = fut.result()[0]
+    except SimulationError as err:
+        print(f"bench placement: {err}", file=sys.stderr)
+        return 1
+    doc: dict[str, Any] = {
+        "benchmark": "placement-frontier",
+        "machine": machine,
+        "settings": [s.label for s in settings],
+        "default_setting": _default_label(settings),
+        "anchors": anchors,
+        "aim_anchors": [a for a in anchors if POLICIES[a]().gang],
+        "load": args.load,
+        "seed": args.seed,
+        "seeds": seeds,
+        "quick": args.quick,
+        "preempt_after_s": args.preempt_after,
+        "high_priority": args.high_priority,
+        "no_tiers": args.no_tiers,
+        "workloads": {},
+    }
+    for wl in wanted:
+        cluster, streams = setups[wl]
+        runs = {row: [done[(wl, row, seed)] for seed in seeds] for row in rows}
+        ours = {s.label: runs[f"ours {s.label}"] for s in settings}
+        doc["workloads"][wl] = {
+            "cluster": {
+                "shape": cluster.shape,
+                "nodes": len(cluster.nodes),
+                "gpus": cluster.total_gpus,
+                "domain_gpus": cluster.tier1_domain_gpus(),
+            },
+            "jobs": len(streams[seeds[0]]),
+            "rows": {
+                row: {
+                    "queue": _frontier_queue(row, by_label),
+                    **_spread(runs[row]),
+                    "per_seed": [{"seed": s, **r} for s, r in zip(seeds, runs[row], strict=True)],
+                }
+                for row in rows
+            },
+            "aims": {a: frontier.aim(ours, runs[a]) for a in anchors},
+        }
+    doc["aim_holds"] = all(
+        bool(part["aims"][a]["holds"]) for part in doc["workloads"].values() for a in doc["aim_anchors"]
+    )
+    doc["wall_s"] = round(time.perf_counter() - started, 1)
+    doc["notes"] = _frontier_notes(doc, workers)
+    md = report.frontier_markdown(doc)
+    print(md)
+    if args.json:
+        args.json.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    if args.markdown:
+        args.markdown.write_text(md, encoding="utf-8")
+    if args.plot:
+        report.frontier_plot(doc, args.plot)
+    return 0
+
+
+def _default_label(settings: tuple[frontier.Setting, ...]) -> str | None:
+    """The label of the setting that is the extender's default (``QueueConfig()``), if it ran."""
+    base = QueueConfig()
+    for s in settings:
+        if (s.reserve_after_s, s.reserve_after_limits) == (base.reserve_after_s, base.reserve_after_limits):
+            return s.label
+    return None
+
+
+def _frontier_queue(row: str, by_label: dict[str, frontier.Setting]) -> str:
+    if row in by_label:
+        s = by_label[row]
+        parts = [f"reserve_after_s={s.reserve_after_s:g}"]
+        if s.reserve_after_limits is not None:
+            parts.append(f"reserve_after_limits={s.reserve_after_limits:g}")
+        return "core (" + ", ".join(parts) + ")"
+    return "/".join(OWN_QUEUE[row])
+
+
+_SPREAD = ("allocation_ratio", "wait_mean_s", "wait_max_s", "wait_p95_s", "jct_mean_s")
+
+
+def _spread(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean and standard error over the seeds of the frontier's figures and of the wait per size class
+    (over the seeds whose stream has that class)."""
+    out: dict[str, Any] = {}
+    for key in _SPREAD:
+        values = [float(r[key]) for r in runs if isinstance(r.get(key), int | float)]
+        if values:
+            mean, se = frontier.mean_se(values)
+            out[key] = {"mean": mean, "se": se}
+    classes: dict[str, Any] = {}
+    for c in SIZE_CLASSES:
+        values = [float(r["wait_mean_by_class_s"][c]) for r in runs if c in r.get("wait_mean_by_class_s", {})]
+        if values:
+            mean, se = frontier.mean_se(values)
+            classes[c] = {"mean": mean, "se": se}
+    out["wait_mean_by_class_s"] = classes
+    out["unstarted_jobs"] = sum(int(r.get("unstarted_jobs") or 0) for r in runs)
+    out["gpus_conserved"] = all(bool(r.get("gpus_conserved")) for r in runs)
+    return out
+
+
+def _frontier_notes(doc: dict[str, Any], workers: int) -> list[str]:
+    seeds = doc["seeds"]
+    notes = [
+        "ours = the extender's queue (scheduler_plugin.queue.decide) at each setting of its dial: S = a "
+        "gang holds nothing back until it has waited S seconds (--reserve-after), Kx = until it has "
+        "waited K times its own time limit (reserve_after_limits), S/Kx = the later of the two; "
+        "every other policy with its own queue in its default configuration (OWN_QUEUE, cited in each "
+        "policy module); time limits = runtimes",
+        f"figures: mean ± standard error over seeds {seeds[0]}..{seeds[-1]} (the same job streams for "
+        "every row); time-weighted over the last 75 % of the arrival span",
+        "aim per anchor: one setting of ours whose mean difference, seed by seed, is not worse on "
+        "allocation, mean wait and largest wait at once (holds); within noise: none worse by two "
+        "standard errors; the best setting shown",
+        "size classes by the GPUs of a tier-1 (NVLink) domain D: small <= D/2 < one domain <= D < "
+        "several domains",
+        "kube-default places pods, not gangs: its allocation counts GPUs that partly placed gangs hold "
+        "idle, so it is shown but is no anchor of the aim (the gang policies are)",
+        f"{workers} worker process(es); wall time {doc['wall_s']:g} s",
+    ]
+    if "philly" in doc["workloads"] or "mixed" in doc["workloads"]:
+        notes.append(
+            "Philly jobs: arrivals and GPU counts from philly-jobs-seed0.tsv (first jobs in arrival "
+            "order); runtimes SAMPLED per seed from philly-runtimes.csv, clamped to [60 s, 1 day]"
+        )
+    if "nvl72" in doc["workloads"] or "mixed" in doc["workloads"]:
+        notes.append("NVL72 mix: synthetic, parameters in scheduler_plugin/placement/workloads.py")
+    return notes
+
+
 def _queue_words(table: str, backfill: str) -> str:
     if table == "own":
         return "each policy's own queue in its default configuration"
@@ -361,7 +622,7 @@ def _simulate_one(  # noqa: PLR0917 -- one task's fields, submitted to a worker 
         preempt=preempt,
         queue_config=config,
     )
-    figs: dict[str, Any] = figures(result)
+    figs: dict[str, Any] = figures(result, domain_gpus=cluster.tier1_domain_gpus())
     figs["sim_wall_s"] = round(time.perf_counter() - started, 2)
     figs["gpus_conserved"] = result.released_all and result.max_allocated <= result.total_gpus
     return figs, result.timeline

@@ -15,6 +15,9 @@
 - ``plan_p50_ms``, ``plan_p99_ms``: wall time of the policy's placement calls (nearest rank).
 - ``partial_gangs``: jobs that held some pods while waiting for the rest.
 - ``wait_mean_by_gpus_s``: mean wait per gang size (GPUs), to see which jobs a policy makes wait.
+- ``wait_mean_by_class_s`` and ``jobs_by_class`` (given ``domain_gpus``, the GPUs of a tier-1 domain):
+  the same per size class (``size_class``): ``small`` (at most half a domain), ``one domain`` (more
+  than half a domain, at most one) and ``several domains``; a class without jobs is left out.
 - ``wait_max_s`` and ``wait_max_ratio`` (the largest wait over the mean): starvation shows here.
 - ``hp_wait_p50_s``, ``hp_wait_p95_s``: the same waits over the high-priority jobs only (None when the
   stream has none); ``preempted_gpu_hours``: GPU-time evictions threw away; ``preemptions``: evictions;
@@ -30,6 +33,8 @@ import math
 from collections.abc import Mapping, Sequence
 
 from scheduler_plugin.placement.sim import SimResult
+
+SIZE_CLASSES: tuple[str, ...] = ("small", "one domain", "several domains")
 
 FIGURES: tuple[str, ...] = (
     "allocation_ratio",
@@ -68,7 +73,16 @@ def percentile(values: Sequence[float], pct: float) -> float:
     return ordered[rank - 1]
 
 
-def figures(result: SimResult) -> dict[str, object]:
+def size_class(gpus: int, domain_gpus: int) -> str:
+    """``gpus``' class of ``SIZE_CLASSES`` on a cluster whose tier-1 domains hold ``domain_gpus``."""
+    if domain_gpus < 1:
+        raise ValueError(f"domain_gpus must be >= 1, got {domain_gpus}")
+    if gpus > domain_gpus:
+        return SIZE_CLASSES[2]
+    return SIZE_CLASSES[1] if 2 * gpus > domain_gpus else SIZE_CLASSES[0]
+
+
+def figures(result: SimResult, *, domain_gpus: int | None = None) -> dict[str, object]:
     window = result.window_s
     capacity = result.total_gpus
     waits = [(r.start_s if r.start_s is not None else result.end_s) - r.arrival_s for r in result.records]
@@ -81,6 +95,11 @@ def figures(result: SimResult) -> dict[str, object]:
     by_gpus: dict[int, list[float]] = {}
     for r, w in zip(result.records, waits, strict=True):
         by_gpus.setdefault(r.gpus, []).append(w)
+    by_class: dict[str, list[float]] = {}
+    if domain_gpus is not None:
+        for r, w in zip(result.records, waits, strict=True):
+            by_class.setdefault(size_class(r.gpus, domain_gpus), []).append(w)
+    classes = [c for c in SIZE_CLASSES if c in by_class]
     return {
         "allocation_ratio": result.allocated_gpu_s / (capacity * window) if window > 0 else None,
         "allocation_ratio_saturated": (
@@ -106,6 +125,14 @@ def figures(result: SimResult) -> dict[str, object]:
         "unstarted_jobs": sum(1 for r in result.records if r.start_s is None),
         "deadlocked": result.deadlocked,
         "wait_mean_by_gpus_s": {str(g): sum(v) / len(v) for g, v in sorted(by_gpus.items())},
+        **(
+            {
+                "wait_mean_by_class_s": {c: sum(by_class[c]) / len(by_class[c]) for c in classes},
+                "jobs_by_class": {c: len(by_class[c]) for c in classes},
+            }
+            if domain_gpus is not None
+            else {}
+        ),
         "wait_max_s": max(waits) if waits else None,
         "wait_max_ratio": max(waits) / mean_wait if waits and mean_wait else None,
         "hp_jobs": len(high),

@@ -10,7 +10,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from scheduler_plugin.placement.metrics import BETTER
+from scheduler_plugin.placement.metrics import BETTER, SIZE_CLASSES
 
 _COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("allocation_ratio", "alloc", "{:.3f}"),
@@ -207,6 +207,152 @@ def plot(
     fig.suptitle(
         f"placement: {doc['workload']} on {doc['cluster']['shape']}, {doc['jobs']} jobs "
         f"(time series: seed {doc['seeds'][0]}; bars: mean over {len(doc['seeds'])} seed(s))"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+# -- the queue's frontier (bench placement --frontier) ----------------------------------------------
+
+_FRONTIER: tuple[tuple[str, str, str], ...] = (
+    ("allocation_ratio", "alloc", "{:.3f}"),
+    ("wait_mean_s", "wait mean s", "{:,.0f}"),
+    ("wait_max_s", "wait max s", "{:,.0f}"),
+)
+
+
+def _spread_cell(value: Mapping[str, Any] | None, fmt: str) -> str:
+    """``0.830 ± 0.004``: mean ± standard error over the seeds."""
+    if not value:
+        return "—"
+    text = fmt.format(value["mean"])
+    if value.get("se") is not None:
+        text += " ± " + fmt.format(value["se"])
+    return text
+
+
+def frontier_markdown(doc: Mapping[str, Any]) -> str:
+    seeds = doc["seeds"]
+    lines: list[str] = []
+    for wl, part in doc["workloads"].items():
+        cl = part["cluster"]
+        classes = [
+            c for c in SIZE_CLASSES if any(c in r["wait_mean_by_class_s"] for r in part["rows"].values())
+        ]
+        lines += [
+            f"### Queue frontier: workload `{wl}` on `{cl['shape']}` ({cl['gpus']:,} GPUs, {cl['nodes']:,} "
+            f"nodes), {part['jobs']:,} jobs, load {doc['load']}, seeds {seeds[0]}..{seeds[-1]}",
+            "",
+            "| queue | "
+            + " | ".join(c[1] for c in _FRONTIER)
+            + " | "
+            + " | ".join(f"wait {c} s" for c in classes)
+            + " |",
+            "|---|" + "---:|" * (len(_FRONTIER) + len(classes)),
+        ]
+        for row, figs in part["rows"].items():
+            mark = " (default)" if row == f"ours {doc.get('default_setting')}" else ""
+            cells = [_spread_cell(figs.get(k), f) for k, _, f in _FRONTIER]
+            cells += [_spread_cell(figs["wait_mean_by_class_s"].get(c), "{:,.0f}") for c in classes]
+            lines.append(f"| {row}{mark} | " + " | ".join(cells) + " |")
+        lines += [
+            "",
+            "Aim: per anchor, the setting of ours closest to being at least as good on all three at once; "
+            "ours minus the anchor, seed by seed, mean ± standard error (relative), seeds better/worse:",
+            "",
+            "| anchor | ours at | " + " | ".join(c[1] for c in _FRONTIER) + " | holds | within noise |",
+            "|---|---|" + "---:|" * len(_FRONTIER) + "---|---|",
+        ]
+        for anchor, verdict in part["aims"].items():
+            pairs = verdict["paired"]
+            shown = (
+                anchor if anchor in doc["aim_anchors"] else f"{anchor} (no gang scheduler: not in the aim)"
+            )
+            cells = [_paired_cell(pairs.get(k), f.replace("{:", "{:+", 1)) for k, _, f in _FRONTIER]
+            lines.append(
+                f"| {shown} | {verdict['setting'] or '—'} | "
+                + " | ".join(cells)
+                + f" | {'yes' if verdict['holds'] else 'no'} | {'yes' if verdict['within_noise'] else 'no'} |"
+            )
+        lines.append("")
+    failing = [
+        f"{anchor} ({wl})"
+        for wl, part in doc["workloads"].items()
+        for anchor, verdict in part["aims"].items()
+        if anchor in doc["aim_anchors"] and not verdict["holds"]
+    ]
+    lines.append(
+        "Aim holds for every gang anchor."
+        if not failing
+        else "Aim does not hold for: " + ", ".join(failing) + "."
+    )
+    lines += ["", *[f"- {n}" for n in doc.get("notes", [])], "", doc.get("machine", "")]
+    return "\n".join(lines) + "\n"
+
+
+def _point(figs: Mapping[str, Any], key: str) -> tuple[float, float, float, float]:
+    """(``key`` in hours, allocation, and their standard errors) of one frontier row."""
+    x, y = figs[key], figs["allocation_ratio"]
+    return x["mean"] / 3600, y["mean"], (x["se"] or 0.0) / 3600, y["se"] or 0.0
+
+
+def frontier_plot(doc: Mapping[str, Any], path: Path) -> None:
+    """Per workload, allocation against mean wait and against largest wait: ours' settings as one line
+    (the frontier), each anchor a point; error bars are standard errors over the seeds."""
+    parts = doc["workloads"]
+    fig = Figure(figsize=(12, 4.6 * len(parts)))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(parts), 2, squeeze=False)
+    markers = "osD^vP*X"
+    for r, (wl, part) in enumerate(parts.items()):
+        rows = part["rows"]
+        ours = [k for k in rows if k.startswith("ours ")]
+        others = [k for k in rows if not k.startswith("ours ")]
+        for c, (key, label) in enumerate(
+            (("wait_mean_s", "mean wait (h)"), ("wait_max_s", "largest wait (h)"))
+        ):
+            ax = axes[r][c]
+
+            # the seconds-only settings in dial order as one line; settings with a multiple as points
+            line = sorted((k for k in ours if "x" not in k), key=lambda k: float(k.removeprefix("ours ")))
+            for group, fmt, name in (
+                (line, "-o", "ours: hold back after S s"),
+                ([k for k in ours if "x" in k], "o", "ours: ... after K x its limit"),
+            ):
+                if not group:
+                    continue
+                pts = [_point(rows[k], key) for k in group]
+                ax.errorbar(
+                    [p[0] for p in pts],
+                    [p[1] for p in pts],
+                    xerr=[p[2] for p in pts],
+                    yerr=[p[3] for p in pts],
+                    fmt=fmt,
+                    color="black",
+                    mfc="black" if fmt == "-o" else "white",
+                    label=name,
+                    capsize=2,
+                )
+                for k, p in zip(group, pts, strict=True):
+                    ax.annotate(
+                        k.removeprefix("ours "),
+                        (p[0], p[1]),
+                        fontsize=7,
+                        xytext=(3, 3),
+                        textcoords="offset points",
+                    )
+            for i, k in enumerate(others):
+                x, y, xe, ye = _point(rows[k], key)
+                ax.errorbar([x], [y], xerr=[xe], yerr=[ye], fmt=markers[i % len(markers)], label=k, capsize=2)
+            ax.set_xlabel(label)
+            ax.set_ylabel("GPU allocation")
+            ax.set_title(f"{wl}: allocation against {label.split(' (')[0]}")
+            ax.grid(alpha=0.3)
+            if c == 0:
+                ax.legend(fontsize=7)
+    seeds = doc["seeds"]
+    fig.suptitle(
+        f"queue frontier: up and left is better; mean ± standard error over seeds {seeds[0]}..{seeds[-1]}"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)

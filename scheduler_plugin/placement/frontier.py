@@ -1,0 +1,167 @@
+"""The queue's trade-off as a frontier: our queue at several settings of its dial, each anchor at its own.
+
+Holding nodes for the head of the queue bounds large gangs' waits and lifts allocation; a greedy queue
+lets small jobs pass and starves large gangs. The dial is when a waiting gang starts to hold anything
+back (``scheduler_plugin.queue.QueueConfig``): ``reserve_after_s`` (after S seconds) and
+``reserve_after_limits`` (after K times its own time limit; the later of the two when both are set).
+A setting is written ``S`` (``3600``), ``Kx`` (``2x``) or both, ``S/Kx`` (``3600/2x``).
+
+The aim, per anchor: one setting of ours at least as good on allocation, mean wait and largest wait
+at once, judged seed by seed on the same job streams (``metrics.paired``): the mean difference, ours
+minus the anchor, is not worse on any of the three figures (``holds``). Weaker, ``within_noise``: no
+figure is worse by two standard errors or more (a difference the seeds cannot tell from zero);
+stronger, ``significant``: it holds and at least one figure is better by two standard errors.
+
+Pure: no I/O; the benchmark (``agent.benchmarks.placement``) runs the simulations and renders this.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from scheduler_plugin.placement.metrics import BETTER, paired
+from scheduler_plugin.queue import QueueConfig, QueueError
+
+AIM_FIGURES: tuple[str, ...] = ("allocation_ratio", "wait_mean_s", "wait_max_s")
+DEFAULT_SETTINGS = "0,3600,43200,86400,108000,172800,237600,345600,1x,3600/2x"
+MAX_SETTINGS = 16
+_SHOWN = 40  # characters of a bad setting an error message shows
+
+
+class FrontierError(ValueError):
+    """A bad ``--frontier-settings`` value; the message names the setting."""
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One setting of our queue's dial: ``label`` as written, the two ``QueueConfig`` fields."""
+
+    label: str
+    reserve_after_s: float = 0.0
+    reserve_after_limits: float | None = None
+
+    def config(self, base: QueueConfig) -> QueueConfig:
+        return replace(
+            base, reserve_after_s=self.reserve_after_s, reserve_after_limits=self.reserve_after_limits
+        )
+
+
+def _number(text: str, where: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise FrontierError(f"{where}: not a number of seconds or a multiple Kx") from None
+    if not math.isfinite(value) or value < 0:
+        raise FrontierError(f"{where}: each number must be finite and >= 0")
+    return value
+
+
+def parse_settings(text: str) -> tuple[Setting, ...]:
+    """``S``, ``Kx`` or ``S/Kx`` settings separated by commas (at most ``MAX_SETTINGS``, no repeats)."""
+    tokens = [t.strip() for t in text.split(",")]
+    if not text.strip() or any(not t for t in tokens):
+        raise FrontierError(f"an empty setting in {text[:_SHOWN]!r}; give e.g. {DEFAULT_SETTINGS}")
+    if len(tokens) > MAX_SETTINGS:
+        raise FrontierError(f"{len(tokens)} settings; at most {MAX_SETTINGS}")
+    out: list[Setting] = []
+    seen: dict[tuple[float, float | None], str] = {}
+    for k, token in enumerate(tokens, start=1):
+        shown = token if len(token) <= _SHOWN else token[:_SHOWN] + "..."
+        where = f"setting {k} ({shown!r})"
+        parts = token.split("/")
+        if len(parts) > 2:
+            raise FrontierError(f"{where}: at most one S and one Kx, as S/Kx")
+        seconds: float | None = None
+        limits: float | None = None
+        for part in parts:
+            if part.endswith("x"):
+                if limits is not None:
+                    raise FrontierError(f"{where}: two multiples of the time limit")
+                limits = _number(part[:-1], where)
+            else:
+                if seconds is not None:
+                    raise FrontierError(f"{where}: two numbers of seconds")
+                seconds = _number(part, where)
+        try:
+            QueueConfig(reserve_after_s=seconds or 0.0, reserve_after_limits=limits)
+        except QueueError as err:
+            raise FrontierError(f"{where}: {err}") from None
+        key = (seconds or 0.0, limits)
+        if key in seen:
+            raise FrontierError(f"{where}: the same dial as {seen[key]!r}")
+        seen[key] = token
+        out.append(Setting(token, seconds or 0.0, limits))
+    return tuple(out)
+
+
+def mean_se(values: Sequence[float]) -> tuple[float, float | None]:
+    """Mean and its standard error (None for one value)."""
+    if not values:
+        raise ValueError("mean_se of no values")
+    n = len(values)
+    mean = sum(values) / n
+    if n == 1:
+        return mean, None
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+
+
+def _num(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _judge(figs: Mapping[str, Mapping[str, object]]) -> tuple[bool, bool, bool, int, float]:
+    """One setting against one anchor from its paired figures: holds, within noise, significant (module
+    docstring), figures not worse, and the sum of the relative margins (positive: ours better)."""
+    holds = within_noise = True
+    better = not_worse = 0
+    margin = 0.0
+    for key in AIM_FIGURES:
+        pair = figs[key]
+        signed = (_num(pair["diff_mean"]) or 0.0) * BETTER[key]
+        se = _num(pair["diff_se"])
+        if signed >= 0:
+            not_worse += 1
+        else:
+            holds = False
+            if se is None or -signed >= 2 * se:
+                within_noise = False
+        if signed > 0 and pair["significant"] is True:
+            better += 1
+        margin += (_num(pair["relative"]) or 0.0) * BETTER[key]
+    return holds, within_noise, holds and better > 0, not_worse, margin
+
+
+def aim(
+    ours: Mapping[str, Sequence[Mapping[str, object]]], anchor: Sequence[Mapping[str, object]]
+) -> dict[str, object]:
+    """The best setting of ``ours`` (setting label -> runs, seed by seed) against ``anchor``'s runs on
+    the same seeds: one that holds (ranked by significant, then the sum of relative margins), else the
+    one closest to it (within noise, then most figures not worse, then the margin). Returns the
+    setting, ``holds``, ``within_noise``, ``significant`` and the paired figures of ``AIM_FIGURES``; ``None``
+    as the setting when no figure could be compared."""
+    best: tuple[tuple[bool, bool, bool, int, float], str, dict[str, Mapping[str, object]]] | None = None
+    for label, runs in ours.items():
+        pairs = paired(runs, anchor)
+        figs: dict[str, Mapping[str, object]] = {}
+        for key in AIM_FIGURES:
+            pair = pairs.get(key)
+            if isinstance(pair, Mapping):
+                figs[key] = pair
+        if len(figs) < len(AIM_FIGURES):
+            continue
+        holds, within_noise, significant, not_worse, margin = _judge(figs)
+        rank = (holds, within_noise, significant, not_worse, margin)
+        if best is None or rank > best[0]:
+            best = (rank, label, figs)
+    if best is None:
+        return {"setting": None, "holds": False, "within_noise": False, "significant": False, "paired": {}}
+    (holds, within_noise, significant, _, _), label, figs = best
+    return {
+        "setting": label,
+        "holds": holds,
+        "within_noise": within_noise,
+        "significant": significant,
+        "paired": figs,
+    }
