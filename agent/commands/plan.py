@@ -18,7 +18,7 @@ from typing import Any
 
 from scheduler_plugin.formats import FormatError, gang_from_data, result_to_data, snapshot_from_data
 from scheduler_plugin.planner import plan
-from scheduler_plugin.snapshot import ClusterSnapshot
+from scheduler_plugin.snapshot import ClusterSnapshot, Gang
 from topology import logs, safeyaml
 
 MAX_FILE_BYTES = (
@@ -42,6 +42,16 @@ def _load(path: str, what: str) -> Any:
         raise FormatError(f"{what}: cannot read {path}: {exc.strerror or exc}") from None
     except safeyaml.InputError as exc:
         raise FormatError(f"{what}: {exc}") from None
+
+
+def read_cluster(path: str) -> ClusterSnapshot:
+    """The cluster file at ``path`` as a snapshot; :class:`FormatError` naming the file or field."""
+    return snapshot_from_data(_load(path, "cluster"), "cluster")
+
+
+def read_gang(path: str, tiers: tuple[str, ...]) -> Gang:
+    """The gang file at ``path``, its tiers checked against ``tiers``; :class:`FormatError` likewise."""
+    return gang_from_data(_load(path, "gang"), tiers, "gang")
 
 
 def _live_snapshot(kubeconfig: str | None) -> ClusterSnapshot:
@@ -83,8 +93,8 @@ def main(argv: list[str]) -> int:
                 print(f"plan: --from-cluster: {type(exc).__name__}: {first}", file=sys.stderr)
                 return 2
         else:
-            snapshot = snapshot_from_data(_load(args.cluster, "cluster"), "cluster")
-        gang = gang_from_data(_load(args.gang, "gang"), snapshot.tiers, "gang")
+            snapshot = read_cluster(args.cluster)
+        gang = read_gang(args.gang, snapshot.tiers)
     except FormatError as exc:
         print(f"plan: {exc}", file=sys.stderr)
         return 2
