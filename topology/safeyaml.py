@@ -38,7 +38,6 @@ import pathlib
 from typing import Any
 
 import yaml
-from yaml._yaml import CParser
 from yaml.composer import Composer, ComposerError
 from yaml.constructor import SafeConstructor
 from yaml.events import (
@@ -53,7 +52,10 @@ from yaml.events import (
     StreamEndEvent,
 )
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.parser import Parser
+from yaml.reader import Reader
 from yaml.resolver import Resolver
+from yaml.scanner import Scanner
 
 from topology.files import RefusedFileError, read_bytes
 
@@ -174,6 +176,24 @@ _SEQ = object()  # a sequence frame's key
 _DUE = object()  # a mapping frame's key while its next key is due
 
 
+if yaml.__with_libyaml__:
+    from yaml._yaml import CParser
+
+    class _ParsedText(CParser):
+        """A text's events, parsed by libyaml."""
+
+    _EVENT_SOURCE: Any = yaml.CSafeLoader
+else:  # pragma: no cover - a PyYAML built without libyaml: the same events, parsed in Python (slower)
+
+    class _ParsedText(Reader, Scanner, Parser):  # type: ignore[no-redef]
+        def __init__(self, text: str) -> None:
+            Reader.__init__(self, text)
+            Scanner.__init__(self)
+            Parser.__init__(self)
+
+    _EVENT_SOURCE = yaml.SafeLoader
+
+
 class _EventReader:
     """Builds the documents from libyaml's events in one loop, counting the limits as
     :class:`_BoundedLoader` does (the same nodes, the same key paths, the same messages).
@@ -183,7 +203,7 @@ class _EventReader:
     value comes next. A container enters its parent when it starts, as ``SafeConstructor`` builds it."""
 
     def __init__(self, text: str, source: str) -> None:
-        self.events = yaml.CSafeLoader(text)  # libyaml's events; PyYAML's resolver and constructor
+        self.events = _EVENT_SOURCE(text)  # libyaml's events; PyYAML's resolver and constructor
         self.source = source
         self.stack: list[list[Any]] = []
         self.plain: dict[str, Any] = {}  # a plain scalar's text -> its value, resolved once
@@ -255,7 +275,7 @@ class _EventReader:
             raise _Exact
         value = self.plain.get(text, _DUE)
         if value is _DUE:
-            tag = self.events.resolve(ScalarNode, text, (True, False))  # type: ignore[no-untyped-call]
+            tag = self.events.resolve(ScalarNode, text, (True, False))
             value = self._scalar(tag, event)
             self.plain[text] = value
         return value
@@ -345,12 +365,12 @@ class _EventReader:
         return _LimitError(f"{self.source}: {f'{key} ({line})' if key else line}: {problem}")
 
 
-class _BoundedLoader(Composer, SafeConstructor, Resolver, CParser):
+class _BoundedLoader(Composer, SafeConstructor, Resolver, _ParsedText):
     """PyYAML's composer and ``SafeConstructor`` over libyaml's events, the composer counting depth and
     alias expansion and knowing the key path: what :class:`_EventReader` leaves to PyYAML."""
 
     def __init__(self, text: str, source: str) -> None:
-        CParser.__init__(self, text)
+        _ParsedText.__init__(self, text)
         Composer.__init__(self)
         SafeConstructor.__init__(self)
         Resolver.__init__(self)

@@ -210,3 +210,26 @@ def test_read_text_reads_regular_files_within_the_limit(tmp_path: pathlib.Path) 
     with pytest.raises(safeyaml.InputError) as info:
         safeyaml.read_text(big, limit=49)
     assert str(info.value) == f"{big}: larger than 49 bytes (the limit)"
+
+
+def test_without_libyaml_the_same_reader_runs_on_pythons_parser(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PyYAML built without libyaml gives the same events from its Python parser: the same values,
+    limits and messages, only slower."""
+    import importlib
+
+    import yaml
+
+    monkeypatch.setattr(yaml, "__with_libyaml__", False)
+    pure = importlib.reload(safeyaml)
+    try:
+        assert pure._EVENT_SOURCE is yaml.SafeLoader
+        text = "a: &x [1, 2]\nb: *x\nc: {<<: {q: 1}, z: 2}\nd: 2002-12-14\n"
+        assert pure.load(text, source="f") == yaml.safe_load(text)
+        assert pure.load("n: [x]\n", source="f") == {"n": ["x"]}
+        with pytest.raises(
+            pure.InputError, match=r"^f: a.b\[0\]\[0\]\[0\]\[0\]\[0\]\[0\]\.\.\. \(line 1\): nested"
+        ):
+            pure.load("a: {b: " + "[" * 5000, source="f")
+    finally:
+        monkeypatch.undo()
+        importlib.reload(safeyaml)
