@@ -207,6 +207,7 @@ class _EventReader:
         self.source = source
         self.stack: list[list[Any]] = []
         self.plain: dict[str, Any] = {}  # a plain scalar's text -> its value, resolved once
+        self.strings: dict[str, str] = {}  # a quoted scalar's text, held once
         self.anchors: dict[str, list[Any]] = {}  # name -> [value, size (None while open), mark, text]
         self.composed = 0  # nodes so far, an alias counted at the size of what it repeats
         self.alias_nodes = 0
@@ -269,8 +270,8 @@ class _EventReader:
             if tag in _KEY_TAGS and self._key_due():
                 raise _Exact
             return self._scalar(tag, event)
-        if not event.implicit[0]:
-            return text  # quoted or a block scalar: a string
+        if not event.implicit[0]:  # quoted or a block scalar: a string, held once however often it is
+            return self.strings.setdefault(text, text)  # written (JSON's keys, a domain's name)
         if text in ("<<", "=") and self._key_due():
             raise _Exact
         value = self.plain.get(text, _DUE)
@@ -340,7 +341,7 @@ class _EventReader:
     def _scalar(self, tag: str, event: Any) -> Any:
         """A scalar of ``tag`` as ``SafeConstructor`` makes it, integers bounded in digits."""
         if tag == _STR_TAG:
-            return event.value
+            return self.strings.setdefault(event.value, event.value)
         if tag == _INT_TAG:
             digits = len(event.value.lstrip("+-").replace("_", ""))
             if digits > MAX_INT_DIGITS:

@@ -233,3 +233,17 @@ def test_without_libyaml_the_same_reader_runs_on_pythons_parser(monkeypatch: pyt
     finally:
         monkeypatch.undo()
         importlib.reload(safeyaml)
+
+
+def test_a_string_written_many_times_is_held_once() -> None:
+    """JSON's keys and a domain's name repeat on every node of a cluster file: each distinct text is
+    one string object, plain or quoted, so memory follows the distinct values, not the file."""
+    text = (
+        '[{"domain-name": "nvl-rack-0001"}, {"domain-name": "nvl-rack-0001"}, {domain-name: nvl-rack-0001}]'
+    )
+    a, b, c = safeyaml.load(text, source="f")
+    assert a == b == c == {"domain-name": "nvl-rack-0001"}
+    assert next(iter(a)) is next(iter(b)) is next(iter(c))
+    assert a["domain-name"] is b["domain-name"]
+    plain = safeyaml.load("[nvl-rack-0001, nvl-rack-0001]", source="f")
+    assert plain[0] is plain[1]
