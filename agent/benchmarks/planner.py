@@ -218,6 +218,19 @@ def write_cluster_file(path: str, snapshot: ClusterSnapshot, *, fmt: str) -> int
     return len(text.encode())
 
 
+def _peak_rss_bytes() -> int:
+    """This process's peak RSS: ``VmHWM`` of its own memory (Linux), else ``ru_maxrss``. Linux keeps
+    ``ru_maxrss`` across ``exec``, so a child started by a large parent would report the parent's size."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def _plan_file_child(cluster: str, gang_path: str) -> dict[str, Any]:
     """In a fresh process: ``plan --cluster``'s steps timed, the result described, the peak RSS."""
     from agent.commands.plan import read_cluster, read_gang  # noqa: PLC0415 - the child's own work
@@ -238,7 +251,7 @@ def _plan_file_child(cluster: str, gang_path: str) -> dict[str, Any]:
         "plan_cpu_s": c2 - c1,
         "total_s": w3 - w0,
         "total_cpu_s": c3 - c0,
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_rss_bytes": _peak_rss_bytes(),
         "result": _describe(result),
     }
 

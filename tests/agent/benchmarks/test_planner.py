@@ -50,3 +50,17 @@ def test_the_cluster_file_reads_back_as_the_snapshot_it_was_written_from(tmp_pat
             ],
         }
         assert path.read_text(encoding="utf-8") == yaml.safe_dump(data, sort_keys=False)
+
+
+def test_peak_rss_is_this_process_own() -> None:
+    """The plan-file child reports its own peak (``VmHWM``: Linux carries ``ru_maxrss`` over ``exec``
+    from the process that started it): at least what it holds now, a large allocation included."""
+    import resource
+
+    from agent.benchmarks.planner import _peak_rss_bytes
+
+    block = bytearray(64 * 2**20)
+    block[::4096] = b"x" * len(block[::4096])  # touch every page
+    with open("/proc/self/statm", encoding="ascii") as fh:
+        now = int(fh.read().split()[1]) * resource.getpagesize()
+    assert _peak_rss_bytes() >= now > 64 * 2**20
