@@ -12,7 +12,8 @@ pod binding, the Lease elector; used by the controller, ``agent.publisher`` and 
 (bound loggers, snake_case events; configured once by each command's composition root); ``lifecycle``
 the stop-aware waits every long-running component uses; ``httpserver`` the one hardened HTTP/1.1 server
 (bounded heads and bodies, timeouts, a connection cap that evicts idle clients, optional TLS) under the
-metrics and health listeners and the extender; ``safeyaml`` the bounded loader for untrusted YAML/JSON.
+metrics and health listeners and the extender; ``safeyaml`` the bounded loader for untrusted YAML/JSON;
+``files`` the one bounded reader of files from outside the program (regular files only, a size cap).
 
 Must not import ``agent``, ``deviceplugin`` or ``scheduler_plugin``; ``topology.model`` imports nothing
 of ours.

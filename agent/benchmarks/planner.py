@@ -7,6 +7,10 @@
    tier-1 domains, with some nodes partly busy.
 3. Extender filter throughput over HTTP on loopback: keep-alive clients POST ``filter`` for pods on
    their own, every call carrying all node names of a 1,000-node cluster.
+4. ``plan --cluster`` of a cluster file of ``--plan-file-nodes`` GB200 trays (default 100,000, written
+   as block YAML or JSON) and a gang of 2 subgroups of 18 trays inside one spine: read in a fresh
+   process, which reports the time to read the file (load and checks) and to plan (index and plan),
+   wall and CPU, and its peak RSS.
 
 The clusters are generated from a fixed seed, so every run plans the same problems.
 """
@@ -19,7 +23,10 @@ import dataclasses
 import http.client
 import json
 import multiprocessing
+import os
 import random
+import resource
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -188,6 +195,101 @@ def bench_extender(requests: int, clients: int, nodes: int) -> None:
     )
 
 
+def write_cluster_file(path: str, snapshot: ClusterSnapshot, *, fmt: str) -> int:
+    """``snapshot`` as a ``plan --cluster`` file, block YAML (as ``yaml.safe_dump`` writes it) or
+    JSON; its size in bytes."""
+    if fmt == "json":
+        data = {
+            "tiers": list(snapshot.tiers),
+            "nodes": [
+                {"name": n.name, "gpus": n.gpus, "free": n.free, "domains": dict(n.domains)}
+                for n in snapshot.nodes
+            ],
+        }
+        text = json.dumps(data, indent=1)
+    else:
+        parts = ["tiers:\n", *(f"- {t}\n" for t in snapshot.tiers), "nodes:\n"]
+        for n in snapshot.nodes:
+            parts.append(f"- name: {n.name}\n  gpus: {n.gpus}\n  free: {n.free}\n  domains:\n")
+            parts.extend(f"    {t}: {d}\n" for t, d in n.domains.items())
+        text = "".join(parts)
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    return len(text.encode())
+
+
+def _peak_rss_bytes() -> int:
+    """This process's peak RSS: ``VmHWM`` of its own memory (Linux), else ``ru_maxrss``. Linux keeps
+    ``ru_maxrss`` across ``exec``, so a child started by a large parent would report the parent's size."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _plan_file_child(cluster: str, gang_path: str) -> dict[str, Any]:
+    """In a fresh process: ``plan --cluster``'s steps timed, the result described, the peak RSS."""
+    from agent.commands.plan import read_cluster, read_gang  # noqa: PLC0415 - the child's own work
+    from scheduler_plugin.formats import result_to_data  # noqa: PLC0415
+
+    w0, c0 = time.perf_counter(), time.process_time()
+    snapshot = read_cluster(cluster)
+    gang = read_gang(gang_path, snapshot.tiers)
+    w1, c1 = time.perf_counter(), time.process_time()
+    result = plan(prepare(snapshot), gang)
+    w2, c2 = time.perf_counter(), time.process_time()
+    json.dumps(result_to_data(result, snapshot.tiers))
+    w3, c3 = time.perf_counter(), time.process_time()
+    return {
+        "load_s": w1 - w0,
+        "load_cpu_s": c1 - c0,
+        "plan_s": w2 - w1,
+        "plan_cpu_s": c2 - c1,
+        "total_s": w3 - w0,
+        "total_cpu_s": c3 - c0,
+        "peak_rss_bytes": _peak_rss_bytes(),
+        "result": _describe(result),
+    }
+
+
+def bench_plan_file(nodes: int, fmt: str) -> dict[str, Any]:
+    snap = gb200_cluster(nodes, busy_share=0.08, seed=72)
+    racks = -(-nodes // 18)
+    gang = {
+        "name": "train-a",
+        "tier": "spine",
+        "roles": [
+            {"name": "worker", "pods": 36, "gpus_per_pod": 4, "subgroup_size": 18, "subgroup_tier": "nvlink"}
+        ],
+    }
+    with tempfile.TemporaryDirectory(prefix="bench-plan-") as tmp:
+        cluster = os.path.join(tmp, f"cluster.{fmt}")
+        size = write_cluster_file(cluster, snap, fmt=fmt)
+        gang_path = os.path.join(tmp, "gang.json")
+        with open(gang_path, "w", encoding="utf-8") as fh:
+            json.dump(gang, fh)
+        del snap
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            figures: dict[str, Any] = pool.apply(_plan_file_child, (cluster, gang_path))
+    print(
+        f"plan --cluster of {nodes:,} GB200 trays ({racks:,} NVL72 racks, {-(-racks // 8):,} leaves, "
+        f"{-(-racks // 64):,} spines; 8% partly busy) in {fmt.upper()} of {size / 1e6:.1f} MB; "
+        "gang: 2 subgroups of 18 x 4 GPUs inside one spine"
+    )
+    print(f"  {figures['result']}")
+    print(
+        f"  read {figures['load_s']:.2f} s (CPU {figures['load_cpu_s']:.2f} s), "
+        f"plan {figures['plan_s']:.2f} s (CPU {figures['plan_cpu_s']:.2f} s), "
+        f"total {figures['total_s']:.2f} s (CPU {figures['total_cpu_s']:.2f} s); "
+        f"peak RSS {figures['peak_rss_bytes'] / 2**20:.0f} MiB"
+    )
+    return figures
+
+
 def _noop(_: int) -> None:
     return None
 
@@ -219,13 +321,29 @@ def main(argv: list[str]) -> int:
     p.add_argument(
         "--extender-nodes", type=int, default=1000, help="node names per filter call (default 1000)"
     )
+    p.add_argument(
+        "--plan-file-nodes",
+        type=int,
+        default=None,
+        help="nodes of the plan --cluster file case (default 100,000; 2,000 with --quick; 0 skips it)",
+    )
+    p.add_argument(
+        "--plan-file-format", choices=("yaml", "json"), default="yaml", help="the cluster file's format"
+    )
+    p.add_argument("--only-plan-file", action="store_true", help="run only the plan --cluster file case")
     p.add_argument("--quick", action="store_true", help="few runs, for a smoke test")
     a = p.parse_args(argv)
     if a.runs < 1 or a.requests < 1 or a.clients < 1 or a.extender_nodes < 1:
         p.error("--runs, --requests, --clients and --extender-nodes must be positive")
+    if a.plan_file_nodes is not None and a.plan_file_nodes < 0:
+        p.error("--plan-file-nodes must not be negative")
     runs, requests = (5, 50) if a.quick else (a.runs, a.requests)
+    file_nodes = a.plan_file_nodes if a.plan_file_nodes is not None else (2_000 if a.quick else 100_000)
     print(machine_summary())
-    bench_72(runs)
-    bench_1000(max(5, runs // 10))
-    bench_extender(max(requests, a.clients), a.clients, a.extender_nodes)
+    if not a.only_plan_file:
+        bench_72(runs)
+        bench_1000(max(5, runs // 10))
+        bench_extender(max(requests, a.clients), a.clients, a.extender_nodes)
+    if file_nodes:
+        bench_plan_file(file_nodes, a.plan_file_format)
     return 0

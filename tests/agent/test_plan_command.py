@@ -207,6 +207,54 @@ def _role(**kw: Any) -> dict[str, Any]:
             "cluster.nodes[0].gpus: expected a non-negative integer",
             id="bool-gpus",
         ),
+        pytest.param(
+            {"tiers": ["nvlink"], "nodes": [{"name": "a", "gpus": 4, "domains": {"nvlink": 7}}]},
+            GANG,
+            "cluster.nodes[0].domains.nvlink: expected a non-empty string",
+            id="domain-not-a-string",
+        ),
+        pytest.param(
+            {"tiers": ["nvlink"], "nodes": [{"name": "a", "gpus": 4, "domains": {"nvlink": ""}}]},
+            GANG,
+            "cluster.nodes[0].domains.nvlink: expected a non-empty string",
+            id="domain-empty",
+        ),
+        pytest.param(
+            {"tiers": ["nvlink"], "nodes": [{"name": "a", "gpus": 4, "domains": ["nvlink"]}]},
+            GANG,
+            "cluster.nodes[0].domains: expected a mapping",
+            id="domains-not-a-mapping",
+        ),
+        pytest.param(
+            {"tiers": ["nvlink"], "nodes": [{"name": "a", "gpus": 4, "rack": 1}]},
+            GANG,
+            "cluster.nodes[0].rack: unknown field",
+            id="node-unknown-field",
+        ),
+        pytest.param(
+            {"tiers": ["nvlink"], "nodes": [{"name": "a", "gpus": 4, "resources": {"cpu": -1}}]},
+            GANG,
+            "cluster.nodes[0].resources.cpu: expected a non-negative integer",
+            id="resources",
+        ),
+        pytest.param(
+            {"tiers": ["nvlink"], "nodes": [{"name": "a", "gpus": 4, "free_resources": {"cpu": "x"}}]},
+            GANG,
+            "cluster.nodes[0].free_resources.cpu: expected a non-negative integer",
+            id="free-resources",
+        ),
+        pytest.param(
+            {"tiers": ["nvlink"], "nodes": [{"name": "a", "gpus": 4, "schedulable": "no"}]},
+            GANG,
+            "cluster.nodes[0].schedulable: expected true or false",
+            id="schedulable",
+        ),
+        pytest.param(
+            {"tiers": ["nvlink"], "nodes": [{"name": "a", "gpus": 4}, "b"]},
+            GANG,
+            "cluster.nodes[1]: expected a mapping",
+            id="node-not-a-mapping",
+        ),
     ],
 )
 def test_invalid_input_exit_2_one_line_naming_the_field(

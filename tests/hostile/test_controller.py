@@ -390,3 +390,31 @@ def test_an_ibnetdiscover_file_out_of_bounds_is_one_short_line(
     _, err = built(folder, capsys)
     assert message in err
     assert max(len(line) for line in err.splitlines()) < 400
+
+
+@pytest.mark.parametrize("flag", ["--config", "--mapping", "--ibnetdiscover"])
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "too-large"])
+def test_a_named_file_that_is_not_a_regular_file_or_too_large_is_refused_at_once(
+    folder: pathlib.Path, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str], flag: str, kind: str
+) -> None:
+    """``--config``, ``--mapping`` and ``--ibnetdiscover`` are read through the one bounded reader: a
+    FIFO (whose ``open`` used to wait for a writer for ever), ``/dev/zero`` (whose read used to never
+    end) or a file over the limit is one line naming the path, exit 2."""
+    import os
+
+    path = tmp_path / "named.yaml"
+    if kind == "fifo":
+        os.mkfifo(path)
+        why = "not a regular file (a FIFO)"
+    elif kind == "dev-zero":
+        path.symlink_to("/dev/zero")
+        why = "not a regular file (a character device)"
+    else:
+        with open(path, "wb") as fh:
+            fh.truncate(safeyaml.MAX_TEXT_BYTES + 1)  # sparse: no disk, the reader stops after the limit
+        why = f"larger than {safeyaml.MAX_TEXT_BYTES} bytes (the limit)"
+    code, out, err = run(["--once", "--from", str(folder), flag, str(path)], capsys)
+    assert code == 2, err
+    assert out == ""
+    prefix = "--config " if flag == "--config" else ""
+    assert err == f"controller: {prefix}{path}: {why}\n"

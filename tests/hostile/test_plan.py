@@ -137,3 +137,55 @@ def test_d8_plan_files_that_cannot_be_read_are_one_line_and_exit_2(
     assert err.count("\n") == 0, err
     assert err.startswith(f"plan: {which}: {tmp_path / ('c.yaml' if which == 'cluster' else 'g.yaml')}")
     assert expected in err
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("which", ["cluster", "gang"])
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "too-large"])
+def test_a_plan_file_that_is_not_a_regular_file_or_too_large_is_one_line_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], which: str, kind: str
+) -> None:
+    """A cluster or gang file that is a FIFO (``open`` used to wait for a writer for ever), a link to
+    ``/dev/zero`` or larger than ``MAX_FILE_BYTES`` is one line naming it, exit 2."""
+    import os
+
+    from agent.commands.plan import MAX_FILE_BYTES
+
+    files = {"cluster": tmp_path / "c.yaml", "gang": tmp_path / "g.yaml"}
+    files["cluster"].write_bytes(json.dumps(CLUSTER).encode())
+    files["gang"].write_bytes(role(pods=2))
+    bad = files[which]
+    bad.unlink()
+    if kind == "fifo":
+        os.mkfifo(bad)
+        why = "not a regular file (a FIFO)"
+    elif kind == "dev-zero":
+        bad.symlink_to("/dev/zero")
+        why = "not a regular file (a character device)"
+    else:
+        with open(bad, "wb") as fh:
+            fh.truncate(MAX_FILE_BYTES + 1)  # sparse
+        why = f"larger than {MAX_FILE_BYTES} bytes (the limit)"
+    code = main(["--cluster", str(files["cluster"]), "--gang", str(files["gang"])])
+    out = capsys.readouterr()
+    assert code == 2
+    assert out.out == ""
+    assert out.err == f"plan: {which}: {bad}: {why}\n"
+
+
+def test_the_file_limit_admits_a_100000_node_cluster_file() -> None:
+    """The plan's file limit is explicit and leaves room for 100,000 GB200 trays written as indented
+    JSON, the largest of the usual ways to write the file."""
+    from agent.commands.plan import MAX_FILE_BYTES
+
+    nodes = [
+        {
+            "name": f"rack{i // 18:04d}-tray{i % 18:02d}",
+            "gpus": 4,
+            "free": 4,
+            "domains": {"nvlink": f"nvl-{i // 18:04d}", "leaf": f"leaf-{i // 144:03d}", "spine": "spine-00"},
+        }
+        for i in range(100_000)
+    ]
+    text = json.dumps({"tiers": ["nvlink", "leaf", "spine"], "nodes": nodes}, indent=2)
+    assert len(text.encode()) < MAX_FILE_BYTES
