@@ -600,6 +600,7 @@ async def _phase(
         "event_wait": _stats(feeder.waits),
         "events": len(feeder.costs),
         "passes": adapter.passes() - passes,
+        "events_per_s": len(feeder.costs) / wall if wall > 0 else 0.0,
     }
 
 
@@ -747,8 +748,9 @@ FIGURES: tuple[tuple[str, tuple[str, ...], str], ...] = (
             ("lock held", "lock_held"),
             ("event lock wait", "event_wait"),
         )
-        for q in ("p50", "p99")
+        for q in (("p50", "p99", "max") if key in ("lock_held", "event_wait") else ("p50", "p99"))
     ),
+    ("events: applied per s", ("events", "events_per_s"), "per_s"),
     ("passes: lock busy", ("passes", "lock_busy_ratio"), "ratio"),
     ("events: lock busy", ("events", "lock_busy_ratio"), "ratio"),
     ("RSS after load", ("rss_bytes",), "bytes"),
@@ -839,6 +841,8 @@ def _show(value: float | None, unit: str) -> str:
         return f"{value * 1000:.3f} ms" if value < 1 else f"{value:.2f} s"
     if unit == "bytes":
         return f"{value / 2**20:.0f} MiB"
+    if unit == "per_s":
+        return f"{value:.1f}/s"
     return f"{value:.2f}"
 
 
