@@ -45,8 +45,9 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from scheduler_plugin.cluster import pod_key
 from scheduler_plugin.queueing import VictimsError, parse_victims
-from scheduler_plugin.state import BindDecision, ClusterState, EventRecord, QueueActions
+from scheduler_plugin.state import BindDecision, ClusterState, EventRecord, Eviction, QueueActions
 from topology import logs
 from topology.httpserver import ConnectionStats, HttpServer, Limits, Request, Response
 
@@ -80,9 +81,9 @@ class QueueCluster(Protocol):
     def annotate_pod(self, namespace: str, name: str, uid: str, value: str) -> None:
         """Set the pod's ``gpuagent.dev/gang-planned`` annotation (only if it still has ``uid``)."""
 
-    def evict(self, namespace: str, name: str, uid: str) -> str | None:
+    def evict(self, namespace: str, name: str, uid: str, *, dry_run: bool = False) -> str | None:
         """Evict a pod through the Eviction API: None when done (or the pod is gone), else why the API
-        refused (a PodDisruptionBudget: HTTP 429)."""
+        refused (a PodDisruptionBudget: HTTP 429). ``dry_run``: only ask whether it would be done."""
 
 
 @dataclass(frozen=True)
@@ -374,13 +375,52 @@ class Extender:
                 log.info("gang_pod_nudged", pod=f"{ns}/{name}", planned=value)
             except Exception as exc:  # kube-scheduler's own flush retries it later
                 log.warning("gang_pod_nudge_failed", pod=f"{ns}/{name}", error=_short(exc))
+        batches: dict[str, list[Eviction]] = {}
         for ev in actions.evictions:
-            meta = ev.pod.get("metadata") or {}
-            ns, name, uid = (
-                str(meta.get("namespace") or "default"),
-                str(meta.get("name")),
-                str(meta.get("uid") or ""),
-            )
+            batches.setdefault(ev.preemptor, []).append(ev)
+        for preemptor, evictions in batches.items():
+            if any(ev.check_first for ev in evictions) and not await self._evictions_allowed(
+                qc, preemptor, evictions
+            ):
+                continue
+            await self._evict(qc, evictions)
+
+    async def _evictions_allowed(self, qc: QueueCluster, preemptor: str, evictions: list[Eviction]) -> bool:
+        """Whether the API would make every eviction of a preemption (each tried as a dry run first): a
+        refusal of one means none is made, so no victim is left half-evicted; its victims sit out a
+        while (``ClusterState.preemption_blocked``) and each pod's Event says what refused it."""
+
+        def dry_runs() -> tuple[Eviction, str] | None:
+            for ev in evictions:
+                ns, name, uid = _pod_ref(ev.pod)
+                try:
+                    refused = qc.evict(ns, name, uid, dry_run=True)
+                except Exception as exc:
+                    refused = f"eviction failed: {_short(exc)}"
+                if refused is not None:
+                    return ev, refused
+            return None
+
+        found = await asyncio.to_thread(dry_runs)
+        if found is None:
+            return True
+        ev, refused = found
+        victims = sorted({e.victim for e in evictions})
+        ns, name, _ = _pod_ref(ev.pod)
+        why = f"the eviction of pod {ns}/{name} ({ev.victim}) would be refused: {refused}"
+        await self._locked(self.state.preemption_blocked, preemptor, victims, self.wall(), why)
+        await self._locked(self.state.eviction_refused, pod_key(ev.pod))
+        log.warning("preemption_blocked", gang=preemptor, victims=victims, pod=f"{ns}/{name}", error=refused)
+        message = (
+            f"not evicted: {why}; no pod of {', '.join(victims)} is evicted for {preemptor}, other victims "
+            f"are sought ({ev.message})"
+        )
+        self._record([EventRecord(pod=e.pod, reason="PreemptionBlocked", message=message) for e in evictions])
+        return False
+
+    async def _evict(self, qc: QueueCluster, evictions: list[Eviction]) -> None:
+        for ev in evictions:
+            ns, name, uid = _pod_ref(ev.pod)
             try:
                 refused = await asyncio.to_thread(qc.evict, ns, name, uid)
             except Exception as exc:
@@ -544,6 +584,12 @@ class Extender:
         except Exception as exc:  # a bug answers this request, never stops the server
             log.exception("handler_failed", verb=route)
             return 500, {"Error": f"{route}: internal error: {_short(exc)}"}
+
+
+def _pod_ref(pod: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(namespace, name, uid) of a pod to evict."""
+    meta = pod.get("metadata") or {}
+    return str(meta.get("namespace") or "default"), str(meta.get("name")), str(meta.get("uid") or "")
 
 
 def _short(exc: BaseException) -> str:

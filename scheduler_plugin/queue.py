@@ -72,7 +72,8 @@ Preemption
     ``PreemptExemptTime``): its loss in GPU-time undercounts what a restart costs it (start-up,
     loading its checkpoint), which is why the least-loss rule is otherwise drawn to it. Off by default,
     since it can hold a high-priority gang back for that long; an operator whose jobs checkpoint every
-    N minutes sets it near N.
+    N minutes sets it near N. What may not be a victim at all (``Running.preemptible`` False: what an
+    eviction cannot free, or a disruption budget would refuse) is judged by the caller.
 
 Restart-safe
     The only state between passes is the reservations, and each is visible on its nodes
@@ -142,7 +143,10 @@ class Waiting:
 @dataclass(frozen=True, slots=True)
 class Running:
     """A started gang: GPUs it holds per node, when it (last) started and when its limit ends
-    (``math.inf`` without a limit), and how often it was evicted before (0 when unknown)."""
+    (``math.inf`` without a limit), how often it was evicted before (0 when unknown), and whether it
+    may be evicted at all (``preemptible``: False for what an eviction cannot free or may not take,
+    as its caller judges: a DaemonSet's or a node's own pods, a namespace not allowed, a disruption
+    budget that refuses)."""
 
     name: str
     priority: int
@@ -150,6 +154,7 @@ class Running:
     ends_s: float
     claims: Mapping[str, int]
     evictions: int = 0
+    preemptible: bool = True
 
     @property
     def gpus(self) -> int:
@@ -627,9 +632,11 @@ def _worth_it(  # noqa: PLR0917 -- private helper of ``decide``, called once
 
 
 def _may_evict(r: Running, w: Waiting, now: float, config: QueueConfig) -> bool:
-    """``r`` may be a victim of ``w``: lower priority, run long enough, not evicted too often."""
+    """``r`` may be a victim of ``w``: preemptible, lower priority, run long enough, not evicted too
+    often."""
     return (
-        r.priority < w.priority
+        r.preemptible
+        and r.priority < w.priority
         and now - r.started_s >= config.min_run_before_preempt_s
         and (config.max_evictions is None or r.evictions < config.max_evictions)
     )

@@ -15,6 +15,13 @@ turns the informer's plain API dicts into its inputs and its decisions into what
   on its own; a node is kept only when every gang with a pod among its victims is there whole (all its
   pods that hold resources are victims on that node), so kube-scheduler's preemption never takes part of
   a gang. Gang pods get no victims at all: the queue preempts for them, whole gangs inside one domain;
+- who may be a victim, and as part of what (``victim_group``, ``never_victim``, ``owner_uid``): pods of a
+  workload the extender does not know as a gang are one victim together (a JobSet, a training-operator
+  job such as an MPIJob, a Kueue pod group, a coscheduling PodGroup, else their controller owner), so
+  preemption never takes part of one; a DaemonSet's pods and static (mirror) pods are never victims,
+  since their GPUs do not free, nor pods outside the namespaces preemption may take from;
+- the PodDisruptionBudgets a set of evictions would break (``over_budget``), read before anything is
+  evicted, so a victim set is evicted whole or not at all;
 - the node annotation ``gpuagent.dev/reserved-for`` naming the gangs a node is held for;
 - the Prometheus text of the extender's queue metrics (``render_metrics``).
 """
@@ -22,7 +29,7 @@ turns the informer's plain API dicts into its inputs and its decisions into what
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -111,6 +118,157 @@ def pod_limit(pod: Mapping[str, Any], jobs: Mapping[str, Mapping[str, Any]]) -> 
             if limit is not None:
                 found.append(limit)
     return min(found) if found else None
+
+
+# -- who may be a victim, and as part of what --------------------------------------------------------
+# labels that make pods the extender does not know as a gang one workload, the outermost first (a JobSet's
+# Jobs and an MPIJob's launcher and workers carry their top owner's name)
+GROUP_LABELS: tuple[tuple[str, str], ...] = (
+    ("jobset.sigs.k8s.io/jobset-name", "jobset"),
+    ("training.kubeflow.org/job-name", "training-job"),
+    ("kueue.x-k8s.io/pod-group-name", "kueue-pod-group"),
+    ("scheduling.x-k8s.io/pod-group", "pod-group"),
+    ("pod-group.scheduling.sigs.k8s.io", "pod-group"),
+)
+JOBSET_UID = "jobset.sigs.k8s.io/jobset-uid"
+# controllers whose pods are independent replicas, each evicted on its own (a Deployment's one replica)
+INDEPENDENT_REPLICAS = frozenset({"ReplicaSet", "ReplicationController"})
+MIRROR = "kubernetes.io/config.mirror"  # the kubelet's annotation on the API copy of a static pod
+_NAME_CHARS = 253  # longest object name; longer values are not names and are cut
+
+
+def _controller(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    refs = get_in(pod, "metadata", "ownerReferences")
+    if not isinstance(refs, list):
+        return None
+    return next((r for r in refs if isinstance(r, Mapping) and r.get("controller") is True), None)
+
+
+def victim_group(pod: Mapping[str, Any]) -> str | None:
+    """The workload ``pod`` belongs to when the extender does not know it as a gang, evicted whole or
+    not at all: ``<word>:<namespace>/<name>`` from the first of ``GROUP_LABELS`` it carries, else
+    ``<kind>:<namespace>/<name>`` of its controller owner (kind in lower case; not a ReplicaSet's, whose
+    pods are independent replicas); None for a pod on its own."""
+    ns = get_in(pod, "metadata", "namespace") or "default"
+    labels = _strings(get_in(pod, "metadata", "labels"))
+    for label, word in GROUP_LABELS:
+        value = labels.get(label)
+        if value:
+            return f"{word}:{ns}/{value[:_NAME_CHARS]}"
+    ref = _controller(pod)
+    kind = ref.get("kind") if ref is not None else None
+    if (
+        ref is not None
+        and isinstance(kind, str)
+        and kind not in INDEPENDENT_REPLICAS
+        and isinstance(ref.get("name"), str)
+    ):
+        return f"{str(ref['kind'])[:_NAME_CHARS].lower()}:{ns}/{str(ref['name'])[:_NAME_CHARS]}"
+    return None
+
+
+def owner_uid(pod: Mapping[str, Any]) -> str | None:
+    """The uid of the workload that made ``pod`` (its JobSet's, by label, else its controller owner's):
+    a job made again under the same name has another one. None for a pod no controller owns."""
+    uid = _strings(get_in(pod, "metadata", "labels")).get(JOBSET_UID)
+    if uid:
+        return uid[:_NAME_CHARS]
+    ref = _controller(pod)
+    value = ref.get("uid") if ref is not None else None
+    return value[:_NAME_CHARS] if isinstance(value, str) and value else None
+
+
+def never_victim(pod: Mapping[str, Any], namespaces: Collection[str] | None) -> str | None:
+    """Why ``pod`` is never evicted for a preemption, or None: a DaemonSet's pod (its controller makes
+    it again on the same node) and a static pod (the API shows a mirror of what the kubelet runs from
+    a file) free no GPU; a pod outside ``namespaces`` (None: every namespace) is not preemption's to
+    take."""
+    ref = _controller(pod)
+    kind = ref.get("kind") if ref is not None else None
+    if kind == "DaemonSet":
+        return f"owned by DaemonSet {str(ref.get('name') if ref else '')[:_NAME_CHARS]}"
+    annotations = get_in(pod, "metadata", "annotations")
+    if kind == "Node" or (isinstance(annotations, Mapping) and MIRROR in annotations):
+        return "a static pod of its node"
+    ns = get_in(pod, "metadata", "namespace") or "default"
+    if namespaces is not None and ns not in namespaces:
+        return f"namespace {str(ns)[:_NAME_CHARS]} is not one preemption may take from"
+    return None
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A PodDisruptionBudget as eviction reads it: ``<namespace>/<name>``, its selector, and how many of
+    its pods may be disrupted now (0 while its status is older than its spec: the API refuses then)."""
+
+    name: str
+    namespace: str
+    selector: Mapping[str, Any] | None
+    allowed: int
+
+
+def budgets_from(pdbs: Iterable[Mapping[str, Any]]) -> dict[str, list[Budget]]:
+    """The budgets by namespace (``policy/v1`` PodDisruptionBudgets as the API lists them)."""
+    out: dict[str, list[Budget]] = {}
+    for obj in pdbs:
+        ns = str(get_in(obj, "metadata", "namespace") or "default")
+        name = str(get_in(obj, "metadata", "name") or "")
+        allowed = get_in(obj, "status", "disruptionsAllowed")
+        if isinstance(allowed, bool) or not isinstance(allowed, int):
+            allowed = 0
+        seen, generation = get_in(obj, "status", "observedGeneration"), get_in(obj, "metadata", "generation")
+        if isinstance(seen, int) and isinstance(generation, int) and seen < generation:
+            allowed = 0
+        selector = get_in(obj, "spec", "selector")
+        out.setdefault(ns, []).append(
+            Budget(f"{ns}/{name}", ns, selector if isinstance(selector, Mapping) else None, max(0, allowed))
+        )
+    return out
+
+
+def _selects(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+    """policy/v1's label selector: None selects nothing, ``{}`` every pod of the namespace; an
+    expression this reader does not know selects (the budget is kept, not ignored)."""
+    if selector is None:
+        return False
+    match = selector.get("matchLabels")
+    if isinstance(match, Mapping) and any(labels.get(k) != v for k, v in match.items()):
+        return False
+    exprs = selector.get("matchExpressions")
+    for expr in exprs if isinstance(exprs, list) else ():
+        if not isinstance(expr, Mapping):
+            continue
+        op, key, values = expr.get("operator"), expr.get("key"), expr.get("values")
+        values = [v for v in values if isinstance(v, str)] if isinstance(values, list) else []
+        has = isinstance(key, str) and key in labels
+        ok = {
+            "In": has and labels.get(str(key)) in values,
+            "NotIn": not has or labels.get(str(key)) not in values,
+            "Exists": has,
+            "DoesNotExist": not has,
+        }.get(str(op), True)
+        if not ok:
+            return False
+    return True
+
+
+def over_budget(
+    pods: Iterable[Mapping[str, Any]], budgets: Mapping[str, Sequence[Budget]]
+) -> list[tuple[str, int, int]]:
+    """The budgets evicting all of ``pods`` together would break: (budget, pods of the set it covers,
+    disruptions it allows now), by name."""
+    need: dict[str, int] = {}
+    allowed: dict[str, int] = {}
+    for pod in pods:
+        ns = str(get_in(pod, "metadata", "namespace") or "default")
+        if ns not in budgets:
+            continue
+        labels = _strings(get_in(pod, "metadata", "labels"))
+        for b in budgets[ns]:
+            if _selects(b.selector, labels):
+                need[b.name] = need.get(b.name, 0) + 1
+                allowed[b.name] = b.allowed
+    return sorted((name, n, allowed[name]) for name, n in need.items() if n > allowed[name])
 
 
 def reserved_for_value(gangs: Iterable[str]) -> str:
@@ -297,3 +455,12 @@ def render_metrics(
 
 
 __all__ += ["QueueError", "VictimsError", "owning_job"]
+__all__ += [
+    "GROUP_LABELS",
+    "Budget",
+    "budgets_from",
+    "never_victim",
+    "over_budget",
+    "owner_uid",
+    "victim_group",
+]

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -52,6 +52,7 @@ from scheduler_plugin.planner import SnapshotCache, plan
 from scheduler_plugin.queue import (
     RESERVED_FOR,
     PodFacts,
+    Preemption,
     QueueConfig,
     QueueError,
     Running,
@@ -64,13 +65,18 @@ from scheduler_plugin.queue import Reservation as QueueReservation
 from scheduler_plugin.queueing import (
     QueueMetrics,
     VictimSet,
+    budgets_from,
     held_back_caps,
+    never_victim,
+    over_budget,
+    owner_uid,
     pod_limit,
     pod_priority,
     preempt_answer,
     render_metrics,
     reserved_for_value,
     timestamp,
+    victim_group,
 )
 from scheduler_plugin.snapshot import (
     MAX_GANG_PODS,
@@ -85,11 +91,14 @@ from scheduler_plugin.snapshot import (
 
 MAX_PRIORITY = 10  # kube-scheduler's MaxExtenderPriority
 # kinds keyed "<namespace>/<name>"; the rest (nodes, hypernodes) are cluster-scoped
-_NAMESPACED = frozenset({"pods", "podgroups", "rayclusters", "workloads", "workload_podgroups", "jobs"})
+_NAMESPACED = frozenset(
+    {"pods", "podgroups", "rayclusters", "workloads", "workload_podgroups", "jobs", "pdbs"}
+)
 SOLO = "pod:"  # the queue's name of a running pod on its own: "pod:<namespace>/<name>"
 QUEUE_RETRY_S = 0.5  # a waiting gang's pods run the queue again at most this often (unless it is new)
 EVICTION_RETRY_S = 10.0  # an eviction asked for is not asked again before this
 EVICTION_MEMORY = 10_000  # gangs whose evictions are remembered (max_evictions)
+BLOCKED_RETRY_S = 60.0  # victims whose evictions the API would refuse are no victims for this long
 # work still running past its declared limit is expected to end soon (its controller ends it, as Slurm's
 # OverTimeLimit or a Job's activeDeadlineSeconds do): within as long as it has run over, at least 1 s and
 # at most this. Counting it as never ending instead would move a reservation away from the nodes about to
@@ -141,11 +150,15 @@ class Reservation:
 
 @dataclass(frozen=True)
 class Eviction:
-    """A pod to evict for a preemption: it belongs to ``victim`` (a whole gang, or ``pod:<key>``)."""
+    """A pod to evict for a preemption: it belongs to ``victim`` (a whole gang or workload, or
+    ``pod:<key>``); ``preemptor``: the gang it is evicted for. ``check_first``: the first asking of that
+    preemption: every eviction of it is tried as a dry run first and none is made if any is refused."""
 
     pod: Mapping[str, Any]
     victim: str
     message: str
+    preemptor: str = ""
+    check_first: bool = False
 
 
 @dataclass(frozen=True)
@@ -202,6 +215,7 @@ class ClusterState:
         barrier_timeout_s: float = 20.0,
         scheduler_name: str = SCHEDULER_NAME,
         queue: QueueConfig | None = None,
+        preempt_namespaces: Collection[str] | None = None,
     ) -> None:
         self.reservation_ttl_s = reservation_ttl_s
         self.barrier_timeout_s = barrier_timeout_s
@@ -234,6 +248,11 @@ class ClusterState:
         # caller still has to carry out (Events, node annotations, evictions; ``take_actions``)
         self.queue_config = queue if queue is not None else QueueConfig()
         self.jobs: dict[str, dict[str, Any]] = {}
+        # preemption's victims: the namespaces it may take from (None: every one), the disruption
+        # budgets it honours, and victims whose evictions the API would refuse -> until when they sit out
+        self.preempt_namespaces = None if preempt_namespaces is None else frozenset(preempt_namespaces)
+        self.pdbs: dict[str, dict[str, Any]] = {}
+        self._blocked: dict[str, float] = {}
         self.queue_reservations: dict[str, QueueReservation] = {}
         self.queue_metrics = QueueMetrics()
         self.synced = True  # the composition root clears it until every informer has listed once
@@ -252,9 +271,11 @@ class ClusterState:
         self._pending_events: list[EventRecord] = []
         self._pending_evictions: list[Eviction] = []
         self._gang_pending: set[str] = set()  # keys of the gangs' pods waiting for this scheduler
-        # gang -> times this extender evicted it (QueueConfig.max_evictions); the name outlives its pods,
-        # which their controller makes again; in memory only, the newest EVICTION_MEMORY gangs
-        self._evicted_times: dict[str, tuple[int, float]] = {}  # ... and when the evicted run started
+        # gang -> times this extender evicted it (QueueConfig.max_evictions) and when the evicted run
+        # started; the gang outlives its pods, which their controller makes again, so it is keyed by its
+        # name and the uid of what made it (None: no controller; ``_victims``); in memory only, the
+        # newest EVICTION_MEMORY gangs
+        self._evicted_times: dict[tuple[str, str | None], tuple[int, float]] = {}
         self._refused: dict[str, str] = {}  # pod key -> gang: filter refused it while its gang waited
         self._pending_nudges: dict[str, str] = {}  # pod key -> the gang-planned value to annotate
 
@@ -276,6 +297,7 @@ class ClusterState:
             "workloads": self.workloads,
             "workload_podgroups": self.workload_podgroups,
             "jobs": self.jobs,
+            "pdbs": self.pdbs,
         }[kind]
 
     def replace(self, kind: str, items: Iterable[Mapping[str, Any]]) -> None:
@@ -293,6 +315,7 @@ class ClusterState:
                 self._account(k, pod)
             self._gang_pending = {k for k, pod in self.pods.items() if self._waits(pod)}
             gone = (*self._last_event, *self._uids, *self._filtered, *self._refused, *self._pending_nudges)
+            gone += tuple(self._evicting)
             for k in [k for k in gone if k not in self.pods]:
                 self._forget(k)
         if kind in ("nodes", "hypernodes"):
@@ -303,7 +326,7 @@ class ClusterState:
         """One watch event (ADDED / MODIFIED / DELETED)."""
         store = self._store(kind)
         key = self._key(kind, obj)
-        if kind in ("pods", "nodes", "jobs"):
+        if kind in ("pods", "nodes", "jobs", "pdbs"):
             self._queue_dirty = True
         if kind == "nodes":  # a kubelet's status heartbeat changes neither labels nor allocatable
             before = store.get(key)
@@ -342,6 +365,7 @@ class ClusterState:
         )
 
     def _forget(self, key: str) -> None:
+        self._evicting.pop(key, None)  # a pod made again under this name is evicted afresh
         self._last_event.pop(key, None)
         self._refused.pop(key, None)
         self._pending_nudges.pop(key, None)
@@ -643,7 +667,7 @@ class ClusterState:
                 gpus = pod_requests(pod).get(GPU, 0)
                 if found is None and gpus <= 0:
                     continue
-                name = found[1] if found is not None else SOLO + key
+                name = _running_name(key, pod, found)
                 facts.append(
                     PodFacts(
                         gang=name,
@@ -705,20 +729,24 @@ class ClusterState:
             self._queue_rebuilt = True
             self.queue_reservations = dict(rebuilt.reservations)
         before = dict(self.queue_reservations)
+        top = max((w.priority for w in waiting), default=None)  # only work below it may be a victim
+        candidates = {n for n, r in rebuilt.running.items() if top is not None and r.priority < top}
+        by_gang, identity, exempt = self._victims(wall, candidates)
         running = {
             name: dataclasses.replace(
                 r,
                 ends_s=wall + min(OVERDUE_GRACE_S, max(1.0, wall - r.ends_s))
                 if r.ends_s <= wall
                 else r.ends_s,
-                evictions=self._evictions_before(name, r.started_s),
+                evictions=self._evictions_before(identity.get(name, (name, None)), r.started_s),
+                preemptible=name not in exempt,
             )
             for name, r in rebuilt.running.items()
         }
         decision = decide(wall, snapshot, running, waiting, before, place=place, config=self.queue_config)
         self.queue_reservations = dict(decision.reservations)
         self._queue_running = running
-        self._queue_wake = decision.wake_s
+        self._queue_wake = min(decision.wake_s, min(self._blocked.values(), default=math.inf))
         started = {st.gang for st in decision.starts}
         self._queue_waiting = [w.name for w in order(waiting) if w.name not in started]
         for start in decision.starts:
@@ -742,23 +770,21 @@ class ClusterState:
             )
             for k in pending.get(name, ()):
                 self._pending_events += self._event_once(self.pods[k], "GangReserved", msg, warning=False)
-        by_gang: dict[str, list[str]] = {}
-        for key, pod in self.pods.items():
-            if holds_resources(pod):
-                found = gang_key_of(pod)
-                by_gang.setdefault(found[1] if found is not None else SOLO + key, []).append(key)
         self._preempting = {g: v for g, v in self._preempting.items() if g in pending}
         for pre in decision.preemptions:
             # the victims are still going (fewer of them as their pods leave): the same preemption
             again = set(pre.victims) <= set(self._preempting.get(pre.gang, ()))
+            if not again and self._over_budget(pre, by_gang, pending, wall):
+                continue
             if not again:
                 self._preempting[pre.gang] = pre.victims
             if not again:
                 self.queue_metrics.preemptions += 1
                 for victim in pre.victims:  # max_evictions counts these when the gang runs again
-                    times, _ = self._evicted_times.pop(victim, (0, 0.0))
+                    ident = identity.get(victim, (victim, None))
+                    times, _ = self._evicted_times.pop(ident, (0, 0.0))
                     gone = running.get(victim)
-                    self._evicted_times[victim] = (times + 1, gone.started_s if gone else math.nan)
+                    self._evicted_times[ident] = (times + 1, gone.started_s if gone else math.nan)
                 while len(self._evicted_times) > EVICTION_MEMORY:  # the gangs evicted longest ago go
                     del self._evicted_times[next(iter(self._evicted_times))]
             msg = (
@@ -776,13 +802,113 @@ class ClusterState:
                     if (self.pods[k].get("metadata") or {}).get("deletionTimestamp"):
                         continue
                     self._evicting[k] = now
-                    self._pending_evictions.append(Eviction(pod=self.pods[k], victim=victim, message=msg))
+                    self._pending_evictions.append(
+                        Eviction(
+                            pod=self.pods[k],
+                            victim=victim,
+                            message=msg,
+                            preemptor=pre.gang,
+                            check_first=not again,
+                        )
+                    )
+
+    def _victims(
+        self, wall: float, candidates: Collection[str]
+    ) -> tuple[dict[str, list[str]], dict[str, tuple[str, str | None]], set[str]]:
+        """Per running gang or workload (the queue's name, ``_running_name``): the keys of its pods that
+        hold resources; the identity its evictions are counted under (``max_evictions``: its name and the
+        uid of what made it, so a new job under an old name starts from none); and, of ``candidates``, the
+        ones that may not be victims (a pod ``queueing.never_victim`` names, a disruption budget it
+        alone would break, or a refusal of the API not long ago). A count kept for a gang no controller
+        owns is forgotten once all its pods are gone: nothing makes them again, a gang of that name later
+        is another job."""
+        by_gang: dict[str, list[str]] = {}
+        present: set[str] = set()
+        for key, pod in self.pods.items():
+            name = _running_name(key, pod, gang_key_of(pod))
+            present.add(name)
+            if holds_resources(pod):
+                by_gang.setdefault(name, []).append(key)
+        identity: dict[str, tuple[str, str | None]] = {}
+        for name, keys in by_gang.items():
+            owners = [u for u in (owner_uid(self.pods[k]) for k in keys) if u is not None]
+            identity[name] = (name, min(owners) if owners else None)
+        for ident in [i for i in self._evicted_times if i[1] is None and i[0] not in present]:
+            del self._evicted_times[ident]
+        self._blocked = {v: until for v, until in self._blocked.items() if until > wall and v in by_gang}
+        exempt: set[str] = set()
+        if not candidates or self.queue_config.preempt_after_s is None:
+            return by_gang, identity, exempt
+        budgets = budgets_from(self.pdbs.values())
+        for name in candidates:
+            keys = by_gang.get(name, [])
+            if (
+                name in self._blocked
+                or any(never_victim(self.pods[k], self.preempt_namespaces) for k in keys)
+                or (budgets and over_budget(self._leaving_not(keys), budgets))
+            ):
+                exempt.add(name)
+        return by_gang, identity, exempt
+
+    def _leaving_not(self, keys: Iterable[str]) -> list[Mapping[str, Any]]:
+        """The pods of ``keys`` an eviction still has to take (not already being deleted)."""
+        return [
+            self.pods[k]
+            for k in keys
+            if k in self.pods and not (self.pods[k].get("metadata") or {}).get("deletionTimestamp")
+        ]
+
+    def _over_budget(
+        self, pre: Preemption, by_gang: Mapping[str, list[str]], pending: Mapping[str, list[str]], wall: float
+    ) -> bool:
+        """Whether evicting all of ``pre``'s victims together would break a disruption budget (each alone
+        keeps within its budgets, together they may not): then nothing is evicted, the preemptor's pods
+        say which budget, its hold goes, and the victims sit out ``BLOCKED_RETRY_S``."""
+        budgets = budgets_from(self.pdbs.values()) if self.pdbs else {}
+        if not budgets:
+            return False
+        over = over_budget(self._leaving_not(k for v in pre.victims for k in by_gang.get(v, ())), budgets)
+        if not over:
+            return False
+        name, n, allowed = over[0]
+        msg = (
+            f"gang {pre.gang} does not preempt {', '.join(pre.victims)}: PodDisruptionBudget {name} allows "
+            f"{allowed} disruption(s) and evicting them all takes {n}; nothing evicted, other victims are "
+            f"sought (these sit out {BLOCKED_RETRY_S:.0f} s)"
+        )
+        for k in pending.get(pre.gang, ()):
+            self._pending_events += self._event_once(self.pods[k], "PreemptionBlocked", msg)
+        self.queue_reservations.pop(pre.gang, None)
+        for v in pre.victims:
+            self._blocked[v] = wall + BLOCKED_RETRY_S
+        self._queue_dirty = True  # the next pass seeks other victims
+        self._queue_wake = min(self._queue_wake, wall + BLOCKED_RETRY_S)
+        return True
+
+    def preemption_blocked(self, preemptor: str, victims: Sequence[str], wall: float, why: str = "") -> None:
+        """The API refused a dry run of one of ``preemptor``'s evictions (``why``), so none was made: its
+        victims sit out ``BLOCKED_RETRY_S``, the next pass seeks others (the preemption is not going on)
+        and the preemptor's waiting pods say so."""
+        msg = (
+            f"gang {preemptor} does not preempt {', '.join(victims)}: {why}; nothing evicted, other victims "
+            f"are sought (these sit out {BLOCKED_RETRY_S:.0f} s)"
+        )
+        for k in sorted(self._gang_pending):
+            found = gang_key_of(self.pods[k]) if k in self.pods else None
+            if found is not None and found[1] == preemptor:
+                self._pending_events += self._event_once(self.pods[k], "PreemptionBlocked", msg)
+        for v in victims:
+            self._blocked[v] = wall + BLOCKED_RETRY_S
+        if self._preempting.pop(preemptor, None) is not None:
+            self.queue_reservations.pop(preemptor, None)
+        self._queue_dirty = True
+        self._queue_wake = min(self._queue_wake, wall + BLOCKED_RETRY_S)
 
     def _queue_idle(self) -> bool:
         """Nothing for a pass to decide: no gang's pod waits, nothing is held or being preempted for."""
         return not self._gang_pending and not self.queue_reservations and not self._preempting
 
-    def _evictions_before(self, gang: str, started_s: float) -> int:
+    def _evictions_before(self, gang: tuple[str, str | None], started_s: float) -> int:
         """Times ``gang`` was evicted before this run of it; a run still leaving after its eviction is
         not counted against itself (the same preemption goes on, no other victims are sought)."""
         times, evicted_run = self._evicted_times.get(gang, (0, math.nan))
@@ -880,10 +1006,13 @@ class ClusterState:
             uid = _uid(p)
             if not uid or not holds_resources(p):
                 continue
+            if never_victim(p, self.preempt_namespaces) is not None:
+                continue  # its GPUs do not free, or it is not preemption's to take: unknown here
             found = gang_key_of(p)
-            gang_of_uid[uid] = found[1] if found is not None else None
-            if found is not None:
-                members.setdefault(found[1], []).append(uid)
+            group = found[1] if found is not None else victim_group(p)
+            gang_of_uid[uid] = group
+            if group is not None:
+                members.setdefault(group, []).append(uid)
         need = pod_requests(known).get(GPU, 0)
         caps = self._queue_caps(known, wall) if need else {}
         refused = [n for n, cap in caps.items() if cap < need]
@@ -1271,6 +1400,15 @@ def _scheduler_of(pod: Mapping[str, Any]) -> str:
     spec = pod.get("spec")
     name = spec.get("schedulerName") if isinstance(spec, Mapping) else None
     return name if isinstance(name, str) and name else "default-scheduler"
+
+
+def _running_name(key: str, pod: Mapping[str, Any], found: tuple[str, str] | None) -> str:
+    """The queue's name of the running work ``pod`` belongs to: its gang, else the workload it is part of
+    (``queueing.victim_group``: preempted whole), else ``pod:<key>``."""
+    if found is not None:
+        return found[1]
+    group = victim_group(pod)
+    return group if group is not None else SOLO + key
 
 
 def _matches(node: Mapping[str, Any], selector: Mapping[str, str]) -> bool:

@@ -13,9 +13,13 @@ The queue (``scheduler_plugin.queue`` through ``ClusterState``): gangs that do n
 PriorityClass-then-creation order; the head's nodes are held for it and carry the annotation
 ``gpuagent.dev/reserved-for: <namespace>/<gang>`` (merge-patched here, removed on release, read back
 after a restart); a gang of higher priority that has waited ``--preempt-after`` seconds evicts whole
-lower-priority gangs inside one domain through the Eviction API (``pods/eviction``; a
-PodDisruptionBudget's refusal, HTTP 429, is said in an Event and asked again later). Jobs are read
-(optional) for their ``activeDeadlineSeconds``, a time limit of their pods. The queue's metrics are
+lower-priority gangs inside one domain through the Eviction API (``pods/eviction``), all of a preemption's
+evictions or none: PodDisruptionBudgets are read (optional) and a victim set one would refuse is not
+chosen, and every eviction is tried as a dry run before any is made (a refusal, HTTP 429, is said in an
+Event on each victim pod and other victims are sought). A DaemonSet's pods, static pods and pods outside
+``--preempt-namespaces`` are never victims; pods of a workload the extender does not know as a gang (a
+JobSet, an MPIJob, a Kueue or coscheduling pod group, one controller's pods) are evicted together. Jobs
+are read (optional) for their ``activeDeadlineSeconds``, a time limit of their pods. The queue's metrics are
 served at ``/metrics`` on ``--health-addr``.
 
 Trust: the extender answers kube-scheduler only. By default it listens on loopback, as a container in
@@ -31,6 +35,7 @@ import argparse
 import asyncio
 import ipaddress
 import math
+import re
 import signal
 import ssl
 import sys
@@ -65,6 +70,7 @@ RAYCLUSTERS = "/apis/ray.io/v1/rayclusters"  # KubeRay, every namespace
 WORKLOADS = "/apis/scheduling.k8s.io/v1beta1/workloads"  # Kubernetes 1.37, gate GenericWorkload
 WORKLOAD_PODGROUPS = "/apis/scheduling.k8s.io/v1beta1/podgroups"
 JOBS = "/apis/batch/v1/jobs"  # a Job's activeDeadlineSeconds is its pods' time limit
+PDBS = "/apis/policy/v1/poddisruptionbudgets"  # budgets a preemption's evictions must keep
 MERGE_PATCH = "application/merge-patch+json"
 SOURCES = (  # (ClusterState kind, collection, optional: an API that may not be served)
     ("nodes", NODES, False),
@@ -75,6 +81,7 @@ SOURCES = (  # (ClusterState kind, collection, optional: an API that may not be 
     ("workloads", WORKLOADS, True),
     ("workload_podgroups", WORKLOAD_PODGROUPS, True),
     ("jobs", JOBS, True),
+    ("pdbs", PDBS, True),
 )
 
 
@@ -144,6 +151,7 @@ class Settings:
     preempt_loss_ratio: float | None = 1.0  # None: a preemption may cost any loss
     min_run_before_preempt_s: float = 0.0
     max_evictions: int | None = 1  # None: no cap
+    preempt_namespaces: frozenset[str] | None = None  # None: every namespace
 
     def queue_config(self) -> QueueConfig:
         """The queue's settings (``QueueConfig`` checks them: ``QueueError`` says what is wrong)."""
@@ -271,6 +279,12 @@ def parse_settings(argv: list[str]) -> Settings:
         help="times a gang may be evicted for preemption, counted while this extender runs "
         "(default 1; 'unlimited' for no cap)",
     )
+    p.add_argument(
+        "--preempt-namespaces",
+        default="*",
+        help="comma-separated namespaces whose pods gang preemption may evict (default '*': every "
+        "namespace); a DaemonSet's pods and static pods are never evicted",
+    )
     p.add_argument("--log-format", choices=logs.FORMATS, default="auto", help="auto: text on a TTY")
     p.add_argument("--log-level", choices=logs.LEVELS, default="info")
     a = p.parse_args(argv)
@@ -320,6 +334,7 @@ def parse_settings(argv: list[str]) -> Settings:
     max_evictions = None if evictions is None else int(evictions)
     if not 0 <= a.min_run_before_preempt < float("inf"):
         p.error("--min-run-before-preempt: must be a finite number of seconds >= 0")
+    preempt_namespaces = _namespaces(p, a.preempt_namespaces)
     settings = Settings(
         host=host,
         port=port,
@@ -343,6 +358,7 @@ def parse_settings(argv: list[str]) -> Settings:
         preempt_loss_ratio=loss_ratio,
         min_run_before_preempt_s=a.min_run_before_preempt,
         max_evictions=max_evictions,
+        preempt_namespaces=preempt_namespaces,
     )
     problem = exposure_error(settings)
     if problem:
@@ -355,6 +371,21 @@ def _host_port(p: _Parser, flag: str, value: str) -> tuple[str, int]:
     if not sep or not port_s.isascii() or not port_s.isdigit() or not 0 <= int(port_s) <= 65535:
         p.error(f"{flag}: expected HOST:PORT, got {value!r}")
     return host.strip("[]") or "0.0.0.0", int(port_s)
+
+
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # a DNS-1123 label, as namespaces are
+
+
+def _namespaces(p: argparse.ArgumentParser, value: str) -> frozenset[str] | None:
+    """``--preempt-namespaces``: ``*`` (None: every namespace) or namespace names, comma-separated."""
+    if value.strip() == "*":
+        return None
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    bad = next((n for n in names if not _NAMESPACE.fullmatch(n)), None)
+    if bad is not None or not names:
+        shown = repr(bad[:40]) if bad is not None else "nothing"
+        p.error(f"--preempt-namespaces: expected '*' or namespace names separated by commas, got {shown}")
+    return frozenset(names)
 
 
 def _number_or_word(
@@ -434,16 +465,22 @@ class KubeCluster:
             if exc.status not in (404, 409):
                 raise
 
-    def evict(self, namespace: str, name: str, uid: str) -> str | None:
+    def evict(self, namespace: str, name: str, uid: str, *, dry_run: bool = False) -> str | None:
         """A policy/v1 Eviction of the pod (its uid as a precondition): None when done or the pod is
-        gone, the API's message when it refuses (429: a PodDisruptionBudget)."""
+        gone, the API's message when it refuses (429: a PodDisruptionBudget). ``dry_run``: the API
+        checks it (budgets included) and evicts nothing."""
         body: dict[str, Any] = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",
             "metadata": {"name": name, "namespace": namespace},
         }
+        options: dict[str, Any] = {}
         if uid:
-            body["deleteOptions"] = {"preconditions": {"uid": uid}}
+            options["preconditions"] = {"uid": uid}
+        if dry_run:
+            options["dryRun"] = ["All"]
+        if options:
+            body["deleteOptions"] = options
         try:
             self.kube.create(f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body)
         except KubeError as exc:
@@ -492,6 +529,7 @@ class Service:
             barrier_timeout_s=settings.barrier_timeout_s,
             scheduler_name=settings.scheduler_name,
             queue=settings.queue_config(),
+            preempt_namespaces=settings.preempt_namespaces,
         )
         self.state.synced = False  # the queue rebuilds its reservations once every informer has listed
 

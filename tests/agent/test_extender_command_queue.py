@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from agent.commands.extender import KubeCluster, parse_settings
+from agent.commands.extender import SOURCES, KubeCluster, parse_settings
 from scheduler_plugin.queue import RESERVED_FOR
 from scheduler_plugin.state import GANG_PLANNED
 from topology.kube import Kube, KubeError
@@ -30,6 +30,7 @@ class Api:
         self.calls: list[tuple[str, str, str, Any]] = []
         self.status: dict[str, int] = {}
         self.message: dict[str, str] = {}
+        self.details: dict[str, Any] = {}  # path -> the Status's details
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -38,11 +39,13 @@ class Api:
                 body = json.loads(self.rfile.read(length) or b"null")
                 api.calls.append((self.command, self.path, self.headers.get("Content-Type", ""), body))
                 code = api.status.get(self.path, 201 if self.command == "POST" else 200)
-                reply = {
+                reply: dict[str, Any] = {
                     "kind": "Status",
                     "code": code,
                     "message": api.message.get(self.path, f"answer {code}"),
                 }
+                if self.path in api.details:
+                    reply["details"] = api.details[self.path]
                 data = json.dumps(reply).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
@@ -128,6 +131,36 @@ def test_eviction_is_policy_v1_with_the_uid_and_a_budget_refusal_comes_back(api:
         kc.evict("ml", "w-0", "uid-1")
 
 
+def test_a_dry_run_eviction_asks_the_api_to_check_everything_and_evict_nothing(api: Api) -> None:
+    kc = _cluster(api)
+    path = "/api/v1/namespaces/ml/pods/w-0/eviction"
+    assert kc.evict("ml", "w-0", "uid-1", dry_run=True) is None
+    assert api.calls[0][3]["deleteOptions"] == {"preconditions": {"uid": "uid-1"}, "dryRun": ["All"]}
+    api.status[path] = 429  # the budget refuses the dry run as it would the eviction
+    api.details[path] = {  # where the API names the budget
+        "causes": [
+            {"reason": "DisruptionBudget", "message": "The disruption budget train-pdb needs 4 healthy pods"}
+        ]
+    }
+    refused = kc.evict("ml", "w-0", "", dry_run=True)
+    assert refused is not None
+    assert "PodDisruptionBudget" in refused
+    assert "The disruption budget train-pdb needs 4 healthy pods" in refused
+    api.details[path] = {"causes": "garbage"}  # a Status of the wrong shape is still a refusal
+    assert "PodDisruptionBudget" in (kc.evict("ml", "w-0", "", dry_run=True) or "")
+    assert api.calls[1][3]["deleteOptions"] == {"dryRun": ["All"]}
+
+
+def test_the_extender_reads_disruption_budgets_and_may_go_without() -> None:
+    assert ("pdbs", "/apis/policy/v1/poddisruptionbudgets", True) in SOURCES
+
+
+def test_preempt_namespaces_flag() -> None:
+    assert parse_settings([]).preempt_namespaces is None  # default '*': every namespace
+    assert parse_settings(["--preempt-namespaces", "ml, batch,"]).preempt_namespaces == {"ml", "batch"}
+    assert parse_settings(["--preempt-namespaces", "*"]).preempt_namespaces is None
+
+
 def test_queue_flags() -> None:
     s = parse_settings(["--preempt-after", "never", "--reserve-after", "30", "--queue-interval", "0.5"])
     assert s.preempt_after_s is None
@@ -164,6 +197,17 @@ def test_preemption_guard_flags_reach_the_queue_config() -> None:
         pytest.param(["--max-evictions", "-1"], "--max-evictions: must be", id="evictions-negative"),
         pytest.param(["--max-evictions", "9" * 40], "--max-evictions: must be", id="evictions-huge"),
         pytest.param(["--min-run-before-preempt", "inf"], "--min-run-before-preempt: must", id="min-run-inf"),
+        pytest.param(["--preempt-namespaces", ""], "--preempt-namespaces: expected", id="namespaces-empty"),
+        pytest.param(
+            ["--preempt-namespaces", " , "], "--preempt-namespaces: expected", id="namespaces-commas"
+        ),
+        pytest.param(["--preempt-namespaces", "ML"], "--preempt-namespaces: expected", id="namespaces-upper"),
+        pytest.param(
+            ["--preempt-namespaces", "a,*"], "--preempt-namespaces: expected", id="namespaces-star-in"
+        ),
+        pytest.param(
+            ["--preempt-namespaces", "x" * 64], "--preempt-namespaces: expected", id="namespaces-long"
+        ),
     ],
 )
 def test_bad_queue_flags_exit_2_with_one_line(

@@ -176,6 +176,21 @@ def test_chart_crd_is_the_same_file_as_the_base_crd() -> None:
                 )
             ),
         ),
+        (
+            ["extender.preemptNamespaces=ml\\,batch"],
+            lambda objs: (
+                parse_settings(
+                    next(
+                        c
+                        for c in objs[("Deployment", "gpu-system", "gpu-topology-scheduler")]["spec"][
+                            "template"
+                        ]["spec"]["containers"]
+                        if c["name"] == "extender"
+                    )["args"][1:]
+                ).preempt_namespaces
+                == frozenset({"ml", "batch"})
+            ),
+        ),
     ],
     ids=[
         "mig-strategy",
@@ -187,6 +202,7 @@ def test_chart_crd_is_the_same_file_as_the_base_crd() -> None:
         "shared-gpu-split",
         "pod-monitor",
         "extender-queue",
+        "extender-preempt-namespaces",
     ],
 )
 def test_helm_values_reach_the_objects(deploy_tools: Path, values: list[str], check: Any) -> None:

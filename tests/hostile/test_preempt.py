@@ -6,13 +6,15 @@ cannot vouch for), in bounded time, and the server keeps serving (``run`` checks
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 import pytest
 
 from scheduler_plugin.queueing import MAX_VICTIM_PODS
-from tests.hostile.test_extender import Served, gang_pod, make_state, run
+from scheduler_plugin.state import ClusterState
+from tests.hostile.test_extender import NODES, Served, gang_pod, make_state, run
 from tests.integration.fakekube import pod
 
 
@@ -126,3 +128,130 @@ def test_full_victims_form_is_read_and_half_a_gang_is_never_offered() -> None:
         assert out == {"NodeNameToMetaVictims": {}}
 
     run(test, make_state([pod("urgent", 4), *members]))
+
+
+# -- what tenants write on the work a preemption may take (issue 26, items 7-10) -------------------------
+def _victims_cluster(lone: dict[str, Any]) -> ClusterState:
+    """nvl-0 runs an old 2-pod gang on two nodes; the tenant's ``lone`` pod sits on r0-t0 beside
+    nothing else: a 4-GPU preemptor can take r0-t0 (if ``lone`` may go) or the old gang's pair."""
+    old = [gang_pod(f"old-{i}", i, gang="old", size=2) for i in range(2)]
+    for i, p in enumerate(old):
+        p["spec"]["nodeName"], p["status"]["phase"] = f"r0-t{2 + i}", "Running"
+        p["metadata"]["creationTimestamp"] = p["status"]["startTime"] = "2026-12-01T00:00:00Z"
+    fill = [pod(f"fill-{n}", 4, node_name=n) for n in NODES if n not in ("r0-t0", "r0-t2", "r0-t3")]
+    for p in fill:
+        p["spec"]["priority"] = 10**6  # higher than the preemptor: never victims
+    lone["spec"]["nodeName"], lone["status"]["phase"] = "r0-t0", "Running"
+    hi = gang_pod("hi-0", 0, gang="hi", size=1)
+    hi["spec"]["priority"] = 1000
+    s = make_state([*old, *fill, lone, hi])
+    s.queue_config = dataclasses.replace(s.queue_config, preempt_after_s=0)
+    return s
+
+
+@pytest.mark.parametrize(
+    "refs",
+    [
+        pytest.param("a string", id="not-a-list"),
+        pytest.param([1, None, "x"], id="entries-not-objects"),
+        pytest.param([{"kind": "DaemonSet", "name": "ds", "controller": "true"}], id="controller-a-string"),
+        pytest.param(
+            [{"kind": 7, "name": ["x"], "uid": {"a": 1}, "controller": True}], id="fields-wrong-types"
+        ),
+        pytest.param(
+            [{"kind": "Job", "name": "j" * 100_000, "uid": "u" * 100_000, "controller": True}], id="huge"
+        ),
+    ],
+)
+def test_garbage_owner_references_make_a_pod_on_its_own_and_the_pass_goes_on(refs: Any) -> None:
+    lone = pod("lone", 4)
+    lone["metadata"]["ownerReferences"] = refs
+    s = _victims_cluster(lone)
+    actions = s.queue_tick(1.0, 1_900_000_000.0)
+    got = {e.pod["metadata"]["name"] for e in actions.evictions}
+    assert got in ({"lone"}, {"old-0", "old-1"})  # one victim, whole; no exception
+    assert all(len(e.victim) < 600 for e in actions.evictions)
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [
+        pytest.param({"jobset.sigs.k8s.io/jobset-name": 7}, id="value-not-a-string"),
+        pytest.param({"kueue.x-k8s.io/pod-group-name": "g" * 100_000}, id="huge-value"),
+        pytest.param({"jobset.sigs.k8s.io/jobset-uid": ["u"]}, id="uid-not-a-string"),
+    ],
+)
+def test_garbage_group_labels_are_cut_or_ignored(labels: dict[str, Any]) -> None:
+    lone = pod("lone", 4)
+    lone["metadata"]["labels"] = labels
+    s = _victims_cluster(lone)
+    actions = s.queue_tick(1.0, 1_900_000_000.0)
+    assert {e.pod["metadata"]["name"] for e in actions.evictions} in ({"lone"}, {"old-0", "old-1"})
+    assert all(len(e.victim) < 600 for e in actions.evictions)
+
+
+def _pdb(spec: Any, status: Any, metadata: Any = None) -> dict[str, Any]:
+    return {
+        "metadata": metadata if metadata is not None else {"name": "b", "namespace": "tenant"},
+        "spec": spec,
+        "status": status,
+    }
+
+
+@pytest.mark.parametrize(
+    ("budget", "blocks"),
+    [
+        pytest.param(_pdb({"selector": []}, {"disruptionsAllowed": 0}), False, id="selector-a-list"),
+        pytest.param(
+            _pdb({"selector": {"matchLabels": ["x"]}}, {"disruptionsAllowed": 0}), True, id="labels-a-list"
+        ),
+        pytest.param(
+            _pdb({"selector": {"matchExpressions": "x"}}, {"disruptionsAllowed": 0}),
+            True,
+            id="exprs-not-a-list",
+        ),
+        pytest.param(
+            _pdb(
+                {"selector": {"matchExpressions": [{"key": "app", "operator": "In", "values": "lone"}]}},
+                {"disruptionsAllowed": 0},
+            ),
+            False,
+            id="values-a-string-not-a-substring-match",
+        ),
+        pytest.param(
+            _pdb(
+                {"selector": {"matchExpressions": [{"key": ["k"], "operator": "Exists"}]}},
+                {"disruptionsAllowed": 0},
+            ),
+            False,
+            id="key-not-a-string",
+        ),
+        pytest.param(
+            _pdb(
+                {"selector": {"matchExpressions": [{"key": "app", "operator": "Near"}]}},
+                {"disruptionsAllowed": 0},
+            ),
+            True,
+            id="unknown-operator-keeps-the-budget",
+        ),
+        pytest.param(_pdb({"selector": {}}, {"disruptionsAllowed": "9"}), True, id="allowed-a-string"),
+        pytest.param(_pdb({"selector": {}}, {"disruptionsAllowed": True}), True, id="allowed-a-bool"),
+        pytest.param(_pdb({"selector": {}}, {"disruptionsAllowed": -5}), True, id="allowed-negative"),
+        pytest.param(_pdb({"selector": {}}, None), True, id="no-status"),
+        pytest.param(_pdb({"selector": {}}, {"disruptionsAllowed": 10**30}), False, id="allowed-huge"),
+        pytest.param(_pdb(None, "x", metadata={"name": ["b"], "namespace": 7}), False, id="nothing-readable"),
+    ],
+)
+def test_garbage_disruption_budgets_never_stop_the_pass(budget: dict[str, Any], blocks: bool) -> None:
+    """A budget read wrongly must never let a refused set be chosen: what cannot be read of how many
+    disruptions it allows counts as none, an operator this reader does not know selects; a selector that
+    is no selector selects nothing (the API server itself refuses such budgets)."""
+    lone = pod("lone", 4, namespace="tenant", labels={"app": "lone"})
+    s = _victims_cluster(lone)
+    s.replace("pdbs", [budget])
+    actions = s.queue_tick(1.0, 1_900_000_000.0)
+    got = {e.pod["metadata"]["name"] for e in actions.evictions}
+    if blocks:
+        assert got == {"old-0", "old-1"}  # the lone pod is protected: the old gang goes, whole
+    else:
+        assert got == {"lone"}  # the cheapest victim

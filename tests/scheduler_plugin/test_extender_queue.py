@@ -413,6 +413,7 @@ class FakeQueueCluster:
         self.annotations: list[tuple[str, str | None]] = []
         self.pod_annotations: list[tuple[str, str, str]] = []
         self.evicted: list[str] = []
+        self.dry_runs: list[str] = []
         self.events: list[tuple[str, str, str]] = []
         self.refuse = refuse
 
@@ -428,19 +429,26 @@ class FakeQueueCluster:
     def annotate_pod(self, namespace: str, name: str, uid: str, value: str) -> None:
         self.pod_annotations.append((name, uid, value))
 
-    def evict(self, namespace: str, name: str, uid: str) -> str | None:
+    def evict(self, namespace: str, name: str, uid: str, *, dry_run: bool = False) -> str | None:
+        if dry_run:
+            self.dry_runs.append(name)
         if name in self.refuse:
             return "the API refused the eviction (PodDisruptionBudget): Cannot evict pod"
-        self.evicted.append(name)
+        if not dry_run:
+            self.evicted.append(name)
         return None
 
 
-def test_the_queue_loop_annotates_evicts_and_says_when_a_budget_refuses() -> None:
+def test_a_budget_refusing_one_eviction_evicts_none_of_the_set_and_other_victims_are_taken() -> None:
+    """All of a preemption's evictions or none: each is tried as a dry run first; the API refusing one
+    (a PodDisruptionBudget the extender cannot read) leaves every victim running, each victim pod's Event
+    says which pod was refused and why, and the next pass takes other victims whole."""
     hi = [member("hi", i, priority=1000, at=T0) for i in range(4)]
     s = make_state([*preemption_cluster(), *hi], config=QueueConfig(preempt_after_s=0))
-    fake = FakeQueueCluster(refuse={"lo0-1", "lo2-1"})
-    wall = [T0 + 10]
-    ext = Extender(state=s, cluster=fake, queue_cluster=fake, wall=lambda: wall[0], clock=lambda: 5.0)
+    # nvl-1 (lo2 and the lone pod) is the cheaper domain: one of lo2's pods has a budget that refuses
+    fake = FakeQueueCluster(refuse={"lo2-1"})
+    wall, clock = [T0 + 10], [5.0]
+    ext = Extender(state=s, cluster=fake, queue_cluster=fake, wall=lambda: wall[0], clock=lambda: clock[0])
 
     async def run() -> None:
         await ext.queue_once()
@@ -448,16 +456,24 @@ def test_the_queue_loop_annotates_evicts_and_says_when_a_budget_refuses() -> Non
         status, metrics = await ext.dispatch_health("GET", "/metrics", b"")
         assert status == 200
         assert b"gpuagent_extender_evictions_refused_total 1" in metrics.body
+        assert fake.evicted == []  # nothing of the set: no victim half-evicted
+        assert "lo2-1" in fake.dry_runs
+        blocked = {e[0]: e[2] for e in fake.events if e[1] == "PreemptionBlocked"}
+        assert set(blocked) == {"lo2-0", "lo2-1", "lo2-2", "lone"}
+        assert all("lo2-1" in m and "PodDisruptionBudget" in m for m in blocked.values())
+        assert not [e for e in fake.events if e[1] == "Preempted"]
+        clock[0], wall[0] = 6.0, T0 + 11
+        await ext.queue_once()  # the refused victims sit out: the other domain's gangs go, whole
+        await asyncio.sleep(0.05)
         await ext.drain()
 
     asyncio.run(run())
-    assert len(fake.evicted) == 3  # the victims' pods but the refused one
-    blocked = [e for e in fake.events if e[1] == "PreemptionBlocked"]
-    assert len(blocked) == 1
-    assert "PodDisruptionBudget" in blocked[0][2]
+    assert sorted(fake.evicted) == ["lo0-0", "lo0-1", "lo1-0", "lo1-1"]
     assert {e[1] for e in fake.events} >= {"Preempted", "GangPreempting"}
-    held = sorted(n for n, v in fake.annotations if v == "default/hi")
-    assert len(held) == 4  # the preemptor holds its planned nodes
+    said = {e[0]: e[2] for e in fake.events if e[1] == "PreemptionBlocked" and e[0].startswith("hi-")}
+    assert set(said) == {f"hi-{i}" for i in range(4)}  # the waiting gang's pods say why it waits on
+    assert all("pod default/lo2-1" in m and "PodDisruptionBudget" in m for m in said.values())
+    assert set(s.queue_reservations["default/hi"].claims) == set(DOMAIN0)  # it holds the nodes it freed
 
 
 @pytest.mark.parametrize(
@@ -503,7 +519,7 @@ class FlakyQueueCluster(FakeQueueCluster):
     def annotate_pod(self, namespace: str, name: str, uid: str, value: str) -> None:
         raise RuntimeError("API unreachable")
 
-    def evict(self, namespace: str, name: str, uid: str) -> str | None:
+    def evict(self, namespace: str, name: str, uid: str, *, dry_run: bool = False) -> str | None:
         raise RuntimeError("API unreachable")
 
 

@@ -69,9 +69,11 @@ def test_sources_not_served_are_off_logged_once_and_synced(caplog: pytest.LogCap
             "workloads",
             "workload_podgroups",
             "jobs",  # batch/v1 Jobs (time limits for the queue), not served by this fake either
+            "pdbs",  # policy/v1 PodDisruptionBudgets (what preemption must keep), nor these
         }
         assert _source_logs(caplog, "source_off") == [
             "jobs",
+            "pdbs",
             "rayclusters",
             "workload_podgroups",
             "workloads",

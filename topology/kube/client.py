@@ -297,8 +297,15 @@ class Kube:
         if not 200 <= resp.status <= 299:
             message = ""
             try:
-                message = json.loads(data).get("message", "")
-            except (ValueError, AttributeError):
+                status = json.loads(data)
+                message = str(status.get("message", ""))[:500]
+                causes = (status.get("details") or {}).get("causes") or []
+                said = [
+                    str(c["message"])[:200] for c in causes[:5] if isinstance(c, dict) and c.get("message")
+                ]
+                if said:  # the Eviction API names the refusing PodDisruptionBudget only here
+                    message += f" ({'; '.join(said)})"
+            except (ValueError, AttributeError, TypeError):
                 message = (
                     data[:200].decode("utf-8", "replace") if isinstance(data, bytes) else str(data)[:200]
                 )
