@@ -134,7 +134,7 @@ class _NoApi:
     def annotate_pod(self, namespace: str, name: str, uid: str, value: str) -> None:
         return None
 
-    def evict(self, namespace: str, name: str, uid: str) -> str | None:
+    def evict(self, namespace: str, name: str, uid: str, *, dry_run: bool = False) -> str | None:
         return None
 
 
