@@ -4,6 +4,7 @@ from real work (the passes it times ran, the calls it counts were answered)."""
 from __future__ import annotations
 
 import ast
+import copy
 import inspect
 import json
 import math
@@ -139,3 +140,15 @@ def test_only_the_adapter_touches_the_extenders_state_and_verbs() -> None:
 
     visit(tree, None)
     assert outside == []
+
+
+def test_the_growth_aim_is_not_judged_on_a_handful_of_calls(tiny: dict[str, Any]) -> None:
+    sizes = copy.deepcopy(tiny["sizes"])
+    for s in sizes:
+        s["events"]["filter_gang"]["n"] = 3
+    rep = bench.report(sizes, PARAMS)
+    growth_aim = rep["aims"][-1]
+    assert growth_aim["aim"] == "growth of filter p99 in N < 1"
+    assert growth_aim["passed"] is False
+    assert "not judged: 3 filter call(s)" in growth_aim["note"]
+    assert "not judged" in "\n".join(bench.render(rep))
