@@ -78,7 +78,7 @@ def test_the_passes_it_times_ran_and_the_phases_ran_passes(tiny: dict[str, Any])
         assert s["pass_after_change_passes"] >= 1  # after a change the driver's tick does a pass
         assert s["pass_after_change_s"] > 0
         assert s["pass_no_change_s"] > 0
-        assert s["events"]["passes"] >= 1
+        assert s["passes"]["passes"] >= 1  # the queue loop passed: the 1,000 events before made it due
         assert s["events"]["lock_held"]["n"] > s["events"]["events"]  # every event held the lock
 
 
