@@ -16,6 +16,10 @@ TARGETS: dict[str, tuple[str, str]] = {
     "topology": ("agent.benchmarks.topology", "HyperNode build and diff for 10,000 nodes"),
     "planner": ("agent.benchmarks.planner", "plan latency and extender throughput"),
     "placement": ("agent.benchmarks.placement", "our planner against the anchors"),
+    "extender": (
+        "agent.benchmarks.extender",
+        "the extender's core fed in process: pass, filter, lock, events, RSS; growth in N",
+    ),
     "cluster": (
         "agent.benchmarks.cluster",
         "gang to Running on hollow nodes: extender vs Volcano; cost per pod",
