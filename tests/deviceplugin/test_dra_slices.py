@@ -83,7 +83,7 @@ def test_node_without_multi_node_fabric_has_no_nvlink_domain() -> None:
         assert "resource.kubernetes.io/pcieRoot" not in a  # unknown is left out, never guessed
 
 
-def test_unhealthy_fabric_keeps_clique_facts_but_reports_it() -> None:
+def test_unhealthy_fabric_reports_it_and_withdraws_the_nvlink_domain() -> None:
     inv = inventory("gb200-nvl72:rack=0,tray=0")
     bad = dataclasses.replace(inv.fabric[1], health_summary=FabricHealthSummary.UNHEALTHY)
     inv = dataclasses.replace(inv, fabric=(inv.fabric[0], bad, *inv.fabric[2:]))
@@ -91,8 +91,10 @@ def test_unhealthy_fabric_keeps_clique_facts_but_reports_it() -> None:
     by_index = {_attrs(d)["index"]: _attrs(d) for d in obj["spec"]["devices"]}
     assert by_index[bad.gpu_index]["fabricHealth"] == "unhealthy"
     assert by_index[inv.fabric[0].gpu_index]["fabricHealth"] == "healthy"
-    # the clique is still agreed, so a claim matching on the domain sees the same value everywhere
-    assert {a["nvlinkDomain"] for a in by_index.values()} == {inv.fabric[0].clique}
+    # as the clique label: a tray with an unhealthy fabric is out of its NVLink domain, so no claim
+    # matching on the domain lands on it; the raw clique facts stay
+    assert all("nvlinkDomain" not in a for a in by_index.values())
+    assert {a["cliqueId"] for a in by_index.values()} == {inv.fabric[0].clique_id}
 
 
 def test_mig_devices_name_their_parent_and_profile() -> None:

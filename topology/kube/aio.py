@@ -46,13 +46,12 @@ from urllib.parse import urlsplit
 import orjson
 
 from topology import logs
-from topology.kube.client import Dechunker, KubeError, binding, bound_already
+from topology.kube.client import MAX_MESSAGE_CHARS, Dechunker, KubeError, binding, bound_already
 
 MAX_HEAD_BYTES = 64 * 1024
 MAX_INTERIM_ANSWERS = 8  # 1xx heads before the final answer; more is a broken answer
 _HEADER_VALUE_RE = re.compile(r"[\x20-\x7e]{0,16384}")
 MAX_BODY_BYTES = 4 * 1024 * 1024
-MAX_MESSAGE_CHARS = 1024  # a refusal's message kept: room for a pod and a node name of 253 each
 USER_AGENT = "gpu-node-agent"
 
 log = logs.get_logger("topology.kube.aio")

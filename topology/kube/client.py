@@ -56,6 +56,9 @@ class KubeError(Exception):
         self.status = status
 
 
+MAX_MESSAGE_CHARS = 1024  # a refusal's message kept: room for a pod and a node name of 253 each
+
+
 def bound_already(exc: KubeError, name: str, node: str) -> bool:
     """Whether a refused binding of pod ``name`` says that pod is on ``node`` already: the API server
     refuses a second binding with 409 Conflict, ``Operation cannot be fulfilled on pods/binding "NAME":
@@ -303,7 +306,7 @@ class Kube:
             message = ""
             try:
                 status = json.loads(data)
-                message = str(status.get("message", ""))[:500]
+                message = str(status.get("message", ""))[:MAX_MESSAGE_CHARS]
                 causes = (status.get("details") or {}).get("causes") or []
                 said = [
                     str(c["message"])[:200] for c in causes[:5] if isinstance(c, dict) and c.get("message")
