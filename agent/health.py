@@ -81,7 +81,7 @@ class HealthMonitor:
         backoff = 0.1
         while not stop.is_set():
             try:
-                event = await asyncio.to_thread(self._nvml.wait_event, self._wait_ms)
+                event, reading = await asyncio.to_thread(self._wait_and_read)
             except NVMLError as exc:
                 self.wait_failures += 1
                 self._log.warning(
@@ -96,15 +96,29 @@ class HealthMonitor:
                 continue
             backoff = 0.1
             if event is not None:
-                self.handle_event(event)
+                self.handle_event(event, reading)
 
-    def handle_event(self, event: NvmlEvent) -> Outcome:
-        """Apply one event (public so tests and the event thread share one path)."""
+    def _wait_and_read(self) -> tuple[NvmlEvent | None, HealthReading | None]:
+        """In a worker thread: the next event and, for an error event, the GPU's counters read right
+        after it (what the fault left them at, so a reset that follows at once is still seen)."""
+        event = self._nvml.wait_event(self._wait_ms)
+        if event is None or event.kind not in (EventKind.XID, EventKind.ECC_DBE):
+            return event, None
+        try:
+            return event, self._nvml.health_reading(event.gpu_index)
+        except NVMLError:
+            return event, None  # the next probe reads it (and sees a lost GPU)
+
+    def handle_event(self, event: NvmlEvent, reading: HealthReading | None = None) -> Outcome:
+        """Apply one event (public so tests and the event thread share one path); ``reading``: the GPU's
+        counters read just after the event, kept as the baseline the next probe compares with."""
         self.events_seen += 1
         self._store.record_event(event)
         if event.kind is EventKind.MIG_CONFIG_CHANGE and self._on_mig_change is not None:
             self._on_mig_change("mig_config_change")
         outcome = self.book.on_event(event, self._clock())
+        if reading is not None:
+            self.book.note_reading(reading)
         if outcome.changed:
             key = min(outcome.changed)
             self._log.bind(gpu_uuid=event.gpu_uuid).warning(

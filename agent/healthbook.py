@@ -307,6 +307,13 @@ class HealthBook:
                 del self._records[key]
         return Outcome(changed=_diff(before, self.snapshot()))
 
+    def note_reading(self, reading: HealthReading) -> None:
+        """Keep ``reading`` (taken right after a fault event) as the baseline the next probe compares with,
+        without judging it: the counters the event itself raised are that fault, not a second one, and a
+        reset that follows before the next probe still shows as a counter that fell."""
+        if reading.uuid in self._index_of:
+            self._readings[reading.uuid] = reading
+
     def _judge(self, gpu: str, previous: HealthReading | None, reading: HealthReading, now: float) -> bool:
         """Mark what a reading shows is wrong; returns whether a volatile ECC counter fell (a reset)."""
         dropped = False

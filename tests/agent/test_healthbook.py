@@ -277,3 +277,21 @@ def test_the_reason_names_the_fault_and_what_clears_it(mig_inventory: NodeInvent
     assert contained is not None
     assert lost.startswith("GPU lost (NVML answers GPU_IS_LOST); not answering NVML: needs a GPU reset")
     assert contained == "XID 94 (contained ECC error): returns after 10 s without errors"
+
+
+def test_a_reset_right_after_the_fault_is_seen_against_the_counters_read_with_the_event(
+    mig_inventory: NodeInventory,
+) -> None:
+    """The counters read just after a double-bit ECC event are the baseline: a reset before the next probe
+    still shows as a counter that fell, and the counter the event itself raised is not a second fault."""
+    gpu = mig_inventory.gpus[3]
+    b = book(mig_inventory)
+    answers(b, gpu, 0.0, unc=0)
+    b.on_event(NvmlEvent(EventKind.ECC_DBE, gpu.index, gpu.uuid), 1.0)
+    b.note_reading(HealthReading(uuid=gpu.uuid, ecc_corrected_volatile=0, ecc_uncorrected_volatile=1))
+    reason = b.status(gpu.uuid).reason
+    assert reason is not None
+    assert reason.startswith("double-bit ECC error")
+    answers(b, gpu, 2.0, unc=0)  # reset between the event and this probe
+    answers(b, gpu, 20.0, unc=0)
+    assert b.status(gpu.uuid).healthy
