@@ -90,7 +90,7 @@ QUEUE = QueueConfig()  # the queue's defaults: every queue flag's default is rea
 QUEUE_FLAGS: Mapping[str, tuple[str, str | None]] = {
     # QueueConfig field -> (flag, the word the flag takes for None); the Helm chart's extender value of
     # each is the flag in camelCase (--preempt-after: extender.preemptAfter), written in values.yaml and
-    # the kustomize base with the same defaults (tests/daemonset/test_manifests.py compares them)
+    # the kustomize base with the same defaults (tests/daemonset/test_queue_defaults.py compares them)
     "preempt_after_s": ("--preempt-after", "never"),
     "reserve_after_s": ("--reserve-after", None),
     "reserve_after_limits": ("--reserve-after-limits", "off"),
