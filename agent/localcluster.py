@@ -363,7 +363,7 @@ class ApiServer:
     url: str
     kubeconfig: Path
     pki: Pki
-    _kube: Any = field(default=None, init=False, repr=False)  # topology.kube.Kube of get(), made once
+    _kube: Any = field(default=None, init=False, repr=False, compare=False)  # topology.kube.Kube of get()
 
     def api_client(self) -> Any:
         """A fresh ``ApiClient`` for the admin user, from :func:`topology.kube.api_client_from` (the
