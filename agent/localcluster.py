@@ -38,6 +38,9 @@ VERSIONS_FILE = COUNTERPARTS_SRC / "versions.env"
 BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "vc-scheduler", "dmharness")
 DIR_ENV = "GPU_NODE_AGENT_COUNTERPARTS_DIR"
 FIELD_MANAGER = "gpu-node-agent"
+MERGE_PATCH = "application/merge-patch+json"
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+NAMESPACES = "/api/v1/namespaces"
 START_TIMEOUT_S = 180.0
 
 
@@ -360,25 +363,34 @@ class ApiServer:
     url: str
     kubeconfig: Path
     pki: Pki
+    _kube: Any = field(default=None, init=False, repr=False, compare=False)  # topology.kube.Kube of get()
 
     def api_client(self) -> Any:
-        """A fresh ``kubernetes.client.ApiClient`` for the admin user (the caller closes it)."""
-        from kubernetes import config
+        """A fresh ``ApiClient`` for the admin user, from :func:`topology.kube.api_client_from` (the
+        caller closes it)."""
+        from topology.kube import api_client_from
 
-        return config.new_client_from_config(config_file=str(self.kubeconfig))  # type: ignore[no-untyped-call]
+        return api_client_from(str(self.kubeconfig))
 
     def get(self, path: str) -> tuple[int, bytes]:
-        """GET ``path`` as admin; returns (status, body)."""
-        ctx = ssl.create_default_context(cafile=str(self.pki.ca_cert))
-        ctx.load_cert_chain(str(self.pki.admin_cert), str(self.pki.admin_key))
+        """GET ``path`` as admin through :class:`topology.kube.Kube`; returns (status, body), a refusal
+        included. No answer (refused, reset, timed out) raises ``ConnectionError``."""
+        from topology.kube import Kube, KubeError
+
+        if self._kube is None:
+            self._kube = Kube(self.api_client(), request_timeout_s=5.0)
         try:
-            with urllib.request.urlopen(f"{self.url}{path}", context=ctx, timeout=5) as resp:
-                return int(resp.status), resp.read()
-        except urllib.error.HTTPError as e:
-            return int(e.code), e.read()
+            return self._kube.read(path)  # type: ignore[no-any-return]
+        except KubeError as exc:
+            raise ConnectionError(str(exc)) from None
 
     def stop(self) -> None:
-        self.process.stop()
+        try:
+            self.process.stop()
+        finally:
+            if self._kube is not None:
+                self._kube.api_client.close()
+                self._kube = None
 
 
 def write_kubeconfig(path: Path, *, server: str, pki: Pki) -> Path:
@@ -710,11 +722,14 @@ def start_volcano_scheduler(
 def open_queue(apiserver: ApiServer, name: str) -> None:
     """Set a Volcano Queue's status to Open, the queue controller's job (vc-controller-manager is not run
     here); vc-scheduler allocates nothing from a queue whose state is not Open."""
-    from kubernetes import client
+    from topology.kube import Kube
 
     with apiserver.api_client() as api:
-        client.CustomObjectsApi(api).patch_cluster_custom_object_status(
-            "scheduling.volcano.sh", "v1beta1", "queues", name, {"status": {"state": "Open"}}
+        Kube(api).request(
+            "PATCH",
+            f"/apis/scheduling.volcano.sh/v1beta1/queues/{name}/status",
+            body={"status": {"state": "Open"}},
+            content_type=MERGE_PATCH,
         )
 
 
@@ -1001,8 +1016,7 @@ def start_kueue(
     and Kueue's webhook configurations pointed there. The CRDs of ``frameworks`` (e.g. ray.io) must be
     installed first. Needs root: Kueue reads its metrics certificate from a fixed path under /etc, given
     to it in its own mount namespace. ``stop`` deletes the webhook configurations first."""
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
+    from topology.kube import Kube, KubeError
 
     binary = counterparts.binary("kueue-manager")
     manifests = load_yaml_documents([counterparts.root / "crd" / "kueue-webhook" / "manifests.yaml"])
@@ -1031,9 +1045,8 @@ def start_kueue(
     with apiserver.api_client() as api:
         apply_crds(api, crds, timeout_s=300)  # large schemas; a loaded machine needs longer
         try:
-            namespace: Any = {"metadata": {"name": KUEUE_NAMESPACE}}
-            client.CoreV1Api(api).create_namespace(namespace)
-        except ApiException as e:
+            Kube(api).create(NAMESPACES, {"metadata": {"name": KUEUE_NAMESPACE}})
+        except KubeError as e:
             if e.status != 409:
                 raise
     gates = {"VisibilityOnDemand": False, **dict(feature_gates or {})}
@@ -1057,36 +1070,35 @@ def start_kueue(
 
     def delete_hooks() -> None:
         with apiserver.api_client() as api:
-            adm = client.AdmissionregistrationV1Api(api)
+            kube = Kube(api)
             for hook in hooks:
-                delete = (
-                    adm.delete_mutating_webhook_configuration
-                    if hook["kind"] == "MutatingWebhookConfiguration"
-                    else adm.delete_validating_webhook_configuration
-                )
-                try:
-                    delete(hook["metadata"]["name"])
-                except ApiException as e:
-                    if e.status != 404:
-                        raise
+                kube.delete(
+                    f"{_webhook_configurations(hook['kind'])}/{hook['metadata']['name']}"
+                )  # 404: gone
 
     try:
         ctx = ssl.create_default_context(cafile=str(pki.ca_cert))
         wait_until(lambda: _tls_handshake(webhook_port, ctx), what="kueue webhook server", process=op.process)
         with apiserver.api_client() as api:
-            adm = client.AdmissionregistrationV1Api(api)
-            body: Any
+            kube = Kube(api)
             for body in hooks:
-                if body["kind"] == "MutatingWebhookConfiguration":
-                    adm.create_mutating_webhook_configuration(body)
-                else:
-                    adm.create_validating_webhook_configuration(body)
+                kube.create(_webhook_configurations(body["kind"]), body)
     except BaseException:
         delete_hooks()
         op.stop()
         raise
     op.cleanup = delete_hooks
     return op
+
+
+def _webhook_configurations(kind: str) -> str:
+    """The collection of ``kind``: Mutating- or ValidatingWebhookConfiguration."""
+    plural = (
+        "mutatingwebhookconfigurations"
+        if kind == "MutatingWebhookConfiguration"
+        else "validatingwebhookconfigurations"
+    )
+    return f"/apis/admissionregistration.k8s.io/v1/{plural}"
 
 
 def _tls_handshake(port: int, context: ssl.SSLContext) -> bool:
@@ -1755,28 +1767,20 @@ def load_yaml_documents(paths: Iterable[Path]) -> list[dict[str, Any]]:
 
 def apply_crds(api_client: Any, crds: Iterable[Mapping[str, Any]], *, timeout_s: float = 60.0) -> list[str]:
     """Server-side apply each CRD (field manager ``gpu-node-agent``) and wait until all are Established."""
-    from kubernetes import client
+    from topology.kube import Kube
 
-    ext: Any = client.ApiextensionsV1Api(api_client)  # raw answers below; the stubs type only models
+    # Plain JSON answers (``topology.kube``): a large CRD (KubeRay's schemas are megabytes) read into the
+    # typed client's models costs seconds of CPU; only the status conditions are needed.
+    kube = Kube(api_client, request_timeout_s=max(timeout_s, 30.0))
     names = []
     for crd in crds:
         name = crd["metadata"]["name"]
-        # Raw answers (``_preload_content=False``): the client's typed model of a large CRD (KubeRay's
-        # schemas are megabytes) costs seconds of CPU per read; only the status conditions are needed.
-        ext.patch_custom_resource_definition(
-            name,
-            dict(crd),
-            field_manager=FIELD_MANAGER,
-            force=True,
-            _content_type="application/apply-patch+yaml",
-            _preload_content=False,
-        ).read()
+        kube.apply(f"{CRDS}/{name}", crd, field_manager=FIELD_MANAGER)
         names.append(name)
 
     def established() -> bool:
         for name in names:
-            raw = ext.read_custom_resource_definition(name, _preload_content=False).read()
-            conds = (json.loads(raw).get("status") or {}).get("conditions") or []
+            conds = (kube.get(f"{CRDS}/{name}").get("status") or {}).get("conditions") or []
             if not any(c.get("type") == "Established" and c.get("status") == "True" for c in conds):
                 return False
         return True
@@ -1812,14 +1816,13 @@ def fake_gpu_node(
 
 def register_nodes(api_client: Any, nodes: Iterable[Mapping[str, Any]]) -> list[str]:
     """Create fake Nodes and mark them Ready with the given capacity (no kubelet behind them)."""
-    from kubernetes import client
+    from topology.kube import NODES, Kube
 
-    core = client.CoreV1Api(api_client)
+    kube = Kube(api_client)
     names = []
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     for node in nodes:
-        body: Any = {k: v for k, v in node.items() if k != "status"}
-        core.create_node(body)
+        kube.create(NODES, {k: v for k, v in node.items() if k != "status"})
         name = node["metadata"]["name"]
         status = dict(node.get("status", {}))
         status["conditions"] = [
@@ -1827,22 +1830,18 @@ def register_nodes(api_client: Any, nodes: Iterable[Mapping[str, Any]]) -> list[
              "lastHeartbeatTime": now, "lastTransitionTime": now},
         ]  # fmt: skip
         status["addresses"] = [{"type": "Hostname", "address": name}]
-        core.patch_node_status(name, {"status": status})
+        kube.request("PATCH", f"{NODES}/{name}/status", body={"status": status}, content_type=MERGE_PATCH)
         names.append(name)
     return names
 
 
 def delete_nodes(api_client: Any, names: Iterable[str]) -> None:
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
+    """Delete Nodes (one already gone counts as deleted)."""
+    from topology.kube import NODES, Kube
 
-    core = client.CoreV1Api(api_client)
+    kube = Kube(api_client)
     for name in names:
-        try:
-            core.delete_node(name)
-        except ApiException as e:
-            if e.status != 404:
-                raise
+        kube.delete(f"{NODES}/{name}")
 
 
 # ---------------------------------------------------------------------------------------- start-up figures

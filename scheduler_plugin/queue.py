@@ -92,9 +92,11 @@ Restart-safe
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import combinations
+from typing import ClassVar
 
 from scheduler_plugin.planner import SnapshotCache, plan
 from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, NodeState, Plan, PlanResult, PodSlot
@@ -131,7 +133,12 @@ Place = Callable[[ClusterSnapshot, Gang], PlanResult]
 
 
 class QueueError(ValueError):
-    """Bad queue input; the message names the field and the object."""
+    """Bad queue input; the message names the field and the object. ``field``: the
+    :class:`QueueConfig` field at fault, when it is one."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +196,12 @@ class Reservation:
 
 @dataclass(frozen=True, slots=True)
 class QueueConfig:
-    """``preempt_after_s``: how long a gang waits before it may evict lower-priority gangs (None:
+    """The queue's and the extender's queue settings, each default written here once: the extender
+    command's flags, the Helm chart's ``extender`` values and the kustomize base's arguments take theirs
+    from these (tests/daemonset/test_manifests.py compares them). A bad value is a :class:`QueueError`
+    naming the field (``QueueError.field``).
+
+    ``preempt_after_s``: how long a gang waits before it may evict lower-priority gangs (None:
     never); ``exact_victims``: candidates per domain up to which the victim choice is exact;
     ``max_plans``: planner calls the exact victim search may make per domain before it falls back
     to the greedy choice; ``fill_holes``: a gang that ends before a reservation's start is first
@@ -204,7 +216,19 @@ class QueueConfig:
     GPU-time the preemptor would otherwise wait (module docstring, Preemption; None: any loss);
     ``min_run_before_preempt_s``: a gang that has run less than this since it (re)started is no
     victim (0: every running gang may be); ``max_evictions``: a gang already evicted this many times
-    (``Running.evictions``) is no victim again (None: no cap)."""
+    (``Running.evictions``) is no victim again (None: no cap).
+
+    Read by the extender around the pure queue: ``interval_s``: seconds between its own queue passes;
+    ``preempt_namespaces``: the namespaces whose pods preemption may evict (None: every namespace);
+    ``enforce_time_limits``: where work past its declared time limit plus ``time_limit_grace_s`` seconds
+    is evicted (one of ``ENFORCE_MODES``: on nodes held for a waiting gang, everywhere, never)."""
+
+    ENFORCE_MODES: ClassVar[tuple[str, ...]] = ("held", "all", "off")
+    MAX_EVICTIONS_CAP: ClassVar[int] = 1_000_000
+    INTERVAL_BOUNDS_S: ClassVar[tuple[float, float]] = (0.05, 3600.0)
+    _NAMESPACE: ClassVar[re.Pattern[str]] = re.compile(
+        r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+    )  # DNS-1123 label
 
     preempt_after_s: float | None = 600.0
     exact_victims: int = 10
@@ -215,28 +239,58 @@ class QueueConfig:
     preempt_loss_ratio: float | None = 1.0
     min_run_before_preempt_s: float = 0.0
     max_evictions: int | None = 1
+    interval_s: float = 1.0
+    preempt_namespaces: frozenset[str] | None = None
+    enforce_time_limits: str = "held"
+    time_limit_grace_s: float = 60.0
 
     def __post_init__(self) -> None:
-        if self.preempt_after_s is not None and not (self.preempt_after_s >= 0):
-            raise QueueError(f"preempt_after_s must be >= 0 or None, got {self.preempt_after_s}")
-        if self.preempt_loss_ratio is not None and not (self.preempt_loss_ratio >= 0):
-            raise QueueError(f"preempt_loss_ratio must be >= 0 or None, got {self.preempt_loss_ratio}")
-        if not (self.min_run_before_preempt_s >= 0) or math.isinf(self.min_run_before_preempt_s):
+        def finite(name: str, value: float | None, *, optional: bool = False) -> None:
+            if value is None and optional:
+                return
+            if value is None or not (0 <= value < math.inf):
+                rule = "a finite number >= 0" + (" or None" if optional else "")
+                raise QueueError(f"{name} must be {rule}, got {value}", field=name)
+
+        finite("preempt_after_s", self.preempt_after_s, optional=True)
+        finite("reserve_after_s", self.reserve_after_s)
+        finite("reserve_after_limits", self.reserve_after_limits, optional=True)
+        finite("preempt_loss_ratio", self.preempt_loss_ratio, optional=True)
+        finite("min_run_before_preempt_s", self.min_run_before_preempt_s)
+        finite("time_limit_grace_s", self.time_limit_grace_s)
+        if self.max_evictions is not None and not 0 <= self.max_evictions <= self.MAX_EVICTIONS_CAP:
             raise QueueError(
-                f"min_run_before_preempt_s must be a finite number >= 0, got {self.min_run_before_preempt_s}"
+                f"max_evictions must be between 0 and {self.MAX_EVICTIONS_CAP} or None, "
+                f"got {self.max_evictions}",
+                field="max_evictions",
             )
-        if not (self.reserve_after_s >= 0) or math.isinf(self.reserve_after_s):
-            raise QueueError(f"reserve_after_s must be a finite number >= 0, got {self.reserve_after_s}")
-        if self.reserve_after_limits is not None and (
-            not (self.reserve_after_limits >= 0) or math.isinf(self.reserve_after_limits)
-        ):
+        if self.exact_victims < 0:
+            raise QueueError(f"exact_victims must be >= 0, got {self.exact_victims}", field="exact_victims")
+        if self.max_plans < 1:
+            raise QueueError(f"max_plans must be >= 1, got {self.max_plans}", field="max_plans")
+        low, high = self.INTERVAL_BOUNDS_S
+        if not low <= self.interval_s <= high:
             raise QueueError(
-                f"reserve_after_limits must be a finite number >= 0 or None, got {self.reserve_after_limits}"
+                f"interval_s must be between {low:g} and {high:g} seconds, got {self.interval_s}",
+                field="interval_s",
             )
-        if self.max_evictions is not None and self.max_evictions < 0:
-            raise QueueError(f"max_evictions must be >= 0 or None, got {self.max_evictions}")
-        if self.exact_victims < 0 or self.max_plans < 1:
-            raise QueueError("exact_victims must be >= 0 and max_plans >= 1")
+        if self.enforce_time_limits not in self.ENFORCE_MODES:
+            raise QueueError(
+                f"enforce_time_limits must be one of {', '.join(self.ENFORCE_MODES)}, "
+                f"got {self.enforce_time_limits[:_SHOWN]!r}",
+                field="enforce_time_limits",
+            )
+        if self.preempt_namespaces is not None:
+            bad = next(
+                (n for n in sorted(self.preempt_namespaces) if not self._NAMESPACE.fullmatch(n)),
+                None if self.preempt_namespaces else "",
+            )
+            if bad is not None:
+                raise QueueError(
+                    "preempt_namespaces must be namespace names (DNS-1123 labels), at least one, or None "
+                    f"(every namespace), got {bad[:_SHOWN]!r}",
+                    field="preempt_namespaces",
+                )
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,6 +45,7 @@ VOLCANO_SCHEDULER = "volcano"
 POD_IMAGE = "registry.k8s.io/pause:3.10"
 GPUS_PER_PROFILE = {"gb200-nvl72": 4, "dgx-h100": 8}
 PODGROUPS = ("scheduling.volcano.sh", "v1beta1", "podgroups")
+MERGE_PATCH = "application/merge-patch+json"
 BUILD_COMMAND = "bash tests/e2e/counterparts/build.sh"
 WAIT_S = 180.0
 CREATE_THREADS = 8
@@ -204,23 +205,26 @@ class HollowCluster:
         self.plane.stop()
 
 
-def _core(client: Any) -> Any:
-    """CoreV1Api, untyped: the objects here are plain dicts and the answers are read loosely."""
-    from kubernetes import client as k  # noqa: PLC0415
+def _kube(client: Any) -> Any:
+    """The one Kubernetes adapter (``topology.kube.Kube``) over ``client``: plain-dict objects."""
+    from topology.kube import Kube  # noqa: PLC0415
 
-    return k.CoreV1Api(client)
+    return Kube(client)
 
 
-def _custom(client: Any) -> Any:
-    from kubernetes import client as k  # noqa: PLC0415
+def _pods(namespace: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/pods"
 
-    return k.CustomObjectsApi(client)
+
+def _podgroups(namespace: str) -> str:
+    return f"/apis/{PODGROUPS[0]}/{PODGROUPS[1]}/namespaces/{namespace}/{PODGROUPS[2]}"
 
 
 def _gpu_allocatable(client: Any) -> dict[str, int]:
+    nodes, _ = _kube(client).list("/api/v1/nodes")
     return {
-        n.metadata.name: int((n.status.allocatable or {}).get(GPU, "0"))
-        for n in _core(client).list_node().items
+        n["metadata"]["name"]: int(((n.get("status") or {}).get("allocatable") or {}).get(GPU, "0"))
+        for n in nodes
     }
 
 
@@ -344,10 +348,14 @@ def start_hollow_cluster(
 
 def _untaint(client: Any, names: Sequence[str]) -> None:
     """No node controller runs here to lift the not-ready taint a new Node may carry."""
-    core = _core(client)
-    for n in core.list_node().items:
-        if n.metadata.name in names and n.spec.taints:
-            core.patch_node(n.metadata.name, {"spec": {"taints": None}})
+    kube = _kube(client)
+    nodes, _ = kube.list("/api/v1/nodes")
+    for n in nodes:
+        name = n["metadata"]["name"]
+        if name in names and (n.get("spec") or {}).get("taints"):
+            kube.request(
+                "PATCH", f"/api/v1/nodes/{name}", body={"spec": {"taints": None}}, content_type=MERGE_PATCH
+            )
 
 
 def _count_gpunodes(client: Any) -> int:
@@ -381,11 +389,11 @@ def apply_hypernodes(kubeconfig: Path, fabric: str) -> tuple[Any, int]:
 
 
 def ensure_namespace(client: Any, name: str) -> None:
-    from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+    from topology.kube import KubeError  # noqa: PLC0415
 
     try:
-        _core(client).create_namespace({"metadata": {"name": name}})
-    except ApiException as e:
+        _kube(client).create("/api/v1/namespaces", {"metadata": {"name": name}})
+    except KubeError as e:
         if e.status != 409:
             raise
 
@@ -472,13 +480,13 @@ def volcano_gang(gang: str, pods: int, *, gpus: int = 4) -> list[dict[str, Any]]
 def create_pods(client: Any, namespace: str, pods: Sequence[Mapping[str, Any]]) -> None:
     """Create ``pods`` from a few threads at once, so that one client's request latency does not pace
     the schedulers being measured."""
-    core = _core(client)
+    kube, path = _kube(client), _pods(namespace)
     if len(pods) <= 1:
         for p in pods:
-            core.create_namespaced_pod(namespace, p)
+            kube.create(path, p)
         return
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(CREATE_THREADS, len(pods))) as pool:
-        for done in [pool.submit(core.create_namespaced_pod, namespace, p) for p in pods]:
+        for done in [pool.submit(kube.create, path, p) for p in pods]:
             done.result()
 
 
@@ -490,11 +498,16 @@ class PodView:
 
 
 def list_pods(client: Any, namespace: str, prefix: str = "") -> dict[str, PodView]:
-    return {
-        p.metadata.name: PodView(p.metadata.name, p.spec.node_name, p.status.phase if p.status else None)
-        for p in _core(client).list_namespaced_pod(namespace).items
-        if p.metadata.name.startswith(prefix)
-    }
+    pods, _ = _kube(client).list(_pods(namespace))
+    views = (
+        PodView(
+            p["metadata"]["name"],
+            (p.get("spec") or {}).get("nodeName"),
+            (p.get("status") or {}).get("phase"),
+        )
+        for p in pods
+    )
+    return {v.name: v for v in views if v.name.startswith(prefix)}
 
 
 @dataclass(frozen=True)
@@ -677,7 +690,7 @@ def hold_nodes(client: Any, nodes: Sequence[str], *, held: bool) -> None:
     body = {"spec": {"taints": [HOLD_TAINT] if held else None}}
 
     def patch(name: str) -> None:
-        kube.request("PATCH", f"/api/v1/nodes/{name}", body=body, content_type="application/merge-patch+json")
+        kube.request("PATCH", f"/api/v1/nodes/{name}", body=body, content_type=MERGE_PATCH)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=CREATE_THREADS) as pool:
         list(pool.map(patch, nodes))
@@ -722,16 +735,14 @@ def process_cpu_s(pid: int) -> float:
 
 def delete_pods(client: Any, namespace: str, *, timeout_s: float = WAIT_S) -> None:
     """Delete every pod of ``namespace`` and wait until the kubelets have let them go."""
-    _core(client).delete_collection_namespaced_pod(namespace, grace_period_seconds=1)
+    _kube(client).request("DELETE", _pods(namespace), query={"gracePeriodSeconds": "1"})
     localcluster.wait_until(
         lambda: not list_pods(client, namespace), what=f"pods of {namespace} gone", timeout_s=timeout_s
     )
 
 
 def delete_podgroups(client: Any, namespace: str) -> None:
-    _custom(client).delete_collection_namespaced_custom_object(
-        PODGROUPS[0], PODGROUPS[1], namespace, PODGROUPS[2]
-    )
+    _kube(client).request("DELETE", _podgroups(namespace))
 
 
 # ------------------------------------------------------------------------------------------ benchmark
@@ -766,9 +777,7 @@ def _gang_creator(client: Any, ns: str, path: str, gang: str, pods: int) -> Call
     volcano_pods = volcano_gang(gang, pods)
 
     def create() -> None:
-        _custom(client).create_namespaced_custom_object(
-            PODGROUPS[0], PODGROUPS[1], ns, PODGROUPS[2], volcano_podgroup(gang, pods)
-        )
+        _kube(client).create(_podgroups(ns), volcano_podgroup(gang, pods))
         create_pods(client, ns, volcano_pods)
 
     return create

@@ -84,20 +84,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--preempt-after",
         type=float,
-        default=600.0,
-        help="seconds a gang waits before our queue may preempt lower-priority gangs for it (default 600)",
+        default=QueueConfig().preempt_after_s,
+        help="seconds a gang waits before our queue may preempt lower-priority gangs for it "
+        f"(default {QueueConfig().preempt_after_s:g}: the extender's)",
     )
     p.add_argument(
         "--reserve-after",
         type=float,
-        default=0.0,
-        help="seconds a gang waits before our queue holds nodes back for it (default 0: at once; the "
-        "extender's --reserve-after)",
+        default=QueueConfig().reserve_after_s,
+        help="seconds a gang waits before our queue holds nodes back for it "
+        f"(default {QueueConfig().reserve_after_s:g}, 0: at once; the extender's --reserve-after)",
     )
     p.add_argument(
         "--reserve-after-limits",
         type=float,
-        default=None,
+        default=QueueConfig().reserve_after_limits,
         metavar="K",
         help="besides, a gang holds nothing back until it has waited K times its own time limit "
         "(default: off; the extender's --reserve-after-limits)",

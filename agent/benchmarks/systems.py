@@ -429,8 +429,10 @@ class Context:
         return Kube(self.cluster.client)
 
     def delete_pods(self, job: JobSpec) -> None:
-        bench._core(self.cluster.client).delete_collection_namespaced_pod(
-            self.namespace, label_selector=f"{JOB_LABEL}={job.name}", grace_period_seconds=1
+        self.kube().request(
+            "DELETE",
+            f"/api/v1/namespaces/{self.namespace}/pods",
+            query={"labelSelector": f"{JOB_LABEL}={job.name}", "gracePeriodSeconds": "1"},
         )
 
 
@@ -914,9 +916,11 @@ def node_facts(client: Any) -> tuple[dict[str, int], dict[str, str]]:
     """Each node's allocatable GPUs and its NVLink domain (the agent's ``gpuagent.dev/nvlink-domain``)."""
     gpus: dict[str, int] = {}
     domain: dict[str, str] = {}
-    for n in bench._core(client).list_node().items:
-        gpus[n.metadata.name] = int((n.status.allocatable or {}).get(bench.GPU, "0"))
-        domain[n.metadata.name] = (n.metadata.labels or {}).get(NVLINK_LABEL, n.metadata.name)
+    nodes, _ = bench._kube(client).list("/api/v1/nodes")
+    for n in nodes:
+        name = n["metadata"]["name"]
+        gpus[name] = int(((n.get("status") or {}).get("allocatable") or {}).get(bench.GPU, "0"))
+        domain[name] = (n["metadata"].get("labels") or {}).get(NVLINK_LABEL, name)
     return gpus, domain
 
 

@@ -37,8 +37,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ipaddress
-import math
-import re
 import signal
 import ssl
 import sys
@@ -49,8 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from scheduler_plugin.extender import Extender, ExtenderServer, ServerLimits, server_tls_context
-from scheduler_plugin.queue import RESERVED_FOR, QueueConfig
-from scheduler_plugin.state import ENFORCE_MODES, GANG_PLANNED, SCHEDULER_NAME, ClusterState
+from scheduler_plugin.queue import RESERVED_FOR, QueueConfig, QueueError
+from scheduler_plugin.state import GANG_PLANNED, SCHEDULER_NAME, ClusterState
 from topology import logs
 from topology.kube import (
     HYPERNODES,
@@ -86,6 +84,36 @@ SOURCES = (  # (ClusterState kind, collection, optional: an API that may not be 
     ("jobs", JOBS, True),
     ("pdbs", PDBS, True),
 )
+
+
+QUEUE = QueueConfig()  # the queue's defaults: every queue flag's default is read from here
+QUEUE_FLAGS: Mapping[str, tuple[str, str | None]] = {
+    # QueueConfig field -> (flag, the word the flag takes for None); the Helm chart's extender value of
+    # each is the flag in camelCase (--preempt-after: extender.preemptAfter), written in values.yaml and
+    # the kustomize base with the same defaults (tests/daemonset/test_queue_defaults.py compares them)
+    "preempt_after_s": ("--preempt-after", "never"),
+    "reserve_after_s": ("--reserve-after", None),
+    "reserve_after_limits": ("--reserve-after-limits", "off"),
+    "interval_s": ("--queue-interval", None),
+    "preempt_loss_ratio": ("--preempt-loss-ratio", "any"),
+    "min_run_before_preempt_s": ("--min-run-before-preempt", None),
+    "max_evictions": ("--max-evictions", "unlimited"),
+    "preempt_namespaces": ("--preempt-namespaces", "*"),
+    "enforce_time_limits": ("--enforce-time-limits", None),
+    "time_limit_grace_s": ("--time-limit-grace", None),
+}
+
+
+def queue_default(name: str) -> str:
+    """``QueueConfig``'s default of field ``name`` as its flag is written (None: the flag's word)."""
+    value = getattr(QUEUE, name)
+    if value is None:
+        word = QUEUE_FLAGS[name][1]
+        assert word is not None, f"{name}: a default of None needs a word for its flag"
+        return word
+    if isinstance(value, frozenset):
+        return ",".join(sorted(value))
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 class SourceInformer(Informer):
@@ -148,24 +176,31 @@ class Settings:
     health_host: str | None = None  # None: no separate health listener
     health_port: int = 0
     max_connections: int = ServerLimits.max_connections
-    preempt_after_s: float | None = 600.0  # None: the queue never preempts
-    reserve_after_s: float = 0.0
-    queue_interval_s: float = 1.0
-    preempt_loss_ratio: float | None = 1.0  # None: a preemption may cost any loss
-    min_run_before_preempt_s: float = 0.0
-    max_evictions: int | None = 1  # None: no cap
-    preempt_namespaces: frozenset[str] | None = None  # None: every namespace
-    enforce_time_limits: str = "held"  # whose declared limits are evicted past (state.ENFORCE_MODES)
-    time_limit_grace_s: float = 60.0  # seconds past a declared limit before that eviction
+    # the queue's settings, defaults and meaning from QueueConfig (checked there: queue_config())
+    preempt_after_s: float | None = QUEUE.preempt_after_s  # None: the queue never preempts
+    reserve_after_s: float = QUEUE.reserve_after_s
+    reserve_after_limits: float | None = QUEUE.reserve_after_limits  # None: off
+    queue_interval_s: float = QUEUE.interval_s
+    preempt_loss_ratio: float | None = QUEUE.preempt_loss_ratio  # None: a preemption may cost any loss
+    min_run_before_preempt_s: float = QUEUE.min_run_before_preempt_s
+    max_evictions: int | None = QUEUE.max_evictions  # None: no cap
+    preempt_namespaces: frozenset[str] | None = QUEUE.preempt_namespaces  # None: every namespace
+    enforce_time_limits: str = QUEUE.enforce_time_limits  # QueueConfig.ENFORCE_MODES
+    time_limit_grace_s: float = QUEUE.time_limit_grace_s  # seconds past a declared limit before eviction
 
     def queue_config(self) -> QueueConfig:
         """The queue's settings (``QueueConfig`` checks them: ``QueueError`` says what is wrong)."""
         return QueueConfig(
             preempt_after_s=self.preempt_after_s,
             reserve_after_s=self.reserve_after_s,
+            reserve_after_limits=self.reserve_after_limits,
             preempt_loss_ratio=self.preempt_loss_ratio,
             min_run_before_preempt_s=self.min_run_before_preempt_s,
             max_evictions=self.max_evictions,
+            interval_s=self.queue_interval_s,
+            preempt_namespaces=self.preempt_namespaces,
+            enforce_time_limits=self.enforce_time_limits,
+            time_limit_grace_s=self.time_limit_grace_s,
         )
 
     @property
@@ -250,59 +285,71 @@ def parse_settings(argv: list[str]) -> Settings:
     )
     p.add_argument(
         "--preempt-after",
-        default="600",
+        default=queue_default("preempt_after_s"),
         help="seconds a gang waits before it may evict whole gangs of lower priority inside one domain "
-        "(default 600; 'never' turns gang preemption off)",
+        f"(default {queue_default('preempt_after_s')}; 'never' turns gang preemption off)",
     )
     p.add_argument(
         "--reserve-after",
         type=float,
-        default=0.0,
-        help="seconds a gang waits before the queue holds nodes back for it (default 0: at once)",
+        default=QUEUE.reserve_after_s,
+        help="seconds a gang waits before the queue holds nodes back for it "
+        f"(default {queue_default('reserve_after_s')}; 0: at once)",
+    )
+    p.add_argument(
+        "--reserve-after-limits",
+        default=queue_default("reserve_after_limits"),
+        metavar="K",
+        help="besides, a gang holds nothing back until it has waited K times its own time limit "
+        f"(default {queue_default('reserve_after_limits')}; 'off': only --reserve-after counts)",
     )
     p.add_argument(
         "--queue-interval",
         type=float,
-        default=1.0,
-        help="seconds between the queue's own passes (node annotations, releases, preemptions)",
+        default=QUEUE.interval_s,
+        help="seconds between the queue's own passes (node annotations, releases, preemptions; "
+        f"default {queue_default('interval_s')})",
     )
     p.add_argument(
         "--preempt-loss-ratio",
-        default="1",
+        default=queue_default("preempt_loss_ratio"),
         help="a preemption goes ahead only when its victims lose at most this times the GPU-time the "
-        "preemptor would otherwise wait (default 1; 'any' for no bound)",
+        f"preemptor would otherwise wait (default {queue_default('preempt_loss_ratio')}; 'any' for no bound)",
     )
     p.add_argument(
         "--min-run-before-preempt",
         type=float,
-        default=0.0,
-        help="seconds a gang runs after it (re)starts before it may be preempted (default 0)",
+        default=QUEUE.min_run_before_preempt_s,
+        help="seconds a gang runs after it (re)starts before it may be preempted "
+        f"(default {queue_default('min_run_before_preempt_s')})",
     )
     p.add_argument(
         "--max-evictions",
-        default="1",
+        default=queue_default("max_evictions"),
         help="times a gang may be evicted for preemption, counted while this extender runs "
-        "(default 1; 'unlimited' for no cap)",
+        f"(default {queue_default('max_evictions')}; 'unlimited' for no cap)",
     )
     p.add_argument(
         "--preempt-namespaces",
-        default="*",
-        help="comma-separated namespaces whose pods gang preemption may evict (default '*': every "
-        "namespace); a DaemonSet's pods and static pods are never evicted",
+        default=queue_default("preempt_namespaces"),
+        help="comma-separated namespaces whose pods gang preemption may evict (default "
+        f"'{queue_default('preempt_namespaces')}'; '*': every namespace); a DaemonSet's pods and static "
+        "pods are never evicted",
     )
     p.add_argument(
         "--enforce-time-limits",
-        choices=ENFORCE_MODES,
-        default="held",
+        choices=QueueConfig.ENFORCE_MODES,
+        default=QUEUE.enforce_time_limits,
         help="evict pods past their declared time limit (gpuagent.dev/time-limit) plus the grace: "
-        "on nodes held for a waiting gang (held, the default), everywhere (all), or never (off: declared "
-        "limits then count as no limit)",
+        "on nodes held for a waiting gang (held), everywhere (all), or never (off: declared limits then "
+        f"count as no limit); default {queue_default('enforce_time_limits')}",
     )
     p.add_argument(
         "--time-limit-grace",
         type=float,
-        default=60.0,
-        help="seconds a pod may run past its declared time limit before that eviction (default 60)",
+        default=QUEUE.time_limit_grace_s,
+        help="seconds a pod may run past its declared time limit before that eviction "
+        f"(default {queue_default('time_limit_grace_s')})",
     )
     p.add_argument("--log-format", choices=logs.FORMATS, default="auto", help="auto: text on a TTY")
     p.add_argument("--log-level", choices=logs.LEVELS, default="info")
@@ -321,41 +368,12 @@ def parse_settings(argv: list[str]) -> Settings:
         p.error("--max-connections: must be at least 8")
     if not a.scheduler_name:
         p.error("--scheduler-name: must not be empty")
-    preempt_after = _number_or_word(
-        p,
-        "--preempt-after",
-        a.preempt_after,
-        word="never",
-        what="seconds",
-        bounds="a finite number of seconds >= 0",
-    )
-    if not 0 <= a.reserve_after < float("inf"):
-        p.error("--reserve-after: must be a finite number of seconds >= 0")
-    if not 0.05 <= a.queue_interval <= 3600:
-        p.error("--queue-interval: must be between 0.05 and 3600 seconds")
-    loss_ratio = _number_or_word(
-        p,
-        "--preempt-loss-ratio",
-        a.preempt_loss_ratio,
-        word="any",
-        what="a number",
-        bounds="a finite number >= 0",
-    )
-    evictions = _number_or_word(
-        p,
-        "--max-evictions",
-        a.max_evictions,
-        word="unlimited",
-        what="a whole number",
-        bounds="between 0 and 1000000",
-        most=1e6,
-    )
+    preempt_after = _number_or_word(p, "preempt_after_s", a.preempt_after, what="seconds")
+    reserve_after_limits = _number_or_word(p, "reserve_after_limits", a.reserve_after_limits, what="a number")
+    loss_ratio = _number_or_word(p, "preempt_loss_ratio", a.preempt_loss_ratio, what="a number")
+    evictions = _number_or_word(p, "max_evictions", a.max_evictions, what="a whole number", whole=True)
     max_evictions = None if evictions is None else int(evictions)
-    if not 0 <= a.min_run_before_preempt < float("inf"):
-        p.error("--min-run-before-preempt: must be a finite number of seconds >= 0")
     preempt_namespaces = _namespaces(p, a.preempt_namespaces)
-    if not 0 <= a.time_limit_grace < float("inf"):
-        p.error("--time-limit-grace: must be a finite number of seconds >= 0")
     settings = Settings(
         host=host,
         port=port,
@@ -375,6 +393,7 @@ def parse_settings(argv: list[str]) -> Settings:
         max_connections=a.max_connections,
         preempt_after_s=preempt_after,
         reserve_after_s=a.reserve_after,
+        reserve_after_limits=reserve_after_limits,
         queue_interval_s=a.queue_interval,
         preempt_loss_ratio=loss_ratio,
         min_run_before_preempt_s=a.min_run_before_preempt,
@@ -386,6 +405,12 @@ def parse_settings(argv: list[str]) -> Settings:
     problem = exposure_error(settings)
     if problem:
         p.error(problem)
+    try:
+        settings.queue_config()  # the queue's settings are checked there, once
+    except QueueError as err:
+        flag, word = QUEUE_FLAGS.get(err.field or "", (f"queue setting {err.field}", None))
+        detail = str(err).removeprefix(f"{err.field} ")
+        p.error(f"{flag}: {detail.replace(' or None', f' or {word!r}') if word else detail}")
     return settings
 
 
@@ -396,42 +421,30 @@ def _host_port(p: _Parser, flag: str, value: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port_s)
 
 
-_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # a DNS-1123 label, as namespaces are
-
-
 def _namespaces(p: argparse.ArgumentParser, value: str) -> frozenset[str] | None:
-    """``--preempt-namespaces``: ``*`` (None: every namespace) or namespace names, comma-separated."""
+    """``--preempt-namespaces``: ``*`` (None: every namespace) or names separated by commas (the names
+    are checked by ``QueueConfig``)."""
     if value.strip() == "*":
         return None
-    names = [n.strip() for n in value.split(",") if n.strip()]
-    bad = next((n for n in names if not _NAMESPACE.fullmatch(n)), None)
-    if bad is not None or not names:
-        shown = repr(bad[:40]) if bad is not None else "nothing"
-        p.error(f"--preempt-namespaces: expected '*' or namespace names separated by commas, got {shown}")
-    return frozenset(names)
+    names = frozenset(n.strip() for n in value.split(",") if n.strip())
+    if not names:
+        p.error("--preempt-namespaces: expected '*' or namespace names separated by commas, got nothing")
+    return names
 
 
 def _number_or_word(
-    p: argparse.ArgumentParser,
-    flag: str,
-    value: str,
-    *,
-    word: str,
-    what: str,
-    bounds: str,
-    most: float = math.inf,
+    p: argparse.ArgumentParser, name: str, value: str, *, what: str, whole: bool = False
 ) -> float | None:
-    """A flag that takes a number >= 0 (below infinity, at most ``most``; a whole one when ``most`` is
-    finite) or ``word`` (None): one line on standard error and exit 2 otherwise."""
+    """The flag of ``QueueConfig`` field ``name`` that takes a number (a whole one with ``whole``) or its
+    word (None): one line on standard error and exit 2 otherwise. ``QueueConfig`` checks the range."""
+    flag, word = QUEUE_FLAGS[name]
+    assert word is not None
     if value.strip().lower() == word:
         return None
     try:
-        number = float(value) if math.isinf(most) else int(value)
+        return int(value) if whole else float(value)
     except ValueError:
         p.error(f"{flag}: expected {what} or {word!r}, got {value[:40]!r}")
-    if not 0 <= number <= most or math.isinf(number):
-        p.error(f"{flag}: must be {bounds}, got {value[:40]!r}")
-    return number
 
 
 class KubeCluster:

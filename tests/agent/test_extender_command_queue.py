@@ -212,12 +212,12 @@ def test_time_limit_enforcement_flags_reach_the_extenders_state() -> None:
         pytest.param(
             ["--preempt-namespaces", " , "], "--preempt-namespaces: expected", id="namespaces-commas"
         ),
-        pytest.param(["--preempt-namespaces", "ML"], "--preempt-namespaces: expected", id="namespaces-upper"),
+        pytest.param(["--preempt-namespaces", "ML"], "--preempt-namespaces: must be", id="namespaces-upper"),
         pytest.param(
-            ["--preempt-namespaces", "a,*"], "--preempt-namespaces: expected", id="namespaces-star-in"
+            ["--preempt-namespaces", "a,*"], "--preempt-namespaces: must be", id="namespaces-star-in"
         ),
         pytest.param(
-            ["--preempt-namespaces", "x" * 64], "--preempt-namespaces: expected", id="namespaces-long"
+            ["--preempt-namespaces", "x" * 64], "--preempt-namespaces: must be", id="namespaces-long"
         ),
     ],
 )

@@ -2,7 +2,8 @@
 
 - :mod:`~topology.kube.client`: :func:`api_client_from` (kubeconfig, in-cluster, ~/.kube/config),
   :class:`Kube` (plain-dict get/list/watch, server-side apply with field manager ``gpu-node-agent``,
-  create/replace/delete, pod binding), :class:`KubeError`, and the collection paths;
+  create/replace/delete, pod binding, and ``request``/``read`` for any other call), :class:`KubeError`,
+  and the collection paths;
 - :mod:`~topology.kube.informer`: :class:`Informer` (list then watch one kind into a :class:`Sink`,
   relisting after 410 Gone, a missing CRD counted as empty) and :class:`Store`, the plain sink;
 - :mod:`~topology.kube.recorder`: :class:`EventRecorder`, the one Event writer;
@@ -13,6 +14,9 @@
 
 Objects are camelCase JSON dicts as the API serves them; the ``kubernetes`` package is imported only to
 build the ``ApiClient`` (:func:`api_client_from`), whose serializer and auth every request goes through.
+This package is the program's one way to the API server: an import-linter contract keeps ``kubernetes``
+out of every other module of ``agent``, ``deviceplugin``, ``scheduler_plugin`` and ``topology`` (the
+local cluster and the benchmarks included).
 Imports nothing of ours but :mod:`topology.logs`.
 """
 

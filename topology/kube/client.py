@@ -324,6 +324,13 @@ class Kube:
         out: dict[str, Any] = self.request("GET", path)
         return out
 
+    def read(self, path: str) -> tuple[int, bytes]:
+        """GET ``path`` as answered: the status and the body undecoded, a refusal included (for paths
+        that answer plain text, such as ``/readyz``). :class:`KubeError` (status 0) only when no answer
+        came."""
+        resp = self._call("GET", path)
+        return int(resp.status), bytes(resp.read())
+
     def list(
         self,
         path: str,
