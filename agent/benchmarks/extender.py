@@ -51,9 +51,8 @@ from typing import Any, cast
 
 from agent.benchmarks.machine import machine_summary, percentile
 from agent.benchmarks.topology import synthetic_input, tray_inventory
-from scheduler_plugin.extender import Extender
+from scheduler_plugin.extender import SCHEDULER_NAME, ClusterState, Extender
 from scheduler_plugin.queue import RESERVED_FOR, QueueConfig
-from scheduler_plugin.state import SCHEDULER_NAME, ClusterState
 from topology.builder import TopologyInput, build_tree, desired_objects
 from topology.labels import node_labels
 

@@ -48,9 +48,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scheduler_plugin.extender import Extender, ExtenderServer, ServerLimits, server_tls_context
+from scheduler_plugin.extender import (
+    ENFORCE_MODES,
+    GANG_PLANNED,
+    SCHEDULER_NAME,
+    ClusterState,
+    Extender,
+    ExtenderServer,
+    ServerLimits,
+    server_tls_context,
+)
 from scheduler_plugin.queue import RESERVED_FOR, QueueConfig
-from scheduler_plugin.state import ENFORCE_MODES, GANG_PLANNED, SCHEDULER_NAME, ClusterState
 from topology import logs
 from topology.kube import (
     HYPERNODES,

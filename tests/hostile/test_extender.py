@@ -22,18 +22,18 @@ from typing import Any
 
 import pytest
 
-from scheduler_plugin import state as state_module
 from scheduler_plugin.extender import (
     MAX_JSON_DEPTH,
     MAX_NUMBER_CHARS,
+    ClusterState,
     Extender,
     ExtenderServer,
     ServerLimits,
     json_depth,
 )
+from scheduler_plugin.extender import state as state_module
 from scheduler_plugin.gangs import GangError, gang_from_podgroup
 from scheduler_plugin.snapshot import MAX_GANG_PODS, ClusterSnapshot, Gang, PlanResult
-from scheduler_plugin.state import ClusterState
 from tests.integration.fakekube import hypernode, node, pod
 
 NODES = [f"r{r}-t{t}" for r in range(2) for t in range(4)]

@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from scheduler_plugin.cluster import pod_key
+from scheduler_plugin.extender.state import BindDecision, ClusterState, EventRecord, Eviction, QueueActions
 from scheduler_plugin.queueing import VictimsError, parse_victims
-from scheduler_plugin.state import BindDecision, ClusterState, EventRecord, Eviction, QueueActions
 from topology import logs
 from topology.httpserver import ConnectionStats, HttpServer, Limits, Request, Response
 
