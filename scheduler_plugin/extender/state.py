@@ -53,6 +53,7 @@ from scheduler_plugin.cluster import (
 from scheduler_plugin.extender.cache import KINDS, SOLO, PodInfo, gpus_of, object_key, pod_info, project
 from scheduler_plugin.gangs import GangError, GangIncompleteError, GangSpec, gang_for_pod, gang_key_of
 from scheduler_plugin.planner import SnapshotCache, plan
+from scheduler_plugin.planner.objective import open_cost, price
 from scheduler_plugin.queue import (
     RESERVED_FOR,
     TIME_LIMIT,
@@ -271,6 +272,8 @@ class ClusterState:
         self._snapshot: ClusterSnapshot | None = None
         self._last_holds: dict[str, dict[str, int]] = {}
         self._tiers_seen: tuple[str, ...] = ()
+        self._room_of: ClusterSnapshot | None = None  # the snapshot ``_room`` was summed on
+        self._room: dict[tuple[str, int], tuple[int, int, int]] = {}
         # the cluster's version: every change a decision may read bumps it; the queue's last pass ran
         # at ``_passed_at`` and needs no other before a change or its wake (``queue_pass``)
         self._version = 0
@@ -776,10 +779,16 @@ class ClusterState:
         """The pod's time limits; the declared one only while the extender enforces declared limits
         (``enforce_time_limits``), whichever scheduler placed the pod: a pod declaring
         ``gpuagent.dev/time-limit`` agrees to be evicted past it where a waiting gang needs its node."""
-        try:
-            found = pod_limits(pod, self.jobs)
-        except QueueError as exc:  # said once on the pod; it counts as never ending
-            self._pending_events += self._event_once(pod, "InvalidTimeLimit", f"{exc}; counted as no limit")
+        key = pod_key(pod)
+        found = self._limit_cache.get(key)  # read once per change of the pod or of the Jobs
+        if found is None:
+            try:
+                found = pod_limits(pod, self.jobs)
+            except QueueError as exc:
+                found = str(exc)
+            self._limit_cache[key] = found
+        if isinstance(found, str):  # said once on the pod; it counts as never ending
+            self._pending_events += self._event_once(pod, "InvalidTimeLimit", f"{found}; counted as no limit")
             return Limits()
         if self.enforce_time_limits == "off":
             return Limits(found.enforced, None)
@@ -1409,7 +1418,10 @@ class ClusterState:
         limit = self._limit(pod)
         end = wall + limit if limit is not None else math.inf
         alloc = {n: self._allocatable_gpus(n) for r in self.queue_reservations.values() for n in r.claims}
-        return held_back_caps(self.queue_reservations.values(), self._queue_running.values(), alloc, end)
+        # only the running work on reserved nodes counts: found by node, not by reading all of it
+        names = {self._info[k].running for n in alloc for k in self._node_pods.get(n, ())}
+        running = [self._queue_running[name] for name in sorted(names) if name in self._queue_running]
+        return held_back_caps(self.queue_reservations.values(), running, alloc, end)
 
     # -- preempt ---------------------------------------------------------------------------------
     def preempt(
@@ -1489,7 +1501,7 @@ class ClusterState:
         key = pod_key(pod)
         found = gang_key_of(pod)
         if found is None:
-            need = pod_requests(pod).get(GPU, 0)
+            need = gpus_of(self._info[key])
             held = self.held_gpus()
             caps = self._queue_caps(pod, wall) if need else {}
             nodes, used, passed = self.nodes, self._node_used, out.passed
@@ -1648,52 +1660,62 @@ class ClusterState:
     def prioritize(
         self, pod: Mapping[str, Any], node_names: Sequence[str], now: float
     ) -> list[tuple[str, int]]:
+        """A gang's pod: its planned node only. A pod on its own: the nodes it fits ranked by the
+        planner's objective (``planner.objective.price`` of its tier-1 domain taking it: not opening a
+        wholly free domain first, then the fullest domain, then the fullest node), best 10, the last of
+        the fitting ones 1, a node it does not fit 0 (kube-scheduler's extender range)."""
         self.expire(now)
         known, _ = self.known_pod(pod)
         if known is None:
             return [(n, 0) for n in node_names]
-        pod = known
-        found = gang_key_of(pod)
-        if found is not None:
-            res = self.reservations.get(found[1])
-            planned = res.spec.members.get(pod_key(pod)) if res else None
+        info = self._info[pod_key(known)]
+        if info.gang is not None:
+            res = self.reservations.get(info.gang[1])
+            planned = res.spec.members.get(info.key) if res else None
             node = res.nodes.get(planned) if res and planned is not None else None
             return [(n, MAX_PRIORITY if n == node else 0) for n in node_names]
-        need = pod_requests(pod).get(GPU, 0)
-        held = self.held_gpus()
-        used, alloc = self._node_used, self._allocatable_gpus
+        need = gpus_of(info)
+        snap = self.snapshot()
+        keys = [self._rank_key(snap, n, need) for n in node_names]
+        order = {k: i for i, k in enumerate(sorted({k for k in keys if k is not None}))}
+        span = max(1, len(order) - 1)
+        return [
+            (n, 0 if k is None else MAX_PRIORITY - (MAX_PRIORITY - 1) * order[k] // span)
+            for n, k in zip(node_names, keys, strict=True)
+        ]
+
+    def _rank_key(self, snap: ClusterSnapshot, node: str, need: int) -> tuple[int, int] | None:
+        """Where placing ``need`` GPUs on ``node`` ranks under the objective (smaller is better), or
+        None when they do not fit there. Per tier-1 domain, its free and total GPUs and its room are
+        summed once per snapshot (``_domain_room``)."""
+        state = self._states.get(node)
+        if state is None or state.free < need or state.gpus <= 0:
+            return None
+        if need <= 0:
+            return (0, 0)
         index = self._domains()
-        members, domain_of = index.members, index.of
-        free: dict[str, int] = {}  # GPUs neither used nor held, per node this call reads
+        domain = index.of.get(node)
+        if domain is None:
+            free, total, cap = state.free, state.gpus, state.free // need
+        else:
+            free, total, cap = self._domain_room(snap, domain, need)
+        opens = open_cost(0) if free == total else 0
+        return price(opens, cap, free, 1, g=need, useful=1), state.free - need
 
-        def free_of(n: str) -> int:
-            f = free.get(n)
-            if f is None:
-                u = used.get(n)
-                f = free[n] = alloc(n) - (u.get(GPU, 0) if u else 0) - held.get(n, 0)
-            return f
-
-        dom_free: dict[str, int] = {}
-        dom_total: dict[str, int] = {}
-        for d in {domain_of[n] for n in node_names if n in domain_of}:
-            dom_free[d] = sum(max(0, free_of(m)) for m in members[d])
-            dom_total[d] = sum(alloc(m) for m in members[d])
-        out: list[tuple[str, int]] = []
-        for n in node_names:
-            total = alloc(n)
-            f = free_of(n)
-            if total <= 0 or f < need:
-                out.append((n, 0))
-                continue
-            node_fill = 1 - (f - need) / total  # 1 when the pod fills the node
-            dom = domain_of.get(n)
-            if dom is not None and dom_total.get(dom):
-                dom_fill = 1 - (dom_free[dom] - need) / dom_total[dom]  # 1 when the domain ends full
-                broken = 1.0 if dom_free[dom] < dom_total[dom] else 0.0  # 0: it breaks a whole domain
-            else:
-                dom_fill, broken = node_fill, 1.0
-            out.append((n, round(MAX_PRIORITY * (0.5 * broken + 0.3 * dom_fill + 0.2 * node_fill))))
-        return out
+    def _domain_room(self, snap: ClusterSnapshot, domain: str, need: int) -> tuple[int, int, int]:
+        """A tier-1 domain's free GPUs, its GPUs, and its room in pods of ``need`` GPUs, now."""
+        if self._room_of is not snap:
+            self._room_of, self._room = snap, {}
+        found = self._room.get((domain, need))
+        if found is None:
+            states = [self._states[m] for m in self._domains().members.get(domain, ()) if m in self._states]
+            found = (
+                sum(s.free for s in states),
+                sum(s.gpus for s in states),
+                sum(s.free // need for s in states),
+            )
+            self._room[(domain, need)] = found
+        return found
 
     # -- bind ------------------------------------------------------------------------------------
     def bind(self, namespace: str, name: str, uid: str, node: str, now: float) -> BindDecision:
