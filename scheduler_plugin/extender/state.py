@@ -100,6 +100,7 @@ MAX_PRIORITY = 10  # kube-scheduler's MaxExtenderPriority
 QUEUE_RETRY_S = 0.5  # a waiting gang's pods run the queue again at most this often (unless it is new)
 EVICTION_RETRY_S = 10.0  # an eviction asked for is not asked again before this
 EVICTION_MEMORY = 10_000  # gangs whose evictions are remembered (max_evictions)
+FIT_MEMORY = 16  # requested GPU counts whose fitting nodes filter keeps per usage state
 ADMITTED_MEMORY = 1_000  # (nodeSelector, tolerations) sets whose admitted nodes are kept
 BLOCKED_RETRY_S = 60.0  # victims whose evictions the API would refuse are no victims for this long
 # work still running past its declared limit is expected to end soon (its controller ends it, as Slurm's
@@ -258,13 +259,25 @@ class ClusterState:
         self._gang_members: dict[tuple[str, str], set[str]] = {}
         self._running_members: dict[str, set[str]] = {}
         self._named: dict[str, int] = {}
-        self._annotated: dict[str, str] = {}  # node -> its gpuagent.dev/reserved-for value
+        self._annotated: dict[str, Any] = {}  # node -> its gpuagent.dev/reserved-for value (not empty)
         # what is worked out from them once and kept until an event changes its inputs: each gang's spec
         # (or why it has none), each running work's ``Running``, the pods' time limits, the nodes each
         # (nodeSelector, tolerations) set admits, the snapshot's node states
         self._specs: dict[tuple[str, str], GangSpec | GangError | None] = {}
-        self._running_cache: dict[str, tuple[Running, tuple[float, float] | None, list[str]] | None] = {}
+        self._run_all: dict[str, Running] = {}
+        self._declared_all: dict[str, tuple[float, float]] = {}  # name -> (latest start, declared limit)
+        self._keys_all: dict[str, list[str]] = {}  # name (with a declared limit) -> its pods
         self._running_dirty: set[str] = set()
+        # each waiting gang's queue entry (or why it has none), valid while its spec is the same object
+        # and ``_inputs_gen`` (admitted nodes, Jobs' limits, nodes kube-scheduler ruled out) unchanged
+        self._waiting_cache: dict[str, tuple[object, int, object]] = {}
+        self._inputs_gen = 0
+        # the nodes' usage changes (a pod bound or gone, a node changed): filter's verdicts per requested
+        # GPU count are kept while it and the holds stay the same
+        self._usage_gen = 0
+        self._fit_gen = -1
+        self._fit_held: dict[str, int] = {}
+        self._fit: dict[int, dict[str, str]] = {}
         self._limit_cache: dict[str, Limits | str] = {}
         self._allowed: dict[tuple[object, ...], frozenset[str]] = {}
         self._states: dict[str, NodeState] = {}
@@ -274,12 +287,15 @@ class ClusterState:
         self._tiers_seen: tuple[str, ...] = ()
         self._room_of: ClusterSnapshot | None = None  # the snapshot ``_room`` was summed on
         self._room: dict[tuple[str, int], tuple[int, int, int]] = {}
+        self._ranks_of: ClusterSnapshot | None = None  # the snapshot ``_rank_cache`` ranks on
+        self._rank_cache: dict[int, dict[str, tuple[int, int]]] = {}
         # the cluster's version: every change a decision may read bumps it; the queue's last pass ran
         # at ``_passed_at`` and needs no other before a change or its wake (``queue_pass``)
         self._version = 0
         self._passed_at: int | None = None
         self._skipped: dict[str, str] = {}  # waiting gangs the last pass could not queue -> why
-        self._gang_reason: dict[str, tuple[int, str]] = {}  # gang -> (version, why it waits)
+        # gang -> (the snapshot, its spec and the plan inputs' generation it was planned on, why it waits)
+        self._gang_reason: dict[str, tuple[ClusterSnapshot, GangSpec, int, str]] = {}
         self._domains_cache: _DomainIndex | None = None
         # the last snapshot planned on: the next one reuses its unchanged node objects, so the
         # planner prepares it from the last one (``self._snapshots``)
@@ -375,6 +391,7 @@ class ClusterState:
                 if not any(k in self.pods for k in self.reservations[gang].spec.members):
                     self.reservations.pop(gang)
                     self._excluded.pop(gang, None)
+                    self._inputs_gen += 1
 
     def _put(self, kind: str, key: str, obj: dict[str, Any]) -> None:
         store = self._store(kind)
@@ -398,6 +415,7 @@ class ClusterState:
             self._specs.clear()  # tiers may change
         elif kind == "jobs":
             self._limit_cache.clear()
+            self._inputs_gen += 1
         elif kind in ("podgroups", "rayclusters", "workload_podgroups"):
             source = {"podgroups": "podgroup", "rayclusters": "raycluster", "workload_podgroups": "workload"}
             self._specs.pop((source[kind], key), None)
@@ -409,16 +427,19 @@ class ClusterState:
         self, key: str, before: Mapping[str, Any] | None, after: Mapping[str, Any] | None
     ) -> None:
         self._snap_dirty.add(key)
+        self._usage_gen += 1
         if before is None or after is None or _labels(before) != _labels(after):
             self._domains_cache = None
             self._allowed.clear()
+            self._inputs_gen += 1
         elif (before.get("spec") or {}).get("taints") != (after.get("spec") or {}).get("taints"):
             self._allowed.clear()
+            self._inputs_gen += 1
         if before is None or after is None or _allocatable(before) != _allocatable(after):
             self._alloc.pop(key, None)
         have = ((after or {}).get("metadata") or {}).get("annotations") or {}
         value = have.get(RESERVED_FOR)
-        if isinstance(value, str) and value:
+        if value:
             self._annotated[key] = value
         else:
             self._annotated.pop(key, None)
@@ -446,6 +467,7 @@ class ClusterState:
             self._running_dirty.add(info.running)
             self._node_pods.setdefault(info.node, set()).add(key)
             self._snap_dirty.add(info.node)
+            self._usage_gen += 1
             used = self._node_used.setdefault(info.node, {})
             for r, v in info.requests.items():
                 used[r] = used.get(r, 0) + v
@@ -481,6 +503,7 @@ class ClusterState:
             if not on:
                 del self._node_pods[old.node]
         self._snap_dirty.add(old.node)
+        self._usage_gen += 1
         used = self._node_used.get(old.node, {})
         for r, v in old.requests.items():
             used[r] = used.get(r, 0) - v
@@ -868,7 +891,7 @@ class ClusterState:
         running_now, declared, keys_of = self._running_work(wall, {w.name for w in waiting})
         place = self._queue_place(prepared)
         if not self._queue_rebuilt:  # after a restart: what the nodes say is held
-            reserved_for = {n: v.split(",")[0] for n, v in self._annotated.items()}
+            reserved_for = {n: v.split(",")[0] for n, v in self._annotated.items() if isinstance(v, str)}
             rebuilt = rebuild(wall, snapshot, self._all_facts(wall), waiting, reserved_for, place=place)
             self._queue_rebuilt = True
             self.queue_reservations = dict(rebuilt.reservations)
@@ -894,6 +917,7 @@ class ClusterState:
             res = self._reservation_from(spec, gang, members, start.plan.placement, now)
             self.reservations[start.gang] = res
             self._excluded.pop(start.gang, None)
+            self._inputs_gen += 1
             planned = f"{len(res.nodes)} pod(s) on {len(res.held)} node(s) at {_utc(wall)}"
             for k in pending.get(start.gang, ()):
                 if self._refused.pop(k, None) == start.gang:  # waits among kube-scheduler's unschedulable
@@ -916,30 +940,30 @@ class ClusterState:
 
     def _running_work(
         self, wall: float, waiting: Collection[str]
-    ) -> tuple[dict[str, Running], dict[str, tuple[float, float]], dict[str, list[str]]]:
-        """The running work by queue name (kept from pass to pass; worked out again only for the names
-        an event touched, ``_running_dirty``), the ones with a declared limit (name -> (latest start,
-        least declared limit)) and their pods. A gang still ``waiting`` (part of it bound, after a
+    ) -> tuple[dict[str, Running], Mapping[str, tuple[float, float]], Mapping[str, list[str]]]:
+        """The running work by queue name, kept from pass to pass and worked out again only for the
+        names an event touched (``_running_dirty``); the ones with a declared limit (name -> (latest
+        start, least declared limit)) and their pods. A gang still ``waiting`` (part of it bound, after a
         restart mid-gang) is not running work."""
-        for name in self._running_dirty:
-            self._running_cache.pop(name, None)
+        for name in sorted(self._running_dirty):
+            members = self._running_members.get(name)
+            found = self._one_running(name, members, wall) if members else None
+            if found is None:
+                self._run_all.pop(name, None)
+                self._declared_all.pop(name, None)
+                self._keys_all.pop(name, None)
+                continue
+            self._run_all[name], limit, keys = found
+            if limit is None:
+                self._declared_all.pop(name, None)
+                self._keys_all.pop(name, None)
+            else:
+                self._declared_all[name], self._keys_all[name] = limit, keys
         self._running_dirty = set()
-        running: dict[str, Running] = {}
-        declared: dict[str, tuple[float, float]] = {}
-        keys_of: dict[str, list[str]] = {}
-        for name, members in self._running_members.items():
-            if name in waiting:
-                continue
-            if name not in self._running_cache:
-                self._running_cache[name] = self._one_running(name, members, wall)
-            cached = self._running_cache[name]
-            if cached is None:
-                continue
-            running[name], limit, keys = cached
-            if limit is not None:
-                declared[name] = limit
-                keys_of[name] = keys
-        return running, declared, keys_of
+        running = dict(self._run_all)
+        for name in waiting:
+            running.pop(name, None)
+        return running, self._declared_all, self._keys_all
 
     def _one_running(
         self, name: str, members: Collection[str], wall: float
@@ -1033,33 +1057,50 @@ class ClusterState:
         ] = {}
         waiting: list[Waiting] = []
         self._skipped = {}
+        self._waiting_cache = {n: v for n, v in self._waiting_cache.items() if n in pending}
         for name, keys in sorted(pending.items()):
             found = self._info[keys[0]].gang
             assert found is not None
             spec = self._spec(found)
-            if not isinstance(spec, GangSpec):  # incomplete or invalid: its pods' filter says why
-                self._skipped[name] = str(spec) if spec is not None else "no gang"
+            cached = self._waiting_cache.get(name)
+            if cached is not None and cached[0] is spec and cached[1] == self._inputs_gen:
+                entry = cached[2]
+            else:
+                entry = self._waiting_entry(name, spec, wall)
+                self._waiting_cache[name] = (spec, self._inputs_gen, entry)
+            if isinstance(entry, str):
+                self._skipped[name] = entry
                 continue
-            inputs = self._gang_inputs(spec)
-            if isinstance(inputs, str):
-                self._skipped[name] = inputs
-                continue
-            gang, members, allowed, by_role = inputs
-            prepared[name] = (spec, gang, members, allowed, by_role)
-            mates = [self.pods[k] for k in sorted(spec.members) if k in self.pods]
-            limits = [lim for lim in (self._limit(p) for p in mates) if lim is not None]
-            waiting.append(
-                Waiting(
-                    name=name,
-                    gang=dataclasses.replace(gang, name=name),
-                    # the lowest: one pod of a higher class does not lift a gang of low ones into
-                    # preempting; the newest pod: a pod parked long ago does not move a new gang ahead
-                    priority=min(pod_priority(p) for p in mates),
-                    created_s=max(self._pod_time(p, "created", wall) for p in mates),
-                    limit_s=min(limits) if limits else None,
-                )
-            )
+            assert isinstance(entry, tuple)
+            prepared[name], one = entry
+            waiting.append(one)
         return prepared, waiting
+
+    def _waiting_entry(
+        self, name: str, spec: GangSpec | GangError | None, wall: float
+    ) -> (
+        tuple[tuple[GangSpec, Gang, dict[str, PodSlot], frozenset[str], dict[str, dict[str, str]]], Waiting]
+        | str
+    ):
+        """One waiting gang's plan inputs and queue entry, or why the queue leaves it out."""
+        if not isinstance(spec, GangSpec):  # incomplete or invalid: its pods' filter says why
+            return str(spec) if spec is not None else "no gang"
+        inputs = self._gang_inputs(spec)
+        if isinstance(inputs, str):
+            return inputs
+        gang, members, allowed, by_role = inputs
+        mates = [self.pods[k] for k in sorted(spec.members) if k in self.pods]
+        limits = [lim for lim in (self._limit(p) for p in mates) if lim is not None]
+        one = Waiting(
+            name=name,
+            gang=dataclasses.replace(gang, name=name),
+            # the lowest: one pod of a higher class does not lift a gang of low ones into
+            # preempting; the newest pod: a pod parked long ago does not move a new gang ahead
+            priority=min(pod_priority(p) for p in mates),
+            created_s=max(self._pod_time(p, "created", wall) for p in mates),
+            limit_s=min(limits) if limits else None,
+        )
+        return (spec, gang, members, allowed, by_role), one
 
     def _judged(
         self,
@@ -1367,8 +1408,9 @@ class ClusterState:
             for node in r.claims:
                 wanted.setdefault(node, set()).add(name)
         annotate: dict[str, str | None] = {}
-        for node_name, obj in sorted(self.nodes.items()):
-            have = ((obj.get("metadata") or {}).get("annotations") or {}).get(RESERVED_FOR)
+        # only nodes annotated now or wanted: found by the annotation index, not by reading every node
+        for node_name in sorted({n for n in wanted if n in self.nodes} | set(self._annotated)):
+            have = self._annotated.get(node_name)
             want = reserved_for_value(wanted[node_name]) if node_name in wanted else None
             if (have or None) != want:
                 annotate[node_name] = want
@@ -1504,25 +1546,20 @@ class ClusterState:
             need = gpus_of(self._info[key])
             held = self.held_gpus()
             caps = self._queue_caps(pod, wall) if need else {}
-            nodes, used, passed = self.nodes, self._node_used, out.passed
+            fails, nodes, passed, failed = self._fits(need, held), self.nodes, out.passed, out.failed
             for n in node_names:  # the hot loop of the extender: plain dict look-ups only
-                if n not in nodes:
-                    out.failed[n] = "node unknown to the extender (informer not synced yet)"
-                    continue
-                u = used.get(n)
-                free = self._allocatable_gpus(n) - (u.get(GPU, 0) if u else 0) - held.get(n, 0)
-                if n in caps and caps[n] < need <= free:
-                    out.failed[n] = (
+                verdict = fails.get(n)
+                if verdict is not None:
+                    failed[n] = verdict
+                elif n not in nodes:
+                    failed[n] = "node unknown to the extender (informer not synced yet)"
+                elif n in caps and caps[n] < need:
+                    failed[n] = (
                         f"{need} GPU(s) requested; reserved for queued gang(s) starting before this pod's "
                         f"time limit ends ({RESERVED_FOR}); {max(caps[n], 0)} usable"
                     )
-                    continue
-                if free >= need:
-                    passed.append(n)
-                elif self.free_gpus(n, holds=False) >= need:
-                    out.failed[n] = f"{need} GPU(s) requested; {max(free, 0)} not reserved for a gang"
                 else:
-                    out.failed[n] = f"{need} GPU(s) requested; {max(free, 0)} free"
+                    passed.append(n)
             if passed:  # the decision bind asks for
                 self._filtered[key] = (_uid(pod), now + self.reservation_ttl_s)
             return out
@@ -1617,6 +1654,7 @@ class ClusterState:
             out.events += self._event_once(pod, "GangNodeFiltered", msg)
             if not res.arrived:
                 self._excluded.setdefault(gang_name, set()).add(node)
+                self._inputs_gen += 1
                 self._version += 1
                 self.reservations.pop(gang_name, None)
             return out
@@ -1628,23 +1666,50 @@ class ClusterState:
                 out.failed[n] = f"gang {gang_name} planned this pod on {node}"
         return out
 
+    def _fits(self, need: int, held: Mapping[str, int]) -> dict[str, str]:
+        """The nodes a pod of ``need`` GPUs does not fit on, and why (free GPUs, or held for a gang),
+        worked out once per change of the nodes' usage or holds and kept for every filter until then
+        (a few requested counts are kept; tenants choose them)."""
+        if self._fit_gen != self._usage_gen or self._fit_held != held:
+            self._fit_gen, self._fit_held, self._fit = self._usage_gen, dict(held), {}
+        found = self._fit.get(need)
+        if found is None:
+            found = {}
+            used = self._node_used
+            for n in self.nodes:
+                u = used.get(n)
+                unheld = self._allocatable_gpus(n) - (u.get(GPU, 0) if u else 0)
+                free = unheld - held.get(n, 0)
+                if free >= need:
+                    continue
+                found[n] = (
+                    f"{need} GPU(s) requested; {max(free, 0)} not reserved for a gang"
+                    if unheld >= need
+                    else f"{need} GPU(s) requested; {max(free, 0)} free"
+                )
+            if len(self._fit) >= FIT_MEMORY:
+                self._fit.clear()
+            self._fit[need] = found
+        return found
+
     def _why_waits(self, spec: GangSpec, now: float) -> str:
         """Why a gang the queue did not start waits, for its filter's message: why the last pass left it
-        out, else the planner's reason on what is free now; kept per gang and cluster version, so the
-        filters of its pods plan it once per change at most."""
+        out, else the planner's reason on what is free now; kept per gang, spec and snapshot, so the
+        filters of its pods plan it once per change of what it is planned on at most."""
         skipped = self._skipped.get(spec.key)
         if skipped is not None:
             return skipped
+        snap = self.snapshot()
         known = self._gang_reason.get(spec.key)
-        if known is not None and known[0] == self._version:
-            return known[1]
+        if known is not None and known[0] is snap and known[1] == spec and known[2] == self._inputs_gen:
+            return known[3]
         planned = self._plan_gang(spec, now)
         reason = (
             planned
             if isinstance(planned, str)
             else "the capacity it fits on is held for gangs before it in the queue"
         )
-        self._gang_reason[spec.key] = (self._version, reason)
+        self._gang_reason[spec.key] = (snap, spec, self._inputs_gen, reason)
         return reason
 
     def _elsewhere(self, node: str, node_names: Sequence[str]) -> bool:
@@ -1675,14 +1740,32 @@ class ClusterState:
             node = res.nodes.get(planned) if res and planned is not None else None
             return [(n, MAX_PRIORITY if n == node else 0) for n in node_names]
         need = gpus_of(info)
-        snap = self.snapshot()
-        keys = [self._rank_key(snap, n, need) for n in node_names]
+        ranks = self._ranks(need)
+        keys = [ranks.get(n) for n in node_names]
         order = {k: i for i, k in enumerate(sorted({k for k in keys if k is not None}))}
         span = max(1, len(order) - 1)
         return [
             (n, 0 if k is None else MAX_PRIORITY - (MAX_PRIORITY - 1) * order[k] // span)
             for n, k in zip(node_names, keys, strict=True)
         ]
+
+    def _ranks(self, need: int) -> dict[str, tuple[int, int]]:
+        """``_rank_key`` of every node a pod of ``need`` GPUs fits on, once per snapshot (a few
+        requested counts kept)."""
+        snap = self.snapshot()
+        if self._ranks_of is not snap:
+            self._ranks_of, self._rank_cache = snap, {}
+        found = self._rank_cache.get(need)
+        if found is None:
+            found = {}
+            for n in self._states:
+                key = self._rank_key(snap, n, need)
+                if key is not None:
+                    found[n] = key
+            if len(self._rank_cache) >= FIT_MEMORY:
+                self._rank_cache.clear()
+            self._rank_cache[need] = found
+        return found
 
     def _rank_key(self, snap: ClusterSnapshot, node: str, need: int) -> tuple[int, int] | None:
         """Where placing ``need`` GPUs on ``node`` ranks under the objective (smaller is better), or
@@ -1781,6 +1864,7 @@ class ClusterState:
         if self.reservations.pop(gang_name, None) is not None:
             self._version += 1
         self._excluded.pop(gang_name, None)
+        self._inputs_gen += 1
         return BindDecision(action="bind", pods=pods, gang=gang_name)
 
     def _assume_bound(self, key: str, node: str) -> None:
