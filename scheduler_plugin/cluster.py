@@ -99,14 +99,19 @@ def pod_key(pod: Mapping[str, Any]) -> str:
 def pod_requests(pod: Mapping[str, Any]) -> dict[str, int]:
     """Effective requests of a pod: max(sum of containers, largest init container) per resource.
 
-    For extended resources such as ``nvidia.com/gpu`` a limit alone counts as the request.
+    For extended resources such as ``nvidia.com/gpu`` a limit alone counts as the request. A container
+    list, container or resources block of another shape than the API's counts as requesting nothing.
     """
 
-    def one(container: Mapping[str, Any]) -> dict[str, int]:
-        res = container.get("resources") or {}
+    def one(container: Any) -> dict[str, int]:
+        res = container.get("resources") if isinstance(container, Mapping) else None
         out: dict[str, int] = {}
-        limits = res.get("limits") or {}
-        requests = res.get("requests") or {}
+        if not isinstance(res, Mapping):
+            return out
+        limits = res.get("limits")
+        limits = limits if isinstance(limits, Mapping) else {}
+        requests = res.get("requests")
+        requests = requests if isinstance(requests, Mapping) else {}
         for name in (GPU, *TRACKED):
             raw = requests.get(name)
             if raw is None and name == GPU:
@@ -120,10 +125,11 @@ def pod_requests(pod: Mapping[str, Any]) -> dict[str, int]:
 
     spec = pod.get("spec") or {}
     total: dict[str, int] = {}
-    for c in spec.get("containers") or []:
+    containers, inits = spec.get("containers"), spec.get("initContainers")
+    for c in containers if isinstance(containers, list) else []:
         for k, v in one(c).items():
             total[k] = total.get(k, 0) + v
-    for c in spec.get("initContainers") or []:
+    for c in inits if isinstance(inits, list) else []:
         for k, v in one(c).items():
             total[k] = max(total.get(k, 0), v)
     return total
