@@ -99,19 +99,14 @@ def pod_key(pod: Mapping[str, Any]) -> str:
 def pod_requests(pod: Mapping[str, Any]) -> dict[str, int]:
     """Effective requests of a pod: max(sum of containers, largest init container) per resource.
 
-    For extended resources such as ``nvidia.com/gpu`` a limit alone counts as the request. A container
-    list, container or resources block of another shape than the API's counts as requesting nothing.
+    For extended resources such as ``nvidia.com/gpu`` a limit alone counts as the request.
     """
 
-    def one(container: Any) -> dict[str, int]:
-        res = container.get("resources") if isinstance(container, Mapping) else None
+    def one(container: Mapping[str, Any]) -> dict[str, int]:
+        res = container.get("resources") or {}
         out: dict[str, int] = {}
-        if not isinstance(res, Mapping):
-            return out
-        limits = res.get("limits")
-        limits = limits if isinstance(limits, Mapping) else {}
-        requests = res.get("requests")
-        requests = requests if isinstance(requests, Mapping) else {}
+        limits = res.get("limits") or {}
+        requests = res.get("requests") or {}
         for name in (GPU, *TRACKED):
             raw = requests.get(name)
             if raw is None and name == GPU:
@@ -125,11 +120,10 @@ def pod_requests(pod: Mapping[str, Any]) -> dict[str, int]:
 
     spec = pod.get("spec") or {}
     total: dict[str, int] = {}
-    containers, inits = spec.get("containers"), spec.get("initContainers")
-    for c in containers if isinstance(containers, list) else []:
+    for c in spec.get("containers") or []:
         for k, v in one(c).items():
             total[k] = total.get(k, 0) + v
-    for c in inits if isinstance(inits, list) else []:
+    for c in spec.get("initContainers") or []:
         for k, v in one(c).items():
             total[k] = max(total.get(k, 0), v)
     return total

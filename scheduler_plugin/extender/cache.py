@@ -189,13 +189,22 @@ def pod_info(key: str, pod: Mapping[str, Any]) -> PodInfo:
         key=key,
         gang=found,
         node=str(spec.get("nodeName")) if holds else "",
-        requests=pod_requests(pod),
+        requests=_requests(pod),
         running=running_name(key, pod, found),
         priority=pod_priority(pod),
         created_s=timestamp(meta.get("creationTimestamp")),
         started_s=timestamp(status.get("startTime")),
         deleting=bool(meta.get("deletionTimestamp")),
     )
+
+
+def _requests(pod: Mapping[str, Any]) -> Mapping[str, int]:
+    """``cluster.pod_requests``; a container list of another shape than the API's (the API server
+    refuses one; a stand-in might not) requests nothing here, and the gang sources name it."""
+    try:
+        return pod_requests(pod)
+    except (AttributeError, TypeError):
+        return {}
 
 
 def gpus_of(info: PodInfo) -> int:
