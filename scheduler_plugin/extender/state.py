@@ -272,12 +272,15 @@ class ClusterState:
         # and ``_inputs_gen`` (admitted nodes, Jobs' limits, nodes kube-scheduler ruled out) unchanged
         self._waiting_cache: dict[str, tuple[object, int, object]] = {}
         self._inputs_gen = 0
-        # the nodes' usage changes (a pod bound or gone, a node changed): filter's verdicts per requested
-        # GPU count are kept while it and the holds stay the same
-        self._usage_gen = 0
-        self._fit_gen = -1
-        self._fit_held: dict[str, int] = {}
-        self._fit: dict[int, dict[str, str]] = {}
+        # the nodes whose usage changed (a pod bound or gone, a node changed), in order: filter's verdicts
+        # per requested GPU count (with the log position and holds they are up to date with) and
+        # prioritize's ranks follow them node by node (``_fits``, ``_ranks``)
+        self._usage_log: list[str] = []
+        self._fit: dict[int, tuple[dict[str, str], int, dict[str, int]]] = {}
+        self._state_log: list[str] = []
+        self._rank_cache: dict[int, tuple[dict[str, tuple[int, int]], int]] = {}
+        self._ranks_index: _DomainIndex | None = None  # the domains the ranks were worked out on
+        self._room: dict[tuple[str, int], tuple[int, int, int]] = {}
         self._limit_cache: dict[str, Limits | str] = {}
         self._allowed: dict[tuple[object, ...], frozenset[str]] = {}
         self._states: dict[str, NodeState] = {}
@@ -285,10 +288,6 @@ class ClusterState:
         self._snapshot: ClusterSnapshot | None = None
         self._last_holds: dict[str, dict[str, int]] = {}
         self._tiers_seen: tuple[str, ...] = ()
-        self._room_of: ClusterSnapshot | None = None  # the snapshot ``_room`` was summed on
-        self._room: dict[tuple[str, int], tuple[int, int, int]] = {}
-        self._ranks_of: ClusterSnapshot | None = None  # the snapshot ``_rank_cache`` ranks on
-        self._rank_cache: dict[int, dict[str, tuple[int, int]]] = {}
         # the cluster's version: every change a decision may read bumps it; the queue's last pass ran
         # at ``_passed_at`` and needs no other before a change or its wake (``queue_pass``)
         self._version = 0
@@ -427,7 +426,7 @@ class ClusterState:
         self, key: str, before: Mapping[str, Any] | None, after: Mapping[str, Any] | None
     ) -> None:
         self._snap_dirty.add(key)
-        self._usage_gen += 1
+        self._usage_changed(key)
         if before is None or after is None or _labels(before) != _labels(after):
             self._domains_cache = None
             self._allowed.clear()
@@ -467,7 +466,7 @@ class ClusterState:
             self._running_dirty.add(info.running)
             self._node_pods.setdefault(info.node, set()).add(key)
             self._snap_dirty.add(info.node)
-            self._usage_gen += 1
+            self._usage_changed(info.node)
             used = self._node_used.setdefault(info.node, {})
             for r, v in info.requests.items():
                 used[r] = used.get(r, 0) + v
@@ -503,7 +502,7 @@ class ClusterState:
             if not on:
                 del self._node_pods[old.node]
         self._snap_dirty.add(old.node)
-        self._usage_gen += 1
+        self._usage_changed(old.node)
         used = self._node_used.get(old.node, {})
         for r, v in old.requests.items():
             used[r] = used.get(r, 0) - v
@@ -627,12 +626,17 @@ class ClusterState:
         for name in self._snap_dirty:
             obj = self.nodes.get(name)
             if obj is None:
-                states.pop(name, None)
+                if states.pop(name, None) is not None:
+                    self._state_log.append(name)
                 continue
             base = base_state(obj, index.domains.get(name, {}))
             state = node_state(base, self._node_used.get(name, {}), holds.get(name))
             old = states.get(name)
-            states[name] = old if old is not None and old == state else state
+            if old is None or old != state:
+                states[name] = state
+                self._state_log.append(name)
+        if len(self._state_log) > max(64, len(states)):  # more changes than nodes: ranks start afresh
+            self._state_log, self._rank_cache, self._room = [], {}, {}
         self._snap_dirty = set()
         nodes = tuple(states[n] for n in sorted(states))
         if self._snapshot is None or nodes != self._snapshot.nodes or index.tiers != self._snapshot.tiers:
@@ -1667,30 +1671,42 @@ class ClusterState:
         return out
 
     def _fits(self, need: int, held: Mapping[str, int]) -> dict[str, str]:
-        """The nodes a pod of ``need`` GPUs does not fit on, and why (free GPUs, or held for a gang),
-        worked out once per change of the nodes' usage or holds and kept for every filter until then
-        (a few requested counts are kept; tenants choose them)."""
-        if self._fit_gen != self._usage_gen or self._fit_held != held:
-            self._fit_gen, self._fit_held, self._fit = self._usage_gen, dict(held), {}
-        found = self._fit.get(need)
-        if found is None:
-            found = {}
-            used = self._node_used
-            for n in self.nodes:
-                u = used.get(n)
-                unheld = self._allocatable_gpus(n) - (u.get(GPU, 0) if u else 0)
-                free = unheld - held.get(n, 0)
-                if free >= need:
-                    continue
-                found[n] = (
-                    f"{need} GPU(s) requested; {max(free, 0)} not reserved for a gang"
-                    if unheld >= need
-                    else f"{need} GPU(s) requested; {max(free, 0)} free"
-                )
-            if len(self._fit) >= FIT_MEMORY:
-                self._fit.clear()
-            self._fit[need] = found
+        """The nodes a pod of ``need`` GPUs does not fit on, and why (free GPUs, or held for a gang):
+        kept per requested count (a few; tenants choose them) and brought up to date for the nodes whose
+        usage or holds changed since (``_usage_log``), not worked out again for every node."""
+        cached = self._fit.get(need)
+        if cached is None:
+            found = {n: why for n in self.nodes if (why := self._fit_verdict(n, need, held)) is not None}
+        else:
+            found, seen, was_held = cached
+            for n in {
+                *self._usage_log[seen:],
+                *(n for n in {*held, *was_held} if held.get(n) != was_held.get(n)),
+            }:
+                why = self._fit_verdict(n, need, held) if n in self.nodes else None
+                if why is None:
+                    found.pop(n, None)
+                else:
+                    found[n] = why
+        if cached is None and len(self._fit) >= FIT_MEMORY:
+            self._fit.clear()
+        self._fit[need] = (found, len(self._usage_log), dict(held))
         return found
+
+    def _usage_changed(self, node: str) -> None:
+        self._usage_log.append(node)
+        if len(self._usage_log) > max(64, len(self.nodes)):  # more changes than nodes: start afresh
+            self._usage_log, self._fit = [], {}
+
+    def _fit_verdict(self, n: str, need: int, held: Mapping[str, int]) -> str | None:
+        u = self._node_used.get(n)
+        unheld = self._allocatable_gpus(n) - (u.get(GPU, 0) if u else 0)
+        free = unheld - held.get(n, 0)
+        if free >= need:
+            return None
+        if unheld >= need:
+            return f"{need} GPU(s) requested; {max(free, 0)} not reserved for a gang"
+        return f"{need} GPU(s) requested; {max(free, 0)} free"
 
     def _why_waits(self, spec: GangSpec, now: float) -> str:
         """Why a gang the queue did not start waits, for its filter's message: why the last pass left it
@@ -1750,45 +1766,56 @@ class ClusterState:
         ]
 
     def _ranks(self, need: int) -> dict[str, tuple[int, int]]:
-        """``_rank_key`` of every node a pod of ``need`` GPUs fits on, once per snapshot (a few
-        requested counts kept)."""
-        snap = self.snapshot()
-        if self._ranks_of is not snap:
-            self._ranks_of, self._rank_cache = snap, {}
-        found = self._rank_cache.get(need)
-        if found is None:
-            found = {}
-            for n in self._states:
-                key = self._rank_key(snap, n, need)
-                if key is not None:
-                    found[n] = key
-            if len(self._rank_cache) >= FIT_MEMORY:
-                self._rank_cache.clear()
-            self._rank_cache[need] = found
+        """``_rank_key`` of every node a pod of ``need`` GPUs fits on: kept per requested count (a few)
+        and brought up to date for the tier-1 domains whose nodes changed since (``_state_log``)."""
+        self.snapshot()
+        index = self._domains()
+        if self._ranks_index is not index:
+            self._ranks_index, self._rank_cache, self._room, self._state_log = index, {}, {}, []
+        cached = self._rank_cache.get(need)
+        if cached is not None and cached[1] == len(self._state_log):
+            return cached[0]
+        changed = self._state_log[cached[1] :] if cached is not None else []
+        domains = {index.of[n] for n in changed if n in index.of}
+        for d in domains:
+            self._room.pop((d, need), None)
+        if cached is None:
+            redo: Iterable[str] = self._states
+            found: dict[str, tuple[int, int]] = {}
+            self._room = {k: v for k, v in self._room.items() if k[1] != need}
+        else:
+            redo = {*changed, *(m for d in domains for m in index.members.get(d, ()))}
+            found = cached[0]
+        for n in redo:
+            key = self._rank_key(n, need)
+            if key is None:
+                found.pop(n, None)
+            else:
+                found[n] = key
+        if cached is None and len(self._rank_cache) >= FIT_MEMORY:
+            self._rank_cache.clear()
+        self._rank_cache[need] = (found, len(self._state_log))
         return found
 
-    def _rank_key(self, snap: ClusterSnapshot, node: str, need: int) -> tuple[int, int] | None:
+    def _rank_key(self, node: str, need: int) -> tuple[int, int] | None:
         """Where placing ``need`` GPUs on ``node`` ranks under the objective (smaller is better), or
-        None when they do not fit there. Per tier-1 domain, its free and total GPUs and its room are
-        summed once per snapshot (``_domain_room``)."""
+        None when they do not fit there."""
         state = self._states.get(node)
         if state is None or state.free < need or state.gpus <= 0:
             return None
         if need <= 0:
             return (0, 0)
-        index = self._domains()
-        domain = index.of.get(node)
+        domain = self._domains().of.get(node)
         if domain is None:
             free, total, cap = state.free, state.gpus, state.free // need
         else:
-            free, total, cap = self._domain_room(snap, domain, need)
+            free, total, cap = self._domain_room(domain, need)
         opens = open_cost(0) if free == total else 0
         return price(opens, cap, free, 1, g=need, useful=1), state.free - need
 
-    def _domain_room(self, snap: ClusterSnapshot, domain: str, need: int) -> tuple[int, int, int]:
-        """A tier-1 domain's free GPUs, its GPUs, and its room in pods of ``need`` GPUs, now."""
-        if self._room_of is not snap:
-            self._room_of, self._room = snap, {}
+    def _domain_room(self, domain: str, need: int) -> tuple[int, int, int]:
+        """A tier-1 domain's free GPUs, its GPUs, and its room in pods of ``need`` GPUs, now (summed once
+        per change of its nodes)."""
         found = self._room.get((domain, need))
         if found is None:
             states = [self._states[m] for m in self._domains().members.get(domain, ()) if m in self._states]

@@ -4,6 +4,7 @@ by reading every pod; skipped gangs remembered with their reason; per-pod maps p
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -144,3 +145,27 @@ def test_a_relisting_equal_to_what_is_known_changes_nothing() -> None:
     s.queue_pass(2.0, T0 + 1)
     assert s.queue_metrics.passes == passes + 1  # a relisting asks for a pass, which decides the same
     assert s.free_gpus("r0-t1") == 2
+
+
+def test_filter_and_prioritize_kept_up_to_date_by_events_answer_as_a_fresh_state() -> None:
+    """The verdicts and ranks follow events node by node: after every change they equal what a state
+    listed afresh from the same objects answers."""
+    rng = random.Random(28)
+    running: dict[str, dict[str, Any]] = {}
+    s = make_state([])
+    probes = [pod(f"probe-{g}", g) for g in (1, 2, 4)]
+    for p in probes:
+        s.apply("pods", "ADDED", p)
+    for step in range(60):
+        if running and rng.random() < 0.4:
+            gone = running.pop(rng.choice(sorted(running)))
+            s.apply("pods", "DELETED", gone)
+        else:
+            p = pod(f"run-{step}", rng.choice((1, 2)), node_name=rng.choice(NODES))
+            running[p["metadata"]["name"]] = p
+            s.apply("pods", "ADDED", p)
+        fresh = make_state([*running.values(), *probes])
+        for p in probes:
+            got, want = s.filter(p, NODES, 1.0, T0), fresh.filter(p, NODES, 1.0, T0)
+            assert (got.passed, got.failed) == (want.passed, want.failed), step
+            assert s.prioritize(p, NODES, 1.0) == fresh.prioritize(p, NODES, 1.0), step
