@@ -17,8 +17,9 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from scheduler_plugin.snapshot import ClusterSnapshot, NodeState
+from topology.model import GPU_RESOURCE
 
-GPU = "nvidia.com/gpu"
+GPU = GPU_RESOURCE
 CPU = "cpu"
 MEMORY = "memory"
 TRACKED = (CPU, MEMORY)

@@ -398,6 +398,15 @@ class _Cluster:
         return ClusterSnapshot(tiers=self.tiers, nodes=tuple(nodes))
 
 
+def held_back_gpus(capacity: int, busy_then: int, claim: int, *, free: int | None = None) -> int:
+    """The backfill rule, the one place it is written (the queue, the extender's filter and preempt
+    verbs, and the placement simulator read it): on a node reserved for a gang starting at ``t``, work
+    that may still run at ``t`` may use what is free now (``free``; None: no bound) but no more than
+    what is left at ``t`` beyond the ``claim`` and the running work still there then (``busy_then``)."""
+    left = capacity - busy_then - claim
+    return max(0, left if free is None else min(free, left))
+
+
 def _held_back(cl: _Cluster, resvs: Sequence[Reservation]) -> ClusterSnapshot:
     """The cluster as a gang that may delay ``resvs`` sees it: on each reserved node, only what is left
     at the earliest of their starts beyond the claims and what running work still holds then."""
@@ -415,7 +424,7 @@ def _held_back(cl: _Cluster, resvs: Sequence[Reservation]) -> ClusterSnapshot:
         if i is None:
             continue
         n = cl.nodes[i]
-        free[i] = max(0, min(cl.free(i), n.gpus - cl.busy_at(node, first[node]) - g))
+        free[i] = held_back_gpus(n.gpus, cl.busy_at(node, first[node]), g, free=cl.free(i))
     return cl.with_free(free)
 
 
@@ -801,7 +810,9 @@ def _reserve_age(w: Waiting, config: QueueConfig) -> float:
     return max(config.reserve_after_s, k * w.limit_s)
 
 
-def _shape(g: Gang) -> tuple[object, ...]:
+def same_shape(g: Gang) -> tuple[object, ...]:
+    """The same-shape key: gangs with equal keys place alike on one snapshot (a shape that failed
+    fails again within a pass, in the queue and in the simulator)."""
     return (
         g.tier,
         g.soft,
@@ -868,7 +879,7 @@ def decide(
                 snap = _held_back(cl, [held[n] for n in blocking])
                 views[blocking] = (snap, sum(n.free for n in snap.nodes if n.schedulable))
             view, room = views[blocking]
-            shape = _shape(w.gang)
+            shape = same_shape(w.gang)
             fkey = (shape, blocking)
             if room >= w.gpus and fkey not in failed:
                 hole = (
