@@ -572,6 +572,22 @@ def _reserve(  # noqa: PLR0917 -- private helper, called in two places
     if found is None:
         return None
     at, snap, first_plan = found
+    idle, dom, chosen = _least_idle(w, cl, snap, first_plan, at, now, place)
+    claims = _claims(w.gang, chosen.placement)
+    waits = {
+        r.name: r.ends_s
+        for r in cl.running.values()
+        if now < r.ends_s <= at and any(n in claims for n in r.claims)
+    }
+    return Reservation(w.name, at, claims, dom, waits, idle)
+
+
+def _least_idle(  # noqa: PLR0917 -- private helper of ``_reserve``, called once
+    w: Waiting, cl: _Cluster, snap: ClusterSnapshot, first_plan: Plan, at: float, now: float, place: Place
+) -> tuple[float, str | None, Plan]:
+    """Of the domains of the gang's scope tier that can hold it at ``at``, the plan whose hold keeps
+    the least capacity idle until then (ties: the first plan's domain, then by name); the first plan
+    without a scope tier. Returns (idle GPU-seconds, domain, plan)."""
     tier = scope_tier(cl.snapshot, w.gang)
     candidates: list[tuple[float, int, str | None, Plan]] = []
     first_domain: str | None = None
@@ -579,7 +595,7 @@ def _reserve(  # noqa: PLR0917 -- private helper, called in two places
         first_domain = _domain_of(cl, first_plan, tier)
         zeros: dict[int, NodeState] = {}
         for name, members in _domains(cl, tier).items():
-            if sum(snap.nodes[i].free for i in members) < need:
+            if sum(snap.nodes[i].free for i in members) < w.gpus:
                 continue
             if name == first_domain:
                 res: PlanResult = first_plan
@@ -591,16 +607,8 @@ def _reserve(  # noqa: PLR0917 -- private helper, called in two places
             candidates.append((idle, 0 if name == first_domain else 1, name, res))
     if candidates:
         idle, _, dom, chosen = min(candidates, key=lambda c: (c[0], c[1], c[2] or ""))
-    else:
-        dom, chosen = first_domain, first_plan
-        idle = _held_idle(cl, w.gang, chosen, at, now)
-    claims = _claims(w.gang, chosen.placement)
-    waits = {
-        r.name: r.ends_s
-        for r in cl.running.values()
-        if now < r.ends_s <= at and any(n in claims for n in r.claims)
-    }
-    return Reservation(w.name, at, claims, dom, waits, idle)
+        return idle, dom, chosen
+    return _held_idle(cl, w.gang, first_plan, at, now), first_domain, first_plan
 
 
 def _domain_of(cl: _Cluster, p: Plan, tier: str) -> str | None:

@@ -217,7 +217,7 @@ class _Cluster:
         return out
 
 
-def simulate(
+def simulate(  # noqa: C901 -- 99 branches in closures sharing the run state; to become a class (issue 28)
     cluster: Cluster,
     jobs: list[Job],
     policy: Policy,
