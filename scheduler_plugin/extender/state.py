@@ -66,6 +66,7 @@ from scheduler_plugin.queue import (
     decide,
     order,
     rebuild,
+    same_shape,
 )
 from scheduler_plugin.queue import Reservation as QueueReservation
 from scheduler_plugin.queueing import (
@@ -293,8 +294,10 @@ class ClusterState:
         self._version = 0
         self._passed_at: int | None = None
         self._skipped: dict[str, str] = {}  # waiting gangs the last pass could not queue -> why
-        # gang -> (the snapshot, its spec and the plan inputs' generation it was planned on, why it waits)
-        self._gang_reason: dict[str, tuple[ClusterSnapshot, GangSpec, int, str]] = {}
+        # why each waiting gang waits: the planner's reason in the last pass, else (a gang the pass did not
+        # plan) gang -> (the pass, its spec and the plan inputs' generation it was planned on, why)
+        self._reasons: dict[str, str] = {}
+        self._gang_reason: dict[str, tuple[int, GangSpec, int, str]] = {}
         self._domains_cache: _DomainIndex | None = None
         # the last snapshot planned on: the next one reuses its unchanged node objects, so the
         # planner prepares it from the last one (``self._snapshots``)
@@ -854,9 +857,13 @@ class ClusterState:
                         z = zeros[n.name] = dataclasses.replace(n, free=0)
                     nodes.append(z)
                 snapshot = dataclasses.replace(snapshot, nodes=tuple(nodes))
+            name = gang.name
             if len({tuple(sorted(sel.items())) for sel in by_role.values()}) > 1:
                 snapshot, gang = _per_role_selectors(snapshot, gang, by_role, self.nodes)
-            return plan(snapshot, gang, cache=self._snapshots)
+            result = plan(snapshot, gang, cache=self._snapshots)
+            if isinstance(result, Infeasible):  # why it waits, for its pods' filters (``_why_waits``)
+                self._reasons.setdefault(name, result.reason)  # the first: on the cluster as it is now
+            return result
 
         return place
 
@@ -892,6 +899,7 @@ class ClusterState:
         for keys in pending.values():
             keys.sort()
         prepared, waiting = self._waiting(pending, wall)
+        self._reasons = {}
         running_now, declared, keys_of = self._running_work(wall, {w.name for w in waiting})
         place = self._queue_place(prepared)
         if not self._queue_rebuilt:  # after a restart: what the nodes say is held
@@ -915,6 +923,10 @@ class ClusterState:
         )
         started = {st.gang for st in decision.starts}
         self._queue_waiting = [w.name for w in order(waiting) if w.name not in started]
+        shapes = {same_shape(w.gang): self._reasons[w.name] for w in waiting if w.name in self._reasons}
+        for w in waiting:  # a shape that failed is not planned again in a pass: its reason holds
+            if w.name not in self._reasons and same_shape(w.gang) in shapes:
+                self._reasons[w.name] = shapes[same_shape(w.gang)]
         self._say_never_fits(decision.never_fits, pending)
         for start in decision.starts:
             spec, gang, members, _, _ = prepared[start.gang]
@@ -1710,14 +1722,18 @@ class ClusterState:
 
     def _why_waits(self, spec: GangSpec, now: float) -> str:
         """Why a gang the queue did not start waits, for its filter's message: why the last pass left it
-        out, else the planner's reason on what is free now; kept per gang, spec and snapshot, so the
-        filters of its pods plan it once per change of what it is planned on at most."""
+        out or why the planner could not place it in that pass (its shape's reason where the pass did
+        not plan it again), else the planner's reason on what is free now, kept per gang and pass: the
+        filters of its pods never plan it more than once a pass."""
         skipped = self._skipped.get(spec.key)
         if skipped is not None:
             return skipped
-        snap = self.snapshot()
+        said = self._reasons.get(spec.key)
+        if said is not None:
+            return said
+        passes = self.queue_metrics.passes
         known = self._gang_reason.get(spec.key)
-        if known is not None and known[0] is snap and known[1] == spec and known[2] == self._inputs_gen:
+        if known is not None and known[0] == passes and known[1] == spec and known[2] == self._inputs_gen:
             return known[3]
         planned = self._plan_gang(spec, now)
         reason = (
@@ -1725,7 +1741,7 @@ class ClusterState:
             if isinstance(planned, str)
             else "the capacity it fits on is held for gangs before it in the queue"
         )
-        self._gang_reason[spec.key] = (snap, spec, self._inputs_gen, reason)
+        self._gang_reason[spec.key] = (passes, spec, self._inputs_gen, reason)
         return reason
 
     def _elsewhere(self, node: str, node_names: Sequence[str]) -> bool:
