@@ -8,7 +8,9 @@ FailedNodes, FailedAndUnresolvableNodes, Error}`` out; ``[{"Host", "Score"}]`` f
 ``ExtenderPreemptionResult{NodeNameToMetaVictims}`` out for preempt (victim sets kept only where they
 take whole gangs; none for a gang's pod, whose preemption is the queue's).
 
-The queue (``ClusterState.queue_tick``) also runs on its own every ``queue_interval_s``: what it
+The queue also runs on its own every ``queue_interval_s`` (its inputs taken under the state lock,
+``ClusterState.queue_begin``; the decision made outside it; the result committed under it,
+``queue_commit``, against the cluster's version): what it
 decides outside a request (node annotations ``gpuagent.dev/reserved-for``, evictions of whole gangs
 through the Eviction API, Events) is carried out through ``QueueCluster``. The health listener serves
 the queue's metrics at ``GET /metrics``.
@@ -335,10 +337,14 @@ class Extender:
     # -- the queue -----------------------------------------------------------------------------
     async def queue_once(self) -> QueueActions:
         """One tick of the queue (a pass when due) and what it decided carried out."""
-        passes = self.state.queue_metrics.passes
         started = time.perf_counter()
-        actions = await self._locked(self.state.queue_tick, self.clock(), self.wall(), quick=lambda: False)
-        if self.state.queue_metrics.passes != passes:  # passes on changes: a quarter of the time at most
+        job = await self._locked(self.state.queue_begin, self.clock(), self.wall(), quick=lambda: False)
+        if job is None:
+            actions = await self._locked(self.state.take_actions, quick=lambda: False)
+        else:  # the decision on the pass's immutable inputs, outside the lock: the verbs go on meanwhile
+            decision = await asyncio.to_thread(job.decide)
+            actions = await self._locked(self.state.queue_commit, job, decision, quick=lambda: False)
+            # passes on changes: a quarter of the time at most
             self.state.queue_min_gap_s = QUEUE_PASS_SHARE * (time.perf_counter() - started)
         await self.carry_out_queue(actions)
         return actions

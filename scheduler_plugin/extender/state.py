@@ -57,6 +57,7 @@ from scheduler_plugin.planner.objective import open_cost, price
 from scheduler_plugin.queue import (
     RESERVED_FOR,
     TIME_LIMIT,
+    Decision,
     PodFacts,
     Preemption,
     QueueConfig,
@@ -92,6 +93,7 @@ from scheduler_plugin.snapshot import (
     Gang,
     Infeasible,
     NodeState,
+    Plan,
     PlanResult,
     PodSlot,
     Role,
@@ -201,6 +203,40 @@ class BindDecision:
 
 
 @dataclass(frozen=True)
+class PassJob:
+    """A pass's inputs, taken under the lock (``ClusterState.queue_begin``): immutable, so ``decide``
+    runs on them outside it; the state commits the result against ``version``."""
+
+    version: int
+    now: float
+    wall: float
+    snapshot: ClusterSnapshot
+    running: dict[str, Running]
+    waiting: tuple[Waiting, ...]
+    before: Mapping[str, QueueReservation]
+    prepared: Mapping[
+        str, tuple[GangSpec, Gang, dict[str, PodSlot], frozenset[str], dict[str, dict[str, str]]]
+    ]
+    pending: Mapping[str, list[str]]
+    identity: Mapping[str, tuple[str, str | None]]
+    place: Callable[[ClusterSnapshot, Gang], PlanResult]
+    reasons: dict[str, str]  # filled by ``place`` as it plans
+    config: QueueConfig
+
+    def decide(self) -> Decision:
+        """The queue's decision on these inputs (pure but for the planner's own cache)."""
+        return decide(
+            self.wall,
+            self.snapshot,
+            self.running,
+            self.waiting,
+            self.before,
+            place=self.place,
+            config=self.config,
+        )
+
+
+@dataclass(frozen=True)
 class _DomainIndex:
     """The domain tiers, and per tier-1 (NVLink) domain: each node's, and each one's nodes."""
 
@@ -303,6 +339,7 @@ class ClusterState:
         # planner prepares it from the last one (``self._snapshots``)
         self._last_snapshot: ClusterSnapshot | None = None
         self._snapshots = SnapshotCache()
+        self._loop_snapshots = SnapshotCache()  # the queue loop's, planned on outside the lock
         self._last_event: dict[str, tuple[str, str]] = {}
         self._uids: dict[str, str] = {}  # pod key -> uid the scheduler gave at bind
         self._alloc: dict[str, int] = {}  # node -> allocatable GPUs, parsed once
@@ -839,10 +876,17 @@ class ClusterState:
         prepared: Mapping[
             str, tuple[GangSpec, Gang, dict[str, PodSlot], frozenset[str], dict[str, dict[str, str]]]
         ],
+        cache: SnapshotCache,
+        reasons: dict[str, str],
     ) -> Callable[[ClusterSnapshot, Gang], PlanResult]:
         """The planner as the queue calls it: each gang on the nodes its pods may use (others count as
-        full), roles with different nodeSelectors each on their own nodes."""
+        full), roles with different nodeSelectors each on their own nodes (their labels read now, so
+        the planner may run outside the lock); why each gang did not fit goes to ``reasons``."""
         zeros: dict[str, NodeState] = {}
+        selective = any(
+            len({tuple(sorted(sel.items())) for sel in p[4].values()}) > 1 for p in prepared.values()
+        )
+        labelled = dict(self.nodes) if selective else {}
 
         def place(snapshot: ClusterSnapshot, gang: Gang) -> PlanResult:
             _, _, _, allowed, by_role = prepared[gang.name]
@@ -859,10 +903,10 @@ class ClusterState:
                 snapshot = dataclasses.replace(snapshot, nodes=tuple(nodes))
             name = gang.name
             if len({tuple(sorted(sel.items())) for sel in by_role.values()}) > 1:
-                snapshot, gang = _per_role_selectors(snapshot, gang, by_role, self.nodes)
-            result = plan(snapshot, gang, cache=self._snapshots)
+                snapshot, gang = _per_role_selectors(snapshot, gang, by_role, labelled)
+            result = plan(snapshot, gang, cache=cache)
             if isinstance(result, Infeasible):  # why it waits, for its pods' filters (``_why_waits``)
-                self._reasons.setdefault(name, result.reason)  # the first: on the cluster as it is now
+                reasons.setdefault(name, result.reason)  # the first: on the cluster as it is now
             return result
 
         return place
@@ -877,15 +921,35 @@ class ClusterState:
 
     def queue_pass(self, now: float, wall: float) -> None:
         """One pass of the queue (module docstring) at ``wall`` (seconds since the epoch; ``now`` is the
-        clock of reservations and barriers). Gangs it starts get their plan as a reservation at once;
-        what a user should see (Events), and evictions, wait in ``take_actions``. A pass that would see
-        what the last one saw (the cluster's version unchanged) before any of its waits ends returns at
-        once: it would decide the same."""
+        clock of reservations and barriers), all of it under the caller's lock. Gangs it starts get
+        their plan as a reservation at once; what a user should see (Events), and evictions, wait in
+        ``take_actions``. A pass that would see what the last one saw (the cluster's version unchanged)
+        before any of its waits ends returns at once: it would decide the same."""
+        job = self._pass_inputs(now, wall, self._snapshots)
+        if job is not None:
+            self._pass_commit(job, job.decide())
+
+    def queue_begin(self, now: float, wall: float) -> PassJob | None:
+        """The queue loop's pass, first part, under the lock: the pass's inputs when one is due
+        (``queue_tick``'s rule), else None. ``PassJob.decide`` then runs outside the lock, on the
+        immutable inputs alone, and ``queue_commit`` takes its result under the lock again."""
+        if not self._pass_due(now, wall):
+            return None
+        return self._pass_inputs(now, wall, self._loop_snapshots)
+
+    def queue_commit(self, job: PassJob, decision: Decision) -> QueueActions:
+        """The queue loop's pass, last part, under the lock: ``decision`` made on ``job``'s inputs
+        becomes the queue's. Where the cluster changed meanwhile (its version), a start whose gang or
+        nodes changed is left out and the next tick passes again."""
+        self._pass_commit(job, decision)
+        return self.take_actions()
+
+    def _pass_inputs(self, now: float, wall: float, cache: SnapshotCache) -> PassJob | None:
         if not self.synced:  # a partial listing would misjudge the queue and the nodes' annotations
-            return
+            return None
         if self._passed_at == self._version and self._queue_rebuilt and wall < self._queue_wake:
             self._queue_dirty = False
-            return
+            return None
         self._queue_dirty = False
         self._queue_last = now
         self.queue_metrics.passes += 1
@@ -899,37 +963,57 @@ class ClusterState:
         for keys in pending.values():
             keys.sort()
         prepared, waiting = self._waiting(pending, wall)
-        self._reasons = {}
-        running_now, declared, keys_of = self._running_work(wall, {w.name for w in waiting})
-        place = self._queue_place(prepared)
+        running_now, _, _ = self._running_work(wall, {w.name for w in waiting})
+        reasons: dict[str, str] = {}
+        place = self._queue_place(prepared, cache, reasons)
         if not self._queue_rebuilt:  # after a restart: what the nodes say is held
             reserved_for = {n: v.split(",")[0] for n, v in self._annotated.items() if isinstance(v, str)}
             rebuilt = rebuild(wall, snapshot, self._all_facts(wall), waiting, reserved_for, place=place)
             self._queue_rebuilt = True
             self.queue_reservations = dict(rebuilt.reservations)
-        before = dict(self.queue_reservations)
         top = max((w.priority for w in waiting), default=None)  # only work below it may be a victim
         candidates = {n for n, r in running_now.items() if top is not None and r.priority < top}
-        by_gang, identity, exempt = self._victims(wall, candidates)
-        running = self._judged(running_now, wall, identity, exempt)
-        decision = decide(wall, snapshot, running, waiting, before, place=place, config=self.queue_config)
+        _, identity, exempt = self._victims(wall, candidates)
+        return PassJob(
+            version=self._version,
+            now=now,
+            wall=wall,
+            snapshot=snapshot,
+            running=self._judged(running_now, wall, identity, exempt),
+            waiting=tuple(waiting),
+            before=dict(self.queue_reservations),
+            prepared=prepared,
+            pending=pending,
+            identity=identity,
+            place=place,
+            reasons=reasons,
+            config=self.queue_config,
+        )
+
+    def _pass_commit(self, job: PassJob, decision: Decision) -> None:
+        now, wall, waiting = job.now, job.wall, job.waiting
+        moved = job.version != self._version  # the cluster changed while the pass decided
+        pending = {g: [k for k in keys if k in self.pods] for g, keys in job.pending.items()}
+        starts = [st for st in decision.starts if not moved or self._still_startable(job, st.gang, st.plan)]
         self.queue_reservations = dict(decision.reservations)
-        self._queue_running = running
+        self._queue_running = job.running
+        self._reasons = dict(job.reasons)
+        _, declared, keys_of = self._running_work(wall, {w.name for w in waiting})
         self._queue_wake = min(
             decision.wake_s,
             min(self._blocked.values(), default=math.inf),
             self._enforce_limits(declared, keys_of, now, wall),
             min((r.start_s for r in self.queue_reservations.values()), default=math.inf),
         )
-        started = {st.gang for st in decision.starts}
+        started = {st.gang for st in starts}
         self._queue_waiting = [w.name for w in order(waiting) if w.name not in started]
         shapes = {same_shape(w.gang): self._reasons[w.name] for w in waiting if w.name in self._reasons}
         for w in waiting:  # a shape that failed is not planned again in a pass: its reason holds
             if w.name not in self._reasons and same_shape(w.gang) in shapes:
                 self._reasons[w.name] = shapes[same_shape(w.gang)]
         self._say_never_fits(decision.never_fits, pending)
-        for start in decision.starts:
-            spec, gang, members, _, _ = prepared[start.gang]
+        for start in starts:
+            spec, gang, members, _, _ = job.prepared[start.gang]
             res = self._reservation_from(spec, gang, members, start.plan.placement, now)
             self.reservations[start.gang] = res
             self._excluded.pop(start.gang, None)
@@ -938,21 +1022,39 @@ class ClusterState:
             for k in pending.get(start.gang, ()):
                 if self._refused.pop(k, None) == start.gang:  # waits among kube-scheduler's unschedulable
                     self._pending_nudges[k] = planned
-        self._say_reserved(before, pending)
+        self._say_reserved(job.before, pending)
         self._preempt(
             decision.preemptions,
             waiting=waiting,
-            running=running,
-            by_gang=by_gang,
-            identity=identity,
+            running=job.running,
+            by_gang=self._running_members,
+            identity=job.identity,
             pending=pending,
             now=now,
             wall=wall,
         )
+        if len(starts) < len(decision.starts):  # left out: decided again on what the cluster is now
+            self._queue_dirty = True
         self._version += 1  # what this pass started and held: filters read it
         # a preemption a budget refused asks for another pass at once (``_over_budget``)
         self._passed_at = None if self._queue_dirty else self._version
         self._gang_reason = {g: v for g, v in self._gang_reason.items() if g in pending}
+
+    def _still_startable(self, job: PassJob, gang: str, plan_: Plan) -> bool:
+        """Whether a start decided on ``job``'s inputs still holds now: its gang still waits with the
+        same spec, nothing else holds it, and every node of its plan still has the GPUs."""
+        spec = job.prepared[gang][0]
+        found = self._info.get(next(iter(sorted(spec.members)), ""), None)
+        if found is None or found.gang is None or self._specs.get(found.gang) is not spec:
+            return False
+        if gang in self.reservations:
+            return False
+        roles = {r.name: r.gpus_per_pod for r in job.prepared[gang][1].roles}
+        need: dict[str, int] = {}
+        for slot, node in plan_.placement.items():
+            need[node] = need.get(node, 0) + roles.get(slot.role, 0)
+        held = self.held_gpus()
+        return all(self.free_gpus(n, held=held) >= g for n, g in need.items())
 
     def _running_work(
         self, wall: float, waiting: Collection[str]
@@ -1400,14 +1502,17 @@ class ClusterState:
     def queue_tick(self, now: float, wall: float) -> QueueActions:
         """The periodic side of the queue: run a pass when the cluster changed or a wait ended, then
         hand over what to carry out (``take_actions``)."""
+        if self._pass_due(now, wall):
+            self.queue_pass(now, wall)  # a reservation whose start came is judged again
+        return self.take_actions()
+
+    def _pass_due(self, now: float, wall: float) -> bool:
         due = min((r.start_s for r in self.queue_reservations.values()), default=math.inf)
         changed = self._queue_dirty and now - self._queue_last >= self.queue_min_gap_s
         if changed and self._queue_rebuilt and self._queue_idle():
             self._queue_dirty = False  # the cluster changed, but no gang waits: a pass decides nothing
             changed = False
-        if changed or wall >= min(self._queue_wake, due) or not self._queue_rebuilt:
-            self.queue_pass(now, wall)  # a reservation whose start came is judged again
-        return self.take_actions()
+        return changed or wall >= min(self._queue_wake, due) or not self._queue_rebuilt
 
     def take_actions(self) -> QueueActions:
         """What the queue's passes decided that the caller carries out: Events, the node annotations

@@ -169,3 +169,29 @@ def test_filter_and_prioritize_kept_up_to_date_by_events_answer_as_a_fresh_state
             got, want = s.filter(p, NODES, 1.0, T0), fresh.filter(p, NODES, 1.0, T0)
             assert (got.passed, got.failed) == (want.passed, want.failed), step
             assert s.prioritize(p, NODES, 1.0) == fresh.prioritize(p, NODES, 1.0), step
+
+
+def test_a_decision_made_outside_the_lock_is_committed_against_what_changed_meanwhile() -> None:
+    """The queue loop decides on the inputs it took under the lock; a start whose nodes were taken
+    while it decided is left out and the next tick decides again on what the cluster is now."""
+    s = make_state([gang_pod(f"g-{i}", i) for i in range(4)])
+    job = s.queue_begin(1.0, T0)
+    assert job is not None
+    decision = job.decide()
+    assert [st.gang for st in decision.starts] == ["default/g"]
+    taken = sorted(set(decision.starts[0].plan.placement.values()))[0]
+    s.apply("pods", "ADDED", pod("late", 4, node_name=taken))  # bound by another scheduler meanwhile
+    s.queue_commit(job, decision)
+    assert "default/g" not in s.reservations
+    s.queue_tick(2.0, T0 + 1)
+    assert taken not in s.reservations["default/g"].nodes.values()
+
+
+def test_a_decision_on_inputs_nothing_changed_is_committed_as_made() -> None:
+    s = make_state([gang_pod(f"g-{i}", i) for i in range(4)])
+    job = s.queue_begin(1.0, T0)
+    assert job is not None
+    decision = job.decide()
+    s.queue_commit(job, decision)
+    assert dict(s.reservations["default/g"].nodes) == dict(decision.starts[0].plan.placement)
+    assert s.queue_begin(1.5, T0 + 0.5) is None  # nothing changed since: no pass due
