@@ -351,7 +351,9 @@ class Extender:
 
     async def run_queue(self, stop: asyncio.Event, interval_s: float = 1.0) -> None:
         """Tick the queue every ``interval_s`` until ``stop``, once the informers are synced (a restart
-        rebuilds the reservations from what they list)."""
+        rebuilds the reservations from what they list). While it runs, filters leave the cluster's
+        changes to it (``ClusterState.queue_due``)."""
+        self.state.queue_loop = True
         while not stop.is_set():
             self._note_synced()
             if self.state.synced:

@@ -362,6 +362,7 @@ class ClusterState:
         # the least time between passes the cluster's changes alone start: the caller sets it from how
         # long a pass takes (a pass holds the state lock), so passes never crowd out the verbs
         self.queue_min_gap_s = 0.0
+        self.queue_loop = False  # a queue loop passes on the cluster's changes (``queue_due``)
         self._queue_rebuilt = False
         self._queue_dirty = True
         self._queue_last = -math.inf
@@ -914,9 +915,15 @@ class ClusterState:
     def queue_due(self, gang: str, now: float) -> bool:
         """Whether a filter of ``gang``'s pod should run the queue again: a gang the last pass did not
         see (nor left out, with the reason, ``_skipped``), or the cluster changed and the last pass is
-        ``QUEUE_RETRY_S`` old."""
-        return (gang not in self._queue_waiting and gang not in self._skipped) or (
-            self._queue_dirty and now - self._queue_last >= max(QUEUE_RETRY_S, self.queue_min_gap_s)
+        ``QUEUE_RETRY_S`` old. While a queue loop runs (``queue_loop``, set by the extender's
+        ``run_queue``), changes are its to pass on: a filter of a gang already in the queue answers from
+        the last pass and never waits for a pass (its pods are nudged when the loop starts the gang)."""
+        if gang not in self._queue_waiting and gang not in self._skipped:
+            return True
+        return (
+            not self.queue_loop
+            and self._queue_dirty
+            and now - self._queue_last >= max(QUEUE_RETRY_S, self.queue_min_gap_s)
         )
 
     def queue_pass(self, now: float, wall: float) -> None:

@@ -195,3 +195,17 @@ def test_a_decision_on_inputs_nothing_changed_is_committed_as_made() -> None:
     s.queue_commit(job, decision)
     assert dict(s.reservations["default/g"].nodes) == dict(decision.starts[0].plan.placement)
     assert s.queue_begin(1.5, T0 + 0.5) is None  # nothing changed since: no pass due
+
+
+def test_while_a_queue_loop_runs_a_filter_answers_from_the_last_pass_and_the_loop_starts_the_gang() -> None:
+    s = make_state([*busy(), pod("full", 2, node_name="r0-t0"), *(gang_pod(f"g-{i}", i) for i in range(4))])
+    s.queue_loop = True
+    assert not s.filter(s.pods["default/g-0"], NODES, 1.0, T0).passed  # a new gang: its own pass
+    passes = s.queue_metrics.passes
+    for p in [p for p in s.pods.values() if str(p["spec"].get("nodeName")).startswith("r0-")]:
+        s.apply("pods", "DELETED", p)  # rack 0 frees
+    assert not s.filter(s.pods["default/g-1"], NODES, 5.0, T0 + 4).passed  # no pass in a filter
+    assert s.queue_metrics.passes == passes
+    actions = s.queue_tick(6.0, T0 + 5)
+    assert "default/g" in s.reservations
+    assert sorted(p["metadata"]["name"] for p, _ in actions.nudges) == ["g-0", "g-1"]
