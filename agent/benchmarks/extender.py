@@ -141,7 +141,7 @@ class _NoApi:
 
 class StateAdapter:
     """Every call the harness makes into the extender's state and verbs, as the composition root
-    (``agent/commands/extender.py``) and the HTTP layer (``scheduler_plugin/extender.py``) make them.
+    (``agent/commands/extender.py``) and the HTTP layer (``scheduler_plugin/extender/http.py``) make them.
     The one place to change when the state's API changes."""
 
     def __init__(self, *, on_annotate: Callable[[str, str | None], None]) -> None:
