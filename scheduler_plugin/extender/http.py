@@ -174,7 +174,8 @@ def _node_names(args: Mapping[str, Any]) -> tuple[list[str], list[dict[str, Any]
     """Candidate node names, and the Node objects when the scheduler sent full ones."""
     names = args.get("NodeNames")
     if names is not None:
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        # every entry a str, checked at C speed (10,000 names per call)
+        if not isinstance(names, list) or not set(map(type, names)) <= {str}:
             raise BadRequestError("NodeNames: expected a list of strings")
         return list(names), None
     nodes = args.get("Nodes")
@@ -282,7 +283,9 @@ class Extender:
             "Error": out.error,
         }
         if objs is None:
-            result["NodeNames"] = [n for n in names if n in passed]
+            result["NodeNames"] = (
+                out.passed if len(passed) == len(out.passed) else [n for n in names if n in passed]
+            )
         else:
             result["Nodes"] = {
                 "items": [o for o, n in zip(objs, names, strict=True) if n in passed],
