@@ -1015,9 +1015,19 @@ class ClusterState:
         started = {st.gang for st in starts}
         self._queue_waiting = [w.name for w in order(waiting) if w.name not in started]
         shapes = {same_shape(w.gang): self._reasons[w.name] for w in waiting if w.name in self._reasons}
+        free_in: dict[frozenset[str], int] = {}  # free GPUs per admitted node set (a few distinct sets)
         for w in waiting:  # a shape that failed is not planned again in a pass: its reason holds
             if w.name not in self._reasons and same_shape(w.gang) in shapes:
                 self._reasons[w.name] = shapes[same_shape(w.gang)]
+            elif w.name not in self._reasons and w.name not in started:  # not planned: too little room
+                allowed = job.prepared[w.name][3]
+                if allowed not in free_in:
+                    free_in[allowed] = sum(
+                        n.free for n in job.snapshot.nodes if n.schedulable and n.name in allowed
+                    )
+                self._reasons[w.name] = (
+                    f"{w.gpus} GPU(s) needed; the nodes its pods may use have {free_in[allowed]} free now"
+                )
         self._say_never_fits(decision.never_fits, pending)
         for start in starts:
             spec, gang, members, _, _ = job.prepared[start.gang]
