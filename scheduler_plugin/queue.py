@@ -389,13 +389,19 @@ class _Cluster:
         for i, f in free.items():
             n = nodes[i]
             if n.free != f:
-                nodes[i] = replace(n, free=f)
+                nodes[i] = _node_with(n, f, n.free_resources)
         for i, back in (freed or {}).items():
             n = nodes[i]
             rest = {r: min(n.resources.get(r, v), v + back.get(r, 0)) for r, v in n.free_resources.items()}
             if rest != n.free_resources:
-                nodes[i] = replace(n, free_resources=rest)
+                nodes[i] = _node_with(n, n.free, rest)
         return ClusterSnapshot(tiers=self.tiers, nodes=tuple(nodes))
+
+
+def _node_with(n: NodeState, free: int, free_resources: Mapping[str, int]) -> NodeState:
+    """``n`` with other free GPUs and resources: ``dataclasses.replace`` without its field walk (a pass
+    makes tens of thousands of these for the futures a reservation is planned on)."""
+    return NodeState(n.name, n.gpus, free, n.domains, n.resources, free_resources, n.schedulable, n.degraded)
 
 
 def held_back_gpus(capacity: int, busy_then: int, claim: int, *, free: int | None = None) -> int:
@@ -520,6 +526,8 @@ def _reserve(  # noqa: PLR0917 -- private helper, called in two places
     def net(i: int, f: int) -> int:
         return max(0, f - held_by_others.get(i, 0))
 
+    # the nodes whose free GPUs differ from the pass's before any work ends (not usable, held by others)
+    now_free = {i: f for i, f in ((i, net(i, b)) for i, b in enumerate(base)) if f != cl.nodes[i].free}
     points: list[tuple[float, int]] = []  # (time, running gangs ended by then, in ``ends`` order)
     free = list(base)
     total = sum(net(i, f) for i, f in enumerate(free))
@@ -543,20 +551,22 @@ def _reserve(  # noqa: PLR0917 -- private helper, called in two places
     def future(upto: int) -> ClusterSnapshot:
         """The cluster once the first ``upto`` of ``ends`` ended: their GPUs and every other resource
         they hold (CPU, memory) free again."""
-        fr = list(base)
+        fr: dict[int, int] = {}  # the nodes whose GPUs the ended work gives back (the rest: ``base``)
         back: dict[int, dict[str, int]] = {}
         for _, _, r in ends[:upto]:
             for node, g in r.claims.items():
                 i = cl.index.get(node)
                 if i is not None and usable(i):
-                    fr[i] = min(cl.nodes[i].gpus, fr[i] + g)
+                    fr[i] = min(cl.nodes[i].gpus, fr.get(i, base[i]) + g)
             for node, u in r.uses.items():
                 i = cl.index.get(node)
                 if i is not None and usable(i):
                     acc = back.setdefault(i, {})
                     for k, v in u.items():
                         acc[k] = acc.get(k, 0) + v
-        return cl.with_free({i: net(i, f) for i, f in enumerate(fr)}, freed=back)
+        free = dict(now_free)
+        free.update({i: net(i, f) for i, f in fr.items()})
+        return cl.with_free(free, freed=back)
 
     lo, hi = 0, len(points)
     found: tuple[float, ClusterSnapshot, Plan] | None = None
