@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from scheduler_plugin.snapshot import ClusterSnapshot, NodeState
+from topology.model import GPU_RESOURCE
 
-GPU = "nvidia.com/gpu"
+GPU = GPU_RESOURCE
 CPU = "cpu"
 MEMORY = "memory"
 TRACKED = (CPU, MEMORY)
@@ -222,6 +224,43 @@ def hypernode_domains(
     return tuple(_tier_name(t, tier_names) for t in numbers), domains
 
 
+def base_state(node: Mapping[str, Any], domains: Mapping[str, str]) -> NodeState:
+    """A Node object as the planner sees it with nothing used: allocatable GPUs, CPU and memory (a value
+    that is no quantity counts as none), its ``domains``, whether it is schedulable, whether its fabric
+    is degraded."""
+    alloc = get_in(node, "status", "allocatable") or {}
+    res_alloc: dict[str, int] = {}
+    for r in (GPU, *TRACKED):
+        if r in alloc:
+            try:
+                res_alloc[r] = _amount(r, alloc[r])
+            except ValueError:
+                res_alloc[r] = 0
+    gpus = res_alloc.pop(GPU, 0)
+    labels = get_in(node, "metadata", "labels") or {}
+    return NodeState(
+        name=str(get_in(node, "metadata", "name")),
+        gpus=gpus,
+        free=gpus,
+        domains=dict(domains),
+        resources=res_alloc,
+        free_resources=res_alloc,
+        schedulable=node_schedulable(node),
+        degraded=labels.get(LABEL_FABRIC_HEALTH) == "degraded",
+    )
+
+
+def node_state(base: NodeState, used: Mapping[str, int], held: Mapping[str, int] | None = None) -> NodeState:
+    """``base`` (a node with nothing used) less what bound pods ``used`` and gangs ``held`` there: the
+    one free-resources formula of a node (never below zero)."""
+    held = held or {}
+    gpus = used.get(GPU, 0) + held.get(GPU, 0)
+    free_resources = {r: max(0, v - used.get(r, 0) - held.get(r, 0)) for r, v in base.resources.items()}
+    if not gpus and free_resources == base.free_resources and base.free == base.gpus:
+        return base
+    return replace(base, free=max(0, base.gpus - gpus), free_resources=free_resources)
+
+
 def snapshot_from_objects(
     nodes: Iterable[Mapping[str, Any]],
     pods: Iterable[Mapping[str, Any]],
@@ -274,26 +313,7 @@ def snapshot_from_objects(
     states: list[NodeState] = []
     for node in node_list:
         name = str(get_in(node, "metadata", "name"))
-        alloc = get_in(node, "status", "allocatable") or {}
-        res_alloc: dict[str, int] = {}
-        for r in (GPU, *TRACKED):
-            if r in alloc:
-                try:
-                    res_alloc[r] = _amount(r, alloc[r])
-                except ValueError:
-                    res_alloc[r] = 0
-        gpus = res_alloc.pop(GPU, 0)
-        u = used.get(name, {})
-        state = NodeState(
-            name=name,
-            gpus=gpus,
-            free=max(0, gpus - u.get(GPU, 0)),
-            domains=hn_domains.get(name, {}),
-            resources=res_alloc,
-            free_resources={r: max(0, v - u.get(r, 0)) for r, v in res_alloc.items()},
-            schedulable=node_schedulable(node),
-            degraded=labels[name].get(LABEL_FABRIC_HEALTH) == "degraded",
-        )
+        state = node_state(base_state(node, hn_domains.get(name, {})), used.get(name, {}))
         old = before.get(name)
         states.append(old if old is not None and old == state else state)
     return ClusterSnapshot(tiers=tuple(tier_list), nodes=tuple(sorted(states, key=lambda s: s.name)))

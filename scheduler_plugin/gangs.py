@@ -516,6 +516,43 @@ def _network_topology(nt: Any, tiers: Sequence[str], where: str) -> tuple[str | 
     return None, mode == "soft"
 
 
+def _keyed_members(  # noqa: PLR0917 -- private helper of ``gang_from_podgroup``, called once
+    chosen: Sequence[Mapping[str, Any]],
+    keys: Sequence[str],
+    size: int,
+    name: str,
+    pwhere: str,
+    members: dict[str, PodSlot],
+) -> int:
+    """A subGroupPolicy with ``matchLabelKeys``: one subgroup of ``size`` places per distinct value of
+    ``keys`` (numbers in numeric order), each pod's place entered in ``members``; returns the pods the
+    role has places for."""
+    instances: dict[tuple[str, ...], list[Mapping[str, Any]]] = {}
+    for pod in chosen:
+        labels = _labels(pod)
+        values = tuple(labels.get(k) for k in keys)
+        if not all(isinstance(v, str) for v in values):
+            raise GangError(f"{pwhere}.matchLabelKeys: pod {pod_key(pod)} lacks label(s) {', '.join(keys)}")
+        instances.setdefault(values, []).append(pod)  # type: ignore[arg-type]
+    order = sorted(
+        instances,
+        key=lambda vs: tuple((0, int(v)) if _digits(v) and len(v) <= 20 else (1, v) for v in vs),
+    )
+    count = len(order) * size
+    if count > MAX_GANG_PODS:
+        raise _over(f"{pwhere}.subGroupSize", f"{len(order)} subgroup(s) x {size} = {count} pods")
+    for n, values in enumerate(order):
+        inst = instances[values]
+        if len(inst) > size:
+            raise GangError(
+                f"{pwhere}: subgroup {dict(zip(keys, values, strict=True))} has {len(inst)} pods, "
+                f"more than subGroupSize {size}"
+            )
+        for idx, pod in _order(inst, size, f"{pwhere} subgroup {n}"):
+            members[pod_key(pod)] = PodSlot(name, n * size + idx)
+    return count
+
+
 def gang_from_podgroup(
     podgroup: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], tiers: Sequence[str]
 ) -> GangSpec:
@@ -572,31 +609,7 @@ def gang_from_podgroup(
         if not chosen:
             continue
         if keys:
-            instances: dict[tuple[str, ...], list[Mapping[str, Any]]] = {}
-            for pod in chosen:
-                labels = _labels(pod)
-                values = tuple(labels.get(k) for k in keys)
-                if not all(isinstance(v, str) for v in values):
-                    raise GangError(
-                        f"{pwhere}.matchLabelKeys: pod {pod_key(pod)} lacks label(s) {', '.join(keys)}"
-                    )
-                instances.setdefault(values, []).append(pod)  # type: ignore[arg-type]
-            order = sorted(
-                instances,
-                key=lambda vs: tuple((0, int(v)) if _digits(v) and len(v) <= 20 else (1, v) for v in vs),
-            )
-            count = len(order) * size
-            if count > MAX_GANG_PODS:
-                raise _over(f"{pwhere}.subGroupSize", f"{len(order)} subgroup(s) x {size} = {count} pods")
-            for n, values in enumerate(order):
-                inst = instances[values]
-                if len(inst) > size:
-                    raise GangError(
-                        f"{pwhere}: subgroup {dict(zip(keys, values, strict=True))} has {len(inst)} pods, "
-                        f"more than subGroupSize {size}"
-                    )
-                for idx, pod in _order(inst, size, f"{pwhere} subgroup {n}"):
-                    members[pod_key(pod)] = PodSlot(name, n * size + idx)
+            count = _keyed_members(chosen, keys, size, name, pwhere, members)
         else:
             count = max(len(chosen), size)
             for idx, pod in _order(chosen, count, pwhere):

@@ -443,13 +443,28 @@ class _Cluster:
         for i, f in free.items():
             n = nodes[i]
             if n.free != f:
-                nodes[i] = replace(n, free=f)
+                nodes[i] = _node_with(n, f, n.free_resources)
         for i, back in (freed or {}).items():
             n = nodes[i]
             rest = {r: min(n.resources.get(r, v), v + back.get(r, 0)) for r, v in n.free_resources.items()}
             if rest != n.free_resources:
-                nodes[i] = replace(n, free_resources=rest)
+                nodes[i] = _node_with(n, n.free, rest)
         return ClusterSnapshot(tiers=self.tiers, nodes=tuple(nodes))
+
+
+def _node_with(n: NodeState, free: int, free_resources: Mapping[str, int]) -> NodeState:
+    """``n`` with other free GPUs and resources: ``dataclasses.replace`` without its field walk (a pass
+    makes tens of thousands of these for the futures a reservation is planned on)."""
+    return NodeState(n.name, n.gpus, free, n.domains, n.resources, free_resources, n.schedulable, n.degraded)
+
+
+def held_back_gpus(capacity: int, busy_then: int, claim: int, *, free: int | None = None) -> int:
+    """The backfill rule, the one place it is written (the queue, the extender's filter and preempt
+    verbs, and the placement simulator read it): on a node reserved for a gang starting at ``t``, work
+    that may still run at ``t`` may use what is free now (``free``; None: no bound) but no more than
+    what is left at ``t`` beyond the ``claim`` and the running work still there then (``busy_then``)."""
+    left = capacity - busy_then - claim
+    return max(0, left if free is None else min(free, left))
 
 
 def _held_back(cl: _Cluster, resvs: Sequence[Reservation]) -> ClusterSnapshot:
@@ -469,7 +484,7 @@ def _held_back(cl: _Cluster, resvs: Sequence[Reservation]) -> ClusterSnapshot:
         if i is None:
             continue
         n = cl.nodes[i]
-        free[i] = max(0, min(cl.free(i), n.gpus - cl.busy_at(node, first[node]) - g))
+        free[i] = held_back_gpus(n.gpus, cl.busy_at(node, first[node]), g, free=cl.free(i))
     return cl.with_free(free)
 
 
@@ -565,6 +580,8 @@ def _reserve(  # noqa: PLR0917 -- private helper, called in two places
     def net(i: int, f: int) -> int:
         return max(0, f - held_by_others.get(i, 0))
 
+    # the nodes whose free GPUs differ from the pass's before any work ends (not usable, held by others)
+    now_free = {i: f for i, f in ((i, net(i, b)) for i, b in enumerate(base)) if f != cl.nodes[i].free}
     points: list[tuple[float, int]] = []  # (time, running gangs ended by then, in ``ends`` order)
     free = list(base)
     total = sum(net(i, f) for i, f in enumerate(free))
@@ -588,20 +605,22 @@ def _reserve(  # noqa: PLR0917 -- private helper, called in two places
     def future(upto: int) -> ClusterSnapshot:
         """The cluster once the first ``upto`` of ``ends`` ended: their GPUs and every other resource
         they hold (CPU, memory) free again."""
-        fr = list(base)
+        fr: dict[int, int] = {}  # the nodes whose GPUs the ended work gives back (the rest: ``base``)
         back: dict[int, dict[str, int]] = {}
         for _, _, r in ends[:upto]:
             for node, g in r.claims.items():
                 i = cl.index.get(node)
                 if i is not None and usable(i):
-                    fr[i] = min(cl.nodes[i].gpus, fr[i] + g)
+                    fr[i] = min(cl.nodes[i].gpus, fr.get(i, base[i]) + g)
             for node, u in r.uses.items():
                 i = cl.index.get(node)
                 if i is not None and usable(i):
                     acc = back.setdefault(i, {})
                     for k, v in u.items():
                         acc[k] = acc.get(k, 0) + v
-        return cl.with_free({i: net(i, f) for i, f in enumerate(fr)}, freed=back)
+        free = dict(now_free)
+        free.update({i: net(i, f) for i, f in fr.items()})
+        return cl.with_free(free, freed=back)
 
     lo, hi = 0, len(points)
     found: tuple[float, ClusterSnapshot, Plan] | None = None
@@ -617,6 +636,22 @@ def _reserve(  # noqa: PLR0917 -- private helper, called in two places
     if found is None:
         return None
     at, snap, first_plan = found
+    idle, dom, chosen = _least_idle(w, cl, snap, first_plan, at, now, place)
+    claims = _claims(w.gang, chosen.placement)
+    waits = {
+        r.name: r.ends_s
+        for r in cl.running.values()
+        if now < r.ends_s <= at and any(n in claims for n in r.claims)
+    }
+    return Reservation(w.name, at, claims, dom, waits, idle)
+
+
+def _least_idle(  # noqa: PLR0917 -- private helper of ``_reserve``, called once
+    w: Waiting, cl: _Cluster, snap: ClusterSnapshot, first_plan: Plan, at: float, now: float, place: Place
+) -> tuple[float, str | None, Plan]:
+    """Of the domains of the gang's scope tier that can hold it at ``at``, the plan whose hold keeps
+    the least capacity idle until then (ties: the first plan's domain, then by name); the first plan
+    without a scope tier. Returns (idle GPU-seconds, domain, plan)."""
     tier = scope_tier(cl.snapshot, w.gang)
     candidates: list[tuple[float, int, str | None, Plan]] = []
     first_domain: str | None = None
@@ -624,7 +659,7 @@ def _reserve(  # noqa: PLR0917 -- private helper, called in two places
         first_domain = _domain_of(cl, first_plan, tier)
         zeros: dict[int, NodeState] = {}
         for name, members in _domains(cl, tier).items():
-            if sum(snap.nodes[i].free for i in members) < need:
+            if sum(snap.nodes[i].free for i in members) < w.gpus:
                 continue
             if name == first_domain:
                 res: PlanResult = first_plan
@@ -636,16 +671,8 @@ def _reserve(  # noqa: PLR0917 -- private helper, called in two places
             candidates.append((idle, 0 if name == first_domain else 1, name, res))
     if candidates:
         idle, _, dom, chosen = min(candidates, key=lambda c: (c[0], c[1], c[2] or ""))
-    else:
-        dom, chosen = first_domain, first_plan
-        idle = _held_idle(cl, w.gang, chosen, at, now)
-    claims = _claims(w.gang, chosen.placement)
-    waits = {
-        r.name: r.ends_s
-        for r in cl.running.values()
-        if now < r.ends_s <= at and any(n in claims for n in r.claims)
-    }
-    return Reservation(w.name, at, claims, dom, waits, idle)
+        return idle, dom, chosen
+    return _held_idle(cl, w.gang, first_plan, at, now), first_domain, first_plan
 
 
 def _domain_of(cl: _Cluster, p: Plan, tier: str) -> str | None:
@@ -855,7 +882,9 @@ def _reserve_age(w: Waiting, config: QueueConfig) -> float:
     return max(config.reserve_after_s, k * w.limit_s)
 
 
-def _shape(g: Gang) -> tuple[object, ...]:
+def same_shape(g: Gang) -> tuple[object, ...]:
+    """The same-shape key: gangs with equal keys place alike on one snapshot (a shape that failed
+    fails again within a pass, in the queue and in the simulator)."""
     return (
         g.tier,
         g.soft,
@@ -922,7 +951,7 @@ def decide(
                 snap = _held_back(cl, [held[n] for n in blocking])
                 views[blocking] = (snap, sum(n.free for n in snap.nodes if n.schedulable))
             view, room = views[blocking]
-            shape = _shape(w.gang)
+            shape = same_shape(w.gang)
             fkey = (shape, blocking)
             if room >= w.gpus and fkey not in failed:
                 hole = (

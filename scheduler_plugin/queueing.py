@@ -43,6 +43,7 @@ from scheduler_plugin.queue import (
     QueueError,
     Reservation,
     Running,
+    held_back_gpus,
     time_limit,
 )
 
@@ -344,7 +345,9 @@ def held_back_caps(
             if node in claims:
                 busy.setdefault(node, []).append((run.ends_s, g))
     return {
-        node: allocatable.get(node, 0) - sum(g for e, g in busy.get(node, ()) if e > first[node]) - g
+        node: held_back_gpus(
+            allocatable.get(node, 0), sum(g for e, g in busy.get(node, ()) if e > first[node]), g
+        )
         for node, g in claims.items()
     }
 

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 SCHEMA_VERSION = "v1"
+# the extended resource of a whole GPU (kubelet device plugin, scheduler requests): written here only
+GPU_RESOURCE = "nvidia.com/gpu"
 
 TIERS: tuple[str, ...] = ("nvlink", "leaf", "spine", "core")
 """Tier names in order: index 0 is tier 1."""

@@ -51,13 +51,13 @@ from typing import Any, cast
 
 from agent.benchmarks.machine import machine_summary, percentile
 from agent.benchmarks.topology import synthetic_input, tray_inventory
-from scheduler_plugin.extender import Extender
+from scheduler_plugin.extender import SCHEDULER_NAME, ClusterState, Extender
 from scheduler_plugin.queue import RESERVED_FOR, QueueConfig
-from scheduler_plugin.state import SCHEDULER_NAME, ClusterState
 from topology.builder import TopologyInput, build_tree, desired_objects
 from topology.labels import node_labels
+from topology.model import GPU_RESOURCE
 
-GPU = "nvidia.com/gpu"
+GPU = GPU_RESOURCE
 GPUS_PER_TRAY = 4
 TRAYS_PER_RACK = 18
 GANG_PODS = 18  # a waiting gang: 18 pods x 4 GPUs = 72 GPUs, one NVL72 rack
@@ -141,7 +141,7 @@ class _NoApi:
 
 class StateAdapter:
     """Every call the harness makes into the extender's state and verbs, as the composition root
-    (``agent/commands/extender.py``) and the HTTP layer (``scheduler_plugin/extender.py``) make them.
+    (``agent/commands/extender.py``) and the HTTP layer (``scheduler_plugin/extender/http.py``) make them.
     The one place to change when the state's API changes."""
 
     def __init__(self, *, on_annotate: Callable[[str, str | None], None]) -> None:
@@ -501,6 +501,12 @@ class Feeder:
         if roll < 0.75:
             self._apply("nodes", "MODIFIED", self.node(rng.choice(c.node_names())))
             return "node_heartbeat"
+        self.replace_pod()
+        return "pod_replaced"
+
+    def replace_pod(self) -> None:
+        """A pod on its own ends and another takes its GPUs: a change every decision sees."""
+        c, rng = self.cluster, self.rng
         i = rng.randrange(len(c.running))
         old = c.running[i]
         c.serial += 1
@@ -510,7 +516,6 @@ class Feeder:
         c.running[i] = new
         self._apply("pods", "DELETED", pod_object(old, version=self.version))
         self._apply("pods", "ADDED", pod_object(new, version=self.version))
-        return "pod_replaced"
 
     def annotate(self, node: str, value: str | None) -> None:
         """The extender patched a node's reservation annotation: the informer brings the node back."""
@@ -675,7 +680,8 @@ def measure(
         settle(wanted)
     changed_passes = 0
     for _ in range(repeat):
-        feeder.one()
+        feeder.version += 1
+        feeder.replace_pod()  # a change the state sees (a heartbeat, say, is none and starts no pass)
         before = adapter.passes()
         t, wanted = _timed(adapter.tick)
         after_change.append(t)

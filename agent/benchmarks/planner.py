@@ -134,8 +134,11 @@ def bench_1000(runs: int) -> None:
 
 
 def bench_extender(requests: int, clients: int, nodes: int) -> None:
-    from scheduler_plugin.extender import Extender, ExtenderServer  # noqa: PLC0415 - only this part needs it
-    from scheduler_plugin.state import ClusterState  # noqa: PLC0415
+    from scheduler_plugin.extender import (  # noqa: PLC0415 - only this part needs it
+        ClusterState,
+        Extender,
+        ExtenderServer,
+    )
 
     class NoCluster:
         async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:

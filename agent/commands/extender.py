@@ -46,23 +46,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scheduler_plugin.extender import Extender, ExtenderServer, ServerLimits, server_tls_context
+from scheduler_plugin.extender import (
+    GANG_PLANNED,
+    SCHEDULER_NAME,
+    ClusterState,
+    Extender,
+    ExtenderServer,
+    ServerLimits,
+    server_tls_context,
+)
 from scheduler_plugin.queue import RESERVED_FOR, QueueConfig, QueueError
-from scheduler_plugin.state import GANG_PLANNED, SCHEDULER_NAME, ClusterState
 from topology import logs
 from topology.kube import (
     HYPERNODES,
     NODES,
     PODGROUPS,
     PODS,
-    EventRecorder,
     Informer,
     Kube,
     KubeError,
-    ObjectRef,
     api_client_from,
 )
 from topology.kube.aio import AsyncKube
+from topology.kube.verbs import ClusterVerbs
 
 log = logs.get_logger("agent.commands.extender")
 
@@ -72,7 +78,6 @@ WORKLOADS = "/apis/scheduling.k8s.io/v1beta1/workloads"  # Kubernetes 1.37, gate
 WORKLOAD_PODGROUPS = "/apis/scheduling.k8s.io/v1beta1/podgroups"
 JOBS = "/apis/batch/v1/jobs"  # a Job's activeDeadlineSeconds is its pods' time limit
 PDBS = "/apis/policy/v1/poddisruptionbudgets"  # budgets a preemption's evictions must keep
-MERGE_PATCH = "application/merge-patch+json"
 SOURCES = (  # (ClusterState kind, collection, optional: an API that may not be served)
     ("nodes", NODES, False),
     ("pods", PODS, False),
@@ -447,85 +452,15 @@ def _number_or_word(
         p.error(f"{flag}: expected {what} or {word!r}, got {value[:40]!r}")
 
 
-class KubeCluster:
-    """The extender's :class:`scheduler_plugin.extender.Cluster` over the one Kubernetes adapter: pod
-    bindings from the event loop (:class:`topology.kube.aio.AsyncKube`, else :class:`topology.kube.Kube`
-    in a worker thread), Events on pods through the :class:`EventRecorder`."""
+class KubeCluster(ClusterVerbs):
+    """The extender's :class:`scheduler_plugin.extender.Cluster` and ``QueueCluster``: bindings, Events,
+    the ``gpuagent.dev/reserved-for`` Node and ``gpuagent.dev/gang-planned`` Pod annotations and
+    evictions, through :mod:`topology.kube.verbs` (bindings on the event loop with ``aio``)."""
 
     def __init__(self, kube: Kube, aio: AsyncKube | None = None) -> None:
-        self.kube = kube
-        self.aio = aio
-        self.recorder = EventRecorder(kube, component=COMPONENT)
-
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
-        """On the event loop over kept-alive connections (``aio``); a configuration it does not
-        speak binds through the synchronous client in a worker thread."""
-        if self.aio is not None:
-            await self.aio.bind(namespace, name, uid, node)
-        else:
-            await asyncio.to_thread(self.kube.bind, namespace, name, uid, node)
-
-    def event(self, pod: Mapping[str, Any], *, reason: str, message: str, warning: bool) -> None:
-        meta = pod.get("metadata") or {}
-        about = ObjectRef(
-            "Pod",
-            str(meta.get("name") or "pod"),
-            namespace=str(meta.get("namespace") or "default"),
-            uid=str(meta.get("uid") or ""),
+        super().__init__(
+            kube, aio, component=COMPONENT, node_annotation=RESERVED_FOR, pod_annotation=GANG_PLANNED
         )
-        self.recorder.record(about, reason=reason, message=message, warning=warning)
-
-    def annotate_node(self, node: str, value: str | None) -> None:
-        """Merge-patch the node's ``gpuagent.dev/reserved-for`` annotation (None removes it)."""
-        self.kube.request(
-            "PATCH",
-            f"{NODES}/{node}",
-            body={"metadata": {"annotations": {RESERVED_FOR: value}}},
-            content_type=MERGE_PATCH,
-        )
-
-    def annotate_pod(self, namespace: str, name: str, uid: str, value: str) -> None:
-        """Merge-patch the pod's ``gpuagent.dev/gang-planned`` annotation; the uid, when known, makes
-        the API refuse the patch (409) for another pod of that name. A pod gone meanwhile is left."""
-        meta: dict[str, Any] = {"annotations": {GANG_PLANNED: value}}
-        if uid:
-            meta["uid"] = uid
-        try:
-            self.kube.request(
-                "PATCH",
-                f"/api/v1/namespaces/{namespace}/pods/{name}",
-                body={"metadata": meta},
-                content_type=MERGE_PATCH,
-            )
-        except KubeError as exc:
-            if exc.status not in (404, 409):
-                raise
-
-    def evict(self, namespace: str, name: str, uid: str, *, dry_run: bool = False) -> str | None:
-        """A policy/v1 Eviction of the pod (its uid as a precondition): None when done or the pod is
-        gone, the API's message when it refuses (429: a PodDisruptionBudget). ``dry_run``: the API
-        checks it (budgets included) and evicts nothing."""
-        body: dict[str, Any] = {
-            "apiVersion": "policy/v1",
-            "kind": "Eviction",
-            "metadata": {"name": name, "namespace": namespace},
-        }
-        options: dict[str, Any] = {}
-        if uid:
-            options["preconditions"] = {"uid": uid}
-        if dry_run:
-            options["dryRun"] = ["All"]
-        if options:
-            body["deleteOptions"] = options
-        try:
-            self.kube.create(f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body)
-        except KubeError as exc:
-            if exc.status in (404, 409):  # gone, or another pod of that name now: nothing to evict
-                return None
-            if exc.status == 429:
-                return f"the API refused the eviction (PodDisruptionBudget): {str(exc)[:300]}"
-            raise
-        return None
 
 
 @dataclass(frozen=True)

@@ -139,16 +139,6 @@ class _Live:
         return sum(per[r] * n for r, n in self.left.items())
 
 
-def _shape(gang: Gang) -> tuple[object, ...]:
-    return (
-        gang.tier,
-        gang.soft,
-        tuple(
-            (r.pods, r.gpus_per_pod, r.subgroup_size, r.subgroup_tier, r.min_subgroups) for r in gang.roles
-        ),
-    )
-
-
 class _Cluster:
     """Mutable free-GPU state, the snapshot handed to policies, and tier-1 domain bookkeeping."""
 
@@ -227,7 +217,7 @@ class _Cluster:
         return out
 
 
-def simulate(
+def simulate(  # noqa: C901 -- 99 branches in closures sharing the run state; to become a class (issue 28)
     cluster: Cluster,
     jobs: list[Job],
     policy: Policy,
@@ -477,7 +467,9 @@ def simulate(
                         busy_then[node] += g
         free = list(state.free)
         for node, claim in claims.items():
-            free[node] = max(0, min(free[node], state.capacity[node] - busy_then[node] - claim))
+            free[node] = gang_queue.held_back_gpus(
+                state.capacity[node], busy_then[node], claim, free=free[node]
+            )
         view = with_free(free)
         held_view[:] = [(resv, current, view)]
         return view
@@ -675,7 +667,7 @@ def simulate(
                     record=rec,
                     left={r.name: r.pods for r in job.gang.roles},
                     min_unit=(smallest.pods, smallest.gpus_per_pod),
-                    shape=_shape(job.gang),
+                    shape=gang_queue.same_shape(job.gang),
                 )
             )
             fresh.add(job.name)

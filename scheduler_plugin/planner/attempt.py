@@ -117,7 +117,7 @@ def _fill(
     return pod >= stop
 
 
-def _place_tiered(
+def _place_tiered(  # noqa: C901 -- planner (29), split with its owner (issue 28)
     p: PreparedSnapshot, st: _State, role: Role, key: RoleKey, *, scope: ScopeKey, tier: int, shortcuts: bool
 ) -> Failure | None:
     """Assign the role's blocks to domains of ``tier`` jointly (DP), then fill nodes in name order."""

@@ -143,7 +143,9 @@ def _sub_tier(role: Role, p: PreparedSnapshot, relax: int) -> int | None:
     return t if t < len(p.snapshot.tiers) else None
 
 
-def _plan_once(p: PreparedSnapshot, gang: Gang, relax: int, *, shortcuts: bool) -> Candidate | Failure | str:
+def _plan_once(  # noqa: C901 -- planner (28), split with its owner (issue 28)
+    p: PreparedSnapshot, gang: Gang, relax: int, *, shortcuts: bool
+) -> Candidate | Failure | str:
     sub_tiers = {r.name: _sub_tier(r, p, relax) for r in gang.roles}
     gang_tier: int | None = None
     if gang.tier is not None:

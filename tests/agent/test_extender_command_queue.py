@@ -17,8 +17,8 @@ import pytest
 from kubernetes import client
 
 from agent.commands.extender import SOURCES, KubeCluster, Service, parse_settings
+from scheduler_plugin.extender import GANG_PLANNED
 from scheduler_plugin.queue import RESERVED_FOR
-from scheduler_plugin.state import GANG_PLANNED
 from topology.kube import Kube, KubeError
 from topology.kube.aio import AsyncKube
 

@@ -14,8 +14,8 @@ import yaml
 from agent.commands.extender import parse_settings
 from agent.localcluster import versions
 from agent.simnode import open_simulated_node
+from scheduler_plugin.extender import GANG_PLANNED, SCHEDULER_NAME
 from scheduler_plugin.queue import RESERVED_FOR, QueueConfig
-from scheduler_plugin.state import GANG_PLANNED, SCHEDULER_NAME
 from tests.daemonset.conftest import REPO
 from tests.topology.factories import ib_port, nvl72_tray
 from topology.labels import MIG_STRATEGIES, node_labels

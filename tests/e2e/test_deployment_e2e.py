@@ -23,8 +23,8 @@ from kubernetes.client.rest import ApiException
 from agent import localcluster as cluster
 from agent.commands.extender import KubeCluster
 from agent.simnode import open_simulated_node
+from scheduler_plugin.extender import GANG_PLANNED, SCHEDULER_NAME
 from scheduler_plugin.queue import RESERVED_FOR
-from scheduler_plugin.state import GANG_PLANNED, SCHEDULER_NAME
 from topology.gpunode import gpunode_object
 from topology.kube import EventRecorder, Kube, KubeError, ObjectRef
 from topology.labels import node_labels

@@ -40,7 +40,7 @@ from typing import Any
 import pytest
 
 from agent import localcluster as cluster
-from scheduler_plugin.state import GANG_PLANNED
+from scheduler_plugin.extender import GANG_PLANNED
 from tests.e2e.conftest import REPO_ROOT, _require, _unavailable
 from tests.e2e.test_extender_e2e import RunningExtender
 from tests.e2e.test_hollow_scheduling import held, node_gpus, settled

@@ -22,18 +22,18 @@ from typing import Any
 
 import pytest
 
-from scheduler_plugin import state as state_module
 from scheduler_plugin.extender import (
     MAX_JSON_DEPTH,
     MAX_NUMBER_CHARS,
+    ClusterState,
     Extender,
     ExtenderServer,
     ServerLimits,
     json_depth,
 )
+from scheduler_plugin.extender import state as state_module
 from scheduler_plugin.gangs import GangError, gang_from_podgroup
 from scheduler_plugin.snapshot import MAX_GANG_PODS, ClusterSnapshot, Gang, PlanResult
-from scheduler_plugin.state import ClusterState
 from tests.integration.fakekube import hypernode, node, pod
 
 NODES = [f"r{r}-t{t}" for r in range(2) for t in range(4)]
@@ -787,3 +787,37 @@ def test_the_api_servers_answer_to_a_binding_decides_and_a_written_binding_is_ne
     else:
         assert out["Error"] == ""
     assert len(posts) == 1
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        pytest.param(("spec", "containers"), "not-a-list", id="containers-a-string"),
+        pytest.param(("spec", "containers"), [1, None, "c"], id="containers-not-objects"),
+        pytest.param(("spec", "initContainers"), {"a": 1}, id="init-containers-a-map"),
+        pytest.param(("spec", "nodeSelector"), ["pool"], id="node-selector-a-list"),
+        pytest.param(("metadata", "annotations"), None, id="annotations-null"),
+        pytest.param(("metadata", "ownerReferences"), "me", id="owners-a-string"),
+        pytest.param(("status", "startTime"), 12, id="start-time-a-number"),
+        pytest.param(("spec", "priority"), "high", id="priority-a-string"),
+    ],
+)
+def test_malformed_pod_fields_are_kept_as_they_came_and_cost_no_other_pod_its_answer(
+    path: tuple[str, str], value: Any
+) -> None:
+    """The cache projects every pod it is sent (issue 28): a field of the wrong shape is kept as it came,
+    judged where it is read, and never stops the informer feed, a pass, or another pod's filter."""
+    bad = pod("bad", 1, node_name="r0-t0")
+    bad[path[0]][path[1]] = value
+    gang = [gang_pod(f"g-{i}", i) for i in range(4)]
+    s = make_state([bad, *gang])
+    s.apply("pods", "MODIFIED", bad)
+    s.queue_tick(1.0, 1_800_000_000.0)
+    good = pod("good", 1)
+    s.apply("pods", "ADDED", good)
+    out = s.filter(good, NODES, 1.0, 1_800_000_000.0)
+    assert out.passed, out.failed
+    answered = s.filter(s.pods["default/bad"], NODES, 1.0, 1_800_000_000.0)
+    assert answered.passed or answered.failed or answered.unresolvable
+    s.apply("pods", "DELETED", bad)
+    assert "default/bad" not in s.pods

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from scheduler_plugin import gangs as gangs_module
+from scheduler_plugin.extender import ClusterState
 from scheduler_plugin.gangs import (
     DEFAULT_ROLE,
     MAX_GANG_ROLES,
@@ -28,7 +29,6 @@ from scheduler_plugin.gangs import (
     gang_key_of,
 )
 from scheduler_plugin.snapshot import MAX_GANG_PODS
-from scheduler_plugin.state import ClusterState
 from tests.hostile.test_extender import Served, run
 from tests.integration.fakekube import hypernode, node, pod
 

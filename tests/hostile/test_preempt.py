@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from scheduler_plugin.extender import ClusterState
 from scheduler_plugin.queueing import MAX_VICTIM_PODS
-from scheduler_plugin.state import ClusterState
 from tests.hostile.test_extender import NODES, Served, gang_pod, make_state, run
 from tests.integration.fakekube import pod
 

@@ -13,12 +13,11 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from scheduler_plugin import state as state_module
 from scheduler_plugin.cluster import snapshot_from_objects
-from scheduler_plugin.extender import Extender, json_depth
+from scheduler_plugin.extender import ClusterState, Extender, json_depth
+from scheduler_plugin.extender import state as state_module
 from scheduler_plugin.planner import SnapshotCache
 from scheduler_plugin.snapshot import ClusterSnapshot, Gang, PlanResult, PodSlot, changed_nodes
-from scheduler_plugin.state import ClusterState
 from tests.integration.fakekube import hypernode, node, pod
 
 NODES = [f"r{r}-t{t}" for r in range(2) for t in range(4)]

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from scheduler_plugin.extender import ClusterState
 from scheduler_plugin.queue import QueueConfig
 from scheduler_plugin.queueing import VictimSet, never_victim, victim_group
-from scheduler_plugin.state import ClusterState
 from tests.integration.fakekube import pod
 from tests.scheduler_plugin.test_extender_queue import (
     NODES,

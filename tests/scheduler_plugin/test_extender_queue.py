@@ -13,10 +13,9 @@ from typing import Any
 
 import pytest
 
-from scheduler_plugin.extender import Extender
+from scheduler_plugin.extender import GANG_PLANNED, ClusterState, Extender
 from scheduler_plugin.queue import RESERVED_FOR, QueueConfig, QueueError
 from scheduler_plugin.queueing import VictimSet, parse_victims, pod_limit, timestamp
-from scheduler_plugin.state import GANG_PLANNED, ClusterState
 from tests.integration.fakekube import hypernode, node, pod
 
 NODES = [f"r{r}-t{t}" for r in range(2) for t in range(4)]

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from scheduler_plugin.extender import ClusterState
 from scheduler_plugin.gangs import (
     GangError,
     GangIncompleteError,
@@ -17,7 +18,6 @@ from scheduler_plugin.gangs import (
     gang_key_of,
 )
 from scheduler_plugin.snapshot import PodSlot
-from scheduler_plugin.state import ClusterState
 from tests.integration.fakekube import hypernode, node
 
 TIERS = ("nvlink", "leaf", "spine")

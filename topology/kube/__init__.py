@@ -7,6 +7,8 @@
 - :mod:`~topology.kube.informer`: :class:`Informer` (list then watch one kind into a :class:`Sink`,
   relisting after 410 Gone, a missing CRD counted as empty) and :class:`Store`, the plain sink;
 - :mod:`~topology.kube.recorder`: :class:`EventRecorder`, the one Event writer;
+- :mod:`~topology.kube.verbs`: the verbs a scheduler carries out (bind, evict with a dry run first,
+  merge-patched Node and Pod annotations, pod Events), :class:`~topology.kube.verbs.ClusterVerbs`;
 - :mod:`~topology.kube.lease`: :class:`LeaseElector`, Lease-based leader election;
 - :mod:`~topology.kube.aio`: :class:`~topology.kube.aio.AsyncKube`, small JSON requests (the extender's
   pod bindings) sent from an event loop over kept-alive connections, with the ``ApiClient``'s server,

@@ -35,6 +35,7 @@ the node end up, so wholly free domains stay whole for gangs.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,16 +44,20 @@ from typing import Any
 
 from scheduler_plugin.cluster import (
     GPU,
-    holds_resources,
+    base_state,
+    node_state,
     pod_key,
     pod_requests,
     snapshot_from_objects,
 )
+from scheduler_plugin.extender.cache import KINDS, SOLO, PodInfo, gpus_of, object_key, pod_info, project
 from scheduler_plugin.gangs import GangError, GangIncompleteError, GangSpec, gang_for_pod, gang_key_of
 from scheduler_plugin.planner import SnapshotCache, plan
+from scheduler_plugin.planner.objective import open_cost, price
 from scheduler_plugin.queue import (
     RESERVED_FOR,
     TIME_LIMIT,
+    Decision,
     PodFacts,
     Preemption,
     QueueConfig,
@@ -62,6 +67,7 @@ from scheduler_plugin.queue import (
     decide,
     order,
     rebuild,
+    same_shape,
 )
 from scheduler_plugin.queue import Reservation as QueueReservation
 from scheduler_plugin.queueing import (
@@ -87,20 +93,18 @@ from scheduler_plugin.snapshot import (
     Gang,
     Infeasible,
     NodeState,
+    Plan,
     PlanResult,
     PodSlot,
     Role,
 )
 
 MAX_PRIORITY = 10  # kube-scheduler's MaxExtenderPriority
-# kinds keyed "<namespace>/<name>"; the rest (nodes, hypernodes) are cluster-scoped
-_NAMESPACED = frozenset(
-    {"pods", "podgroups", "rayclusters", "workloads", "workload_podgroups", "jobs", "pdbs"}
-)
-SOLO = "pod:"  # the queue's name of a running pod on its own: "pod:<namespace>/<name>"
 QUEUE_RETRY_S = 0.5  # a waiting gang's pods run the queue again at most this often (unless it is new)
 EVICTION_RETRY_S = 10.0  # an eviction asked for is not asked again before this
 EVICTION_MEMORY = 10_000  # gangs whose evictions are remembered (max_evictions)
+FIT_MEMORY = 16  # requested GPU counts whose fitting nodes filter keeps per usage state
+ADMITTED_MEMORY = 1_000  # (nodeSelector, tolerations) sets whose admitted nodes are kept
 BLOCKED_RETRY_S = 60.0  # victims whose evictions the API would refuse are no victims for this long
 # work still running past its declared limit is expected to end soon (its controller ends it, as Slurm's
 # OverTimeLimit or a Job's activeDeadlineSeconds do): within as long as it has run over, at least 1 s and
@@ -199,12 +203,47 @@ class BindDecision:
 
 
 @dataclass(frozen=True)
+class PassJob:
+    """A pass's inputs, taken under the lock (``ClusterState.queue_begin``): immutable, so ``decide``
+    runs on them outside it; the state commits the result against ``version``."""
+
+    version: int
+    now: float
+    wall: float
+    snapshot: ClusterSnapshot
+    running: dict[str, Running]
+    waiting: tuple[Waiting, ...]
+    before: Mapping[str, QueueReservation]
+    prepared: Mapping[
+        str, tuple[GangSpec, Gang, dict[str, PodSlot], frozenset[str], dict[str, dict[str, str]]]
+    ]
+    pending: Mapping[str, list[str]]
+    identity: Mapping[str, tuple[str, str | None]]
+    place: Callable[[ClusterSnapshot, Gang], PlanResult]
+    reasons: dict[str, str]  # filled by ``place`` as it plans
+    config: QueueConfig
+
+    def decide(self) -> Decision:
+        """The queue's decision on these inputs (pure but for the planner's own cache)."""
+        return decide(
+            self.wall,
+            self.snapshot,
+            self.running,
+            self.waiting,
+            self.before,
+            place=self.place,
+            config=self.config,
+        )
+
+
+@dataclass(frozen=True)
 class _DomainIndex:
     """The domain tiers, and per tier-1 (NVLink) domain: each node's, and each one's nodes."""
 
     tiers: tuple[str, ...]
     of: dict[str, str]  # node -> its tier-1 domain (nodes without one are absent)
     members: dict[str, list[str]]
+    domains: dict[str, dict[str, str]]  # node -> its domain per tier
 
 
 def _labels(obj: Mapping[str, Any]) -> Any:
@@ -248,14 +287,59 @@ class ClusterState:
         self.workloads: dict[str, dict[str, Any]] = {}
         self.workload_podgroups: dict[str, dict[str, Any]] = {}
         self.reservations: dict[str, Reservation] = {}
-        self._usage: dict[str, tuple[str, dict[str, int]]] = {}  # pod key -> (node, requests) held
-        self._requests: dict[str, tuple[Any, dict[str, int]]] = {}  # pod key -> (containers, requests)
+        # the cache's indexes, kept by informer events (``_index_pod``, ``_node_changed``): each pod's
+        # facts, what is used per node and which pods hold it, each gang's pods, the running work per
+        # queue name (its pods holding resources) and how many pods carry each name at all
+        self._info: dict[str, PodInfo] = {}
         self._node_used: dict[str, dict[str, int]] = {}
+        self._node_pods: dict[str, set[str]] = {}
+        self._gang_members: dict[tuple[str, str], set[str]] = {}
+        self._running_members: dict[str, set[str]] = {}
+        self._named: dict[str, int] = {}
+        self._annotated: dict[str, Any] = {}  # node -> its gpuagent.dev/reserved-for value (not empty)
+        # what is worked out from them once and kept until an event changes its inputs: each gang's spec
+        # (or why it has none), each running work's ``Running``, the pods' time limits, the nodes each
+        # (nodeSelector, tolerations) set admits, the snapshot's node states
+        self._specs: dict[tuple[str, str], GangSpec | GangError | None] = {}
+        self._run_all: dict[str, Running] = {}
+        self._declared_all: dict[str, tuple[float, float]] = {}  # name -> (latest start, declared limit)
+        self._keys_all: dict[str, list[str]] = {}  # name (with a declared limit) -> its pods
+        self._running_dirty: set[str] = set()
+        # each waiting gang's queue entry (or why it has none), valid while its spec is the same object
+        # and ``_inputs_gen`` (admitted nodes, Jobs' limits, nodes kube-scheduler ruled out) unchanged
+        self._waiting_cache: dict[str, tuple[object, int, object]] = {}
+        self._inputs_gen = 0
+        # the nodes whose usage changed (a pod bound or gone, a node changed), in order: filter's verdicts
+        # per requested GPU count (with the log position and holds they are up to date with) and
+        # prioritize's ranks follow them node by node (``_fits``, ``_ranks``)
+        self._usage_log: list[str] = []
+        self._fit: dict[int, tuple[dict[str, str], int, dict[str, int]]] = {}
+        self._state_log: list[str] = []
+        self._rank_cache: dict[int, tuple[dict[str, tuple[int, int]], int]] = {}
+        self._ranks_index: _DomainIndex | None = None  # the domains the ranks were worked out on
+        self._room: dict[tuple[str, int], tuple[int, int, int]] = {}
+        self._limit_cache: dict[str, Limits | str] = {}
+        self._allowed: dict[tuple[object, ...], frozenset[str]] = {}
+        self._states: dict[str, NodeState] = {}
+        self._snap_dirty: set[str] = set()
+        self._snapshot: ClusterSnapshot | None = None
+        self._last_holds: dict[str, dict[str, int]] = {}
+        self._tiers_seen: tuple[str, ...] = ()
+        # the cluster's version: every change a decision may read bumps it; the queue's last pass ran
+        # at ``_passed_at`` and needs no other before a change or its wake (``queue_pass``)
+        self._version = 0
+        self._passed_at: int | None = None
+        self._skipped: dict[str, str] = {}  # waiting gangs the last pass could not queue -> why
+        # why each waiting gang waits: the planner's reason in the last pass, else (a gang the pass did not
+        # plan) gang -> (the pass, its spec and the plan inputs' generation it was planned on, why)
+        self._reasons: dict[str, str] = {}
+        self._gang_reason: dict[str, tuple[int, GangSpec, int, str]] = {}
         self._domains_cache: _DomainIndex | None = None
         # the last snapshot planned on: the next one reuses its unchanged node objects, so the
         # planner prepares it from the last one (``self._snapshots``)
         self._last_snapshot: ClusterSnapshot | None = None
         self._snapshots = SnapshotCache()
+        self._loop_snapshots = SnapshotCache()  # the queue loop's, planned on outside the lock
         self._last_event: dict[str, tuple[str, str]] = {}
         self._uids: dict[str, str] = {}  # pod key -> uid the scheduler gave at bind
         self._alloc: dict[str, int] = {}  # node -> allocatable GPUs, parsed once
@@ -278,6 +362,7 @@ class ClusterState:
         # the least time between passes the cluster's changes alone start: the caller sets it from how
         # long a pass takes (a pass holds the state lock), so passes never crowd out the verbs
         self.queue_min_gap_s = 0.0
+        self.queue_loop = False  # a queue loop passes on the cluster's changes (``queue_due``)
         self._queue_rebuilt = False
         self._queue_dirty = True
         self._queue_last = -math.inf
@@ -303,77 +388,165 @@ class ClusterState:
     # -- informer side ---------------------------------------------------------------------------
     @staticmethod
     def _key(kind: str, obj: Mapping[str, Any]) -> str:
-        meta = obj.get("metadata") or {}
-        if kind in _NAMESPACED:
-            return f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}"
-        return str(meta.get("name", ""))
+        return object_key(kind, obj)
 
     def _store(self, kind: str) -> dict[str, dict[str, Any]]:
-        return {
-            "nodes": self.nodes,
-            "pods": self.pods,
-            "hypernodes": self.hypernodes,
-            "podgroups": self.podgroups,
-            "rayclusters": self.rayclusters,
-            "workloads": self.workloads,
-            "workload_podgroups": self.workload_podgroups,
-            "jobs": self.jobs,
-            "pdbs": self.pdbs,
-        }[kind]
+        if kind not in KINDS:
+            raise KeyError(f"kind {kind!r} is not watched by the extender (one of {', '.join(KINDS)})")
+        store: dict[str, dict[str, Any]] = getattr(self, kind)
+        return store
 
     def replace(self, kind: str, items: Iterable[Mapping[str, Any]]) -> None:
-        """A fresh listing of one kind replaces what was known."""
-        store = self._store(kind)
-        store.clear()
-        self._queue_dirty = True
+        """A fresh listing of one kind replaces what was known (each object projected, ``cache``)."""
+        fresh = {}
         for obj in items:
-            store[self._key(kind, obj)] = dict(obj)
-        if kind == "pods":
-            self._usage.clear()
-            self._requests.clear()
-            self._node_used.clear()
-            for k, pod in self.pods.items():
-                self._account(k, pod)
-            self._gang_pending = {k for k, pod in self.pods.items() if self._waits(pod)}
-            gone = (*self._last_event, *self._uids, *self._filtered, *self._refused, *self._pending_nudges)
-            gone += tuple(self._evicting)
-            for k in [k for k in gone if k not in self.pods]:
-                self._forget(k)
-        if kind in ("nodes", "hypernodes"):
-            self._domains_cache = None
-            self._alloc.clear()
+            fresh[self._key(kind, obj)] = project(kind, obj)
+        store = self._store(kind)
+        for key in [k for k in store if k not in fresh]:
+            self.apply(kind, "DELETED", store[key])
+        for key, obj in fresh.items():
+            if store.get(key) != obj:
+                self._put(kind, key, obj)
+        self._queue_dirty = True
+        self._version += 1
 
     def apply(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> None:
-        """One watch event (ADDED / MODIFIED / DELETED)."""
+        """One watch event (ADDED / MODIFIED / DELETED). An object whose projection did not change (a
+        kubelet heartbeat, a status condition) is no change: nothing is marked for the queue."""
         store = self._store(kind)
         key = self._key(kind, obj)
+        if event_type != "DELETED":
+            kept = project(kind, obj)
+            if store.get(key) == kept:
+                return
+            self._put(kind, key, kept)
+            return
+        if key not in store:
+            return
+        before = store.pop(key)
+        self._changed(kind, key, before, None)
+        if kind == "pods":  # nothing is kept for a pod that is gone; nor a reservation for a gang all gone
+            self._forget(key)
+            for gang in [g for g, r in self.reservations.items() if key in r.spec.members]:
+                if not any(k in self.pods for k in self.reservations[gang].spec.members):
+                    self.reservations.pop(gang)
+                    self._excluded.pop(gang, None)
+                    self._inputs_gen += 1
+
+    def _put(self, kind: str, key: str, obj: dict[str, Any]) -> None:
+        store = self._store(kind)
+        before = store.get(key)
+        store[key] = obj
+        self._changed(kind, key, before, obj)
+
+    def _changed(
+        self, kind: str, key: str, before: Mapping[str, Any] | None, after: Mapping[str, Any] | None
+    ) -> None:
+        """Keep the indexes of ``kind`` in step with one object's change (``after`` None: deleted)."""
+        self._version += 1
         if kind in ("pods", "nodes", "jobs", "pdbs"):
             self._queue_dirty = True
-        if kind == "nodes":  # a kubelet's status heartbeat changes neither labels nor allocatable
-            before = store.get(key)
-            if event_type == "DELETED" or before is None or _labels(before) != _labels(obj):
-                self._domains_cache = None
-            if event_type == "DELETED" or before is None or _allocatable(before) != _allocatable(obj):
-                self._alloc.pop(key, None)
+        if kind == "pods":
+            self._index_pod(key, after)
+        elif kind == "nodes":
+            self._node_changed(key, before, after)
         elif kind == "hypernodes":
             self._domains_cache = None
-        if event_type == "DELETED":
-            store.pop(key, None)
+            self._specs.clear()  # tiers may change
+        elif kind == "jobs":
+            self._limit_cache.clear()
+            self._inputs_gen += 1
+        elif kind in ("podgroups", "rayclusters", "workload_podgroups"):
+            source = {"podgroups": "podgroup", "rayclusters": "raycluster", "workload_podgroups": "workload"}
+            self._specs.pop((source[kind], key), None)
+        elif kind == "workloads":
+            for found in [f for f in self._specs if f[0] == "workload"]:
+                del self._specs[found]
+
+    def _node_changed(
+        self, key: str, before: Mapping[str, Any] | None, after: Mapping[str, Any] | None
+    ) -> None:
+        self._snap_dirty.add(key)
+        self._usage_changed(key)
+        if before is None or after is None or _labels(before) != _labels(after):
+            self._domains_cache = None
+            self._allowed.clear()
+            self._inputs_gen += 1
+        elif (before.get("spec") or {}).get("taints") != (after.get("spec") or {}).get("taints"):
+            self._allowed.clear()
+            self._inputs_gen += 1
+        if before is None or after is None or _allocatable(before) != _allocatable(after):
+            self._alloc.pop(key, None)
+        have = ((after or {}).get("metadata") or {}).get("annotations") or {}
+        value = have.get(RESERVED_FOR)
+        if value:
+            self._annotated[key] = value
         else:
-            store[key] = dict(obj)
-        if kind == "pods":
-            self._unaccount(key)
-            self._gang_pending.discard(key)
-            if event_type != "DELETED":
-                self._account(key, store[key])
-                if self._waits(store[key]):
-                    self._gang_pending.add(key)
-            else:  # nothing is kept for a pod that is gone; nor a reservation for a gang all gone
-                self._forget(key)
-                for gang in [g for g, r in self.reservations.items() if key in r.spec.members]:
-                    if not any(k in self.pods for k in self.reservations[gang].spec.members):
-                        self.reservations.pop(gang)
-                        self._excluded.pop(gang, None)
+            self._annotated.pop(key, None)
+
+    def _index_pod(self, key: str, pod: Mapping[str, Any] | None) -> None:
+        """The pod's facts (``cache.PodInfo``) and every index they are in: node usage, gang members,
+        running work per name, the gangs' pods waiting for this scheduler."""
+        old = self._info.pop(key, None)
+        self._limit_cache.pop(key, None)
+        if old is not None:
+            self._unindex(key, old)
+        self._gang_pending.discard(key)
+        if pod is None:
+            return
+        info = pod_info(key, pod)
+        self._info[key] = info
+        if info.gang is not None:
+            self._gang_members.setdefault(info.gang, set()).add(key)
+            self._specs.pop(info.gang, None)
+            if self._waits(pod):
+                self._gang_pending.add(key)
+        self._named[info.running] = self._named.get(info.running, 0) + 1
+        if info.node:
+            self._running_members.setdefault(info.running, set()).add(key)
+            self._running_dirty.add(info.running)
+            self._node_pods.setdefault(info.node, set()).add(key)
+            self._snap_dirty.add(info.node)
+            self._usage_changed(info.node)
+            used = self._node_used.setdefault(info.node, {})
+            for r, v in info.requests.items():
+                used[r] = used.get(r, 0) + v
+            for res in self.reservations.values():  # a reserved pod that got bound no longer needs its hold
+                if key in res.spec.members and key not in res.bound:
+                    res.bound.add(key)
+                    self._release_hold(res, res.spec.members[key], info.node)
+
+    def _unindex(self, key: str, old: PodInfo) -> None:
+        if old.gang is not None:
+            mates = self._gang_members.get(old.gang)
+            if mates is not None:
+                mates.discard(key)
+                if not mates:
+                    del self._gang_members[old.gang]
+            self._specs.pop(old.gang, None)
+        left = self._named.get(old.running, 0) - 1
+        if left > 0:
+            self._named[old.running] = left
+        else:
+            self._named.pop(old.running, None)
+        if not old.node:
+            return
+        members = self._running_members.get(old.running)
+        if members is not None:
+            members.discard(key)
+            if not members:
+                del self._running_members[old.running]
+        self._running_dirty.add(old.running)
+        on = self._node_pods.get(old.node)
+        if on is not None:
+            on.discard(key)
+            if not on:
+                del self._node_pods[old.node]
+        self._snap_dirty.add(old.node)
+        self._usage_changed(old.node)
+        used = self._node_used.get(old.node, {})
+        for r, v in old.requests.items():
+            used[r] = used.get(r, 0) - v
 
     def _waits(self, pod: Mapping[str, Any]) -> bool:
         """Whether ``pod`` is a gang's pod waiting for this scheduler: not bound, not going, not done."""
@@ -386,6 +559,7 @@ class ClusterState:
         )
 
     def _forget(self, key: str) -> None:
+        """Every per-pod map lets go of a pod that is gone."""
         self._evicting.pop(key, None)  # a pod made again under this name is evicted afresh
         self._overrun.discard(key)
         self._last_event.pop(key, None)
@@ -393,36 +567,23 @@ class ClusterState:
         self._pending_nudges.pop(key, None)
         self._uids.pop(key, None)
         self._filtered.pop(key, None)
-        self._requests.pop(key, None)
+        self._first_seen.pop(key, None)
+        self._limit_cache.pop(key, None)
 
-    def _account(self, key: str, pod: Mapping[str, Any]) -> None:
-        if not holds_resources(pod):
-            return
-        spec = pod.get("spec") or {}
-        node = str(spec.get("nodeName"))
-        # a bound pod's containers rarely change (status updates are most of its events): its requests
-        # are read again only when they do
-        shape = (spec.get("containers"), spec.get("initContainers"))
-        known = self._requests.get(key)
-        req = known[1] if known is not None and known[0] == shape else pod_requests(pod)
-        self._requests[key] = (shape, req)
-        self._usage[key] = (node, req)
-        used = self._node_used.setdefault(node, {})
-        for r, v in req.items():
-            used[r] = used.get(r, 0) + v
-        for res in self.reservations.values():  # a reserved pod that got bound no longer needs its hold
-            if key in res.spec.members and key not in res.bound:
-                res.bound.add(key)
-                self._release_hold(res, res.spec.members[key], node)
-
-    def _unaccount(self, key: str) -> None:
-        old = self._usage.pop(key, None)
-        if old is None:
-            return
-        node, req = old
-        used = self._node_used.get(node, {})
-        for r, v in req.items():
-            used[r] = used.get(r, 0) - v
+    def pod_maps(self) -> dict[str, int]:
+        """How many pods each per-pod map holds (a test's and an operator's check that none grows)."""
+        return {
+            "info": len(self._info),
+            "evicting": len(self._evicting),
+            "overrun": len(self._overrun),
+            "last_event": len(self._last_event),
+            "refused": len(self._refused),
+            "nudges": len(self._pending_nudges),
+            "uids": len(self._uids),
+            "filtered": len(self._filtered),
+            "first_seen": len(self._first_seen),
+            "limits": len(self._limit_cache),
+        }
 
     # -- capacity --------------------------------------------------------------------------------
     def _allocatable_gpus(self, node: str) -> int:
@@ -455,7 +616,8 @@ class ClusterState:
         holds: bool = True,
         held: Mapping[str, int] | None = None,
     ) -> int:
-        """GPUs of ``node`` neither used by bound pods nor held for a gang (other than ``except_gang``)."""
+        """GPUs of ``node`` neither used by bound pods nor held for a gang (other than ``except_gang``):
+        the one free-GPU formula (filter, prioritize and bind read it)."""
         used = self._node_used.get(node, {}).get(GPU, 0)
         if not holds:
             taken = 0
@@ -473,7 +635,13 @@ class ClusterState:
             members: dict[str, list[str]] = {}
             for n, d in of.items():
                 members.setdefault(d, []).append(n)
-            self._domains_cache = _DomainIndex(snap.tiers, of, members)
+            self._domains_cache = _DomainIndex(
+                snap.tiers, of, members, {n.name: dict(n.domains) for n in snap.nodes}
+            )
+            self._snap_dirty.update(self.nodes)
+            if self._tiers_seen != snap.tiers:
+                self._tiers_seen = snap.tiers
+                self._specs.clear()
         return self._domains_cache
 
     def domains_known(self) -> bool:
@@ -482,6 +650,39 @@ class ClusterState:
 
     def tiers(self) -> tuple[str, ...]:
         return self._domains().tiers
+
+    def snapshot(self) -> ClusterSnapshot:
+        """The cluster as the planner sees it, free of what bound pods use and gangs hold: kept from
+        pass to pass, only the nodes that changed since (``_snap_dirty``: their pods, their objects,
+        holds on them) are worked out again, and those equal to before keep their old object."""
+        index = self._domains()
+        holds = self._holds()
+        for node in set(holds) | set(self._last_holds):
+            if holds.get(node) != self._last_holds.get(node):
+                self._snap_dirty.add(node)
+        self._last_holds = holds
+        if self._snapshot is not None and not self._snap_dirty:
+            return self._snapshot
+        states = self._states
+        for name in self._snap_dirty:
+            obj = self.nodes.get(name)
+            if obj is None:
+                if states.pop(name, None) is not None:
+                    self._state_log.append(name)
+                continue
+            base = base_state(obj, index.domains.get(name, {}))
+            state = node_state(base, self._node_used.get(name, {}), holds.get(name))
+            old = states.get(name)
+            if old is None or old != state:
+                states[name] = state
+                self._state_log.append(name)
+        if len(self._state_log) > max(64, len(states)):  # more changes than nodes: ranks start afresh
+            self._state_log, self._rank_cache, self._room = [], {}, {}
+        self._snap_dirty = set()
+        nodes = tuple(states[n] for n in sorted(states))
+        if self._snapshot is None or nodes != self._snapshot.nodes or index.tiers != self._snapshot.tiers:
+            self._snapshot = ClusterSnapshot(tiers=index.tiers, nodes=nodes)
+        return self._snapshot
 
     # -- reservations ----------------------------------------------------------------------------
     def expire(self, now: float) -> list[str]:
@@ -494,6 +695,7 @@ class ClusterState:
         gone += [k for k, r in self.reservations.items() if r.bound and len(r.bound) >= r.target]
         for k in gone:
             self.reservations.pop(k, None)
+            self._version += 1
         if now >= self._next_prune:  # decisions of pods that never reached bind (bind checks its own)
             self._next_prune = now + 10.0
             for k in [k for k, (_, until) in self._filtered.items() if until <= now]:
@@ -526,15 +728,15 @@ class ClusterState:
         return others
 
     def _plan_gang(self, spec: GangSpec, now: float) -> Reservation | str:
-        others = self._holds(except_gang=spec.key)
         inputs = self._gang_inputs(spec)
         if isinstance(inputs, str):
             return inputs
-        gang, members, nodes, by_role = inputs
-        snapshot = snapshot_from_objects(
-            nodes, self.pods.values(), self.hypernodes.values(), reserved=others, previous=self._last_snapshot
-        )
-        self._last_snapshot = snapshot
+        gang, members, allowed, by_role = inputs
+        snapshot = self.snapshot()
+        if len(allowed) < len(snapshot.nodes):
+            snapshot = dataclasses.replace(
+                snapshot, nodes=tuple(n for n in snapshot.nodes if n.name in allowed)
+            )
         planned_gang = gang
         if len({tuple(sorted(sel.items())) for sel in by_role.values()}) > 1:
             snapshot, planned_gang = _per_role_selectors(snapshot, gang, by_role, self.nodes)
@@ -568,7 +770,7 @@ class ClusterState:
 
     def _gang_inputs(
         self, spec: GangSpec
-    ) -> tuple[Gang, dict[str, PodSlot], list[dict[str, Any]], dict[str, dict[str, str]]] | str:
+    ) -> tuple[Gang, dict[str, PodSlot], frozenset[str], dict[str, dict[str, str]]] | str:
         """What a plan of ``spec`` needs: the gang left to place (its unbound part), its pods' places,
         the nodes its pods may go to (nodeSelector, tolerations, not ruled out by kube-scheduler) and
         each role's nodeSelector; or why it cannot be planned."""
@@ -576,7 +778,7 @@ class ClusterState:
         if gang is None:
             return "every pod of the gang is already bound"
         by_role: dict[str, dict[str, str]] = {}  # each role's nodeSelector (its pods' together)
-        for k, slot in spec.members.items():
+        for k, slot in sorted(spec.members.items()):
             selector = by_role.setdefault(slot.role, {})
             for label, value in (
                 ((self.pods.get(k) or {}).get("spec") or {}).get("nodeSelector") or {}
@@ -587,20 +789,40 @@ class ClusterState:
                         f"({selector[label]!r}, {value!r})"
                     )
         selectors = {tuple(sorted(sel.items())) for sel in by_role.values()}
-        wanted = [dict(sel) for sel in selectors] or [{}]
-        mates = [self.pods[k] for k in spec.members if k in self.pods]
-        excluded = self._excluded.get(spec.key, set())
-        nodes = [
-            n
-            for n in self.nodes.values()
-            if any(_matches(n, sel) for sel in wanted)
-            and all(_tolerates(p, n) for p in mates)
-            and (n.get("metadata") or {}).get("name") not in excluded
-        ]
-        if not nodes:
+        mates = [self.pods[k] for k in sorted(spec.members) if k in self.pods]
+        allowed = self._admitted(selectors, mates)
+        excluded = self._excluded.get(spec.key)
+        if excluded:
+            allowed = allowed - excluded
+        if not allowed:
             shown = " or ".join(str(dict(sel)) for sel in sorted(selectors)) or "{}"
             return f"no node matches the gang's nodeSelector {shown} and tolerations"
-        return gang, members, nodes, by_role
+        return gang, members, allowed, by_role
+
+    def _admitted(
+        self, selectors: Collection[tuple[tuple[str, str], ...]], pods: Sequence[Mapping[str, Any]]
+    ) -> frozenset[str]:
+        """The nodes matching one of ``selectors`` whose taints every pod of ``pods`` tolerates; kept per
+        (selectors, tolerations) until a node comes, goes or changes its labels or taints."""
+        tolerating: dict[str, Mapping[str, Any]] = {}  # one pod per distinct tolerations
+        for p in pods:
+            tolerating.setdefault(
+                json.dumps((p.get("spec") or {}).get("tolerations"), sort_keys=True, default=str), p
+            )
+        key = (tuple(sorted(selectors)), tuple(sorted(tolerating)))
+        found = self._allowed.get(key)
+        if found is None:
+            wanted = [dict(sel) for sel in sorted(selectors)] or [{}]
+            found = frozenset(
+                name
+                for name, n in self.nodes.items()
+                if any(_matches(n, sel) for sel in wanted)
+                and all(_tolerates(p, n) for p in tolerating.values())
+            )
+            if len(self._allowed) >= ADMITTED_MEMORY:  # tenants choose the keys: the oldest goes
+                del self._allowed[next(iter(self._allowed))]
+            self._allowed[key] = found
+        return found
 
     def _event_once(
         self, pod: Mapping[str, Any], reason: str, message: str, *, warning: bool = True
@@ -625,10 +847,16 @@ class ClusterState:
         """The pod's time limits; the declared one only while the extender enforces declared limits
         (``enforce_time_limits``), whichever scheduler placed the pod: a pod declaring
         ``gpuagent.dev/time-limit`` agrees to be evicted past it where a waiting gang needs its node."""
-        try:
-            found = pod_limits(pod, self.jobs)
-        except QueueError as exc:  # said once on the pod; it counts as never ending
-            self._pending_events += self._event_once(pod, "InvalidTimeLimit", f"{exc}; counted as no limit")
+        key = pod_key(pod)
+        found = self._limit_cache.get(key)  # read once per change of the pod or of the Jobs
+        if found is None:
+            try:
+                found = pod_limits(pod, self.jobs)
+            except QueueError as exc:
+                found = str(exc)
+            self._limit_cache[key] = found
+        if isinstance(found, str):  # said once on the pod; it counts as never ending
+            self._pending_events += self._event_once(pod, "InvalidTimeLimit", f"{found}; counted as no limit")
             return Limits()
         if self.enforce_time_limits == "off":
             return Limits(found.enforced, None)
@@ -647,12 +875,19 @@ class ClusterState:
     def _queue_place(
         self,
         prepared: Mapping[
-            str, tuple[GangSpec, Gang, dict[str, PodSlot], set[str], dict[str, dict[str, str]]]
+            str, tuple[GangSpec, Gang, dict[str, PodSlot], frozenset[str], dict[str, dict[str, str]]]
         ],
+        cache: SnapshotCache,
+        reasons: dict[str, str],
     ) -> Callable[[ClusterSnapshot, Gang], PlanResult]:
         """The planner as the queue calls it: each gang on the nodes its pods may use (others count as
-        full), roles with different nodeSelectors each on their own nodes."""
+        full), roles with different nodeSelectors each on their own nodes (their labels read now, so
+        the planner may run outside the lock); why each gang did not fit goes to ``reasons``."""
         zeros: dict[str, NodeState] = {}
+        selective = any(
+            len({tuple(sorted(sel.items())) for sel in p[4].values()}) > 1 for p in prepared.values()
+        )
+        labelled = dict(self.nodes) if selective else {}
 
         def place(snapshot: ClusterSnapshot, gang: Gang) -> PlanResult:
             _, _, _, allowed, by_role = prepared[gang.name]
@@ -667,145 +902,375 @@ class ClusterState:
                         z = zeros[n.name] = dataclasses.replace(n, free=0)
                     nodes.append(z)
                 snapshot = dataclasses.replace(snapshot, nodes=tuple(nodes))
+            name = gang.name
             if len({tuple(sorted(sel.items())) for sel in by_role.values()}) > 1:
-                snapshot, gang = _per_role_selectors(snapshot, gang, by_role, self.nodes)
-            return plan(snapshot, gang, cache=self._snapshots)
+                snapshot, gang = _per_role_selectors(snapshot, gang, by_role, labelled)
+            result = plan(snapshot, gang, cache=cache)
+            if isinstance(result, Infeasible):  # why it waits, for its pods' filters (``_why_waits``)
+                reasons.setdefault(name, result.reason)  # the first: on the cluster as it is now
+            return result
 
         return place
 
     def queue_due(self, gang: str, now: float) -> bool:
         """Whether a filter of ``gang``'s pod should run the queue again: a gang the last pass did not
-        see, or the cluster changed and the last pass is ``QUEUE_RETRY_S`` old."""
-        return gang not in self._queue_waiting or (
-            self._queue_dirty and now - self._queue_last >= max(QUEUE_RETRY_S, self.queue_min_gap_s)
+        see (nor left out, with the reason, ``_skipped``), or the cluster changed and the last pass is
+        ``QUEUE_RETRY_S`` old. While a queue loop runs (``queue_loop``, set by the extender's
+        ``run_queue``), changes are its to pass on: a filter of a gang already in the queue answers from
+        the last pass and never waits for a pass (its pods are nudged when the loop starts the gang)."""
+        if gang not in self._queue_waiting and gang not in self._skipped:
+            return True
+        return (
+            not self.queue_loop
+            and self._queue_dirty
+            and now - self._queue_last >= max(QUEUE_RETRY_S, self.queue_min_gap_s)
         )
 
     def queue_pass(self, now: float, wall: float) -> None:
         """One pass of the queue (module docstring) at ``wall`` (seconds since the epoch; ``now`` is the
-        clock of reservations and barriers). Gangs it starts get their plan as a reservation at once;
-        what a user should see (Events), and evictions, wait in ``take_actions``."""
+        clock of reservations and barriers), all of it under the caller's lock. Gangs it starts get
+        their plan as a reservation at once; what a user should see (Events), and evictions, wait in
+        ``take_actions``. A pass that would see what the last one saw (the cluster's version unchanged)
+        before any of its waits ends returns at once: it would decide the same."""
+        job = self._pass_inputs(now, wall, self._snapshots)
+        if job is not None:
+            self._pass_commit(job, job.decide())
+
+    def queue_begin(self, now: float, wall: float) -> PassJob | None:
+        """The queue loop's pass, first part, under the lock: the pass's inputs when one is due
+        (``queue_tick``'s rule), else None. ``PassJob.decide`` then runs outside the lock, on the
+        immutable inputs alone, and ``queue_commit`` takes its result under the lock again."""
+        if not self._pass_due(now, wall):
+            return None
+        return self._pass_inputs(now, wall, self._loop_snapshots)
+
+    def queue_commit(self, job: PassJob, decision: Decision) -> QueueActions:
+        """The queue loop's pass, last part, under the lock: ``decision`` made on ``job``'s inputs
+        becomes the queue's. Where the cluster changed meanwhile (its version), a start whose gang or
+        nodes changed is left out and the next tick passes again."""
+        self._pass_commit(job, decision)
+        return self.take_actions()
+
+    def _pass_inputs(self, now: float, wall: float, cache: SnapshotCache) -> PassJob | None:
         if not self.synced:  # a partial listing would misjudge the queue and the nodes' annotations
-            return
+            return None
+        if self._passed_at == self._version and self._queue_rebuilt and wall < self._queue_wake:
+            self._queue_dirty = False
+            return None
         self._queue_dirty = False
         self._queue_last = now
         self.queue_metrics.passes += 1
-        snapshot = snapshot_from_objects(
-            self.nodes.values(),
-            self.pods.values(),
-            self.hypernodes.values(),
-            reserved=self._holds(),
-            previous=self._last_snapshot,
-        )
+        snapshot = self.snapshot()
         self._last_snapshot = snapshot
-        facts: list[PodFacts] = []
         pending: dict[str, list[str]] = {}
-        declared: dict[str, tuple[float, float]] = {}  # running work -> (its latest start, declared limit)
-        keys_of: dict[str, list[str]] = {}  # running work -> its pods
-        for key, pod in self.pods.items():
-            found = gang_key_of(pod)
-            if holds_resources(pod):
-                req = pod_requests(pod)
-                gpus = req.get(GPU, 0)
-                if found is None and gpus <= 0:
-                    continue
-                name = _running_name(key, pod, found)
-                keys_of.setdefault(name, []).append(key)
-                lim = self._limits(pod).declared
-                if lim is not None:
-                    began, least = declared.get(name, (-math.inf, math.inf))
-                    declared[name] = (max(began, self._pod_time(pod, "start", wall)), min(least, lim))
-                facts.append(
-                    PodFacts(
-                        gang=name,
-                        priority=pod_priority(pod),
-                        created_s=self._pod_time(pod, "created", wall),
-                        limit_s=self._limit(pod),
-                        node=str((pod.get("spec") or {}).get("nodeName")),
-                        gpus=gpus,
-                        started_s=self._pod_time(pod, "start", wall),
-                        resources={k: v for k, v in req.items() if k != GPU and v},
-                    )
-                )
-            elif found is not None and found[1] not in self.reservations and key in self._gang_pending:
+        for key in self._gang_pending:
+            found = self._info[key].gang
+            if found is not None and found[1] not in self.reservations:
                 pending.setdefault(found[1], []).append(key)
-        prepared: dict[
-            str, tuple[GangSpec, Gang, dict[str, PodSlot], set[str], dict[str, dict[str, str]]]
-        ] = {}
-        waiting: list[Waiting] = []
-        for name, keys in sorted(pending.items()):
-            try:
-                spec = gang_for_pod(
-                    self.pods[keys[0]],
-                    self.pods.values(),
-                    self.podgroups,
-                    snapshot.tiers,
-                    rayclusters=self.rayclusters,
-                    workload_podgroups=self.workload_podgroups,
-                    workloads=self.workloads,
-                )
-            except GangError:  # incomplete or invalid: its pods' filter says why; not in the queue yet
-                continue
-            if spec is None:
-                continue
-            inputs = self._gang_inputs(spec)
-            if isinstance(inputs, str):
-                continue
-            gang, members, nodes, by_role = inputs
-            allowed = {str((n.get("metadata") or {}).get("name")) for n in nodes}
-            prepared[name] = (spec, gang, members, allowed, by_role)
-            mates = [self.pods[k] for k in spec.members if k in self.pods]
-            limits = [lim for lim in (self._limit(p) for p in mates) if lim is not None]
-            waiting.append(
-                Waiting(
-                    name=name,
-                    gang=dataclasses.replace(gang, name=name),
-                    # the lowest: one pod of a higher class does not lift a gang of low ones into
-                    # preempting; the newest pod: a pod parked long ago does not move a new gang ahead
-                    priority=min(pod_priority(p) for p in mates),
-                    created_s=max(self._pod_time(p, "created", wall) for p in mates),
-                    limit_s=min(limits) if limits else None,
-                )
-            )
-        place = self._queue_place(prepared)
-        reserved_for: dict[str, str] = {}
-        if not self._queue_rebuilt and self.synced:  # after a restart: what the nodes say is held
-            for node_name, obj in self.nodes.items():
-                value = ((obj.get("metadata") or {}).get("annotations") or {}).get(RESERVED_FOR)
-                if isinstance(value, str) and value:
-                    reserved_for[node_name] = value.split(",")[0]
-        rebuilt = rebuild(wall, snapshot, facts, waiting, reserved_for, place=place)
-        if not self._queue_rebuilt and self.synced:
+        for keys in pending.values():
+            keys.sort()
+        prepared, waiting = self._waiting(pending, wall)
+        running_now, _, _ = self._running_work(wall, {w.name for w in waiting})
+        reasons: dict[str, str] = {}
+        place = self._queue_place(prepared, cache, reasons)
+        if not self._queue_rebuilt:  # after a restart: what the nodes say is held
+            reserved_for = {n: v.split(",")[0] for n, v in self._annotated.items() if isinstance(v, str)}
+            rebuilt = rebuild(wall, snapshot, self._all_facts(wall), waiting, reserved_for, place=place)
             self._queue_rebuilt = True
             self.queue_reservations = dict(rebuilt.reservations)
-        before = dict(self.queue_reservations)
         top = max((w.priority for w in waiting), default=None)  # only work below it may be a victim
-        candidates = {n for n, r in rebuilt.running.items() if top is not None and r.priority < top}
-        by_gang, identity, exempt = self._victims(wall, candidates)
-        running = {
-            name: dataclasses.replace(
-                r,
-                ends_s=wall + min(OVERDUE_GRACE_S, max(1.0, wall - r.ends_s))
-                if r.ends_s <= wall
-                else r.ends_s,
-                evictions=self._evictions_before(identity.get(name, (name, None)), r.started_s),
-                preemptible=name not in exempt,
-            )
-            for name, r in rebuilt.running.items()
-        }
-        decision = decide(wall, snapshot, running, waiting, before, place=place, config=self.queue_config)
+        candidates = {n for n, r in running_now.items() if top is not None and r.priority < top}
+        _, identity, exempt = self._victims(wall, candidates)
+        return PassJob(
+            version=self._version,
+            now=now,
+            wall=wall,
+            snapshot=snapshot,
+            running=self._judged(running_now, wall, identity, exempt),
+            waiting=tuple(waiting),
+            before=dict(self.queue_reservations),
+            prepared=prepared,
+            pending=pending,
+            identity=identity,
+            place=place,
+            reasons=reasons,
+            config=self.queue_config,
+        )
+
+    def _pass_commit(self, job: PassJob, decision: Decision) -> None:
+        now, wall, waiting = job.now, job.wall, job.waiting
+        moved = job.version != self._version  # the cluster changed while the pass decided
+        pending = {g: [k for k in keys if k in self.pods] for g, keys in job.pending.items()}
+        starts = [st for st in decision.starts if not moved or self._still_startable(job, st.gang, st.plan)]
         self.queue_reservations = dict(decision.reservations)
-        self._queue_running = running
+        self._queue_running = job.running
+        self._reasons = dict(job.reasons)
+        _, declared, keys_of = self._running_work(wall, {w.name for w in waiting})
         self._queue_wake = min(
             decision.wake_s,
             min(self._blocked.values(), default=math.inf),
             self._enforce_limits(declared, keys_of, now, wall),
+            min((r.start_s for r in self.queue_reservations.values()), default=math.inf),
         )
-        started = {st.gang for st in decision.starts}
+        started = {st.gang for st in starts}
         self._queue_waiting = [w.name for w in order(waiting) if w.name not in started]
+        shapes = {same_shape(w.gang): self._reasons[w.name] for w in waiting if w.name in self._reasons}
+        free_in: dict[frozenset[str], int] = {}  # free GPUs per admitted node set (a few distinct sets)
+        for w in waiting:  # a shape that failed is not planned again in a pass: its reason holds
+            if w.name not in self._reasons and same_shape(w.gang) in shapes:
+                self._reasons[w.name] = shapes[same_shape(w.gang)]
+            elif w.name not in self._reasons and w.name not in started:  # not planned: too little room
+                allowed = job.prepared[w.name][3]
+                if allowed not in free_in:
+                    free_in[allowed] = sum(
+                        n.free for n in job.snapshot.nodes if n.schedulable and n.name in allowed
+                    )
+                self._reasons[w.name] = (
+                    f"{w.gpus} GPU(s) needed; the nodes its pods may use have {free_in[allowed]} free now"
+                )
+        self._say_never_fits(decision.never_fits, pending)
+        for start in starts:
+            spec, gang, members, _, _ = job.prepared[start.gang]
+            res = self._reservation_from(spec, gang, members, start.plan.placement, now)
+            self.reservations[start.gang] = res
+            self._excluded.pop(start.gang, None)
+            self._inputs_gen += 1
+            planned = f"{len(res.nodes)} pod(s) on {len(res.held)} node(s) at {_utc(wall)}"
+            for k in pending.get(start.gang, ()):
+                if self._refused.pop(k, None) == start.gang:  # waits among kube-scheduler's unschedulable
+                    self._pending_nudges[k] = planned
+        self._say_reserved(job.before, pending)
+        self._preempt(
+            decision.preemptions,
+            waiting=waiting,
+            running=job.running,
+            by_gang=self._running_members,
+            identity=job.identity,
+            pending=pending,
+            now=now,
+            wall=wall,
+        )
+        if len(starts) < len(decision.starts):  # left out: decided again on what the cluster is now
+            self._queue_dirty = True
+        self._version += 1  # what this pass started and held: filters read it
+        # a preemption a budget refused asks for another pass at once (``_over_budget``)
+        self._passed_at = None if self._queue_dirty else self._version
+        self._gang_reason = {g: v for g, v in self._gang_reason.items() if g in pending}
+
+    def _still_startable(self, job: PassJob, gang: str, plan_: Plan) -> bool:
+        """Whether a start decided on ``job``'s inputs still holds now: its gang still waits with the
+        same spec, nothing else holds it, and every node of its plan still has the GPUs."""
+        spec = job.prepared[gang][0]
+        found = self._info.get(next(iter(sorted(spec.members)), ""), None)
+        if found is None or found.gang is None or self._specs.get(found.gang) is not spec:
+            return False
+        if gang in self.reservations:
+            return False
+        roles = {r.name: r.gpus_per_pod for r in job.prepared[gang][1].roles}
+        need: dict[str, int] = {}
+        for slot, node in plan_.placement.items():
+            need[node] = need.get(node, 0) + roles.get(slot.role, 0)
+        held = self.held_gpus()
+        return all(self.free_gpus(n, held=held) >= g for n, g in need.items())
+
+    def _running_work(
+        self, wall: float, waiting: Collection[str]
+    ) -> tuple[dict[str, Running], Mapping[str, tuple[float, float]], Mapping[str, list[str]]]:
+        """The running work by queue name, kept from pass to pass and worked out again only for the
+        names an event touched (``_running_dirty``); the ones with a declared limit (name -> (latest
+        start, least declared limit)) and their pods. A gang still ``waiting`` (part of it bound, after a
+        restart mid-gang) is not running work."""
+        for name in sorted(self._running_dirty):
+            members = self._running_members.get(name)
+            found = self._one_running(name, members, wall) if members else None
+            if found is None:
+                self._run_all.pop(name, None)
+                self._declared_all.pop(name, None)
+                self._keys_all.pop(name, None)
+                continue
+            self._run_all[name], limit, keys = found
+            if limit is None:
+                self._declared_all.pop(name, None)
+                self._keys_all.pop(name, None)
+            else:
+                self._declared_all[name], self._keys_all[name] = limit, keys
+        self._running_dirty = set()
+        running = dict(self._run_all)
+        for name in waiting:
+            running.pop(name, None)
+        return running, self._declared_all, self._keys_all
+
+    def _one_running(
+        self, name: str, members: Collection[str], wall: float
+    ) -> tuple[Running, tuple[float, float] | None, list[str]] | None:
+        """``Running`` of one name from its pods (as ``queue.rebuild`` counts it), its declared limit and
+        the pods counted; pods on their own that hold no GPU are not (a node's DaemonSet pods: nothing to
+        queue), None when no pod is left."""
+        infos = [self._info[k] for k in sorted(members)]
+        infos = [i for i in infos if i.gang is not None or gpus_of(i) > 0]
+        if not infos:
+            return None
+        claims: dict[str, int] = {}
+        uses: dict[str, dict[str, int]] = {}
+        starts: list[float] = []
+        limits: list[float] = []
+        began, least = -math.inf, math.inf
+        for info in infos:
+            pod = self.pods[info.key]
+            claims[info.node] = claims.get(info.node, 0) + gpus_of(info)
+            rest = {k: v for k, v in info.requests.items() if k != GPU and v}
+            if rest:
+                acc = uses.setdefault(info.node, {})
+                for k, v in rest.items():
+                    acc[k] = acc.get(k, 0) + v
+            start = self._pod_time(pod, "start", wall)
+            starts.append(start)
+            limit = self._limit(pod)
+            if limit is not None:
+                limits.append(limit)
+            lim = self._limits(pod).declared
+            if lim is not None:
+                began, least = max(began, start), min(least, lim)
+        ends = max(starts) + min(limits) if limits else math.inf
+        run = Running(name, min(i.priority for i in infos), min(starts), ends, claims, uses=uses)
+        return run, ((began, least) if least < math.inf else None), [i.key for i in infos]
+
+    def _all_facts(self, wall: float) -> list[PodFacts]:
+        """Every running pod as ``queue.rebuild`` reads it (once, after a restart)."""
+        facts: list[PodFacts] = []
+        for members in self._running_members.values():
+            for key in sorted(members):
+                info, pod = self._info[key], self.pods[key]
+                if info.gang is None and gpus_of(info) <= 0:
+                    continue
+                facts.append(
+                    PodFacts(
+                        gang=info.running,
+                        priority=info.priority,
+                        created_s=self._pod_time(pod, "created", wall),
+                        limit_s=self._limit(pod),
+                        node=info.node,
+                        gpus=gpus_of(info),
+                        started_s=self._pod_time(pod, "start", wall),
+                        resources={k: v for k, v in info.requests.items() if k != GPU and v},
+                    )
+                )
+        return facts
+
+    def _spec(self, found: tuple[str, str]) -> GangSpec | GangError | None:
+        """The gang ``found`` (source, name) as its source and its pods describe it, or why not; kept
+        until one of its pods, its source object or the tiers change."""
+        if found not in self._specs:
+            keys = sorted(self._gang_members.get(found, ()))
+            if not keys:
+                return None
+            mates = [self.pods[k] for k in keys]
+            try:
+                self._specs[found] = gang_for_pod(
+                    mates[0],
+                    mates,
+                    self.podgroups,
+                    self.tiers(),
+                    rayclusters=self.rayclusters,
+                    workload_podgroups=self.workload_podgroups,
+                    workloads=self.workloads,
+                )
+            except GangError as exc:
+                self._specs[found] = exc
+        return self._specs[found]
+
+    def _waiting(
+        self, pending: Mapping[str, list[str]], wall: float
+    ) -> tuple[
+        dict[str, tuple[GangSpec, Gang, dict[str, PodSlot], frozenset[str], dict[str, dict[str, str]]]],
+        list[Waiting],
+    ]:
+        """The waiting gangs the queue orders, and what their plans need; a gang left out is remembered
+        with the reason (``_skipped``), so its filters do not ask for passes it would not be in."""
+        prepared: dict[
+            str, tuple[GangSpec, Gang, dict[str, PodSlot], frozenset[str], dict[str, dict[str, str]]]
+        ] = {}
+        waiting: list[Waiting] = []
+        self._skipped = {}
+        self._waiting_cache = {n: v for n, v in self._waiting_cache.items() if n in pending}
+        for name, keys in sorted(pending.items()):
+            found = self._info[keys[0]].gang
+            assert found is not None
+            spec = self._spec(found)
+            cached = self._waiting_cache.get(name)
+            if cached is not None and cached[0] is spec and cached[1] == self._inputs_gen:
+                entry = cached[2]
+            else:
+                entry = self._waiting_entry(name, spec, wall)
+                self._waiting_cache[name] = (spec, self._inputs_gen, entry)
+            if isinstance(entry, str):
+                self._skipped[name] = entry
+                continue
+            assert isinstance(entry, tuple)
+            prepared[name], one = entry
+            waiting.append(one)
+        return prepared, waiting
+
+    def _waiting_entry(
+        self, name: str, spec: GangSpec | GangError | None, wall: float
+    ) -> (
+        tuple[tuple[GangSpec, Gang, dict[str, PodSlot], frozenset[str], dict[str, dict[str, str]]], Waiting]
+        | str
+    ):
+        """One waiting gang's plan inputs and queue entry, or why the queue leaves it out."""
+        if not isinstance(spec, GangSpec):  # incomplete or invalid: its pods' filter says why
+            return str(spec) if spec is not None else "no gang"
+        inputs = self._gang_inputs(spec)
+        if isinstance(inputs, str):
+            return inputs
+        gang, members, allowed, by_role = inputs
+        mates = [self.pods[k] for k in sorted(spec.members) if k in self.pods]
+        limits = [lim for lim in (self._limit(p) for p in mates) if lim is not None]
+        one = Waiting(
+            name=name,
+            gang=dataclasses.replace(gang, name=name),
+            # the lowest: one pod of a higher class does not lift a gang of low ones into
+            # preempting; the newest pod: a pod parked long ago does not move a new gang ahead
+            priority=min(pod_priority(p) for p in mates),
+            created_s=max(self._pod_time(p, "created", wall) for p in mates),
+            limit_s=min(limits) if limits else None,
+        )
+        return (spec, gang, members, allowed, by_role), one
+
+    def _judged(
+        self,
+        running: Mapping[str, Running],
+        wall: float,
+        identity: Mapping[str, tuple[str, str | None]],
+        exempt: Collection[str],
+    ) -> dict[str, Running]:
+        """The running work as this pass judges it: work past its limit ends soon (``OVERDUE_GRACE_S``),
+        evictions counted before, victims it may not take. Unchanged objects are kept."""
+        evicted = {name for name, _ in self._evicted_times}
+        out: dict[str, Running] = {}
+        for name, r in running.items():
+            overdue = r.ends_s <= wall
+            times = (
+                self._evictions_before(identity.get(name, (name, None)), r.started_s)
+                if name in evicted
+                else 0
+            )
+            if not overdue and not times and name not in exempt:
+                out[name] = r
+                continue
+            out[name] = dataclasses.replace(
+                r,
+                ends_s=wall + min(OVERDUE_GRACE_S, max(1.0, wall - r.ends_s)) if overdue else r.ends_s,
+                evictions=times,
+                preemptible=name not in exempt,
+            )
+        return out
+
+    def _say_never_fits(self, never_fits: Mapping[str, str], pending: Mapping[str, list[str]]) -> None:
         self._never_fit = {
             g for g in self._never_fit if g in self._queue_waiting and g not in self.queue_reservations
         }
-        for name, why in sorted(decision.never_fits.items()):
+        for name, why in sorted(never_fits.items()):
             if name in self._never_fit:
                 continue  # said once
             self._never_fit.add(name)
@@ -815,15 +1280,8 @@ class ClusterState:
             )
             for k in pending.get(name, ()):
                 self._pending_events += self._event_once(self.pods[k], "GangNeverFits", msg)
-        for start in decision.starts:
-            spec, gang, members, _, _ = prepared[start.gang]
-            res = self._reservation_from(spec, gang, members, start.plan.placement, now)
-            self.reservations[start.gang] = res
-            self._excluded.pop(start.gang, None)
-            planned = f"{len(res.nodes)} pod(s) on {len(res.held)} node(s) at {_utc(wall)}"
-            for k in pending.get(start.gang, ()):
-                if self._refused.pop(k, None) == start.gang:  # waits among kube-scheduler's unschedulable
-                    self._pending_nudges[k] = planned
+
+    def _say_reserved(self, before: Mapping[str, QueueReservation], pending: Mapping[str, list[str]]) -> None:
         for name, r in sorted(self.queue_reservations.items()):
             old = before.get(name)
             if old is not None and dict(old.claims) == dict(r.claims):
@@ -836,15 +1294,28 @@ class ClusterState:
             )
             for k in pending.get(name, ()):
                 self._pending_events += self._event_once(self.pods[k], "GangReserved", msg, warning=False)
+
+    def _preempt(
+        self,
+        preemptions: Sequence[Preemption],
+        *,
+        waiting: Sequence[Waiting],
+        running: Mapping[str, Running],
+        by_gang: Mapping[str, Collection[str]],
+        identity: Mapping[str, tuple[str, str | None]],
+        pending: Mapping[str, list[str]],
+        now: float,
+        wall: float,
+    ) -> None:
+        """The pass's preemptions: Events on the preemptor's pods, evictions of every victim's pods."""
         self._preempting = {g: v for g, v in self._preempting.items() if g in pending}
-        for pre in decision.preemptions:
+        for pre in preemptions:
             # the victims are still going (fewer of them as their pods leave): the same preemption
             again = set(pre.victims) <= set(self._preempting.get(pre.gang, ()))
             if not again and self._over_budget(pre, by_gang, pending, wall):
                 continue
             if not again:
                 self._preempting[pre.gang] = pre.victims
-            if not again:
                 self.queue_metrics.preemptions += 1
                 for victim in pre.victims:  # max_evictions counts these when the gang runs again
                     ident = identity.get(victim, (victim, None))
@@ -861,7 +1332,7 @@ class ClusterState:
             for k in pending.get(pre.gang, ()) if not again else ():
                 self._pending_events += self._event_once(self.pods[k], "GangPreempting", msg)
             for victim in pre.victims:
-                for k in by_gang.get(victim, ()):
+                for k in sorted(by_gang.get(victim, ())):
                     asked = self._evicting.get(k)
                     if asked is not None and now - asked < EVICTION_RETRY_S:
                         continue
@@ -880,26 +1351,22 @@ class ClusterState:
 
     def _victims(
         self, wall: float, candidates: Collection[str]
-    ) -> tuple[dict[str, list[str]], dict[str, tuple[str, str | None]], set[str]]:
-        """Per running gang or workload (the queue's name, ``_running_name``): the keys of its pods that
-        hold resources; the identity its evictions are counted under (``max_evictions``: its name and the
-        uid of what made it, so a new job under an old name starts from none); and, of ``candidates``, the
-        ones that may not be victims (a pod ``queueing.never_victim`` names, a disruption budget it
-        alone would break, or a refusal of the API not long ago). A count kept for a gang no controller
-        owns is forgotten once all its pods are gone: nothing makes them again, a gang of that name later
-        is another job."""
-        by_gang: dict[str, list[str]] = {}
-        present: set[str] = set()
-        for key, pod in self.pods.items():
-            name = _running_name(key, pod, gang_key_of(pod))
-            present.add(name)
-            if holds_resources(pod):
-                by_gang.setdefault(name, []).append(key)
+    ) -> tuple[Mapping[str, Collection[str]], dict[str, tuple[str, str | None]], set[str]]:
+        """Per running gang or workload (the queue's name, ``cache.running_name``): the keys of its pods
+        that hold resources; the identity its evictions are counted under (``max_evictions``: its name and
+        the uid of what made it, so a new job under an old name starts from none), for the names
+        evictions were counted for and the ``candidates``; and, of ``candidates``, the ones that may not
+        be victims (a pod ``queueing.never_victim`` names, a disruption budget it alone would break, or a
+        refusal of the API not long ago). A count kept for a gang no controller owns is forgotten once all
+        its pods are gone: nothing makes them again, a gang of that name later is another job."""
+        by_gang = self._running_members
         identity: dict[str, tuple[str, str | None]] = {}
-        for name, keys in by_gang.items():
-            owners = [u for u in (owner_uid(self.pods[k]) for k in keys) if u is not None]
-            identity[name] = (name, min(owners) if owners else None)
-        for ident in [i for i in self._evicted_times if i[1] is None and i[0] not in present]:
+        for name in {n for n, _ in self._evicted_times} | set(candidates):
+            keys = by_gang.get(name)
+            if keys:
+                owners = [u for u in (owner_uid(self.pods[k]) for k in sorted(keys)) if u is not None]
+                identity[name] = (name, min(owners) if owners else None)
+        for ident in [i for i in self._evicted_times if i[1] is None and i[0] not in self._named]:
             del self._evicted_times[ident]
         self._blocked = {v: until for v, until in self._blocked.items() if until > wall and v in by_gang}
         exempt: set[str] = set()
@@ -907,11 +1374,11 @@ class ClusterState:
             return by_gang, identity, exempt
         budgets = budgets_from(self.pdbs.values())
         for name in candidates:
-            keys = by_gang.get(name, [])
+            ordered = sorted(by_gang.get(name, ()))
             if (
                 name in self._blocked
-                or any(never_victim(self.pods[k], self.preempt_namespaces) for k in keys)
-                or (budgets and over_budget(self._leaving_not(keys), budgets))
+                or any(never_victim(self.pods[k], self.preempt_namespaces) for k in ordered)
+                or (budgets and over_budget(self._leaving_not(ordered), budgets))
             ):
                 exempt.add(name)
         return by_gang, identity, exempt
@@ -925,7 +1392,11 @@ class ClusterState:
         ]
 
     def _over_budget(
-        self, pre: Preemption, by_gang: Mapping[str, list[str]], pending: Mapping[str, list[str]], wall: float
+        self,
+        pre: Preemption,
+        by_gang: Mapping[str, Collection[str]],
+        pending: Mapping[str, list[str]],
+        wall: float,
     ) -> bool:
         """Whether evicting all of ``pre``'s victims together would break a disruption budget (each alone
         keeps within its budgets, together they may not): then nothing is evicted, the preemptor's pods
@@ -933,7 +1404,9 @@ class ClusterState:
         budgets = budgets_from(self.pdbs.values()) if self.pdbs else {}
         if not budgets:
             return False
-        over = over_budget(self._leaving_not(k for v in pre.victims for k in by_gang.get(v, ())), budgets)
+        over = over_budget(
+            self._leaving_not(k for v in pre.victims for k in sorted(by_gang.get(v, ()))), budgets
+        )
         if not over:
             return False
         name, n, allowed = over[0]
@@ -948,6 +1421,7 @@ class ClusterState:
         for v in pre.victims:
             self._blocked[v] = wall + BLOCKED_RETRY_S
         self._queue_dirty = True  # the next pass seeks other victims
+        self._version += 1
         self._queue_wake = min(self._queue_wake, wall + BLOCKED_RETRY_S)
         return True
 
@@ -968,6 +1442,7 @@ class ClusterState:
         if self._preempting.pop(preemptor, None) is not None:
             self.queue_reservations.pop(preemptor, None)
         self._queue_dirty = True
+        self._version += 1
         self._queue_wake = min(self._queue_wake, wall + BLOCKED_RETRY_S)
 
     def _enforce_limits(
@@ -986,7 +1461,11 @@ class ClusterState:
         for gang, r in sorted(self.queue_reservations.items(), reverse=True):
             held.update(dict.fromkeys(r.claims, gang))
         wake = math.inf
-        for name, (started, limit) in sorted(declared.items()):
+        names: Collection[str] = declared.keys()
+        if self.enforce_time_limits == "held":  # only the work on held nodes: found by node, not all
+            names = {self._info[k].running for n in held for k in self._node_pods.get(n, ())} & set(names)
+        for name in sorted(names):
+            started, limit = declared[name]
             keys = keys_of.get(name, [])
             nodes = sorted({str((self.pods[k].get("spec") or {}).get("nodeName")) for k in keys})
             on = next((n for n in nodes if n in held), None)
@@ -1040,14 +1519,17 @@ class ClusterState:
     def queue_tick(self, now: float, wall: float) -> QueueActions:
         """The periodic side of the queue: run a pass when the cluster changed or a wait ended, then
         hand over what to carry out (``take_actions``)."""
+        if self._pass_due(now, wall):
+            self.queue_pass(now, wall)  # a reservation whose start came is judged again
+        return self.take_actions()
+
+    def _pass_due(self, now: float, wall: float) -> bool:
         due = min((r.start_s for r in self.queue_reservations.values()), default=math.inf)
         changed = self._queue_dirty and now - self._queue_last >= self.queue_min_gap_s
         if changed and self._queue_rebuilt and self._queue_idle():
             self._queue_dirty = False  # the cluster changed, but no gang waits: a pass decides nothing
             changed = False
-        if changed or wall >= min(self._queue_wake, due) or not self._queue_rebuilt:
-            self.queue_pass(now, wall)  # a reservation whose start came is judged again
-        return self.take_actions()
+        return changed or wall >= min(self._queue_wake, due) or not self._queue_rebuilt
 
     def take_actions(self) -> QueueActions:
         """What the queue's passes decided that the caller carries out: Events, the node annotations
@@ -1064,8 +1546,9 @@ class ClusterState:
             for node in r.claims:
                 wanted.setdefault(node, set()).add(name)
         annotate: dict[str, str | None] = {}
-        for node_name, obj in sorted(self.nodes.items()):
-            have = ((obj.get("metadata") or {}).get("annotations") or {}).get(RESERVED_FOR)
+        # only nodes annotated now or wanted: found by the annotation index, not by reading every node
+        for node_name in sorted({n for n in wanted if n in self.nodes} | set(self._annotated)):
+            have = self._annotated.get(node_name)
             want = reserved_for_value(wanted[node_name]) if node_name in wanted else None
             if (have or None) != want:
                 annotate[node_name] = want
@@ -1115,7 +1598,10 @@ class ClusterState:
         limit = self._limit(pod)
         end = wall + limit if limit is not None else math.inf
         alloc = {n: self._allocatable_gpus(n) for r in self.queue_reservations.values() for n in r.claims}
-        return held_back_caps(self.queue_reservations.values(), self._queue_running.values(), alloc, end)
+        # only the running work on reserved nodes counts: found by node, not by reading all of it
+        names = {self._info[k].running for n in alloc for k in self._node_pods.get(n, ())}
+        running = [self._queue_running[name] for name in sorted(names) if name in self._queue_running]
+        return held_back_caps(self.queue_reservations.values(), running, alloc, end)
 
     # -- preempt ---------------------------------------------------------------------------------
     def preempt(
@@ -1130,17 +1616,16 @@ class ClusterState:
             return {}
         gang_of_uid: dict[str, str | None] = {}
         members: dict[str, list[str]] = {}
-        for p in self.pods.values():
-            uid = _uid(p)
-            if not uid or not holds_resources(p):
-                continue
-            if never_victim(p, self.preempt_namespaces) is not None:
-                continue  # its GPUs do not free, or it is not preemption's to take: unknown here
-            found = gang_key_of(p)
-            group = found[1] if found is not None else victim_group(p)
-            gang_of_uid[uid] = group
-            if group is not None:
-                members.setdefault(group, []).append(uid)
+        for name, keys in self._running_members.items():  # the pods holding resources
+            for k in sorted(keys):
+                p = self.pods[k]
+                uid = _uid(p)
+                if not uid or never_victim(p, self.preempt_namespaces) is not None:
+                    continue  # its GPUs do not free, or it is not preemption's to take: unknown here
+                group = None if self._info[k].gang is None and name.startswith(SOLO) else name
+                gang_of_uid[uid] = group
+                if group is not None:
+                    members.setdefault(group, []).append(uid)
         need = pod_requests(known).get(GPU, 0)
         caps = self._queue_caps(known, wall) if need else {}
         refused = [n for n, cap in caps.items() if cap < need]
@@ -1196,28 +1681,23 @@ class ClusterState:
         key = pod_key(pod)
         found = gang_key_of(pod)
         if found is None:
-            need = pod_requests(pod).get(GPU, 0)
+            need = gpus_of(self._info[key])
             held = self.held_gpus()
             caps = self._queue_caps(pod, wall) if need else {}
-            nodes, used, passed = self.nodes, self._node_used, out.passed
+            fails, nodes, passed, failed = self._fits(need, held), self.nodes, out.passed, out.failed
             for n in node_names:  # the hot loop of the extender: plain dict look-ups only
-                if n not in nodes:
-                    out.failed[n] = "node unknown to the extender (informer not synced yet)"
-                    continue
-                u = used.get(n)
-                free = self._allocatable_gpus(n) - (u.get(GPU, 0) if u else 0) - held.get(n, 0)
-                if n in caps and caps[n] < need <= free:
-                    out.failed[n] = (
+                verdict = fails.get(n)
+                if verdict is not None:
+                    failed[n] = verdict
+                elif n not in nodes:
+                    failed[n] = "node unknown to the extender (informer not synced yet)"
+                elif n in caps and caps[n] < need:
+                    failed[n] = (
                         f"{need} GPU(s) requested; reserved for queued gang(s) starting before this pod's "
                         f"time limit ends ({RESERVED_FOR}); {max(caps[n], 0)} usable"
                     )
-                    continue
-                if free >= need:
-                    passed.append(n)
-                elif self.free_gpus(n, holds=False) >= need:
-                    out.failed[n] = f"{need} GPU(s) requested; {max(free, 0)} not reserved for a gang"
                 else:
-                    out.failed[n] = f"{need} GPU(s) requested; {max(free, 0)} free"
+                    passed.append(n)
             if passed:  # the decision bind asks for
                 self._filtered[key] = (_uid(pod), now + self.reservation_ttl_s)
             return out
@@ -1243,27 +1723,21 @@ class ClusterState:
         res = self.reservations.get(gang_name)
         spec: GangSpec | None = None
         if res is None or key not in res.spec.members:
-            try:
-                spec = gang_for_pod(
-                    pod,
-                    self.pods.values(),
-                    self.podgroups,
-                    self.tiers(),
-                    rayclusters=self.rayclusters,
-                    workload_podgroups=self.workload_podgroups,
-                    workloads=self.workloads,
-                )
-            except GangIncompleteError as exc:  # more pods to come: not a placement failure yet
-                msg = f"waiting for the rest of the gang: {exc}"
+            found = self._info[key].gang
+            assert found is not None
+            got = self._spec(found)  # kept per gang until its pods or its source change
+            if isinstance(got, GangIncompleteError):  # more pods to come: not a placement failure yet
+                msg = f"waiting for the rest of the gang: {got}"
                 out.failed = dict.fromkeys(node_names, msg)
                 out.events += self._event_once(pod, "GangIncomplete", msg, warning=False)
                 return out
-            except GangError as exc:
-                msg = f"invalid gang: {exc}"
+            if isinstance(got, GangError):
+                msg = f"invalid gang: {got}"
                 out.unresolvable = dict.fromkeys(node_names, msg)
                 out.events += self._event_once(pod, "InvalidGang", msg)
                 return out
-            assert spec is not None
+            assert got is not None
+            spec = got
             if res is not None and spec.gang == res.spec.gang and key in spec.members:
                 # a pod created after the plan: the plan already holds a place for its index
                 res.spec = dataclasses.replace(res.spec, members={**res.spec.members, key: spec.members[key]})
@@ -1274,19 +1748,16 @@ class ClusterState:
                 return out
         if res is None or spec is not None:
             assert spec is not None
-            self.reservations.pop(gang_name, None)  # changed or new: the queue decides when it starts
+            # changed or new: the queue decides when it starts
+            if self.reservations.pop(gang_name, None) is not None:
+                self._version += 1
             if self.queue_due(gang_name, now):
                 self.queue_pass(now, wall)
             out.events += self._pending_events
             self._pending_events = []
             started = self.reservations.get(gang_name)
             if started is None or key not in started.spec.members:
-                planned = self._plan_gang(spec, now)  # why it waits: the planner's reason on what is free
-                reason = (
-                    planned
-                    if isinstance(planned, str)
-                    else "the capacity it fits on is held for gangs before it in the queue"
-                )
+                reason = self._why_waits(spec, now)
                 msg = f"gang {gang_name} does not fit: {reason}; {self.queue_position(gang_name)}"
                 out.failed = dict.fromkeys(node_names, msg)
                 out.events += self._event_once(pod, "GangUnschedulable", msg)
@@ -1321,6 +1792,8 @@ class ClusterState:
             out.events += self._event_once(pod, "GangNodeFiltered", msg)
             if not res.arrived:
                 self._excluded.setdefault(gang_name, set()).add(node)
+                self._inputs_gen += 1
+                self._version += 1
                 self.reservations.pop(gang_name, None)
             return out
         res.expires_at = max(res.expires_at, now + self.reservation_ttl_s)
@@ -1330,6 +1803,68 @@ class ClusterState:
             else:
                 out.failed[n] = f"gang {gang_name} planned this pod on {node}"
         return out
+
+    def _fits(self, need: int, held: Mapping[str, int]) -> dict[str, str]:
+        """The nodes a pod of ``need`` GPUs does not fit on, and why (free GPUs, or held for a gang):
+        kept per requested count (a few; tenants choose them) and brought up to date for the nodes whose
+        usage or holds changed since (``_usage_log``), not worked out again for every node."""
+        cached = self._fit.get(need)
+        if cached is None:
+            found = {n: why for n in self.nodes if (why := self._fit_verdict(n, need, held)) is not None}
+        else:
+            found, seen, was_held = cached
+            for n in {
+                *self._usage_log[seen:],
+                *(n for n in {*held, *was_held} if held.get(n) != was_held.get(n)),
+            }:
+                why = self._fit_verdict(n, need, held) if n in self.nodes else None
+                if why is None:
+                    found.pop(n, None)
+                else:
+                    found[n] = why
+        if cached is None and len(self._fit) >= FIT_MEMORY:
+            self._fit.clear()
+        self._fit[need] = (found, len(self._usage_log), dict(held))
+        return found
+
+    def _usage_changed(self, node: str) -> None:
+        self._usage_log.append(node)
+        if len(self._usage_log) > max(64, len(self.nodes)):  # more changes than nodes: start afresh
+            self._usage_log, self._fit = [], {}
+
+    def _fit_verdict(self, n: str, need: int, held: Mapping[str, int]) -> str | None:
+        u = self._node_used.get(n)
+        unheld = self._allocatable_gpus(n) - (u.get(GPU, 0) if u else 0)
+        free = unheld - held.get(n, 0)
+        if free >= need:
+            return None
+        if unheld >= need:
+            return f"{need} GPU(s) requested; {max(free, 0)} not reserved for a gang"
+        return f"{need} GPU(s) requested; {max(free, 0)} free"
+
+    def _why_waits(self, spec: GangSpec, now: float) -> str:
+        """Why a gang the queue did not start waits, for its filter's message: why the last pass left it
+        out or why the planner could not place it in that pass (its shape's reason where the pass did
+        not plan it again), else the planner's reason on what is free now, kept per gang and pass: the
+        filters of its pods never plan it more than once a pass."""
+        skipped = self._skipped.get(spec.key)
+        if skipped is not None:
+            return skipped
+        said = self._reasons.get(spec.key)
+        if said is not None:
+            return said
+        passes = self.queue_metrics.passes
+        known = self._gang_reason.get(spec.key)
+        if known is not None and known[0] == passes and known[1] == spec and known[2] == self._inputs_gen:
+            return known[3]
+        planned = self._plan_gang(spec, now)
+        reason = (
+            planned
+            if isinstance(planned, str)
+            else "the capacity it fits on is held for gangs before it in the queue"
+        )
+        self._gang_reason[spec.key] = (passes, spec, self._inputs_gen, reason)
+        return reason
 
     def _elsewhere(self, node: str, node_names: Sequence[str]) -> bool:
         """Whether no candidate shares the planned node's tier-1 domain: the call covers another part
@@ -1344,52 +1879,91 @@ class ClusterState:
     def prioritize(
         self, pod: Mapping[str, Any], node_names: Sequence[str], now: float
     ) -> list[tuple[str, int]]:
+        """A gang's pod: its planned node only. A pod on its own: the nodes it fits ranked by the
+        planner's objective (``planner.objective.price`` of its tier-1 domain taking it: not opening a
+        wholly free domain first, then the fullest domain, then the fullest node), best 10, the last of
+        the fitting ones 1, a node it does not fit 0 (kube-scheduler's extender range)."""
         self.expire(now)
         known, _ = self.known_pod(pod)
         if known is None:
             return [(n, 0) for n in node_names]
-        pod = known
-        found = gang_key_of(pod)
-        if found is not None:
-            res = self.reservations.get(found[1])
-            planned = res.spec.members.get(pod_key(pod)) if res else None
+        info = self._info[pod_key(known)]
+        if info.gang is not None:
+            res = self.reservations.get(info.gang[1])
+            planned = res.spec.members.get(info.key) if res else None
             node = res.nodes.get(planned) if res and planned is not None else None
             return [(n, MAX_PRIORITY if n == node else 0) for n in node_names]
-        need = pod_requests(pod).get(GPU, 0)
-        held = self.held_gpus()
-        used, alloc = self._node_used, self._allocatable_gpus
+        need = gpus_of(info)
+        ranks = self._ranks(need)
+        keys = [ranks.get(n) for n in node_names]
+        order = {k: i for i, k in enumerate(sorted({k for k in keys if k is not None}))}
+        span = max(1, len(order) - 1)
+        return [
+            (n, 0 if k is None else MAX_PRIORITY - (MAX_PRIORITY - 1) * order[k] // span)
+            for n, k in zip(node_names, keys, strict=True)
+        ]
+
+    def _ranks(self, need: int) -> dict[str, tuple[int, int]]:
+        """``_rank_key`` of every node a pod of ``need`` GPUs fits on: kept per requested count (a few)
+        and brought up to date for the tier-1 domains whose nodes changed since (``_state_log``)."""
+        self.snapshot()
         index = self._domains()
-        members, domain_of = index.members, index.of
-        free: dict[str, int] = {}  # GPUs neither used nor held, per node this call reads
-
-        def free_of(n: str) -> int:
-            f = free.get(n)
-            if f is None:
-                u = used.get(n)
-                f = free[n] = alloc(n) - (u.get(GPU, 0) if u else 0) - held.get(n, 0)
-            return f
-
-        dom_free: dict[str, int] = {}
-        dom_total: dict[str, int] = {}
-        for d in {domain_of[n] for n in node_names if n in domain_of}:
-            dom_free[d] = sum(max(0, free_of(m)) for m in members[d])
-            dom_total[d] = sum(alloc(m) for m in members[d])
-        out: list[tuple[str, int]] = []
-        for n in node_names:
-            total = alloc(n)
-            f = free_of(n)
-            if total <= 0 or f < need:
-                out.append((n, 0))
-                continue
-            node_fill = 1 - (f - need) / total  # 1 when the pod fills the node
-            dom = domain_of.get(n)
-            if dom is not None and dom_total.get(dom):
-                dom_fill = 1 - (dom_free[dom] - need) / dom_total[dom]  # 1 when the domain ends full
-                broken = 1.0 if dom_free[dom] < dom_total[dom] else 0.0  # 0: it breaks a whole domain
+        if self._ranks_index is not index:
+            self._ranks_index, self._rank_cache, self._room, self._state_log = index, {}, {}, []
+        cached = self._rank_cache.get(need)
+        if cached is not None and cached[1] == len(self._state_log):
+            return cached[0]
+        changed = self._state_log[cached[1] :] if cached is not None else []
+        domains = {index.of[n] for n in changed if n in index.of}
+        for d in domains:
+            self._room.pop((d, need), None)
+        if cached is None:
+            redo: Iterable[str] = self._states
+            found: dict[str, tuple[int, int]] = {}
+            self._room = {k: v for k, v in self._room.items() if k[1] != need}
+        else:
+            redo = {*changed, *(m for d in domains for m in index.members.get(d, ()))}
+            found = cached[0]
+        for n in redo:
+            key = self._rank_key(n, need)
+            if key is None:
+                found.pop(n, None)
             else:
-                dom_fill, broken = node_fill, 1.0
-            out.append((n, round(MAX_PRIORITY * (0.5 * broken + 0.3 * dom_fill + 0.2 * node_fill))))
-        return out
+                found[n] = key
+        if cached is None and len(self._rank_cache) >= FIT_MEMORY:
+            self._rank_cache.clear()
+        self._rank_cache[need] = (found, len(self._state_log))
+        return found
+
+    def _rank_key(self, node: str, need: int) -> tuple[int, int] | None:
+        """Where placing ``need`` GPUs on ``node`` ranks under the objective (smaller is better), or
+        None when they do not fit there."""
+        state = self._states.get(node)
+        if state is None or state.free < need or state.gpus <= 0:
+            return None
+        if need <= 0:
+            return (0, 0)
+        domain = self._domains().of.get(node)
+        if domain is None:
+            free, total, cap = state.free, state.gpus, state.free // need
+        else:
+            free, total, cap = self._domain_room(domain, need)
+        opens = open_cost(0) if free == total else 0
+        return price(opens, cap, free, 1, g=need, useful=1), state.free - need
+
+    def _domain_room(self, domain: str, need: int) -> tuple[int, int, int]:
+        """A tier-1 domain's free GPUs, its GPUs, and its room in pods of ``need`` GPUs, now (summed once
+        per change of its nodes)."""
+        found = self._room.get((domain, need))
+        if found is None:
+            states = [self._states[m] for m in self._domains().members.get(domain, ()) if m in self._states]
+            found = (
+                sum(s.free for s in states),
+                sum(s.gpus for s in states),
+                sum(s.free // need for s in states),
+            )
+            self._room[(domain, need)] = found
+        return found
 
     # -- bind ------------------------------------------------------------------------------------
     def bind(self, namespace: str, name: str, uid: str, node: str, now: float) -> BindDecision:
@@ -1452,8 +2026,10 @@ class ClusterState:
             self._assume_bound(k, n)
             self._release_hold(res, res.spec.members[k], n)
         res.barrier_deadline = None
-        self.reservations.pop(gang_name, None)
+        if self.reservations.pop(gang_name, None) is not None:
+            self._version += 1
         self._excluded.pop(gang_name, None)
+        self._inputs_gen += 1
         return BindDecision(action="bind", pods=pods, gang=gang_name)
 
     def _assume_bound(self, key: str, node: str) -> None:
@@ -1462,9 +2038,7 @@ class ClusterState:
             return
         pod = dict(pod)
         pod["spec"] = {**(pod.get("spec") or {}), "nodeName": node}
-        self.pods[key] = pod
-        self._unaccount(key)
-        self._account(key, pod)
+        self._put("pods", key, pod)
 
     def assume_bound(self, key: str, node: str) -> None:
         """A pod on its own was bound: count it until the informer reports it."""
@@ -1482,7 +2056,8 @@ class ClusterState:
         if len(res.arrived) + len(res.bound) >= res.spec.min_member:
             return self._complete(gang_name, res)
         arrived = len(res.arrived)
-        self.reservations.pop(gang_name, None)
+        if self.reservations.pop(gang_name, None) is not None:
+            self._version += 1
         msg = (
             f"gang {gang_name}: only {arrived} of {res.target} pod(s) reached bind within "
             f"{self.barrier_timeout_s:g}s (minimum {res.spec.min_member}); nothing bound, "
@@ -1502,9 +2077,9 @@ class ClusterState:
             if pod is not None and (pod.get("spec") or {}).get("nodeName"):
                 pod = dict(pod)
                 pod["spec"] = {**(pod.get("spec") or {}), "nodeName": None}
-                self.pods[k] = pod
-                self._unaccount(k)
-        self.reservations.pop(gang_name, None)
+                self._put("pods", k, pod)
+        if self.reservations.pop(gang_name, None) is not None:
+            self._version += 1
 
 
 def _utc(t: float) -> str:
