@@ -444,13 +444,15 @@ class KubeCluster:
         self.aio = aio
         self.recorder = EventRecorder(kube, component=COMPONENT)
 
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+    async def bind(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None
+    ) -> None:
         """On the event loop over kept-alive connections (``aio``); a configuration it does not
         speak binds through the synchronous client in a worker thread."""
         if self.aio is not None:
-            await self.aio.bind(namespace, name, uid, node)
+            await self.aio.bind(namespace, name, uid, node, annotations)
         else:
-            await asyncio.to_thread(self.kube.bind, namespace, name, uid, node)
+            await asyncio.to_thread(self.kube.bind, namespace, name, uid, node, annotations)
 
     def event(self, pod: Mapping[str, Any], *, reason: str, message: str, warning: bool) -> None:
         meta = pod.get("metadata") or {}
