@@ -190,19 +190,20 @@ def simulate_failures(
         cached[0] = None
 
     def snapshot() -> ClusterSnapshot:
-        if cached[0] is None:
-            cached[0] = ClusterSnapshot(tiers=cluster.tiers, nodes=tuple(states))
-        return cached[0]
+        snap = cached[0]
+        if snap is None:
+            snap = cached[0] = ClusterSnapshot(tiers=cluster.tiers, nodes=tuple(states))
+        return snap
 
     live: list[_Job] = []
-    for j in jobs:
+    for job in jobs:
         subgroups = sum(
             -(-r.pods // r.subgroup_size)
-            for r in j.gang.roles
+            for r in job.gang.roles
             if r.subgroup_tier == tier1 and r.subgroup_size
         )
-        live.append(_Job(job=j, record=FailureRecord(j.name, j.gpus, subgroups)))
-        push(j.arrival_s, "arrive", len(live) - 1)
+        live.append(_Job(job=job, record=FailureRecord(job.name, job.gpus, subgroups)))
+        push(job.arrival_s, "arrive", len(live) - 1)
     for k in range(len(nodes)):
         if schedule is None:
             push(outages.up_for(k), "fail", k)
