@@ -174,6 +174,13 @@ def _parser() -> argparse.ArgumentParser:
         default=failures.DEFAULT_CHECKPOINT_S / 60,
         help="minutes of progress between a job's checkpoints (default 30)",
     )
+    p.add_argument(
+        "--ours-repair-wait-h",
+        type=float,
+        default=None,
+        help="--tray-failures: hours ours waits for a tray in the gang's NVLink domain before placing the "
+        "gang afresh (default: for ever, issue 29 item 5's behaviour; 0: at once)",
+    )
     p.add_argument("--quick", action="store_true", help="CI-sized run")
     p.add_argument("--json", type=Path, help="write the figures as JSON here")
     p.add_argument("--markdown", type=Path, help="write a Markdown table here")
@@ -778,6 +785,7 @@ def _tray_failures(args: argparse.Namespace, names: list[str]) -> int:
                 repair_h=args.tray_repair_h,
                 checkpoint_s=args.checkpoint_min * 60,
                 seed=seed,
+                ours_wait_h=args.ours_repair_wait_h,
             )
             for seed in seeds
         }

@@ -21,7 +21,8 @@ What each system does when a tray fails under a running gang (``BEHAVIOUR``):
 - ``ours`` (issue 29 item 5, repair inside the domain): each lost pod is re-placed on a free, up tray of
   the same NVLink (tier-1) domain, best fit, the rest of the gang staying where it is; if there is none
   the gang keeps its other pods and waits, first in line for the next tray that frees in that domain
-  (a job ending there, or a repair).
+  (a job ending there, or a repair). ``FailureConfig.ours_wait_h`` bounds that wait (a variant to
+  measure: after it the gang is placed afresh, as the restarting systems do; 0: at once).
 - ``kueue``: ``TASFailedNodeReplacement`` (beta, on): the lost pods go to free nodes inside the
   podset's required domain (the gang tier; the whole cluster without one), best fit and blind to the
   NVLink level, so a subgroup may end across racks; with none free, ``TASFailedNodeReplacementFailFast``
@@ -75,9 +76,15 @@ class FailureConfig:
     mtbf_h: float = DEFAULT_MTBF_H
     repair_h: float = DEFAULT_REPAIR_H
     checkpoint_s: float = DEFAULT_CHECKPOINT_S
+    # ours: hours a gang waits for a tray in its domain before it is placed afresh (None: for ever, as
+    # issue 29 item 5 says; 0: at once). A variant to measure, not the extender's behaviour
+    ours_wait_h: float | None = None
     seed: int = 1
 
     def __post_init__(self) -> None:
+        wait = self.ours_wait_h
+        if wait is not None and not (isinstance(wait, int | float) and math.isfinite(wait) and wait >= 0):
+            raise ValueError(f"ours_wait_h must be a non-negative number, got {wait!r}")
         for name in ("mtbf_h", "repair_h", "checkpoint_s"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
@@ -314,8 +321,12 @@ def simulate_failures(
                 if replace(j, allowed):
                     lost_domain.pop(j, None)
                     resumed(j, now)
+                elif cfg.ours_wait_h == 0:
+                    requeue(j)
                 elif j not in waiting:
                     waiting.append(j)
+                    if cfg.ours_wait_h is not None:
+                        push(now + cfg.ours_wait_h * 3600, "give up", j)
             elif name == "kueue":
                 tier = lj.job.gang.tier
                 scope: set[int] | None = None
@@ -345,6 +356,9 @@ def simulate_failures(
                 waiting.remove(j)
                 lost_domain.pop(j, None)
                 resumed(j, now)
+            elif cfg.ours_wait_h is not None and now >= live[j].stopped_at + cfg.ours_wait_h * 3600:
+                waiting.remove(j)
+                requeue(j)
         failed: set[object] = set()
         total_free = sum(f for f, d in zip(free, down, strict=True) if not d)
         for j in list(queue):
@@ -396,7 +410,7 @@ def simulate_failures(
             set_free(what, nodes[what].gpus)  # its pods left it when it failed
             if schedule is None:
                 push(t + outages.up_for(what), "fail", what)
-        if kind in ("arrive", "end", "repair", "fail"):
+        if kind in ("arrive", "end", "repair", "fail", "give up"):
             place_queued(t)
     return FailureResult(
         policy=policy.name, records=tuple(lj.record for lj in live), outages=count_outages, end_s=t
@@ -427,7 +441,12 @@ def report(
         "",
         machine,
         f"trays: MTBF {cfg.mtbf_h:g} h, repair {cfg.repair_h:g} h (exponential); checkpoint every "
-        f"{cfg.checkpoint_s / 60:g} min of progress; queue: arrival order, every job that fits starts",
+        f"{cfg.checkpoint_s / 60:g} min of progress; queue: arrival order, every job that fits starts; "
+        + (
+            "ours waits for a tray in its domain for ever"
+            if cfg.ours_wait_h is None
+            else f"ours waits for a tray in its domain at most {cfg.ours_wait_h:g} h, then is placed afresh"
+        ),
         "",
         "| system | at a tray failure | outages | jobs hit | hits | lost to failures GPU-h | "
         "waiting GPU-h | of it held idle GPU-h | lost + waiting GPU-h | jobs with every subgroup in one "

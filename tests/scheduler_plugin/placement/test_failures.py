@@ -20,14 +20,14 @@ def rack_job() -> Job:
     return Job(name="train", arrival_s=0.0, runtime_s=10 * H, gang=Gang("train", (role,)), source="nvl72")
 
 
-def run(name: str) -> tuple[dict[str, float], bool]:
+def run(name: str, cfg: FailureConfig | None = None) -> tuple[dict[str, float], bool]:
     """Two racks; the job fills one; its first tray fails at 1.25 h and is repaired at 3 h."""
     cluster = shapes.nvl72(2)
     probe = POLICIES[name]().place(shapes.nvl72(2).snapshot(), rack_job().gang)
     first = min(getattr(probe, "placement", {}).values())
     tray = next(i for i, n in enumerate(cluster.nodes) if n.name == first)
     result = simulate_failures(
-        cluster, [rack_job()], POLICIES[name](), FailureConfig(), schedule={tray: (1.25 * H, 3 * H)}
+        cluster, [rack_job()], POLICIES[name](), cfg or FailureConfig(), schedule={tray: (1.25 * H, 3 * H)}
     )
     (record,) = result.records
     return result.summary(), record.split
@@ -41,6 +41,15 @@ def test_ours_waits_inside_the_rack_and_holds_the_rest() -> None:
     assert summary["waiting_gpu_h"] == pytest.approx(72 * 1.75)  # until the tray is back at 3 h
     assert summary["held_idle_gpu_h"] == pytest.approx(68 * 1.75)
     assert summary["makespan_h"] == pytest.approx(3 + 9)  # 1 h kept, 9 h left
+
+
+@pytest.mark.parametrize(("wait_h", "restart_h"), [(0.0, 1.25), (0.5, 1.75)])
+def test_ours_with_a_bounded_wait_places_the_gang_afresh_after_it(wait_h: float, restart_h: float) -> None:
+    summary, split = run("ours", FailureConfig(ours_wait_h=wait_h))
+    assert not split
+    assert summary["waiting_gpu_h"] == pytest.approx(72 * (restart_h - 1.25))
+    assert summary["held_idle_gpu_h"] == pytest.approx(68 * (restart_h - 1.25))
+    assert summary["makespan_h"] == pytest.approx(restart_h + 9)
 
 
 def test_kueue_replaces_the_node_across_racks() -> None:
@@ -86,9 +95,12 @@ def test_the_outage_schedule_is_the_same_for_every_system_and_seeded() -> None:
     assert "aim: ours never runs a subgroup across NVLink domains: holds" in text
 
 
-@pytest.mark.parametrize("field", ["mtbf_h", "repair_h", "checkpoint_s"])
+@pytest.mark.parametrize("field", ["mtbf_h", "repair_h", "checkpoint_s", "ours_wait_h"])
 @pytest.mark.parametrize("value", [0, -1.0, float("nan"), float("inf")])
 def test_bad_failure_parameters_name_the_field(field: str, value: float) -> None:
+    if field == "ours_wait_h" and value == 0:
+        assert FailureConfig(ours_wait_h=0).ours_wait_h == 0  # no wait at all is a setting
+        return
     with pytest.raises(ValueError, match=field):
         FailureConfig(**{field: value})  # type: ignore[arg-type]
 
