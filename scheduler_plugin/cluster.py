@@ -6,6 +6,12 @@ no HyperNode covers a node at some tier, our node labels stand in (``gpuagent.de
 GFD's ``nvidia.com/gpu.clique``; ``gpuagent.dev/ib-leaf``; ``gpuagent.dev/<tier>-domain``). A node
 labelled ``gpuagent.dev/fabric-health=degraded`` (its agent's fabric policy: degraded bandwidth or a
 recovery in progress) is ``degraded``: the planner ranks it after clean nodes of the same domain.
+
+A node is ``ready`` for a multi-node NVLink subgroup (what ``subgroup_size: auto`` sizes and places by)
+unless its agent says otherwise: ``gpuagent.dev/fabric-health=unhealthy``; a fabric-attached node (one
+with a ``gpuagent.dev/fabric-health`` label) without GFD's ``nvidia.com/gpu.clique`` (withdrawn while
+any GPU's fabric is not ``COMPLETED``/``SUCCESS``); or ``gpuagent.dev/imex`` other than ``ready`` or
+``absent`` (no IMEX daemon installed: not an error).
 """
 
 from __future__ import annotations
@@ -24,10 +30,12 @@ CPU = "cpu"
 MEMORY = "memory"
 TRACKED = (CPU, MEMORY)
 LABEL_FABRIC_HEALTH = "gpuagent.dev/fabric-health"  # topology.fabrichealth's label, read here as a string
+LABEL_CLIQUE = "nvidia.com/gpu.clique"  # topology.labels' (GFD's) clique label
+LABEL_IMEX = "gpuagent.dev/imex"  # topology.labels' IMEX label: ready, not-ready or absent
 
 DEFAULT_TIER_NAMES = ("nvlink", "leaf", "spine", "core")  # ARCHITECTURE.md: tier 1..4
 LABEL_FALLBACK: dict[str, tuple[str, ...]] = {
-    "nvlink": ("gpuagent.dev/nvlink-domain", "nvidia.com/gpu.clique"),
+    "nvlink": ("gpuagent.dev/nvlink-domain", LABEL_CLIQUE),
     "leaf": ("gpuagent.dev/ib-leaf", "gpuagent.dev/leaf-domain"),
     "spine": ("gpuagent.dev/spine-domain",),
     "core": ("gpuagent.dev/core-domain",),
@@ -147,6 +155,16 @@ def node_schedulable(node: Mapping[str, Any]) -> bool:
     return True
 
 
+def node_ready(labels: Mapping[str, str]) -> bool:
+    """Whether a node's labels say its NVLink fabric can carry a multi-node NVLink subgroup now."""
+    health = labels.get(LABEL_FABRIC_HEALTH)
+    if health == "unhealthy":
+        return False
+    if health is not None and not labels.get(LABEL_CLIQUE):
+        return False
+    return labels.get(LABEL_IMEX, "absent") in ("ready", "absent")
+
+
 def _tier_name(number: int, names: Mapping[int, str]) -> str:
     if number in names:
         return names[number]
@@ -247,6 +265,7 @@ def base_state(node: Mapping[str, Any], domains: Mapping[str, str]) -> NodeState
         free_resources=res_alloc,
         schedulable=node_schedulable(node),
         degraded=labels.get(LABEL_FABRIC_HEALTH) == "degraded",
+        ready=node_ready(labels),
     )
 
 

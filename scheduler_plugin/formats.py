@@ -25,8 +25,27 @@ from scheduler_plugin.snapshot import (
 )
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})  # one read-only empty mapping for every node without one
-_NODE_KEYS = {"name", "gpus", "free", "domains", "resources", "free_resources", "schedulable", "degraded"}
-_ROLE_KEYS = {"name", "pods", "gpus_per_pod", "subgroup_size", "subgroup_tier", "min_subgroups", "resources"}
+_NODE_KEYS = {
+    "name",
+    "gpus",
+    "free",
+    "domains",
+    "resources",
+    "free_resources",
+    "schedulable",
+    "degraded",
+    "ready",
+}
+_ROLE_KEYS = {
+    "name",
+    "pods",
+    "gpus_per_pod",
+    "subgroup_size",
+    "subgroup_size_min",
+    "subgroup_tier",
+    "min_subgroups",
+    "resources",
+}
 _GANG_KEYS = {"name", "tier", "mode", "soft", "roles"}
 
 
@@ -142,6 +161,9 @@ def _node(
     degraded = n.get("degraded", False)
     if not isinstance(degraded, bool):
         raise FormatError(f"{npath}.degraded: expected true or false")
+    ready = n.get("ready", True)
+    if not isinstance(ready, bool):
+        raise FormatError(f"{npath}.ready: expected true or false")
     return NodeState(
         name=name,
         gpus=gpus,
@@ -151,6 +173,7 @@ def _node(
         free_resources=free_resources,
         schedulable=schedulable,
         degraded=degraded,
+        ready=ready,
     )
 
 
@@ -191,15 +214,18 @@ def gang_from_data(data: Any, tiers: tuple[str, ...] | None = None, path: str = 
                 f"{MAX_GANG_PODS}, the most pods one gang may have"
             )
         gpus = _nonneg(r.get("gpus_per_pod"), f"{rpath}.gpus_per_pod")
-        size = (
-            _pos(r["subgroup_size"], f"{rpath}.subgroup_size") if r.get("subgroup_size") is not None else None
-        )
+        size, auto_min = _subgroup_size(r, rpath, pods)
         stier = _tier(r["subgroup_tier"], f"{rpath}.subgroup_tier", tiers) if r.get("subgroup_tier") else None
         min_sg = (
             _nonneg(r["min_subgroups"], f"{rpath}.min_subgroups")
             if r.get("min_subgroups") is not None
             else None
         )
+        if min_sg is not None and auto_min is not None:
+            raise FormatError(
+                f"{rpath}.min_subgroups: a role of subgroup_size auto cannot be elastic (its subgroups' "
+                "size is chosen by the plan)"
+            )
         if min_sg is not None:
             blocks = -(-pods // (size or pods))
             if min_sg > blocks:
@@ -215,9 +241,32 @@ def gang_from_data(data: Any, tiers: tuple[str, ...] | None = None, path: str = 
                 subgroup_tier=stier,
                 min_subgroups=min_sg,
                 resources_per_pod=_resources(r.get("resources", {}), f"{rpath}.resources"),
+                subgroup_auto_min=auto_min,
             )
         )
+    autos = [i for i, r in enumerate(roles) if r.subgroup_auto_min is not None]
+    if len(autos) > 1:
+        raise FormatError(
+            f"{path}.roles[{autos[1]}].subgroup_size: auto in two roles ({roles[autos[0]].name!r} and "
+            f"{roles[autos[1]].name!r}); at most one role of a gang may choose its size"
+        )
     return Gang(name=name, roles=tuple(roles), tier=tier, soft=soft)
+
+
+def _subgroup_size(r: Mapping[str, Any], rpath: str, pods: int) -> tuple[int | None, int | None]:
+    """``(subgroup_size, subgroup_auto_min)`` of a role: a positive size, or ``auto`` with
+    ``subgroup_size_min`` (default 1, at most the role's pods)."""
+    raw = r.get("subgroup_size")
+    if raw != "auto":
+        if "subgroup_size_min" in r:
+            raise FormatError(f"{rpath}.subgroup_size_min: only with subgroup_size: auto")
+        if raw is None:
+            return None, None
+        return _int(raw, f"{rpath}.subgroup_size", minimum=1, what="a positive integer or auto"), None
+    minimum = _pos(r.get("subgroup_size_min", 1), f"{rpath}.subgroup_size_min")
+    if minimum > pods:
+        raise FormatError(f"{rpath}.subgroup_size_min: {minimum} is more than the role's {pods} pods")
+    return None, minimum
 
 
 def result_to_data(result: PlanResult, tiers: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -229,9 +278,12 @@ def result_to_data(result: PlanResult, tiers: tuple[str, ...] = ()) -> dict[str,
     span = int(result.score.get("span_tier", 0))
     if span:
         score["span_tier_name"] = tiers[span - 1] if span <= len(tiers) else "cluster"
-    return {
+    out: dict[str, Any] = {
         "feasible": True,
         "placement": {str(pod): node for pod, node in result.placement.items()},
         "subgroups": [{"role": s.role, "index": s.index, "domain": s.domain} for s in result.subgroups],
         "score": score,
     }
+    if result.subgroup_sizes:  # the sizes chosen for roles of subgroup_size: auto
+        out["subgroup_sizes"] = dict(result.subgroup_sizes)
+    return out

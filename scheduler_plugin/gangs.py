@@ -76,6 +76,8 @@ GROUP_NAME = "scheduling.k8s.io/group-name"
 ANN_GANG = "gpuagent.dev/gang"
 ANN_GANG_SIZE = "gpuagent.dev/gang-size"
 ANN_SUBGROUP_SIZE = "gpuagent.dev/subgroup-size"
+ANN_SUBGROUP_SIZE_MIN = "gpuagent.dev/subgroup-size-min"  # with subgroup-size: auto (default 1)
+AUTO = "auto"  # gpuagent.dev/subgroup-size: auto — the planner chooses the size from ready trays
 ANN_SUBGROUP_TIER = "gpuagent.dev/subgroup-tier"
 ANN_GANG_TIER = "gpuagent.dev/gang-tier"
 ANN_MIN_SUBGROUPS = "gpuagent.dev/min-subgroups"
@@ -340,12 +342,16 @@ def gang_from_annotations(key: str, pods: Sequence[Mapping[str, Any]], tiers: Se
         role_size = size if len(by_role) == 1 else len(rpods)
         if len(rpods) > role_size:
             raise GangError(f"gang {key}: {len(rpods)} pods but {ANN_GANG_SIZE} is {size}")
-        sg_raw = _agree(rpods, ANN_SUBGROUP_SIZE, key)
-        sg = _int(sg_raw, f"{where}: {ANN_SUBGROUP_SIZE}", minimum=1) if sg_raw is not None else None
+        sg, auto_min = _annotated_size(rpods, key, where, role_size)
         st_raw = _agree(rpods, ANN_SUBGROUP_TIER, key)
         st = tier_of(st_raw, tiers, f"{where}: {ANN_SUBGROUP_TIER}") if st_raw else None
         ms_raw = _agree(rpods, ANN_MIN_SUBGROUPS, key)
         ms = _int(ms_raw, f"{where}: {ANN_MIN_SUBGROUPS}", minimum=0) if ms_raw is not None else None
+        if ms is not None and auto_min is not None:
+            raise GangError(
+                f"{where}: {ANN_MIN_SUBGROUPS} cannot be combined with {ANN_SUBGROUP_SIZE}: {AUTO} "
+                "(the subgroups' size is chosen by the plan)"
+            )
         if ms is not None and ms > -(-role_size // (sg or role_size)):
             raise GangError(f"{where}: {ANN_MIN_SUBGROUPS} {ms} is more than the gang's subgroups")
         gpus, res = _shape(rpods, where)
@@ -358,13 +364,40 @@ def gang_from_annotations(key: str, pods: Sequence[Mapping[str, Any]], tiers: Se
                 subgroup_tier=st,
                 min_subgroups=ms,
                 resources_per_pod=res,
+                subgroup_auto_min=auto_min,
             )
         )
         for idx, pod in _order(rpods, role_size, where):
             members[pod_key(pod)] = PodSlot(rname, idx)
+    autos = [r.name for r in roles if r.subgroup_auto_min is not None]
+    if len(autos) > 1:
+        raise GangError(
+            f"gang {key}: roles {autos[0]} and {autos[1]} both have {ANN_SUBGROUP_SIZE}: {AUTO}; "
+            "at most one role of a gang may"
+        )
     _bounded(roles, f"gang {key}")
     gang = Gang(name=key, roles=tuple(roles), tier=gang_tier, soft=mode == "soft")
     return GangSpec(key=key, gang=gang, members=members, min_member=_min_member(gang), source="annotations")
+
+
+def _annotated_size(
+    rpods: Sequence[Mapping[str, Any]], key: str, where: str, role_size: int
+) -> tuple[int | None, int | None]:
+    """``(subgroup size, auto minimum)`` of a role from ``gpuagent.dev/subgroup-size`` (a count, or
+    ``auto`` with ``gpuagent.dev/subgroup-size-min``, default 1, at most the role's pods)."""
+    sg_raw = _agree(rpods, ANN_SUBGROUP_SIZE, key)
+    min_raw = _agree(rpods, ANN_SUBGROUP_SIZE_MIN, key)
+    if sg_raw is None or sg_raw.strip() != AUTO:
+        if min_raw is not None:
+            raise GangError(f"{where}: {ANN_SUBGROUP_SIZE_MIN} is read only with {ANN_SUBGROUP_SIZE}: {AUTO}")
+        sg = _int(sg_raw, f"{where}: {ANN_SUBGROUP_SIZE}", minimum=1) if sg_raw is not None else None
+        return sg, None
+    minimum = _int(min_raw, f"{where}: {ANN_SUBGROUP_SIZE_MIN}", minimum=1) if min_raw is not None else 1
+    if minimum > role_size:
+        raise GangError(
+            f"{where}: {ANN_SUBGROUP_SIZE_MIN} {minimum} is more than the role's {role_size} pods"
+        )
+    return None, minimum
 
 
 def _bounded(roles: Sequence[Role], where: str, total: int | None = None) -> None:

@@ -32,6 +32,11 @@ class NodeState:
     # the node's NVLink fabric is degraded (label gpuagent.dev/fabric-health=degraded): still schedulable,
     # ranked after clean nodes of the same domain (the objective's ``degraded`` figure)
     degraded: bool = False
+    # the tray's NVLink fabric is ready for a multi-node NVLink subgroup (``scheduler_plugin.cluster``:
+    # GFD's clique label present where the fabric is reported, fabric not unhealthy, IMEX not
+    # ``not-ready``). Only ``subgroup_size: auto`` roles read it: they are sized from, and placed on,
+    # ready nodes alone
+    ready: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +54,9 @@ class Role:
     subgroup_tier: str | None = None  # tier of that domain
     min_subgroups: int | None = None  # elastic: at least this many subgroups start
     resources_per_pod: Mapping[str, int] = field(default_factory=dict)
+    # ``subgroup_size: auto``: the planner chooses the size (``subgroup_size`` stays None), the largest
+    # divisor of ``pods`` of at least this many pods that every chosen domain holds on its ready nodes
+    subgroup_auto_min: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +93,7 @@ class SubgroupPlacement:
 class Plan:
     """A feasible plan: every placed pod mapped to a node, in pod order.
 
+    ``subgroup_sizes``: the size chosen for each role of ``subgroup_size: auto``.
     ``score`` (defined in ``scheduler_plugin.planner.objective``, in the objective's order):
     ``placed_pods``, ``opened_domains`` (wholly free domains the plan breaks into), ``opened_upper``
     (wholly free higher-tier domains those break into, higher tiers weighing more), ``stranded_gpus``,
@@ -96,6 +105,8 @@ class Plan:
     placement: Mapping[PodSlot, str]
     subgroups: tuple[SubgroupPlacement, ...]
     score: Mapping[str, float]
+    # the subgroup size the planner chose for each ``subgroup_size: auto`` role (role name -> pods)
+    subgroup_sizes: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -122,7 +122,9 @@ class _NoApi:
         self.events = 0
         self.annotations = 0
 
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+    async def bind(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None
+    ) -> None:
         return None
 
     def event(self, pod: Mapping[str, Any], *, reason: str, message: str, warning: bool) -> None:

@@ -141,7 +141,9 @@ def bench_extender(requests: int, clients: int, nodes: int) -> None:
     )
 
     class NoCluster:
-        async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        async def bind(
+            self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None
+        ) -> None:
             return None
 
         def event(self, pod: Mapping[str, Any], *, reason: str, message: str, warning: bool) -> None:

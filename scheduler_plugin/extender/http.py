@@ -68,8 +68,11 @@ T = TypeVar("T")
 class Cluster(Protocol):
     """The API calls the extender makes (in production, ``topology.kube`` behind the command's root)."""
 
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
-        """Bind the pod; on the event loop, so it must not block it (many may be in flight)."""
+    async def bind(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None
+    ) -> None:
+        """Bind the pod; on the event loop, so it must not block it (many may be in flight).
+        ``annotations`` go on the Binding, which the API server copies to the pod."""
 
     def event(self, pod: Mapping[str, Any], *, reason: str, message: str, warning: bool) -> None: ...
 
@@ -486,7 +489,7 @@ class Extender:
         async def one(key: str, uid: str, node: str) -> tuple[str, str]:
             ns, name = key.split("/", 1)
             try:
-                await self.cluster.bind(ns, name, uid, node)
+                await self.cluster.bind(ns, name, uid, node, decision.annotations.get(key))
             except Exception as exc:  # an API failure is that pod's bind error
                 return key, f"binding {key} to {node} failed: {_short(exc)}"
             return key, ""

@@ -119,6 +119,9 @@ ENFORCE_MODES = ("held", "all", "off")
 
 # on a pod of a gang that started after filter refused it: "<n> pod(s) on <m> node(s) at <UTC time>"
 GANG_PLANNED = "gpuagent.dev/gang-planned"
+# on each pod of a role of subgroup-size auto, written with its binding: the size the planner chose, so
+# the launcher can read its data-parallel layout (the API server copies a Binding's annotations to the pod)
+SUBGROUP_SIZE_CHOSEN = "gpuagent.dev/subgroup-size-chosen"
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,7 @@ class Reservation:
     barrier_deadline: float | None = None
     bound: set[str] = field(default_factory=set)  # pod keys already bound
     announced: bool = False  # its GangPlanned Event is recorded (once, on the first pod filtered)
+    subgroup_sizes: dict[str, int] = field(default_factory=dict)  # role -> size chosen (subgroup-size auto)
 
     @property
     def target(self) -> int:
@@ -200,6 +204,7 @@ class BindDecision:
     deadline: float = 0.0
     error: str = ""
     events: tuple[EventRecord, ...] = ()
+    annotations: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # pod key -> on its Binding
 
 
 @dataclass(frozen=True)
@@ -743,7 +748,9 @@ class ClusterState:
         result = plan(snapshot, planned_gang, cache=self._snapshots)
         if isinstance(result, Infeasible):
             return result.reason
-        return self._reservation_from(spec, gang, members, result.placement, now)
+        res = self._reservation_from(spec, gang, members, result.placement, now)
+        res.subgroup_sizes = dict(result.subgroup_sizes)
+        return res
 
     def _reservation_from(
         self,
@@ -1032,6 +1039,7 @@ class ClusterState:
         for start in starts:
             spec, gang, members, _, _ = job.prepared[start.gang]
             res = self._reservation_from(spec, gang, members, start.plan.placement, now)
+            res.subgroup_sizes = dict(start.plan.subgroup_sizes)
             self.reservations[start.gang] = res
             self._excluded.pop(start.gang, None)
             self._inputs_gen += 1
@@ -1771,6 +1779,17 @@ class ClusterState:
                 f"gang {gang_name}: {len(res.nodes)} pod(s) planned on {len(res.held)} node(s)",
                 warning=False,
             )
+            for role, size in sorted(res.subgroup_sizes.items()):
+                out.events.append(
+                    EventRecord(
+                        pod=pod,
+                        reason="SubgroupSizeChosen",
+                        message=f"gang {gang_name}: role {role} runs in subgroups of {size} pod(s), "
+                        "the largest that divides its pods and that every chosen domain holds on its "
+                        f"ready trays; {SUBGROUP_SIZE_CHOSEN}={size} is written on its pods as they bind",
+                        warning=False,
+                    )
+                )
         planned_slot = res.spec.members.get(key)
         node = res.nodes.get(planned_slot) if planned_slot is not None else None
         if node is None:
@@ -2030,7 +2049,13 @@ class ClusterState:
             self._version += 1
         self._excluded.pop(gang_name, None)
         self._inputs_gen += 1
-        return BindDecision(action="bind", pods=pods, gang=gang_name)
+        sizes = res.subgroup_sizes
+        annotations = {
+            k: {SUBGROUP_SIZE_CHOSEN: str(sizes[res.spec.members[k].role])}
+            for k, _, _ in pods
+            if res.spec.members[k].role in sizes
+        }
+        return BindDecision(action="bind", pods=pods, gang=gang_name, annotations=annotations)
 
     def _assume_bound(self, key: str, node: str) -> None:
         pod = self.pods.get(key)

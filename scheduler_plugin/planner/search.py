@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from scheduler_plugin.planner.attempt import Candidate, Failure, attempt, place_deferred, role_order
+from scheduler_plugin.planner.autosize import auto_role, plan_auto
 from scheduler_plugin.planner.objective import (
     Figures,
     at_least,
@@ -54,8 +55,16 @@ def plan(
 
     ``cache``: the caller's prepared snapshots, to prepare ``snapshot`` from (None: prepared afresh
     unless it is a ``PreparedSnapshot`` already). ``shortcuts``: skip work whose outcome is known;
-    False only to check that the skips change no plan.
+    False only to check that the skips change no plan. A gang with a role of ``subgroup_size: auto``
+    is planned by ``autosize`` at the largest size that has a plan, each size by this search.
     """
+    if auto_role(gang) is not None:
+        return plan_auto(
+            snapshot,
+            gang,
+            cache=cache,
+            place=lambda snap, fixed, c: plan(snap, fixed, cache=c, shortcuts=shortcuts),
+        )
     if isinstance(snapshot, PreparedSnapshot):
         p = snapshot
     else:

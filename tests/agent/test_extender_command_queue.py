@@ -265,6 +265,28 @@ def test_a_binding_is_the_same_post_from_either_client_and_a_refusal_comes_back(
 
 
 @pytest.mark.parametrize("on_loop", [True, False], ids=["event-loop-client", "sync-client-in-a-thread"])
+def test_a_binding_carries_the_chosen_subgroup_size_from_either_client(api: Api, on_loop: bool) -> None:
+    """The subgroup size chosen for a ``subgroup-size: auto`` role rides on the Binding (the API
+    server copies a Binding's annotations to the pod), the same from both clients."""
+    api_client = client.ApiClient(client.Configuration(host=api.url))
+    aio = AsyncKube.from_api_client(api_client) if on_loop else None
+    kc = KubeCluster(Kube(api_client, request_timeout_s=5), aio)
+
+    async def bind() -> None:
+        await kc.bind("ml", "w-0", "uid-1", "r0-t3", {"gpuagent.dev/subgroup-size-chosen": "16"})
+        if aio is not None:
+            await aio.aclose()
+
+    asyncio.run(bind())
+    assert api.calls[0][3]["metadata"] == {
+        "name": "w-0",
+        "namespace": "ml",
+        "uid": "uid-1",
+        "annotations": {"gpuagent.dev/subgroup-size-chosen": "16"},
+    }
+
+
+@pytest.mark.parametrize("on_loop", [True, False], ids=["event-loop-client", "sync-client-in-a-thread"])
 def test_a_binding_refused_as_already_on_that_node_is_bound_by_either_client(api: Api, on_loop: bool) -> None:
     """The API server's refusal of a second binding (409, ``pod NAME is already assigned to node
     "NODE"``): on the node asked for, the pod is bound (an earlier send of the binding was carried

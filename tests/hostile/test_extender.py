@@ -72,7 +72,9 @@ class Recorder:
         self.bound: list[tuple[str, str]] = []
         self.events: list[tuple[str, str, str]] = []
 
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+    async def bind(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None
+    ) -> None:
         self.bound.append((f"{namespace}/{name}", node))
 
     def event(self, pod: Mapping[str, Any], *, reason: str, message: str, warning: bool) -> None:

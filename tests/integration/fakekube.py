@@ -192,6 +192,13 @@ class FakeKube:
                         )
                         return
                     pod["spec"]["nodeName"] = node
+                    # as the API server does: a Binding's annotations are copied to the pod
+                    given = (body.get("metadata") or {}).get("annotations") or {}
+                    if given:
+                        pod["metadata"]["annotations"] = {
+                            **(pod["metadata"].get("annotations") or {}),
+                            **given,
+                        }
                     fake.put("pods", pod)
                     with fake.cond:
                         fake.bindings.append((key, node))

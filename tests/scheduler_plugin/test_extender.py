@@ -52,13 +52,18 @@ def make_state(*, ttl: float = 10.0, barrier: float = 5.0, pods: list[dict[str, 
 class Recorder:
     def __init__(self, fail: set[str] = frozenset()) -> None:  # type: ignore[assignment]
         self.bound: list[tuple[str, str]] = []
+        self.bound_annotations: dict[str, dict[str, str]] = {}
         self.events: list[tuple[str, str]] = []
         self.fail = fail
 
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+    async def bind(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None
+    ) -> None:
         if f"{namespace}/{name}" in self.fail:
             raise RuntimeError("injected API failure")
         self.bound.append((f"{namespace}/{name}", node))
+        if annotations:
+            self.bound_annotations[f"{namespace}/{name}"] = dict(annotations)
 
     def event(self, pod: Mapping[str, Any], *, reason: str, message: str, warning: bool) -> None:
         self.events.append((pod["metadata"]["name"], reason))
@@ -723,3 +728,71 @@ def test_a_bound_pods_requests_are_read_again_only_when_its_containers_change() 
     assert s.free_gpus("r0-t0") == 4
     s.apply("pods", "ADDED", p)  # the same name again: counted afresh
     assert s.free_gpus("r0-t0") == 2
+
+
+def test_an_auto_gang_binds_with_the_chosen_subgroup_size_on_each_pod() -> None:
+    """``gpuagent.dev/subgroup-size: auto`` on 6 pods over two racks of 4 trays, one tray of each with
+    its clique label withdrawn: the planner chooses 3 (3 ready trays per rack), says so in an Event and
+    hands every pod the size on its Binding; no pod goes to an unready tray."""
+    ann = {
+        "gpuagent.dev/gang": "g",
+        "gpuagent.dev/gang-size": "6",
+        "gpuagent.dev/subgroup-size": "auto",
+        "gpuagent.dev/subgroup-size-min": "2",
+        "gpuagent.dev/subgroup-tier": "nvlink",
+    }
+    pods = [pod(f"w{i}", 4, annotations={**ann, "gpuagent.dev/rank": str(i)}) for i in range(6)]
+
+    async def scenario() -> tuple[dict[str, str], Recorder]:
+        s = make_state(pods=pods)
+        healthy = {"gpuagent.dev/fabric-health": "healthy", "nvidia.com/gpu.clique": "c.0"}
+        s.replace(
+            "nodes",
+            [
+                node(n, 4, labels={"gpuagent.dev/fabric-health": "healthy"} if n.endswith("t3") else healthy)
+                for n in NODES
+            ],
+        )
+        rec = Recorder()
+        ext = Extender(state=s, cluster=rec, clock=Clock())
+        nodes: dict[str, str] = {}
+        for p in pods:
+            status, out = await ext.dispatch(
+                "POST", "/filter", json.dumps({"Pod": p, "NodeNames": NODES}).encode()
+            )
+            assert status == 200
+            assert out["NodeNames"], out
+            nodes[p["metadata"]["name"]] = out["NodeNames"][0]
+
+        def args(name: str) -> bytes:
+            return json.dumps(
+                {
+                    "PodName": name,
+                    "PodNamespace": "default",
+                    "PodUID": f"uid-default-{name}",
+                    "Node": nodes[name],
+                }
+            ).encode()
+
+        results = await asyncio.gather(*(ext.dispatch("POST", "/bind", args(f"w{i}")) for i in range(6)))
+        await ext.drain()
+        assert [r[1] for r in results] == [{"Error": ""}] * 6
+        return nodes, rec
+
+    nodes, rec = asyncio.run(scenario())
+    assert not any(n.endswith("t3") for n in nodes.values())
+    assert {nodes[f"w{i}"][:2] for i in range(3)} != {nodes[f"w{i}"][:2] for i in range(3, 6)}
+    assert rec.bound_annotations == {
+        f"default/w{i}": {state_module.SUBGROUP_SIZE_CHOSEN: "3"} for i in range(6)
+    }
+    assert ("w0", "SubgroupSizeChosen") in rec.events
+
+
+def test_a_fixed_size_gang_binds_without_annotations() -> None:
+    s = make_state(pods=[gang_pod(f"w{i}", i) for i in range(4)])
+    for i in range(4):
+        p = s.pods[f"default/w{i}"]
+        n = planned_node(s, p, 0.0)
+        decision = s.bind("default", f"w{i}", f"uid-default-w{i}", n, 0.0)
+    assert decision.action == "bind"
+    assert decision.annotations == {}

@@ -8,6 +8,7 @@ since the epoch (``T0``); pods carry creation and start times as the API shows t
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -429,7 +430,9 @@ class FakeQueueCluster:
         self.events: list[tuple[str, str, str]] = []
         self.refuse = refuse
 
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+    async def bind(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None
+    ) -> None:
         raise AssertionError("no binding expected")
 
     def event(self, pod: Any, *, reason: str, message: str, warning: bool) -> None:

@@ -17,6 +17,7 @@ tier, among all its placements inside the domain the whole plan occupies.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 
 from hypothesis import given, settings
@@ -24,6 +25,7 @@ from hypothesis import strategies as st
 
 from scheduler_plugin.planner import plan, role_subgroups
 from scheduler_plugin.planner.attempt import role_order
+from scheduler_plugin.planner.autosize import ready_view
 from scheduler_plugin.planner.objective import Figures, evaluate, measuring_tier
 from scheduler_plugin.planner.roles import min_blocks
 from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, NodeState, Plan, PodSlot, Role
@@ -226,6 +228,62 @@ def test_the_first_role_of_several_is_placed_optimally_for_itself(snap: ClusterS
         for p in placements(snap, first, within=within)
     ]
     assert got == min(alone)
+
+
+# -- subgroup_size: auto ----------------------------------------------------------------------------
+
+
+@st.composite
+def auto_gangs(draw: st.DrawFn) -> Gang:
+    pods = draw(st.integers(1, 6))
+    role = Role(
+        name="w",
+        pods=pods,
+        gpus_per_pod=draw(st.sampled_from([1, 1, 2, 4])),
+        subgroup_tier=draw(st.sampled_from(["nvlink", "nvlink", "leaf"])),
+        subgroup_auto_min=draw(st.integers(1, pods)),
+    )
+    return Gang(name="g", roles=(role,), tier=draw(st.sampled_from([None, None, "leaf"])))
+
+
+@st.composite
+def clusters_with_unready_trays(draw: st.DrawFn) -> ClusterSnapshot:
+    snap = draw(small_clusters(max_nodes=7))
+    nodes = tuple(dataclasses.replace(n, ready=draw(st.integers(0, 2)) > 0) for n in snap.nodes)
+    return ClusterSnapshot(tiers=snap.tiers, nodes=nodes)
+
+
+@settings(max_examples=200, deadline=None)
+@given(clusters_with_unready_trays(), auto_gangs())
+def test_auto_takes_the_largest_size_any_placement_on_ready_trays_has_and_its_best_plan(
+    snap: ClusterSnapshot, gang: Gang
+) -> None:
+    """Brute force over every size (divisors of the pods, at least the minimum) and every placement on
+    the ready nodes: the planner's size is the largest with a placement, its plan the best there, and it
+    is infeasible exactly when no size has one."""
+    (role,) = gang.roles
+    assert role.subgroup_auto_min is not None
+    ready = ready_view(snap)
+    sizes = [d for d in range(role.pods, role.subgroup_auto_min - 1, -1) if role.pods % d == 0]
+    chosen: tuple[int, Role, tuple[int, ...]] | None = None
+    for size in sizes:
+        fixed = dataclasses.replace(role, subgroup_size=size, subgroup_auto_min=None)
+        sized = dataclasses.replace(gang, roles=(fixed,))
+        best = best_key(ready, fixed, measure_of(ready, sized), gang_tier=gang.tier)
+        if best is not None:
+            chosen = (size, fixed, best)
+            break
+    result = plan(snap, gang)
+    if chosen is None:
+        assert isinstance(result, Infeasible), result
+        return
+    size, fixed, best = chosen
+    assert isinstance(result, Plan), (result.reason, size)
+    assert result.subgroup_sizes == {"w": size}
+    unready = {n.name for n in snap.nodes if not n.ready}
+    assert not unready & set(result.placement.values())
+    measure = measure_of(ready, dataclasses.replace(gang, roles=(fixed,)))
+    assert evaluate(ready, result.placement, (fixed,), main=fixed, measure=measure).key() == best
 
 
 # -- the known gaps, outside the claim -------------------------------------------------------------

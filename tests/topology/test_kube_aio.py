@@ -730,3 +730,23 @@ def test_a_credential_hook_that_fails_after_a_token_keeps_the_last_token() -> No
 
     seen = run(main())
     assert [h["authorization"] for _, h, _ in seen.requests] == ["Bearer t0"] * 3
+
+
+def test_a_bindings_annotations_are_posted_on_the_binding() -> None:
+    """The API server copies a Binding's annotations to the pod: the extender's way to hand the pod the
+    subgroup size chosen for it, with no write to the pod of its own."""
+
+    async def main() -> Seen:
+        server, seen, port = await serve(answering(CREATED))
+        kube = AsyncKube("127.0.0.1", port, tls=None, auth=Config(), auth_refresh_s=3600)
+        await kube.bind("ns", "p0", "", "node-a", {"gpuagent.dev/subgroup-size-chosen": "16"})
+        await kube.aclose()
+        server.close()
+        return seen
+
+    _, _, body = run(main()).requests[0]
+    assert json.loads(body)["metadata"] == {
+        "name": "p0",
+        "namespace": "ns",
+        "annotations": {"gpuagent.dev/subgroup-size-chosen": "16"},
+    }

@@ -397,12 +397,17 @@ class Kube:
             if exc.status != 404:
                 raise
 
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
-        """Bind a pod to a node (``pods/binding``); ``uid`` (when given) guards against a re-created pod.
+    def bind(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None
+    ) -> None:
+        """Bind a pod to a node (``pods/binding``); ``uid`` (when given) guards against a re-created pod;
+        ``annotations`` go on the Binding, which the API server copies to the pod.
         A pod already on that node counts as bound (:func:`bound_already`)."""
-        meta: dict[str, str] = {"name": name, "namespace": namespace}
+        meta: dict[str, Any] = {"name": name, "namespace": namespace}
         if uid:
             meta["uid"] = uid
+        if annotations:
+            meta["annotations"] = dict(annotations)
         try:
             self.create(
                 binding(namespace, name),

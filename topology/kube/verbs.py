@@ -78,13 +78,23 @@ def evict(kube: Kube, namespace: str, name: str, uid: str, *, dry_run: bool = Fa
     return None
 
 
-async def bind(kube: Kube, namespace: str, name: str, uid: str, node: str, *, aio: AsyncKube | None) -> None:
-    """Bind a pod to a node: on the event loop over kept-alive connections (``aio``); without one (a
-    configuration it does not speak) through the synchronous client in a worker thread."""
+async def bind(
+    kube: Kube,
+    namespace: str,
+    name: str,
+    uid: str,
+    node: str,
+    *,
+    aio: AsyncKube | None,
+    annotations: Mapping[str, str] | None = None,
+) -> None:
+    """Bind a pod to a node (``annotations`` ride on the Binding; the API server copies them onto the
+    pod): on the event loop over kept-alive connections (``aio``); without one (a configuration it does
+    not speak) through the synchronous client in a worker thread."""
     if aio is not None:
-        await aio.bind(namespace, name, uid, node)
+        await aio.bind(namespace, name, uid, node, annotations)
     else:
-        await asyncio.to_thread(kube.bind, namespace, name, uid, node)
+        await asyncio.to_thread(kube.bind, namespace, name, uid, node, annotations)
 
 
 def pod_ref(pod: Mapping[str, Any]) -> ObjectRef:
@@ -118,8 +128,10 @@ class ClusterVerbs:
         self.node_annotation = node_annotation
         self.pod_annotation = pod_annotation
 
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
-        await bind(self.kube, namespace, name, uid, node, aio=self.aio)
+    async def bind(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None
+    ) -> None:
+        await bind(self.kube, namespace, name, uid, node, aio=self.aio, annotations=annotations)
 
     def event(self, pod: Mapping[str, Any], *, reason: str, message: str, warning: bool) -> None:
         self.recorder.record(pod_ref(pod), reason=reason, message=message, warning=warning)
