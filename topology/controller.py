@@ -27,7 +27,7 @@ from urllib.parse import quote
 
 from topology import logs
 from topology.builder import Diff, FabricPolicy, NodeFacts, Tree, build_tree, desired_objects, diff
-from topology.gpunode import GpuNodeError, inventory_from_gpunode
+from topology.gpunode import GpuNodeError, inventory_from_gpunode, published_verdicts
 from topology.ibnet import IbnetError, SwitchTree, parse_many, switch_tree
 from topology.kube import (
     GPUNODES,
@@ -122,7 +122,7 @@ def build_from(inputs: Inputs, *, policy: FabricPolicy, cache: ParseCache | None
         if hit is None:
             try:
                 name, inv, _health = inventory_from_gpunode(obj)
-                hit = (name, inv, facts_from_inventory(name, inv))
+                hit = (name, inv, facts_from_inventory(name, inv, published_verdicts(obj)))
             except GpuNodeError as exc:
                 hit = str(exc)
         fresh[(key, rv)] = hit
@@ -151,6 +151,7 @@ def build_from(inputs: Inputs, *, policy: FabricPolicy, cache: ParseCache | None
         switch_tree=tree_data,
         mapping=inputs.mapping,
         known_nodes=known,
+        facts=known_facts,
     )
     return BuildResult(build_tree(data, policy=policy), problems)
 

@@ -17,9 +17,16 @@ Rules (GPU Feature Discovery's clique rule, plus health):
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from topology.fabrichealth import DEFAULT_FABRIC_POLICY, FabricLevel, FabricPolicy, gpu_fabric_verdict
+from topology.fabrichealth import (
+    DEFAULT_FABRIC_POLICY,
+    FabricLevel,
+    FabricPolicy,
+    GpuFabricVerdict,
+    gpu_fabric_verdict,
+)
 from topology.model import FabricState, NodeInventory
 
 
@@ -56,7 +63,15 @@ class NvlinkFacts:
         return str(self.clique)
 
 
-def nvlink_facts(inventory: NodeInventory, policy: FabricPolicy = DEFAULT_FABRIC_POLICY) -> NvlinkFacts:
+def nvlink_facts(
+    inventory: NodeInventory,
+    policy: FabricPolicy = DEFAULT_FABRIC_POLICY,
+    *,
+    verdicts: Sequence[GpuFabricVerdict] | None = None,
+) -> NvlinkFacts:
+    """The node's NVLink facts. ``verdicts``: the levels the node's agent published under its own fabric
+    policy (``GPUNode`` ``status.fabric``); they replace ``policy`` for the GPUs they name."""
+    published = {v.gpu_index: v for v in verdicts} if verdicts is not None else {}
     entries = [f for f in inventory.fabric if f.state is not FabricState.NOT_SUPPORTED]
     if not entries:
         return NvlinkFacts(FabricStatus.NONE, None, None)
@@ -79,8 +94,11 @@ def nvlink_facts(inventory: NodeInventory, policy: FabricPolicy = DEFAULT_FABRIC
         seen = ", ".join(sorted(str(k) for k in keys))
         return NvlinkFacts(FabricStatus.INCONSISTENT, None, f"GPUs disagree on the clique ({seen})")
     (key,) = keys
-    verdicts = [gpu_fabric_verdict(f, policy) for f in sorted(entries, key=lambda e: e.gpu_index)]
-    bad = [v for v in verdicts if v.level is FabricLevel.UNHEALTHY]
+    judged = [
+        published.get(f.gpu_index) or gpu_fabric_verdict(f, policy)
+        for f in sorted(entries, key=lambda e: e.gpu_index)
+    ]
+    bad = [v for v in judged if v.level is FabricLevel.UNHEALTHY]
     if bad:
         groups: dict[str, list[str]] = {}
         for v in bad:
