@@ -41,6 +41,7 @@ PLURAL = "nvlinkdomains"
 SINGULAR = "nvlinkdomain"
 API_VERSION = GROUP_VERSION
 MAX_REASON = 200
+NVLINKDOMAINS = f"/apis/{GROUP}/{VERSION}/{PLURAL}"
 DOMAIN_LABEL = "gpuagent.dev/nvlink-domain"
 
 
@@ -275,12 +276,62 @@ def tray_from_gpunode(
     )
 
 
+# --------------------------------------------------------------------------- the HyperNode's condition
+
+CONDITION_TYPE = "gpuagent.dev/NVLinkDomainReady"
+
+
+def hypernode_condition(s: DomainStatus) -> tuple[str, str, str]:
+    """``(status, reason, message)`` of the domain's condition on its tier-1 ``HyperNode``: ``True`` when
+    every tray is ready."""
+    if s.all_ready:
+        status, reason = "True", "AllTraysReady"
+    elif s.ready:
+        status, reason = "False", "TraysNotReady"
+    else:
+        status, reason = "False", "NoTrayReady"
+    message = (
+        f"{len(s.ready)}/{len(s.members)} trays ready, IMEX quorum {s.quorum}, "
+        f"largest subgroup {s.largest_subgroup} whole trays"
+    )
+    not_ready = [d for d in s.degraded if not d.ready]
+    if not_ready:
+        shown = "; ".join(f"{d.name}: {d.reason}" for d in not_ready[:3])
+        more = f" (+{len(not_ready) - 3} more)" if len(not_ready) > 3 else ""
+        message += f"; not ready: {shown}{more}"
+    return status, reason, message[:1024]
+
+
+def merged_conditions(
+    current: Any, status: str, reason: str, message: str, *, now: str
+) -> list[dict[str, Any]] | None:
+    """The HyperNode's ``status.conditions`` with ours set (other writers' conditions kept), or ``None``
+    when ours already says this. ``lastTransitionTime`` moves only when the status changes."""
+    kept = [c for c in current if isinstance(c, dict)] if isinstance(current, list) else []
+    mine = next((c for c in kept if c.get("type") == CONDITION_TYPE), None)
+    if mine is not None and (mine.get("status"), mine.get("reason"), mine.get("message")) == (
+        status,
+        reason,
+        message,
+    ):
+        return None
+    since = mine.get("lastTransitionTime") if mine is not None and mine.get("status") == status else None
+    ours = {
+        "type": CONDITION_TYPE,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": since or now,
+    }
+    return [c for c in kept if c.get("type") != CONDITION_TYPE] + [ours]
+
+
 # --------------------------------------------------------------------------- the object and its CRD
 
 
 def nvlinkdomain_object(s: DomainStatus) -> dict[str, Any]:
-    """The ``NVLinkDomain`` object of one domain (everything in ``status``; no status subresource, so one
-    server-side apply writes it)."""
+    """The ``NVLinkDomain`` object of one domain: the clique in ``spec``, the facts in ``status`` (a
+    subresource: written by a second apply)."""
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
@@ -380,6 +431,7 @@ def nvlinkdomain_crd() -> dict[str, Any]:
                     "name": VERSION,
                     "served": True,
                     "storage": True,
+                    "subresources": {"status": {}},
                     "additionalPrinterColumns": [
                         column("Phase", ".status.phase"),
                         column("Trays", ".status.trays", "integer"),
