@@ -56,7 +56,9 @@ class SimulatedNode:
         )
 
     def close(self) -> None:
-        """Removes the generated files."""
+        """Stops the managed IMEX daemon's listener, if any, and removes the generated files."""
+        if self.imex is not None:
+            self.imex.close()
         self._stack.close()
 
     def __enter__(self) -> SimulatedNode:

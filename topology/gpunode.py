@@ -32,7 +32,7 @@ from topology.fabrichealth import (
     node_fabric_level,
 )
 from topology.model import SCHEMA_VERSION, Health, NodeInventory
-from topology.nvlink import nvlink_facts
+from topology.nvlink import CLIQUE_LABEL, member_clique, nvlink_facts
 
 GROUP = "topology.gpuagent.dev"
 VERSION = "v1alpha1"
@@ -73,6 +73,9 @@ def gpunode_object(
     if not node_name:
         raise ValueError("gpunode: node_name is empty")
     metadata: dict[str, Any] = {"name": node_name}
+    clique = member_clique(inventory)
+    if clique is not None:
+        metadata["labels"] = {CLIQUE_LABEL: str(clique)}
     if node_uid:
         metadata["ownerReferences"] = [
             {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid}

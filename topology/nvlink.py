@@ -49,6 +49,11 @@ class CliqueKey:
         return f"{self.cluster_uuid}.{self.clique_id}"
 
 
+CLIQUE_LABEL = "gpuagent.dev/nvlink-clique"
+"""On a ``GPUNode``: the clique its node belongs to (:func:`member_clique`), also while its fabric is not
+ready, so an agent managing IMEX can watch its clique's members alone."""
+
+
 @dataclass(frozen=True, slots=True)
 class NvlinkFacts:
     status: FabricStatus
@@ -106,3 +111,18 @@ def nvlink_facts(
         where = "; ".join(f"on GPU {', '.join(gpus)}: {conds}" for conds, gpus in groups.items())
         return NvlinkFacts(FabricStatus.UNHEALTHY, key, f"fabric unhealthy {where}")
     return NvlinkFacts(FabricStatus.OK, key, None)
+
+
+def member_clique(inventory: NodeInventory) -> CliqueKey | None:
+    """The clique a tray belongs to, also while its fabric is not ``COMPLETED`` or unhealthy: the
+    clusterUuid/cliqueId most of its multi-node GPUs name (ties: the smallest); ``None`` for a node
+    without a multi-node fabric."""
+    counts: dict[CliqueKey, int] = {}
+    for f in inventory.fabric:
+        if f.state is FabricState.NOT_SUPPORTED or not f.multi_node:
+            continue
+        key = CliqueKey(f.cluster_uuid.lower(), f.clique_id)
+        counts[key] = counts.get(key, 0) + 1
+    if not counts:
+        return None
+    return min(counts, key=lambda k: (-counts[k], k))

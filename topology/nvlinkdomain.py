@@ -32,9 +32,9 @@ from typing import Any
 from topology.fabrichealth import FabricLevel, GpuFabricVerdict, fabric_verdicts
 from topology.gpunode import API_VERSION as GROUP_VERSION
 from topology.gpunode import GROUP, VERSION
-from topology.model import FabricState, Health, NodeInventory
+from topology.model import Health, NodeInventory
 from topology.names import clique_domain_name
-from topology.nvlink import CliqueKey, FabricStatus, nvlink_facts
+from topology.nvlink import CliqueKey, FabricStatus, member_clique, nvlink_facts
 
 KIND = "NVLinkDomain"
 PLURAL = "nvlinkdomains"
@@ -191,21 +191,6 @@ def domain_statuses(trays: Iterable[TrayState]) -> dict[str, DomainStatus]:
 
 
 # --------------------------------------------------------------------------- from the cluster's objects
-
-
-def member_clique(inventory: NodeInventory) -> CliqueKey | None:
-    """The clique a tray belongs to, also while its fabric is not ``COMPLETED`` or unhealthy: the
-    clusterUuid/cliqueId most of its multi-node GPUs name (ties: the smallest); ``None`` for a node
-    without a multi-node fabric."""
-    counts: dict[CliqueKey, int] = {}
-    for f in inventory.fabric:
-        if f.state is FabricState.NOT_SUPPORTED or not f.multi_node:
-            continue
-        key = CliqueKey(f.cluster_uuid.lower(), f.clique_id)
-        counts[key] = counts.get(key, 0) + 1
-    if not counts:
-        return None
-    return min(counts, key=lambda k: (-counts[k], k))
 
 
 def node_is_ready(node: Mapping[str, Any] | None) -> bool:
