@@ -49,7 +49,14 @@ from typing import Any
 from agent.files import RefusedFileError, read_bytes
 from agent.healthbook import DEFAULT_IGNORED_XIDS, HealthConfig
 from agent.imexmanage import DAEMONS, ImexManageConfig
-from deviceplugin.config import ConfigError, MigStrategy, PluginConfig, SectionReader, parse_plugin_config
+from deviceplugin.config import (
+    IMEX_AGENT_KEYS,
+    ConfigError,
+    MigStrategy,
+    PluginConfig,
+    SectionReader,
+    parse_plugin_config,
+)
 from deviceplugin.dra.config import DraConfig, parse_dra_config, shared_conflicts
 from topology import safeyaml
 from topology.fabrichealth import DEFAULT_FABRIC_POLICY, FabricCondition, FabricPolicy, parse_conditions
@@ -379,8 +386,6 @@ PLUGIN_OVERRIDES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("--imex-daemon", "IMEX_DAEMON", ("imex", "daemon")),
     ("--imex-address", "IMEX_ADDRESS", ("imex", "address")),
 )
-IMEX_AGENT_KEYS = ("manage", "daemon", "service", "command", "nodesConfig", "address", "port", "maxPeers")
-"""Keys of the ``imex`` section the agent owns (host-managed IMEX); the others are the device plugin's."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -500,7 +505,6 @@ def load_settings(args: argparse.Namespace, env: Mapping[str, str]) -> RunSettin
     imex_agent: dict[str, Any] = {}
     if isinstance(imex_section, Mapping):
         imex_agent = {k: imex_section[k] for k in IMEX_AGENT_KEYS if k in imex_section}
-        plugin_data["imex"] = {k: v for k, v in imex_section.items() if k not in IMEX_AGENT_KEYS}
     try:
         imex = parse_imex_manage(imex_agent, source=source)
     except ConfigError as exc:
@@ -571,7 +575,7 @@ def parse_imex_manage(body: Mapping[str, Any], *, source: str = "config") -> Ime
         values["manage"] = manage
     elif manage is not None:
         problems.append(f"{source}: imex.manage: expected true or false, got {str(manage)[:60]!r}")
-    for key, dest in (("daemon", "daemon"), ("service", "service"), ("address", "address")):
+    for key, dest in (("daemon", "daemon"), ("service", "service"), ("address", "address"), ("ctl", "ctl")):
         got = text(key, 253)
         if got is not None:
             values[dest] = got

@@ -49,6 +49,7 @@ class ImexManageConfig:
     """The ``imex`` section's daemon settings (``channelIDs``/``required`` are the device plugin's)."""
 
     manage: bool = False
+    ctl: str = "nvidia-imex-ctl"  # the status command (a path, or a name on the PATH); read also unmanaged
     daemon: str = "systemd"  # systemd | child | none
     service: str = "nvidia-imex.service"
     command: tuple[str, ...] = DEFAULT_COMMAND

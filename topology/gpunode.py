@@ -464,6 +464,8 @@ def gpunode_crd() -> dict[str, Any]:
                     "status": {"type": "string"},
                     "peers": {"type": "integer", "minimum": 0},
                     "reason": {"type": "string"},
+                    "managed": {"type": "boolean", "description": "the agent keeps the peer list"},
+                    "address": {"type": "string", "maxLength": 45, "description": "this node's IMEX address"},
                 },
             },
             "health": {

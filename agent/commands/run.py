@@ -149,11 +149,17 @@ def build_node(settings: RunSettings) -> Node:
         raise StartupError(f"cannot load NVML ({exc}); '--simulate PROFILE' runs without a GPU") from None
     sysfs_root = settings.sysfs_root or Path("/sys")
     real_host = read_host(sysfs_root=sysfs_root, hostname=settings.node_name)
+    from agent.imexctl import DEFAULT_NODES_CONFIG  # noqa: PLC0415
+
+    imex_reader = ImexCtlReader(
+        ctl=settings.imex.ctl, nodes_config=settings.imex.nodes_config or DEFAULT_NODES_CONFIG
+    )
     return Node(
         nvml=real,
         discover=lambda: discover(nvml=real, sysfs_root=sysfs_root, host=real_host, strict=True),
         dev_root=settings.dev_root or Path("/dev"),
         proc_devices=settings.proc_root / "devices",
+        imex=imex_reader,
     )
 
 
