@@ -368,7 +368,12 @@ class ImexPeerManager:
         self.peers = wanted
         self.deferred = None
         self._log.info(
-            "imex_peers_applied", peers=len(wanted), added=added, removed=removed, restarts=self.restarts
+            "imex_peers_applied",
+            peers=len(wanted),
+            peer_list=list(wanted),
+            added=added,
+            removed=removed,
+            restarts=self.restarts,
         )
         return True
 

@@ -523,6 +523,12 @@ class TopologyController:
                     largest_subgroup=s.largest_subgroup,
                 )
         except KubeError as exc:
+            if exc.status == 404:  # the NVLinkDomain CRD is not installed: HyperNodes go on regardless
+                self._problem(
+                    "the NVLinkDomain CRD is not installed (daemonset/crds/nvlinkdomain.yaml); "
+                    "no domain objects written"
+                )
+                return 0
             log.warning("nvlinkdomain_apply_failed", nvlinkdomain=s.name, error=str(exc))
             return 1
         self.nvlinkdomains.remember(have)
@@ -548,6 +554,8 @@ class TopologyController:
         try:
             applied = self.kube.apply(f"{HYPERNODES}/{quote(s.name)}/status", body)
         except KubeError as exc:
+            if exc.status == 404:  # deleted meanwhile; the next reconcile sees it
+                return 0
             log.warning("hypernode_condition_failed", hypernode=s.name, error=str(exc))
             return 1
         self.stats.writes += 1

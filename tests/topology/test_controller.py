@@ -358,3 +358,13 @@ def test_stale_nvlinkdomain_deleted_when_its_trays_go(fake: tuple[FakeKube, str]
         wait_for(lambda: rack1 in f.items(NVLINKDOMAINS), "rack1 domain")
         f.remove(NODES, "rack1-tray0")
         wait_for(lambda: rack1 not in f.items(NVLINKDOMAINS), "rack1 domain deleted")
+
+
+def test_without_the_nvlinkdomain_crd_the_hypernodes_are_still_written(fake: tuple[FakeKube, str]) -> None:
+    f, url = fake
+    f.missing.add(NVLINKDOMAINS)
+    c = TopologyController(kube=Kube(api_client(url)), settings=settings())
+    with running(c):
+        wait_for(lambda: c.stats.reconciles >= 1 and bool(c.domains), "a reconcile")
+        wait_for(lambda: len(hypernode_names(f)) >= 4, "HyperNodes")
+        assert c.stats.failed_writes == 0
