@@ -32,8 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from agent.imex import ImexStatus, SimulatedImexDaemon, parse_peers
+from agent.imex import ImexStatus, parse_peers
 from agent.imexctl import ImexReader, run_bounded
+from agent.imexsim import SimulatedImexDaemon
 from topology import logs
 from topology.lifecycle import sleep_until, wait_for_event
 from topology.nvlink import CLIQUE_LABEL, CliqueKey

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from agent.discovery import discover
 from agent.host import simulated_host
-from agent.imex import SimulatedImexDaemon
+from agent.imexsim import SimulatedImexDaemon
 from agent.mps import DEFAULT_PIPE_DIRECTORY
 from agent.nvml.fake import SimulatedNvml
 from agent.nvml.faults import FaultFollower

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from agent.config import add_arguments, load_settings
-from agent.imex import ImexDaemonStatus, SimulatedImexDaemon
+from agent.imex import ImexDaemonStatus
 from agent.imexmanage import (
     ImexManageConfig,
     ImexPeerManager,
@@ -24,6 +24,7 @@ from agent.imexmanage import (
     peer_list,
     write_atomic,
 )
+from agent.imexsim import SimulatedImexDaemon
 from deviceplugin.config import ConfigError
 from tests.topology.factories import nvl72_tray
 from topology.gpunode import gpunode_object
