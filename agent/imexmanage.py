@@ -144,6 +144,10 @@ def render_peers(peers: Iterable[str]) -> str:
 
 
 class DaemonControl(Protocol):
+    # True: the daemon lives and dies with the agent (it must be started); False: it outlives the agent
+    # (systemd, or run by something else), so a restarted agent leaves it alone when its list is right
+    owned: bool
+
     def restart(self) -> None: ...
 
     def stop(self) -> None: ...
@@ -151,6 +155,8 @@ class DaemonControl(Protocol):
 
 class SystemdDaemon:
     """``systemctl restart <service>`` (the host's ``nvidia-imex`` unit)."""
+
+    owned = False
 
     def __init__(self, service: str, *, timeout_s: float = 60.0) -> None:
         self.service = service
@@ -171,6 +177,8 @@ class SystemdDaemon:
 class ChildDaemon:
     """The daemon as the agent's child process (its own process group), restarted with SIGTERM then a
     new start; stopped with the agent."""
+
+    owned = True
 
     def __init__(self, command: tuple[str, ...], *, grace_s: float = 5.0) -> None:
         self.command = command
@@ -198,6 +206,8 @@ class ChildDaemon:
 class NoDaemon:
     """``imex.daemon: none``: the file is written, something else restarts the daemon."""
 
+    owned = False
+
     def restart(self) -> None:
         pass
 
@@ -207,6 +217,8 @@ class NoDaemon:
 
 class SimulatedDaemonControl:
     """The simulated daemon, restarted on its address with the new list."""
+
+    owned = True
 
     def __init__(
         self, daemon: SimulatedImexDaemon, *, address: Callable[[], str | None], port: int, nodes_config: Path
@@ -346,7 +358,9 @@ class ImexPeerManager:
                 peer=name,
                 hint="its agent has not published a valid IMEX address",
             )
-        first = self.restarts == 0
+        # the agent's first step starts a daemon it owns; one that outlives the agent (systemd) and already
+        # has the wanted list on disk is left running: a restarted agent never breaks a job's quorum
+        first = self.restarts == 0 and (self.daemon.owned or self.peers is None)
         if wanted == self.peers and not first:
             self.deferred = None
             return False

@@ -90,7 +90,8 @@ def test_write_atomic_replaces_the_file_and_leaves_no_temporary(tmp_path: Path) 
 
 
 class FakeDaemon:
-    def __init__(self) -> None:
+    def __init__(self, *, owned: bool = True) -> None:
+        self.owned = owned
         self.restarts = 0
         self.stopped = False
 
@@ -161,6 +162,20 @@ def test_restart_only_on_membership_change_added_waits_for_idle_gone_applies_at_
         assert (daemon.restarts, peers_on_disk(m)) == (3, ["127.0.0.1", "127.0.0.3"])
 
     asyncio.run(scenario())
+
+
+def test_a_restarted_agent_leaves_a_systemd_daemon_with_the_right_list_alone(tmp_path: Path) -> None:
+    m, _, members = manager(tmp_path, busy=[True])
+    daemon = FakeDaemon(owned=False)
+    m.daemon = daemon
+    members.items = {"t2": member("t2", "127.0.0.2")}
+    m.nodes_config.write_text("127.0.0.1\n127.0.0.2\n")
+    m.peers = m._on_disk()
+    assert not asyncio.run(m.step())  # the list on disk is right: no restart under a running job
+    assert daemon.restarts == 0
+    members.items["t3"] = member("t3", "127.0.0.3")
+    assert not asyncio.run(m.step())  # added while busy: deferred, as after any other start
+    assert daemon.restarts == 0
 
 
 def test_a_list_past_the_cap_keeps_the_file(tmp_path: Path) -> None:
