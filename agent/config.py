@@ -48,7 +48,15 @@ from typing import Any
 
 from agent.files import RefusedFileError, read_bytes
 from agent.healthbook import DEFAULT_IGNORED_XIDS, HealthConfig
-from deviceplugin.config import ConfigError, MigStrategy, PluginConfig, SectionReader, parse_plugin_config
+from agent.imexmanage import DAEMONS, ImexManageConfig
+from deviceplugin.config import (
+    IMEX_AGENT_KEYS,
+    ConfigError,
+    MigStrategy,
+    PluginConfig,
+    SectionReader,
+    parse_plugin_config,
+)
 from deviceplugin.dra.config import DraConfig, parse_dra_config, shared_conflicts
 from topology import safeyaml
 from topology.fabrichealth import DEFAULT_FABRIC_POLICY, FabricCondition, FabricPolicy, parse_conditions
@@ -105,6 +113,7 @@ class RunSettings:
     plugin: PluginConfig = field(default_factory=PluginConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     dra: DraConfig = field(default_factory=DraConfig)
+    imex: ImexManageConfig = field(default_factory=ImexManageConfig)
 
 
 def _path(text: str) -> Path:
@@ -373,6 +382,9 @@ PLUGIN_OVERRIDES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("--mig-strategy", "MIG_STRATEGY", ("flags", "migStrategy")),
     ("--imex-channel-ids", "IMEX_CHANNEL_IDS", ("imex", "channelIDs")),  # NVIDIA's device plugin's names
     ("--imex-required", "IMEX_REQUIRED", ("imex", "required")),
+    ("--imex-manage", "IMEX_MANAGE", ("imex", "manage")),
+    ("--imex-daemon", "IMEX_DAEMON", ("imex", "daemon")),
+    ("--imex-address", "IMEX_ADDRESS", ("imex", "address")),
 )
 
 
@@ -401,6 +413,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_const",
         const="true",
         help="refuse to start without the IMEX channel device node [IMEX_REQUIRED]",
+    )
+    parser.add_argument(
+        "--imex-manage",
+        dest="imex_manage",
+        action="store_const",
+        const="true",
+        help="keep the IMEX peer list equal to this node's NVLink clique and restart the daemon on "
+        "membership changes [IMEX_MANAGE]",
+    )
+    parser.add_argument(
+        "--imex-daemon",
+        dest="imex_daemon",
+        choices=DAEMONS,
+        help="how the managed IMEX daemon runs: systemd service, child process, or none [IMEX_DAEMON]",
+    )
+    parser.add_argument(
+        "--imex-address",
+        dest="imex_address",
+        metavar="IP",
+        help="this node's IMEX address (default: the Node's InternalIP) [IMEX_ADDRESS]",
     )
 
 
@@ -469,6 +501,15 @@ def load_settings(args: argparse.Namespace, env: Mapping[str, str]) -> RunSettin
             section = dict(plugin_data.get(path[0]) or {})
             section[path[1]] = override
             plugin_data[path[0]] = section
+    imex_section = plugin_data.get("imex")
+    imex_agent: dict[str, Any] = {}
+    if isinstance(imex_section, Mapping):
+        imex_agent = {k: imex_section[k] for k in IMEX_AGENT_KEYS if k in imex_section}
+    try:
+        imex = parse_imex_manage(imex_agent, source=source)
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+        imex = ImexManageConfig()
     try:
         plugin = parse_plugin_config(plugin_data, source=source)
     except ConfigError as exc:
@@ -498,7 +539,67 @@ def load_settings(args: argparse.Namespace, env: Mapping[str, str]) -> RunSettin
         problems.append(f"--health-addr: {clash}; the health listener needs a port of its own")
     if problems:
         raise ConfigError(problems)
-    return RunSettings(**values, config_file=config_path, plugin=plugin, health=health, dra=dra)
+    return RunSettings(**values, config_file=config_path, plugin=plugin, health=health, dra=dra, imex=imex)
+
+
+def parse_imex_manage(body: Mapping[str, Any], *, source: str = "config") -> ImexManageConfig:
+    """The agent's keys of the ``imex`` section (flags and env give strings); :class:`ConfigError`
+    naming each bad one."""
+    problems: list[str] = []
+    values: dict[str, Any] = {}
+
+    def text(key: str, limit: int = 4096) -> str | None:
+        value = body.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value or len(value) > limit or not value.isprintable():
+            problems.append(f"{source}: imex.{key}: expected a non-empty string, got {str(value)[:60]!r}")
+            return None
+        return value
+
+    def number(key: str) -> int | None:
+        value = body.get(key)
+        if value is None:
+            return None
+        if isinstance(value, str) and value.isdigit() and len(value) < 8:
+            value = int(value)
+        if type(value) is not int:
+            problems.append(f"{source}: imex.{key}: expected an integer, got {str(value)[:60]!r}")
+            return None
+        return value
+
+    manage = body.get("manage")
+    if isinstance(manage, str) and manage.lower() in ("true", "false"):
+        values["manage"] = manage.lower() == "true"
+    elif isinstance(manage, bool):
+        values["manage"] = manage
+    elif manage is not None:
+        problems.append(f"{source}: imex.manage: expected true or false, got {str(manage)[:60]!r}")
+    for key, dest in (("daemon", "daemon"), ("service", "service"), ("address", "address"), ("ctl", "ctl")):
+        got = text(key, 253)
+        if got is not None:
+            values[dest] = got
+    path = text("nodesConfig")
+    if path is not None:
+        values["nodes_config"] = Path(path)
+    command = body.get("command")
+    if command is not None:
+        if isinstance(command, str):
+            command = command.split()
+        if not isinstance(command, list) or not command or not all(isinstance(c, str) and c for c in command):
+            problems.append(f"{source}: imex.command: expected a list of strings, got {str(command)[:60]!r}")
+        else:
+            values["command"] = tuple(command[:64])
+    for key, dest in (("port", "port"), ("maxPeers", "max_peers")):
+        got_n = number(key)
+        if got_n is not None:
+            values[dest] = got_n
+    if problems:
+        raise ConfigError(problems)
+    try:
+        return ImexManageConfig(**values)
+    except ValueError as exc:
+        raise ConfigError([f"{source}: {exc}"]) from None
 
 
 def _key_text(key: Any) -> str:

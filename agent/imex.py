@@ -8,14 +8,13 @@ state is one of DCGM's ``DCGM_FI_IMEX_DAEMON_STATUS`` values (``INITIALIZING`` 0
 ``not-ready`` (anything else).
 
 Pure: :func:`parse_ctl_output` reads the command's answer, :func:`parse_peers` the peer list; the
-adapter that runs the command and reads the file is :mod:`agent.imexctl`. :class:`SimulatedImexDaemon`
-answers the same text; fault lines ``{"event":"imex","state":"…"}`` (``agent.nvml.faults``) drive it.
+adapter that runs the command and reads the file is :mod:`agent.imexctl`; the simulated daemon of
+``--simulate`` is :mod:`agent.imexsim`.
 """
 
 from __future__ import annotations
 
 import enum
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +51,8 @@ class ImexStatus:
     status: ImexDaemonStatus
     peers: tuple[str, ...] = ()
     reason: str | None = None  # why the status is what it is, where the agent knows more
+    managed: bool = False  # the agent keeps the peer list (imex.manage)
+    address: str | None = None  # this node's IMEX address, where the agent manages the daemon
 
     @property
     def label(self) -> str:
@@ -67,6 +68,10 @@ class ImexStatus:
         out: dict[str, Any] = {"state": self.label, "status": self.status.value, "peers": len(self.peers)}
         if self.reason:
             out["reason"] = self.reason
+        if self.managed:
+            out["managed"] = True
+        if self.address:
+            out["address"] = self.address
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -103,41 +108,6 @@ def parse_peers(text: str) -> tuple[tuple[str, ...], str | None]:
         peers.append(line)
     reason = f"{skipped} line(s) of the peer list left out (not an address or name, or past {MAX_PEERS})"
     return tuple(peers), (reason if skipped else None)
-
-
-class SimulatedImexDaemon:
-    """The IMEX daemon of a simulated GB200 tray: ``READY`` with the rack's trays as peers until a fault
-    line changes its state (``NOT_INSTALLED`` makes it absent)."""
-
-    def __init__(self, peers: tuple[str, ...], state: ImexDaemonStatus = ImexDaemonStatus.READY) -> None:
-        self.peers = peers
-        self._state = state
-        self._lock = threading.Lock()
-
-    @property
-    def state(self) -> ImexDaemonStatus:
-        with self._lock:
-            return self._state
-
-    def set_state(self, state: str) -> None:
-        """A fault line's ``state``; ``ValueError`` naming the valid states."""
-        try:
-            value = ImexDaemonStatus(state.upper())
-        except ValueError:
-            valid = ", ".join(s.value for s in ImexDaemonStatus)
-            raise ValueError(f"unknown IMEX daemon state {state[:40]!r}; valid: {valid}") from None
-        with self._lock:
-            self._state = value
-
-    def query(self) -> str:
-        """What ``nvidia-imex-ctl -q`` prints."""
-        return f"{self.state.value}\n"
-
-    def read(self) -> ImexStatus:
-        state = self.state
-        if state is ImexDaemonStatus.NOT_INSTALLED:
-            return ImexStatus(state)
-        return ImexStatus(parse_ctl_output(self.query()), self.peers)
 
 
 class NoImexDaemon:

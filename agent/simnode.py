@@ -19,7 +19,7 @@ from pathlib import Path
 
 from agent.discovery import discover
 from agent.host import simulated_host
-from agent.imex import SimulatedImexDaemon
+from agent.imexsim import SimulatedImexDaemon
 from agent.mps import DEFAULT_PIPE_DIRECTORY
 from agent.nvml.fake import SimulatedNvml
 from agent.nvml.faults import FaultFollower
@@ -56,7 +56,9 @@ class SimulatedNode:
         )
 
     def close(self) -> None:
-        """Removes the generated files."""
+        """Stops the managed IMEX daemon's listener, if any, and removes the generated files."""
+        if self.imex is not None:
+            self.imex.close()
         self._stack.close()
 
     def __enter__(self) -> SimulatedNode:

@@ -75,6 +75,19 @@ class ListStrategy(enum.StrEnum):
     VOLUME_MOUNTS = "volume-mounts"
 
 
+IMEX_AGENT_KEYS = (
+    "manage",
+    "ctl",
+    "daemon",
+    "service",
+    "command",
+    "nodesConfig",
+    "address",
+    "port",
+    "maxPeers",
+)
+"""Keys of the ``imex`` section that the node agent reads (host-managed IMEX, ``agent.imexmanage``); the
+plugin accepts and leaves them."""
 IMEX_CHANNEL_IDS = ((), (0,))
 """The channel lists ``imex.channelIDs`` accepts (NVIDIA's device plugin accepts the same two)."""
 
@@ -300,7 +313,7 @@ def parse_plugin_config(data: Mapping[str, Any], *, source: str = "config") -> P
 def _imex(r: SectionReader, data: Mapping[str, Any]) -> ImexConfig:
     """The ``imex`` section; ``channelIDs`` and ``required`` also as the strings the flags and env
     variables give (``"0"``, ``""``, ``"true"``)."""
-    body = r.section(data, "imex", "", {"channelIDs", "required"})
+    body = r.section(data, "imex", "", {"channelIDs", "required", *IMEX_AGENT_KEYS})
     raw = body.get("channelIDs")
     ids: tuple[int, ...] = ()
     if isinstance(raw, str):  # --imex-channel-ids / IMEX_CHANNEL_IDS: comma-separated

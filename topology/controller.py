@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -27,12 +28,13 @@ from urllib.parse import quote
 
 from topology import logs
 from topology.builder import Diff, FabricPolicy, NodeFacts, Tree, build_tree, desired_objects, diff
-from topology.gpunode import GpuNodeError, inventory_from_gpunode
+from topology.gpunode import GpuNodeError, inventory_from_gpunode, published_verdicts
 from topology.ibnet import IbnetError, SwitchTree, parse_many, switch_tree
 from topology.kube import (
     GPUNODES,
     HYPERNODES,
     NODES,
+    PODS,
     EventRecorder,
     Informer,
     Kube,
@@ -41,9 +43,28 @@ from topology.kube import (
     ObjectRef,
     Store,
     configmaps,
+    object_key,
 )
 from topology.lifecycle import sleep_until, wait_for_event
 from topology.model import NodeInventory
+from topology.nvlink import CliqueKey
+from topology.nvlinkdomain import (
+    API_VERSION as NVLINKDOMAIN_API_VERSION,
+)
+from topology.nvlinkdomain import (
+    KIND as NVLINKDOMAIN_KIND,
+)
+from topology.nvlinkdomain import (
+    NVLINKDOMAINS,
+    DomainStatus,
+    TrayState,
+    domain_status,
+    hypernode_condition,
+    merged_conditions,
+    node_is_ready,
+    nvlinkdomain_object,
+    tray_from_gpunode,
+)
 from topology.sources import (
     SourceError,
     StaticMapping,
@@ -77,6 +98,7 @@ class ControllerSettings:
     static_ibnet: tuple[tuple[str, str], ...] = ()  # (name, text) of --ibnetdiscover files
     static_mapping: StaticMapping | None = None
     export: Callable[[Tree], None] | None = None  # writes an export file after each reconcile
+    domains: bool = True  # NVLinkDomain objects, the HyperNodes' condition (watches pods for free GPUs)
 
     def __post_init__(self) -> None:
         if self.debounce_s < 0 or self.max_delay_s < self.debounce_s:
@@ -122,7 +144,7 @@ def build_from(inputs: Inputs, *, policy: FabricPolicy, cache: ParseCache | None
         if hit is None:
             try:
                 name, inv, _health = inventory_from_gpunode(obj)
-                hit = (name, inv, facts_from_inventory(name, inv))
+                hit = (name, inv, facts_from_inventory(name, inv, published_verdicts(obj)))
             except GpuNodeError as exc:
                 hit = str(exc)
         fresh[(key, rv)] = hit
@@ -151,6 +173,7 @@ def build_from(inputs: Inputs, *, policy: FabricPolicy, cache: ParseCache | None
         switch_tree=tree_data,
         mapping=inputs.mapping,
         known_nodes=known,
+        facts=known_facts,
     )
     return BuildResult(build_tree(data, policy=policy), problems)
 
@@ -173,6 +196,81 @@ def fabric_from_configmaps(
                 except SourceError as exc:
                     problems.append(str(exc))
     return tuple(ibnet), mapping, problems
+
+
+class GpuPods:
+    """Informer sink for every pod: keeps only the GPUs (``nvidia.com/gpu``) each pod bound to a node
+    holds while it runs, so 100,000 pods cost a few small tuples; ``on_change`` runs only when a node's
+    count changes."""
+
+    RESOURCE = "nvidia.com/gpu"
+
+    def __init__(self, on_change: Callable[[], None] = lambda: None) -> None:
+        self.on_change = on_change
+        self._lock = threading.Lock()
+        self._pods: dict[str, tuple[str, int]] = {}  # namespace/name -> (node, GPUs)
+
+    @classmethod
+    def gpus_of(cls, pod: Mapping[str, Any]) -> tuple[str, int] | None:
+        """``(node, GPUs)`` of a pod that holds GPUs on a node now, else ``None``."""
+        raw_spec = pod.get("spec")
+        spec: Mapping[str, Any] = raw_spec if isinstance(raw_spec, Mapping) else {}
+        raw_status = pod.get("status")
+        phase = raw_status.get("phase") if isinstance(raw_status, Mapping) else None
+        node = spec.get("nodeName")
+        if not isinstance(node, str) or not node or phase in ("Succeeded", "Failed"):
+            return None
+        gpus = max(
+            sum(cls._count(spec.get("containers"))), max(cls._count(spec.get("initContainers")), default=0)
+        )
+        return (node, gpus) if gpus > 0 else None
+
+    @classmethod
+    def _count(cls, containers: Any) -> list[int]:
+        out: list[int] = []
+        for c in containers if isinstance(containers, list) else []:
+            res = c.get("resources") if isinstance(c, Mapping) else None
+            value: Any = None
+            for part in ("limits", "requests"):
+                section = res.get(part) if isinstance(res, Mapping) else None
+                if value is None and isinstance(section, Mapping):
+                    value = section.get(cls.RESOURCE)
+            try:
+                out.append(max(0, min(int(str(value)), 1024)) if value is not None else 0)
+            except ValueError:
+                out.append(0)
+        return out
+
+    def replace(self, items: list[dict[str, Any]]) -> None:
+        fresh: dict[str, tuple[str, int]] = {}
+        for pod in items:
+            got = self.gpus_of(pod)
+            if got is not None:
+                fresh[object_key(pod)] = got
+        with self._lock:
+            changed = fresh != self._pods
+            self._pods = fresh
+        if changed:
+            self.on_change()
+
+    def apply(self, event_type: str, obj: dict[str, Any]) -> None:
+        key = object_key(obj)
+        got = None if event_type == "DELETED" else self.gpus_of(obj)
+        with self._lock:
+            before = self._pods.get(key)
+            if got is None:
+                self._pods.pop(key, None)
+            else:
+                self._pods[key] = got
+        if before != got:
+            self.on_change()
+
+    def used_by_node(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        with self._lock:
+            for node, gpus in self._pods.values():
+                out[node] = out.get(node, 0) + gpus
+        return out
 
 
 # --------------------------------------------------------------------------- controller
@@ -204,8 +302,10 @@ class TopologyController:
         self.gpunodes = Store(self._changed)
         self.hypernodes = Store(self._changed)
         self.fabric = Store(self._changed)
+        self.pods = GpuPods(self._changed)
+        self.nvlinkdomains = Store(self._changed)
         watch_s = settings.watch_timeout_s
-        self.informers = (
+        self.informers: tuple[Informer, ...] = (
             Informer(kube, NODES, self.nodes, watch_timeout_s=watch_s),
             Informer(kube, GPUNODES, self.gpunodes, watch_timeout_s=watch_s, optional=True),
             Informer(kube, HYPERNODES, self.hypernodes, watch_timeout_s=watch_s, optional=True),
@@ -218,6 +318,14 @@ class TopologyController:
                 optional=True,
             ),
         )
+        if settings.domains:
+            self.informers += (
+                Informer(kube, PODS, self.pods, watch_timeout_s=watch_s),
+                Informer(kube, NVLINKDOMAINS, self.nvlinkdomains, watch_timeout_s=watch_s, optional=True),
+            )
+        self.domains: dict[str, DomainStatus] = {}  # the latest status of every NVLink domain, by name
+        self._tray_cache: dict[tuple[str, str, bool, int], TrayState | None] = {}
+        self._domain_inputs: dict[CliqueKey, tuple[TrayState, ...]] = {}
         self.recorder = EventRecorder(kube, component=COMPONENT, instance=settings.identity)
         self.elector = (
             LeaseElector(
@@ -285,6 +393,8 @@ class TopologyController:
         if not self.settings.dry_run:
             self._write(d)
             self._report_exclusions(tree)
+        if self.settings.domains:
+            self._reconcile_domains(tree)
         if self.settings.export is not None:
             self.settings.export(tree)
         log.info("reconciled", hypernodes=len(tree.hypernodes), writes=d.writes, unchanged=d.unchanged)
@@ -312,6 +422,147 @@ class TopologyController:
         if failed:
             self.stats.failed_writes += failed
             raise KubeError(0, f"{failed} HyperNode write(s) failed; retrying")
+
+    # -- NVLink domains ---------------------------------------------------------------------------
+    def _trays(self) -> list[TrayState]:
+        """Every tray of a multi-node NVLink domain whose Node exists; a GPUNode is read again only when
+        it, its Node's readiness or its pods' GPUs changed."""
+        gpunodes = self.gpunodes.snapshot()
+        nodes = self.nodes.snapshot()
+        used = self.pods.used_by_node()
+        fresh: dict[tuple[str, str, bool, int], TrayState | None] = {}
+        trays: list[TrayState] = []
+        for key, obj in gpunodes.items():
+            if key not in nodes:
+                continue
+            meta = obj.get("metadata")
+            rv = str(meta.get("resourceVersion", "")) if isinstance(meta, Mapping) else ""
+            node = nodes[key]
+            ck = (key, rv, node_is_ready(node), used.get(key, 0))
+            if ck in self._tray_cache and rv:
+                hit = self._tray_cache[ck]
+            else:
+                try:
+                    name, inv, health = inventory_from_gpunode(obj)
+                    status = obj.get("status")
+                    hit = tray_from_gpunode(
+                        name,
+                        inv,
+                        verdicts=published_verdicts(obj),
+                        health=health,
+                        imex=status.get("imex") if isinstance(status, Mapping) else None,
+                        node=node,
+                        used_gpus=ck[3],
+                    )
+                except GpuNodeError:
+                    hit = None  # reported once by build_from
+            fresh[ck] = hit
+            if hit is not None:
+                trays.append(hit)
+        self._tray_cache = fresh
+        return trays
+
+    def _reconcile_domains(self, tree: Tree) -> None:
+        """Recompute the domains whose trays changed; write each NVLinkDomain and the tier-1 HyperNode's
+        condition only where they differ from what the cluster holds."""
+        by_clique: dict[CliqueKey, list[TrayState]] = {}
+        for t in self._trays():
+            by_clique.setdefault(t.clique, []).append(t)
+        inputs = {k: tuple(sorted(v, key=lambda t: t.name)) for k, v in by_clique.items()}
+        previous = {s.clique: s for s in self.domains.values()}
+        statuses: dict[str, DomainStatus] = {}
+        for clique, trays in sorted(inputs.items()):
+            same = self._domain_inputs.get(clique) == trays and clique in previous
+            s = previous[clique] if same else domain_status(clique, trays)
+            statuses[s.name] = s
+        self._domain_inputs = inputs
+        self.domains = statuses
+        if self.settings.dry_run:
+            return
+        failed = 0
+        for name, s in statuses.items():
+            failed += self._write_domain(s)
+            if name in tree.hypernodes:
+                failed += self._write_condition(s)
+        for name in sorted(set(self.nvlinkdomains.snapshot()) - set(statuses)):
+            try:
+                self.kube.delete(f"{NVLINKDOMAINS}/{quote(name)}")
+                self.nvlinkdomains.forget(name)
+                self.stats.writes += 1
+            except KubeError as exc:
+                failed += 1
+                log.warning("nvlinkdomain_delete_failed", nvlinkdomain=name, error=str(exc))
+        if failed:
+            self.stats.failed_writes += failed
+            raise KubeError(0, f"{failed} NVLinkDomain/HyperNode status write(s) failed; retrying")
+
+    def _write_domain(self, s: DomainStatus) -> int:
+        want = nvlinkdomain_object(s)
+        have = self.nvlinkdomains.get(s.name) or {}
+        path = f"{NVLINKDOMAINS}/{quote(s.name)}"
+        labels = ((have.get("metadata") or {}).get("labels")) or {}
+        try:
+            if have.get("spec") != want["spec"] or labels != want["metadata"]["labels"]:
+                have = self.kube.apply(path, {k: v for k, v in want.items() if k != "status"}) or have
+                self.stats.writes += 1
+            if have.get("status") != want["status"]:
+                body = {
+                    "apiVersion": NVLINKDOMAIN_API_VERSION,
+                    "kind": NVLINKDOMAIN_KIND,
+                    "metadata": {"name": s.name},
+                    "status": want["status"],
+                }
+                have = self.kube.apply(f"{path}/status", body) or {**have, "status": want["status"]}
+                self.stats.writes += 1
+                log.info(
+                    "nvlinkdomain_changed",
+                    nvlinkdomain=s.name,
+                    ready=len(s.ready),
+                    trays=len(s.members),
+                    imex_quorum=s.quorum,
+                    largest_subgroup=s.largest_subgroup,
+                )
+        except KubeError as exc:
+            if exc.status == 404:  # the NVLinkDomain CRD is not installed: HyperNodes go on regardless
+                self._problem(
+                    "the NVLinkDomain CRD is not installed (daemonset/crds/nvlinkdomain.yaml); "
+                    "no domain objects written"
+                )
+                return 0
+            log.warning("nvlinkdomain_apply_failed", nvlinkdomain=s.name, error=str(exc))
+            return 1
+        self.nvlinkdomains.remember(have)
+        return 0
+
+    def _write_condition(self, s: DomainStatus) -> int:
+        have = self.hypernodes.get(s.name)
+        if have is None:
+            return 0
+        status, reason, message = hypernode_condition(s)
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        conditions = merged_conditions(
+            (have.get("status") or {}).get("conditions"), status, reason, message, now=now
+        )
+        if conditions is None:
+            return 0
+        body = {
+            "apiVersion": have.get("apiVersion", "topology.volcano.sh/v1alpha1"),
+            "kind": "HyperNode",
+            "metadata": {"name": s.name},
+            "status": {"conditions": conditions},
+        }
+        try:
+            applied = self.kube.apply(f"{HYPERNODES}/{quote(s.name)}/status", body)
+        except KubeError as exc:
+            if exc.status == 404:  # deleted meanwhile; the next reconcile sees it
+                return 0
+            log.warning("hypernode_condition_failed", hypernode=s.name, error=str(exc))
+            return 1
+        self.stats.writes += 1
+        self.hypernodes.remember(
+            applied or {**have, "status": {**(have.get("status") or {}), **body["status"]}}
+        )
+        return 0
 
     def _seed_exclusions(self) -> None:
         """What an earlier run already reported (its Events), so a restart does not report it again."""

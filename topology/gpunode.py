@@ -27,11 +27,12 @@ from topology.fabrichealth import (
     FabricCondition,
     FabricLevel,
     FabricPolicy,
+    GpuFabricVerdict,
     fabric_verdicts,
     node_fabric_level,
 )
 from topology.model import SCHEMA_VERSION, Health, NodeInventory
-from topology.nvlink import nvlink_facts
+from topology.nvlink import CLIQUE_LABEL, member_clique, nvlink_facts
 
 GROUP = "topology.gpuagent.dev"
 VERSION = "v1alpha1"
@@ -72,6 +73,9 @@ def gpunode_object(
     if not node_name:
         raise ValueError("gpunode: node_name is empty")
     metadata: dict[str, Any] = {"name": node_name}
+    clique = member_clique(inventory)
+    if clique is not None:
+        metadata["labels"] = {CLIQUE_LABEL: str(clique)}
     if node_uid:
         metadata["ownerReferences"] = [
             {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid}
@@ -187,6 +191,37 @@ def inventory_from_gpunode(obj: Any) -> tuple[str, NodeInventory, dict[str, Heal
                     f"{where}: status.health[{i}]: expected {{id, health: Healthy|Unhealthy}}, got {entry!r}"
                 ) from None
     return name, inventory, health
+
+
+def published_verdicts(obj: Mapping[str, Any]) -> tuple[GpuFabricVerdict, ...] | None:
+    """The fabric verdict per GPU the node's agent published under its own fabric policy
+    (``status.fabric``), or ``None`` when the object has none (an older agent: the reader then judges with
+    the default policy). A malformed list raises :class:`GpuNodeError` naming the entry."""
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    status = obj.get("status")
+    entries = status.get("fabric") if isinstance(status, Mapping) else None
+    if entries is None:
+        return None
+    if not isinstance(entries, list):
+        raise GpuNodeError(f"GPUNode {name!r}: status.fabric: expected a list")
+    out: list[GpuFabricVerdict] = []
+    for i, entry in enumerate(entries[:MAX_FABRIC_ENTRIES]):
+        try:
+            gpu = entry["gpu"]
+            if not isinstance(gpu, int) or isinstance(gpu, bool) or not 0 <= gpu < MAX_FABRIC_ENTRIES:
+                raise ValueError
+            conditions = tuple(FabricCondition(c) for c in entry.get("conditions") or ())
+            out.append(GpuFabricVerdict(gpu, FabricLevel(entry["level"]), conditions))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise GpuNodeError(
+                f"GPUNode {name!r}: status.fabric[{i}]: expected {{gpu, level: healthy|degraded|unhealthy, "
+                f"conditions}}, got {str(entry)[:120]}"
+            ) from None
+    return tuple(out)
+
+
+MAX_FABRIC_ENTRIES = 64  # GPUs per node, far above any machine's
 
 
 Decoder = Callable[[Any, str], Any]
@@ -429,6 +464,8 @@ def gpunode_crd() -> dict[str, Any]:
                     "status": {"type": "string"},
                     "peers": {"type": "integer", "minimum": 0},
                     "reason": {"type": "string"},
+                    "managed": {"type": "boolean", "description": "the agent keeps the peer list"},
+                    "address": {"type": "string", "maxLength": 45, "description": "this node's IMEX address"},
                 },
             },
             "health": {

@@ -17,9 +17,16 @@ Rules (GPU Feature Discovery's clique rule, plus health):
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from topology.fabrichealth import DEFAULT_FABRIC_POLICY, FabricLevel, FabricPolicy, gpu_fabric_verdict
+from topology.fabrichealth import (
+    DEFAULT_FABRIC_POLICY,
+    FabricLevel,
+    FabricPolicy,
+    GpuFabricVerdict,
+    gpu_fabric_verdict,
+)
 from topology.model import FabricState, NodeInventory
 
 
@@ -42,6 +49,11 @@ class CliqueKey:
         return f"{self.cluster_uuid}.{self.clique_id}"
 
 
+CLIQUE_LABEL = "gpuagent.dev/nvlink-clique"
+"""On a ``GPUNode``: the clique its node belongs to (:func:`member_clique`), also while its fabric is not
+ready, so an agent managing IMEX can watch its clique's members alone."""
+
+
 @dataclass(frozen=True, slots=True)
 class NvlinkFacts:
     status: FabricStatus
@@ -56,7 +68,15 @@ class NvlinkFacts:
         return str(self.clique)
 
 
-def nvlink_facts(inventory: NodeInventory, policy: FabricPolicy = DEFAULT_FABRIC_POLICY) -> NvlinkFacts:
+def nvlink_facts(
+    inventory: NodeInventory,
+    policy: FabricPolicy = DEFAULT_FABRIC_POLICY,
+    *,
+    verdicts: Sequence[GpuFabricVerdict] | None = None,
+) -> NvlinkFacts:
+    """The node's NVLink facts. ``verdicts``: the levels the node's agent published under its own fabric
+    policy (``GPUNode`` ``status.fabric``); they replace ``policy`` for the GPUs they name."""
+    published = {v.gpu_index: v for v in verdicts} if verdicts is not None else {}
     entries = [f for f in inventory.fabric if f.state is not FabricState.NOT_SUPPORTED]
     if not entries:
         return NvlinkFacts(FabricStatus.NONE, None, None)
@@ -79,8 +99,11 @@ def nvlink_facts(inventory: NodeInventory, policy: FabricPolicy = DEFAULT_FABRIC
         seen = ", ".join(sorted(str(k) for k in keys))
         return NvlinkFacts(FabricStatus.INCONSISTENT, None, f"GPUs disagree on the clique ({seen})")
     (key,) = keys
-    verdicts = [gpu_fabric_verdict(f, policy) for f in sorted(entries, key=lambda e: e.gpu_index)]
-    bad = [v for v in verdicts if v.level is FabricLevel.UNHEALTHY]
+    judged = [
+        published.get(f.gpu_index) or gpu_fabric_verdict(f, policy)
+        for f in sorted(entries, key=lambda e: e.gpu_index)
+    ]
+    bad = [v for v in judged if v.level is FabricLevel.UNHEALTHY]
     if bad:
         groups: dict[str, list[str]] = {}
         for v in bad:
@@ -88,3 +111,18 @@ def nvlink_facts(inventory: NodeInventory, policy: FabricPolicy = DEFAULT_FABRIC
         where = "; ".join(f"on GPU {', '.join(gpus)}: {conds}" for conds, gpus in groups.items())
         return NvlinkFacts(FabricStatus.UNHEALTHY, key, f"fabric unhealthy {where}")
     return NvlinkFacts(FabricStatus.OK, key, None)
+
+
+def member_clique(inventory: NodeInventory) -> CliqueKey | None:
+    """The clique a tray belongs to, also while its fabric is not ``COMPLETED`` or unhealthy: the
+    clusterUuid/cliqueId most of its multi-node GPUs name (ties: the smallest); ``None`` for a node
+    without a multi-node fabric."""
+    counts: dict[CliqueKey, int] = {}
+    for f in inventory.fabric:
+        if f.state is FabricState.NOT_SUPPORTED or not f.multi_node:
+            continue
+        key = CliqueKey(f.cluster_uuid.lower(), f.clique_id)
+        counts[key] = counts.get(key, 0) + 1
+    if not counts:
+        return None
+    return min(counts, key=lambda k: (-counts[k], k))

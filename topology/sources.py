@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from topology import safeyaml
 from topology.builder import NodeFacts, TopologyInput
+from topology.fabrichealth import GpuFabricVerdict
 from topology.ibnet import SwitchTree
 from topology.labels import LABEL_CLIQUE, ib_leaf_switches
 from topology.model import NodeInventory
@@ -101,8 +102,12 @@ def parse_mapping(text: str, *, source: str = "<mapping>") -> StaticMapping:
     return StaticMapping(nodes=table("nodes"), uplinks=table("switches"))
 
 
-def facts_from_inventory(name: str, inventory: NodeInventory) -> NodeFacts:
-    facts = nvlink_facts(inventory)
+def facts_from_inventory(
+    name: str, inventory: NodeInventory, verdicts: Sequence[GpuFabricVerdict] | None = None
+) -> NodeFacts:
+    """The node's facts; ``verdicts`` are its agent's published fabric levels (``GPUNode``
+    ``status.fabric``), ``None`` for an older agent's object: then the default fabric policy judges."""
+    facts = nvlink_facts(inventory, verdicts=verdicts)
     leaves = ib_leaf_switches(inventory)
     return NodeFacts(
         name=name,

@@ -85,6 +85,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-delay", type=float, default=10.0, help="longest a change waits for its reconcile")
     p.add_argument("--dry-run", action="store_true", help="compute the writes, issue none")
     p.add_argument(
+        "--metrics-addr",
+        default="",
+        metavar="HOST:PORT",
+        help="serve /metrics (per NVLink domain: free, healthy, stranded GPUs, fragmentation), /healthz "
+        "and /readyz here; '' (default) turns it off",
+    )
+    p.add_argument(
+        "--no-nvlink-domains",
+        dest="nvlink_domains",
+        action="store_false",
+        help="write no NVLinkDomain objects and no HyperNode condition (and watch no pods)",
+    )
+    p.add_argument(
         "--config", metavar="FILE", help="settings file (version: v1); CLI > GPU_TOPOLOGY_* env > file"
     )
     p.add_argument(
@@ -211,6 +224,7 @@ SETTINGS: dict[str, tuple[str, str, Callable[[Any], Any]]] = {
     ),
     "slurmForm": ("slurm_form", "GPU_TOPOLOGY_SLURM_FORM", lambda v: _choice(str(v), ("block", "tree"))),
     "kueueTopology": ("kueue_topology", "GPU_TOPOLOGY_KUEUE_TOPOLOGY", str),
+    "metricsAddr": ("metrics_addr", "GPU_TOPOLOGY_METRICS_ADDR", str),
 }
 
 
@@ -335,11 +349,12 @@ def _main(args: argparse.Namespace) -> int:
         static_ibnet=static_ibnet,
         static_mapping=static_mapping,
         export=export,
+        domains=args.nvlink_domains,
     )
     controller = TopologyController(kube=Kube(api_client_from(args.kubeconfig)), settings=settings)
     if args.once:
         return _once(controller)
-    asyncio.run(_serve(controller))
+    asyncio.run(_serve(controller, metrics_addr=args.metrics_addr))
     return 0
 
 
@@ -359,9 +374,42 @@ def _once(controller: TopologyController) -> int:
     return 0
 
 
-async def _serve(controller: TopologyController) -> None:
+async def _serve(controller: TopologyController, *, metrics_addr: str = "") -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await controller.run(stop)
+    if not metrics_addr:
+        await controller.run(stop)
+        return
+    server = metrics_server(controller, metrics_addr)
+    await server.start()
+    try:
+        await controller.run(stop)
+    finally:
+        await server.stop()
+
+
+def metrics_server(controller: TopologyController, addr: str) -> Any:
+    """``/metrics`` (the NVLink domains and the controller's counters), ``/healthz``, ``/readyz`` (ready
+    once every watch has listed) on ``addr``."""
+    from agent.metrics.domains import controller_render  # noqa: PLC0415 - loads prometheus_client only here
+    from agent.metrics.server import MetricsServer  # noqa: PLC0415
+
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit():
+        raise UsageError(f"--metrics-addr {addr!r}: expected HOST:PORT")
+    stats = controller.stats
+    return MetricsServer(
+        host=host.strip("[]") or "0.0.0.0",
+        port=int(port),
+        render=controller_render(
+            lambda: controller.domains,
+            lambda: {
+                "reconciles": stats.reconciles,
+                "writes": stats.writes,
+                "failed_writes": stats.failed_writes,
+            },
+        ),
+        readiness=[("watches", lambda: None if controller.synced() else "not every watch has listed yet")],
+    )

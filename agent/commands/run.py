@@ -149,12 +149,40 @@ def build_node(settings: RunSettings) -> Node:
         raise StartupError(f"cannot load NVML ({exc}); '--simulate PROFILE' runs without a GPU") from None
     sysfs_root = settings.sysfs_root or Path("/sys")
     real_host = read_host(sysfs_root=sysfs_root, hostname=settings.node_name)
+    from agent.imexctl import DEFAULT_NODES_CONFIG  # noqa: PLC0415
+
+    imex_reader = ImexCtlReader(
+        ctl=settings.imex.ctl, nodes_config=settings.imex.nodes_config or DEFAULT_NODES_CONFIG
+    )
     return Node(
         nvml=real,
         discover=lambda: discover(nvml=real, sysfs_root=sysfs_root, host=real_host, strict=True),
         dev_root=settings.dev_root or Path("/dev"),
         proc_devices=settings.proc_root / "devices",
+        imex=imex_reader,
     )
+
+
+def _imex_manager(settings: RunSettings, node: Node, store: InventoryStore) -> tuple[Component, ImexReader]:
+    from agent.imexmanage import manager_for_run  # noqa: PLC0415 - loads the Kubernetes client only here
+    from topology.nvlink import member_clique  # noqa: PLC0415
+
+    if settings.no_kube:
+        raise StartupError(
+            "imex.manage needs the Kubernetes API (the clique's GPUNodes); drop --no-kube", exit_code=2
+        )
+    try:
+        return manager_for_run(
+            config=settings.imex,
+            node_name=settings.node_name,
+            kubeconfig=settings.kubeconfig,
+            reader=node.imex,
+            simulated_root=node.dev_root.parent if node.simulated else None,
+            clique=lambda: member_clique(store.inventory),
+            pod_resources_socket=settings.pod_resources_socket,
+        )
+    except RuntimeError as exc:
+        raise StartupError(str(exc), exit_code=2) from None
 
 
 def imex_plugin_config(settings: RunSettings, node: Node) -> PluginConfig:
@@ -271,7 +299,10 @@ async def serve(
             pcie_levels=_pcie_levels(node.nvml),
             served_elsewhere=settings.dra.serves if settings.dra.enabled else None,
         )
-        imex = ImexMonitor(reader=node.imex, interval_s=settings.health.probe_interval_s)
+        imex_reader, imex_manager = node.imex, None
+        if settings.imex.manage:  # host-managed IMEX: the peer list follows the clique (agent.imexmanage)
+            imex_manager, imex_reader = _imex_manager(settings, node, store)
+        imex = ImexMonitor(reader=imex_reader, interval_s=settings.health.probe_interval_s)
         await imex.once()  # the first publication already says whether the node has a daemon
         ctx = RunContext(
             settings=settings,
@@ -285,6 +316,8 @@ async def serve(
         )
         fabric = FabricWatch(nvml=node.nvml, store=store, interval_s=settings.health.probe_interval_s)
         components: list[Component] = [health, rediscovery, manager, fabric, imex]
+        if imex_manager is not None:
+            components.append(imex_manager)
         if settings.dra.enabled:  # the DRA kubelet plugin, beside the device plugin (agent.dra)
             from agent.dra import DraUnavailableError, dra_driver_for_run  # noqa: PLC0415
 

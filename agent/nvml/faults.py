@@ -45,7 +45,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from agent.imex import SimulatedImexDaemon
+from agent.imexsim import SimulatedImexDaemon
 from agent.nvml.errors import CODES
 from agent.nvml.fabric import encode_health_mask, summary_of
 from agent.nvml.fake import SimulatedNvml, SimulationError

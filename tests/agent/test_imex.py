@@ -17,11 +17,11 @@ from agent.imex import (
     MAX_PEERS,
     ImexDaemonStatus,
     ImexStatus,
-    SimulatedImexDaemon,
     parse_ctl_output,
     parse_peers,
 )
 from agent.imexctl import ImexCtlReader, ImexMonitor
+from agent.imexsim import SimulatedImexDaemon
 from agent.metrics.dcgm import render_dcgm
 from agent.metrics.native import ScrapeStats, render_native
 from agent.metrics.snapshot import AgentStats

@@ -16,6 +16,7 @@ from agent.localcluster import versions
 from agent.simnode import open_simulated_node
 from scheduler_plugin.extender import GANG_PLANNED, SCHEDULER_NAME
 from scheduler_plugin.queue import RESERVED_FOR, QueueConfig
+from tests.agent.test_imexmanage import settings
 from tests.daemonset.conftest import REPO
 from tests.topology.factories import ib_port, nvl72_tray
 from topology.labels import MIG_STRATEGIES, node_labels
@@ -530,3 +531,70 @@ def test_kube_scheduler_image_is_the_tested_release(deploy_tools: Path) -> None:
         pod = by_key(objs)[("Deployment", "gpu-system", "gpu-topology-scheduler")]["spec"]["template"]["spec"]
         images = {c["name"]: c["image"] for c in pod["containers"]}
         assert images["kube-scheduler"] == f"registry.k8s.io/kube-scheduler:{tested}"
+
+
+def _agent_config(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    cm = by_key(objs)[("ConfigMap", "gpu-system", "gpu-node-agent-config")]
+    config: dict[str, Any] = yaml.safe_load(cm["data"]["config.yaml"])
+    return config
+
+
+@pytest.mark.parametrize(
+    ("source", "values", "writable"),
+    [
+        pytest.param("kustomize", [], False, id="base"),
+        pytest.param("helm", [], False, id="chart"),
+        pytest.param("helm", ["agent.imex.manage=true"], True, id="chart-manage"),
+    ],
+)
+def test_agent_mounts_the_hosts_imex_ctl_read_only_and_its_config_dir_writable_only_when_managed(
+    deploy_tools: Path, source: str, values: list[str], writable: bool, tmp_path: Path
+) -> None:
+    objs = (
+        render_kustomize(deploy_tools, DAEMONSET / "base")
+        if source == "kustomize"
+        else render_helm(deploy_tools, *values)
+    )
+    ctr = _agent_container(objs)
+    pod = by_key(objs)[("DaemonSet", "gpu-system", "gpu-node-agent")]["spec"]["template"]["spec"]
+    mounts = {m["mountPath"]: m for m in ctr["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert mounts["/host/usr/bin"]["readOnly"] is True
+    assert volumes[mounts["/host/usr/bin"]["name"]]["hostPath"] == {"path": "/usr/bin", "type": "Directory"}
+    assert mounts["/etc/nvidia-imex"]["readOnly"] is (not writable)
+    assert volumes[mounts["/etc/nvidia-imex"]["name"]]["hostPath"]["path"] == "/etc/nvidia-imex"
+    config = _agent_config(objs)
+    assert config["imex"]["ctl"] == "/host/usr/bin/nvidia-imex-ctl"  # the host's binary, through the mount
+    assert bool(config["imex"].get("manage")) is writable
+    assert bool(pod.get("hostNetwork")) is writable  # the child daemon serves its peers on the node address
+    # the rendered config is one the agent accepts
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump(config))
+    got = settings([], config=cfg).imex
+    assert got.manage is writable
+    assert got.ctl == "/host/usr/bin/nvidia-imex-ctl"
+    if writable:
+        assert (got.daemon, got.command[0]) == ("child", "/host/usr/bin/nvidia-imex")
+
+
+def test_controller_may_write_nvlinkdomains_and_hypernode_status_and_serves_metrics(
+    deploy_tools: Path,
+) -> None:
+    objs = by_key(render_kustomize(deploy_tools, DAEMONSET / "base"))
+    role = objs[("ClusterRole", "", "gpu-topology-controller")]
+    allowed = {
+        (g, r): set(rule["verbs"])
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+    }
+    assert {"create", "patch", "delete", "watch"} <= allowed[("topology.gpuagent.dev", "nvlinkdomains")]
+    assert "patch" in allowed[("topology.gpuagent.dev", "nvlinkdomains/status")]
+    assert "patch" in allowed[("topology.volcano.sh", "hypernodes/status")]
+    assert {"list", "watch"} <= allowed[("", "pods")]
+    ctr = objs[("Deployment", "gpu-system", "gpu-topology-controller")]["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    assert "--metrics-addr=0.0.0.0:9402" in ctr["args"]
+    crds = {o["metadata"]["name"] for o in render_kustomize(deploy_tools, DAEMONSET / "crds")}
+    assert "nvlinkdomains.topology.gpuagent.dev" in crds

@@ -23,8 +23,9 @@ import yaml
 from agent.commands import controller as controller_command
 from tests.topology.factories import nvl72_tray
 from topology import safeyaml
-from topology.controller import fabric_from_configmaps
-from topology.gpunode import gpunode_object
+from topology.controller import GpuPods, fabric_from_configmaps
+from topology.gpunode import gpunode_object, inventory_from_gpunode
+from topology.nvlinkdomain import tray_from_gpunode
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -418,3 +419,68 @@ def test_a_named_file_that_is_not_a_regular_file_or_too_large_is_refused_at_once
     assert out == ""
     prefix = "--config " if flag == "--config" else ""
     assert err == f"controller: {prefix}{path}: {why}\n"
+
+
+# --------------------------------------------------------------------------- NVLink domains (issue 29)
+# Pods are tenant-writable; GPUNode status.imex/status.fabric come from node credentials: every shape is
+# read bounded, a bad one costs only its own object.
+
+
+@pytest.mark.parametrize(
+    ("limits", "gpus"),
+    [
+        ({"nvidia.com/gpu": "abc"}, None),
+        ({"nvidia.com/gpu": "-4"}, None),
+        ({"nvidia.com/gpu": "9" * 5000}, None),
+        ({"nvidia.com/gpu": 10**12}, 1024),
+        ({"nvidia.com/gpu": ["4"]}, None),
+        ({"nvidia.com/gpu": "2"}, 2),
+    ],
+    ids=["text", "negative", "huge-text", "huge-int", "list", "fine"],
+)
+def test_hostile_pod_gpu_requests_are_bounded_or_ignored(limits: dict[str, Any], gpus: int | None) -> None:
+    pod = {
+        "metadata": {"name": "p", "namespace": "t"},
+        "spec": {"nodeName": "n", "containers": [{"name": "c", "resources": {"limits": limits}}]},
+        "status": {"phase": "Running"},
+    }
+    got = GpuPods.gpus_of(pod)
+    assert got == (None if gpus is None else ("n", gpus))
+
+
+@pytest.mark.parametrize(
+    "pod",
+    [
+        {"spec": "x"},
+        {"spec": {"nodeName": ["n"]}},
+        {"spec": {"nodeName": "n", "containers": "x"}},
+        {"spec": {"nodeName": "n", "containers": [None, 3, {"resources": "x"}]}},
+        {"spec": {"nodeName": "n", "initContainers": {"a": 1}}, "status": "x"},
+    ],
+    ids=["spec-text", "node-list", "containers-text", "container-junk", "init-mapping"],
+)
+def test_malformed_pods_count_no_gpus(pod: dict[str, Any]) -> None:
+    sink = GpuPods()
+    sink.replace([{"metadata": {"name": "p", "namespace": "t"}, **pod}])
+    assert sink.used_by_node() == {}
+
+
+@pytest.mark.parametrize(
+    "imex",
+    [
+        "ready",
+        ["ready"],
+        {"state": "bogus", "status": "x" * 10_000},
+        {"state": "ready", "managed": "yes"},
+        None,
+    ],
+    ids=["text", "list", "bogus-state", "managed-text", "none"],
+)
+def test_hostile_imex_status_makes_a_bounded_tray(imex: Any) -> None:
+    obj = gpunode_object(nvl72_tray("t0"), node_name="t0")
+    name, inv, health = inventory_from_gpunode(obj)
+    tray = tray_from_gpunode(name, inv, verdicts=None, health=health, imex=imex)
+    assert tray is not None
+    assert tray.imex in ("ready", "not-ready", "absent")
+    assert len(tray.imex_status) <= 40
+    assert tray.imex_managed is False  # only the boolean true counts

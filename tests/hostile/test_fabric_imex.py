@@ -4,6 +4,7 @@ was wrong, keeps what is still good, and stays bounded."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -11,11 +12,13 @@ import pytest
 
 from agent.imex import MAX_PEERS, ImexDaemonStatus, parse_peers
 from agent.imexctl import MAX_OUTPUT_CHARS, MAX_PEER_FILE_BYTES, ImexCtlReader, run_bounded
+from agent.imexmanage import peer_list, render_peers
 from agent.nvml.faults import FaultFollower
 from agent.simnode import open_simulated_node
 from deviceplugin.config import ConfigError, parse_plugin_config
 from deviceplugin.imex import MAX_PROC_DEVICES_BYTES, channel_major
 from scheduler_plugin.cluster import snapshot_from_objects
+from tests.agent.test_imexmanage import manager, member, peers_on_disk
 from tests.integration.fakekube import node
 
 
@@ -94,3 +97,43 @@ def test_imex_channel_ids_beyond_0_are_refused_naming_the_key(value: object) -> 
 def test_only_the_exact_degraded_label_makes_a_node_degraded(label: str) -> None:
     (n,) = snapshot_from_objects([node("a", 4, labels={"gpuagent.dev/fabric-health": label})], []).nodes
     assert not n.degraded
+
+
+# --------------------------------------------------------------------------- host-managed IMEX (issue 29)
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "127.0.0.1\n10.0.0.9",
+        "10.0.0.1 # x",
+        "x" * 100_000,
+        {"ip": "10.0.0.1"},
+        "::ffff:10.0.0.1\x00",
+        "evil.example",
+    ],
+    ids=["newline", "comment", "huge", "mapping", "nul", "dns-name"],
+)
+def test_a_peer_address_that_could_inject_lines_into_the_peer_list_is_left_out(address: object) -> None:
+
+    members = [
+        {"metadata": {"name": "bad"}, "status": {"imex": {"address": address}}},
+        {"metadata": {"name": "ok"}, "status": {"imex": {"address": "10.0.0.2"}}},
+    ]
+    peers, skipped = peer_list("10.0.0.1", "me", members, max_peers=64)
+    assert peers == ("10.0.0.1", "10.0.0.2")
+    assert skipped == ("bad",)
+    assert parse_peers(render_peers(peers)) == (peers, None)  # what is written reads back the same
+
+
+def test_a_clique_claiming_thousands_of_members_keeps_the_list_on_disk(tmp_path: Path) -> None:
+
+    m, daemon, members = manager(tmp_path, busy=[False])
+    members.items = {"t1": member("t1", "127.0.0.2")}
+    asyncio.run(m.step())
+    members.items = {
+        f"t{i}": member(f"t{i}", f"10.{i // 65536}.{i // 256 % 256}.{i % 256}") for i in range(5000)
+    }
+    assert asyncio.run(m.step()) is False
+    assert peers_on_disk(m) == ["127.0.0.1", "127.0.0.2"]
+    assert daemon.restarts == 1

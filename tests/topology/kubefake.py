@@ -27,6 +27,8 @@ COLLECTIONS = (
     "/api/v1/nodes",
     "/apis/topology.gpuagent.dev/v1alpha1/gpunodes",
     "/apis/topology.volcano.sh/v1alpha1/hypernodes",
+    "/apis/topology.gpuagent.dev/v1alpha1/nvlinkdomains",
+    "/api/v1/pods",  # every namespace; pods are seeded here by name
 )
 NAMESPACED = (
     ("/api/v1/namespaces/", "/configmaps"),

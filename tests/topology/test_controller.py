@@ -19,10 +19,11 @@ from tests.topology.kubefake import FakeKube, api_client
 from topology.builder import SOURCE_LABEL, SOURCE_VALUE
 from topology.controller import ControllerSettings, TopologyController
 from topology.gpunode import gpunode_object
-from topology.kube import GPUNODES, HYPERNODES, NODES, Kube, LeaseElector, configmaps, events, leases
+from topology.kube import GPUNODES, HYPERNODES, NODES, PODS, Kube, LeaseElector, configmaps, events, leases
 from topology.model import FabricHealthSummary
 from topology.names import clique_domain_name, node_domain_name
 from topology.nvlink import CliqueKey
+from topology.nvlinkdomain import NVLINKDOMAINS
 
 SAMPLE = (pathlib.Path(__file__).parent / "data" / "two-racks.ibnetdiscover").read_text(encoding="utf-8")
 NS = "gpu-system"
@@ -118,6 +119,11 @@ def fake() -> Iterator[tuple[FakeKube, str]]:
         yield f, url
 
 
+def spec_writes(fake: FakeKube) -> list[tuple[str, str]]:
+    """Writes of HyperNodes themselves (their status conditions are the NVLink domains' tests')."""
+    return [w for w in fake.writes(HYPERNODES) if not w[1].endswith("/status")]
+
+
 def hypernode_names(fake: FakeKube) -> set[str]:
     return set(fake.items(HYPERNODES))
 
@@ -138,7 +144,7 @@ def test_reconciles_tree_then_writes_only_changes(fake: tuple[FakeKube, str]) ->
         ]
         assert node_domain_name("h100-0") in objs  # no IB information: its own root domain
         assert f.get(leases(NS), "gpu-topology-controller")["spec"]["holderIdentity"] == "ctl-a"
-        first_writes = len(f.writes(HYPERNODES))
+        first_writes = len(spec_writes(f))
         assert first_writes == len(objs)
 
         # one tray's fabric turns unhealthy: only its clique, its new domain and its leaf change
@@ -153,7 +159,7 @@ def test_reconciles_tree_then_writes_only_changes(fake: tuple[FakeKube, str]) ->
             ),
             "event",
         )
-        changed = {p.rsplit("/", 1)[1] for _, p in f.writes(HYPERNODES)[first_writes:]}
+        changed = {p.rsplit("/", 1)[1] for _, p in spec_writes(f)[first_writes:]}
         assert changed == {rack0, node_domain_name("rack0-tray1"), "leaf-2c5eab0300b87b40"}
         event = next(e for e in f.items(events("default")).values() if e["reason"] == "NvlinkDomainExcluded")
         assert event["involvedObject"] == {
@@ -165,7 +171,7 @@ def test_reconciles_tree_then_writes_only_changes(fake: tuple[FakeKube, str]) ->
         assert "summary_unhealthy" in event["message"]
 
     # a restarted controller finds everything in place and writes nothing (nor repeats its Events)
-    before = len(f.writes(HYPERNODES))
+    before = len(spec_writes(f))
     events_before = len(f.writes(events("default")))
     c2 = TopologyController(
         kube=Kube(api_client(url)), settings=settings(leader_elect=True, identity="ctl-b")
@@ -174,7 +180,7 @@ def test_reconciles_tree_then_writes_only_changes(fake: tuple[FakeKube, str]) ->
         wait_for(lambda: c2.stats.reconciles >= 1, "restart reconcile")
         assert c2.stats.last_diff is not None
         assert c2.stats.last_diff.writes == 0
-    assert len(f.writes(HYPERNODES)) == before
+    assert len(spec_writes(f)) == before
     assert len(f.writes(events("default"))) == events_before
 
 
@@ -275,3 +281,90 @@ def test_command_once_against_the_cluster(
     assert "BlockName=" in export.read_text(encoding="utf-8")
     assert controller_command.main(base) == 0
     assert "0 applied, 0 deleted" in capsys.readouterr().err
+
+
+def gpu_pod(name: str, node: str, gpus: int, phase: str = "Running") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "team"},
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": gpus}}}],
+        },
+        "status": {"phase": phase},
+    }
+
+
+def test_nvlinkdomains_written_per_clique_and_only_the_changed_one_rewritten(
+    fake: tuple[FakeKube, str],
+) -> None:
+    f, url = fake
+    c = TopologyController(kube=Kube(api_client(url)), settings=settings())
+    rack0 = clique_domain_name(CliqueKey("9c6f5af3-0000-4000-8000-00000000000a", 32766))
+    rack1 = clique_domain_name(CliqueKey(UUID_B, 32766))
+    with running(c):
+        wait_for(lambda: set(f.items(NVLINKDOMAINS)) == {rack0, rack1}, "one NVLinkDomain per clique")
+        wait_for(lambda: "status" in (f.get(NVLINKDOMAINS, rack0) or {}), "rack0 status")
+        st = f.get(NVLINKDOMAINS, rack0)["status"]  # type: ignore[index]
+        assert st["members"] == ["rack0-tray0", "rack0-tray1"]
+        assert (st["readyTrays"], st["largestSubgroup"], st["gpus"]["free"]) == (2, 2, 8)
+        assert st["imex"]["quorum"] == "0/2"  # the seeded agents publish no IMEX status (absent)
+        cond = f.get(HYPERNODES, rack0)["status"]["conditions"]  # type: ignore[index]
+        assert [(x["type"], x["status"], x["reason"]) for x in cond] == [
+            ("gpuagent.dev/NVLinkDomainReady", "True", "AllTraysReady")
+        ]
+        rack1_writes = [w for w in f.writes(NVLINKDOMAINS) if rack1 in w[1]]
+
+        # a pod takes 3 GPUs of rack0-tray0: only rack0's status changes
+        f.put(PODS, gpu_pod("p", "rack0-tray0", 3))
+        f.put(PODS, gpu_pod("done", "rack0-tray1", 4, phase="Succeeded"))  # finished: holds nothing
+        wait_for(lambda: f.get(NVLINKDOMAINS, rack0)["status"]["gpus"]["free"] == 5, "free GPUs")  # type: ignore[index]
+        st = f.get(NVLINKDOMAINS, rack0)["status"]  # type: ignore[index]
+        assert st["largestSubgroup"] == 1
+        assert st["fragmentation"] == pytest.approx(0.2)
+
+        # tray1's managed IMEX daemon waits for peers: not ready, condition False with the reason
+        obj = gpunode_object(nvl72_tray("rack0-tray1"), node_name="rack0-tray1")
+        obj["status"]["imex"] = {"state": "not-ready", "status": "WAITING_FOR_PEERS", "managed": True}
+        f.put(GPUNODES, obj)
+        wait_for(lambda: f.get(NVLINKDOMAINS, rack0)["status"]["readyTrays"] == 1, "tray1 unready")  # type: ignore[index]
+        st = f.get(NVLINKDOMAINS, rack0)["status"]  # type: ignore[index]
+        assert st["degraded"] == [{"node": "rack0-tray1", "ready": False, "reason": "IMEX WAITING_FOR_PEERS"}]
+        wait_for(
+            lambda: f.get(HYPERNODES, rack0)["status"]["conditions"][0]["status"] == "False",  # type: ignore[index]
+            "condition False",
+        )
+        assert (
+            "rack0-tray1: IMEX WAITING_FOR_PEERS"
+            in f.get(HYPERNODES, rack0)["status"]["conditions"][0]["message"]
+        )  # type: ignore[index]
+        assert [w for w in f.writes(NVLINKDOMAINS) if rack1 in w[1]] == rack1_writes
+        assert c.domains[rack0].stranded_gpus == 4
+
+    # a restarted controller writes no NVLinkDomain and no condition
+    before = len(f.writes(NVLINKDOMAINS)), len(f.writes(HYPERNODES))
+    c2 = TopologyController(kube=Kube(api_client(url)), settings=settings())
+    with running(c2):
+        wait_for(lambda: c2.stats.reconciles >= 1 and bool(c2.domains), "restart reconcile")
+    assert (len(f.writes(NVLINKDOMAINS)), len(f.writes(HYPERNODES))) == before
+
+
+def test_stale_nvlinkdomain_deleted_when_its_trays_go(fake: tuple[FakeKube, str]) -> None:
+    f, url = fake
+    c = TopologyController(kube=Kube(api_client(url)), settings=settings())
+    rack1 = clique_domain_name(CliqueKey(UUID_B, 32766))
+    with running(c):
+        wait_for(lambda: rack1 in f.items(NVLINKDOMAINS), "rack1 domain")
+        f.remove(NODES, "rack1-tray0")
+        wait_for(lambda: rack1 not in f.items(NVLINKDOMAINS), "rack1 domain deleted")
+
+
+def test_without_the_nvlinkdomain_crd_the_hypernodes_are_still_written(fake: tuple[FakeKube, str]) -> None:
+    f, url = fake
+    f.missing.add(NVLINKDOMAINS)
+    c = TopologyController(kube=Kube(api_client(url)), settings=settings())
+    with running(c):
+        wait_for(lambda: c.stats.reconciles >= 1 and bool(c.domains), "a reconcile")
+        wait_for(lambda: len(hypernode_names(f)) >= 4, "HyperNodes")
+        assert c.stats.failed_writes == 0
