@@ -157,11 +157,11 @@ class StandIn:
         )
         return env
 
-    def fault(self, event: Mapping[str, Any]) -> str:
+    def fault(self, event: Mapping[str, Any], *, to: Sequence[Path] | None = None) -> str:
         """Append one simulator fault event, as the stand-in's control line, to every control file (the
-        same fault for every program on this machine); returns the line."""
+        same fault for every program on this machine), or to those of ``to``; returns the line."""
         line = self._translator.command(event)
-        for path in self._controls:
+        for path in self._controls if to is None else to:
             with path.open("a", encoding="utf-8") as fh:
                 fh.write(line + "\n")
         return line
