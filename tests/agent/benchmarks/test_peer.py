@@ -68,7 +68,7 @@ def _side(**over: Any) -> dict[str, Any]:
         "preferred": {**lat, "optimal": 5, "invalid": 0, "total": 5},
         "reregister": lat,
         "storm": {"events": 9, "seconds": 1.0, "rss_bytes_peak": 41 * 2**20, "cpu_ratio": 0.1,
-                  "marker_after_storm_ms": 3.0},
+                  "marker_after_storm_ms": 3.0, "marker_resent": 0},
         "fault_unhealthy": lat,
         "recovery_ms": 100.0,
         "healthy_after_xid79_reset": 8,
