@@ -294,6 +294,10 @@ def _pure_figures(count: int) -> tuple[list[float], list[float], int, int, dict[
 
 
 def main(argv: list[str]) -> int:
+    if any(a == "--peer" or a.startswith("--peer=") for a in argv):
+        from agent.benchmarks.peer import main as peer_main  # noqa: PLC0415 - the peer comparison only
+
+        return peer_main(argv)
     parser = argparse.ArgumentParser(
         prog="gpu-node-agent bench deviceplugin", description=__doc__.splitlines()[0]
     )

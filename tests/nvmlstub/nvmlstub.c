@@ -41,7 +41,7 @@
 #define MAX_PROFILES 8
 #define MAX_MIG 7
 #define MAX_PROCS 32
-#define MAX_SETS 8
+#define MAX_SETS 64 /* NVIDIA's plugin makes a set per restart of its plugins and frees the old one only when its 5 s wait ends */
 #define MAX_QUEUE 256
 #define MAX_RULES 32
 #define MIB (1024ULL * 1024ULL)
