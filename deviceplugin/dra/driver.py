@@ -11,16 +11,16 @@
   socket removed under us (the directory wiped) is served again at the next poll.
 - Stop: both servers stop with a grace period and their sockets are removed; the checkpoint stays.
 
-``taints`` is the hook for health-as-taints: a function from the node's state (inventory and the
-health it decided, the one owner) to device taints by UUID, rendered into the slices (none by default);
-every health change re-renders them, and the pool is written when they differ.
+Health as device taints: ``faults`` gives each published device the faults the node's health owner
+decided for it (:mod:`deviceplugin.dra.taints` renders them; none by default); every health change
+re-renders the pool, which is written when the taints differ, so a recovered device loses its taints.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +38,9 @@ from deviceplugin.dra.server import (
     service_server,
 )
 from deviceplugin.dra.slices import PcieRoot, SliceDevice, build_slices, slice_devices
+from deviceplugin.dra.taints import Fault, render_taints
 from deviceplugin.node import NodeChange, NodeState
-from deviceplugin.resources import ResourceError, build_plan
+from deviceplugin.resources import Device, ResourceError, build_plan
 from deviceplugin.server import PluginError
 from topology import logs
 from topology.kube import KubeError
@@ -48,8 +49,8 @@ from topology.lifecycle import wait_for_event
 SERVICE_SOCKET = "dra.sock"
 CHECKPOINT = "checkpoint.json"
 
-Taints = Callable[[NodeState], Mapping[str, Sequence[Mapping[str, Any]]]]
-"""Device taints by GPU/MIG UUID from the node (its inventory and the health it decided)."""
+DeviceFaults = Callable[[Device], Sequence[Fault]]
+"""The faults of one published device, as the node's health owner decided them."""
 
 
 def registration_socket(config: DraConfig) -> Path:
@@ -69,7 +70,7 @@ class DraDriver:
         claims: ClaimSource,
         slices: SliceApi | None,
         pcie_root: PcieRoot = lambda _bus: None,
-        taints: Taints | None = None,
+        faults: DeviceFaults | None = None,
         grace_s: float = 1.0,
         poll_s: float = 0.5,
         min_backoff_s: float = 1.0,
@@ -82,7 +83,7 @@ class DraDriver:
         self._plugin_config = plugin_config
         self.node_name = node_name
         self._pcie_root = pcie_root
-        self._taints = taints
+        self._faults = faults
         self._grace = grace_s
         self._poll = poll_s
         self._min_backoff = min_backoff_s
@@ -139,9 +140,20 @@ class DraDriver:
             node_uid=node_uid,
             driver=self.config.driver_name,
             generation=generation,
-            taints=self._taints(self._store) if self._taints is not None else None,
+            taints=self.taints(),
             pcie_root=self._pcie_root,
         )
+
+    def taints(self) -> dict[str, list[dict[str, Any]]]:
+        """The rendered taints of the published devices that have any, by GPU/MIG UUID."""
+        if self._faults is None:
+            return {}
+        out = {}
+        for sd in self.devices.values():
+            taints = render_taints(self._faults(sd.device), driver=self.config.driver_name)
+            if taints:
+                out[sd.device.base_uuid] = taints
+        return out
 
     def _health_rows(self) -> list[DeviceHealthRow]:
         rows = []

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from agent.healthbook import RESET_XIDS, HealthBook, HealthConfig
+from agent.healthbook import RESET_XIDS, FaultClass, HealthBook, HealthConfig
 from agent.nvml.protocol import EventKind, HealthReading, NvmlEvent
 from tests.deviceplugin.helpers import inventory
 from topology.fabrichealth import FabricCondition, FabricLevel, GpuFabricVerdict
@@ -277,3 +277,25 @@ def test_the_reason_names_the_fault_and_what_clears_it(mig_inventory: NodeInvent
     assert contained is not None
     assert lost.startswith("GPU lost (NVML answers GPU_IS_LOST); not answering NVML: needs a GPU reset")
     assert contained == "XID 94 (contained ECC error): returns after 10 s without errors"
+
+
+def test_each_mark_says_its_fault_class_for_readers_that_must_name_it(mig_inventory: NodeInventory) -> None:
+    """The class DRA turns into a taint key (xid, lost, fabric) is the book's, with the short fault."""
+    g0, g1, g2, g3 = mig_inventory.gpus[:4]
+    b = book(mig_inventory, fabric_unhealthy_marks_gpu=True)
+    b.on_event(xid(g0, 48), 0.0)
+    b.on_event(xid(g1, 79), 0.0)
+    b.on_event(NvmlEvent(EventKind.ECC_DBE, g2.index, g2.uuid), 0.0)
+    b.on_fabric(g3.uuid, ROUTE_UNHEALTHY, 0.0)
+    got = {u: (b.status(u).fault_class, b.status(u).fault) for u in (g0.uuid, g1.uuid, g2.uuid, g3.uuid)}
+    assert got == {
+        g0.uuid: (FaultClass.XID, "XID 48 (double-bit ECC error)"),
+        g1.uuid: (FaultClass.LOST, "XID 79 (GPU has fallen off the bus)"),
+        g2.uuid: (FaultClass.XID, "double-bit ECC error"),
+        g3.uuid: (FaultClass.FABRIC, "fabric unhealthy: route_unhealthy"),
+    }
+    assert b.table().of(g3.uuid).fault_class is FaultClass.FABRIC
+    # a later reset-class XID on the fabric-marked GPU takes over the fault and its class
+    b.on_event(xid(g3, 48), 1.0)
+    assert b.status(g3.uuid).fault_class is FaultClass.XID
+    assert b.status(mig_inventory.gpus[5].uuid).fault_class is None  # healthy: no class

@@ -22,6 +22,10 @@ from agent.config import RunSettings
 from deviceplugin.config import parse_plugin_config
 from deviceplugin.dra.api import dra_pb2 as pb
 from deviceplugin.dra.config import DraConfig
+from deviceplugin.dra.slices import build_slices, device_name
+from deviceplugin.dra.taints import Fault, TaintCause, TaintEffect, render_taints
+from deviceplugin.resources import build_plan
+from tests.deviceplugin.helpers import inventory as sim_inventory
 from topology.kube import RESOURCESLICES, Kube, resourceclaims
 
 pytestmark = pytest.mark.e2e
@@ -136,3 +140,62 @@ def test_resourceslice_appears_and_a_claim_is_prepared(
                 kube.delete(f"{RESOURCESLICES}/{s['metadata']['name']}")
 
     asyncio.run(body())
+
+
+def _bytes(q: str) -> int:
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
+    return int(q[:-2]) * units[q[-2:]] if q[-2:] in units else int(q)
+
+
+def _counters(sets: list[dict[str, Any]]) -> dict[str, int]:
+    return {c["name"]: _bytes(c["counters"]["memory"]["value"]) for c in sets}
+
+
+def test_api_server_keeps_mig_counters_and_health_taints(
+    control_plane: cluster.ControlPlane, api_client: Any, gpu_nodes: Any
+) -> None:
+    """The 1.37 API server takes our partitionable MIG layout (counter sets in their own slice, devices
+    consuming them) and both taint effects, and keeps every field (a field behind a disabled feature gate
+    would be dropped silently, so the objects are read back, not only dry-run)."""
+    (node,) = gpu_nodes(["dra-e2e-mig"], gpus=8)
+    kube = Kube(api_client)
+    inv = sim_inventory("dgx-a100-mig")
+    plan = build_plan(inv, parse_plugin_config({"flags": {"migStrategy": "mixed"}}))
+    devices = [d for r in plan.resources for d in r.devices]
+    mig = next(d for d in devices if d.kind.value == "mig")
+    whole = next(d for d in devices if d.kind.value == "gpu")
+    faults = {
+        mig.base_uuid: [Fault(TaintCause.XID, "XID 48 (double-bit ECC error)")],
+        whole.base_uuid: [Fault(TaintCause.FABRIC, "fabric degraded: limited_capacity", TaintEffect.NONE)],
+    }
+    taints = {u: render_taints(f, driver=DRIVER) for u, f in faults.items()}
+    slices = build_slices(
+        inv, devices, node_name=node, node_uid=None, driver=DRIVER, generation=1, taints=taints
+    )
+    assert len(slices) == 2
+    try:
+        stored = [kube.apply(f"{RESOURCESLICES}/{s['metadata']['name']}", s) for s in slices]
+        back = {s["metadata"]["name"]: s["spec"] for s in _slices(kube, node)}
+        assert set(back) == {s["metadata"]["name"] for s in stored}
+        spec_devices, spec_counters = (back[s["metadata"]["name"]] for s in slices)
+        # the API server writes quantities in canonical form (81920Mi as 80Gi): compared as bytes
+        assert _counters(spec_counters["sharedCounters"]) == _counters(slices[1]["spec"]["sharedCounters"])
+        by_name = {d["name"]: d for d in spec_devices["devices"]}
+        mig_device = by_name[device_name(mig.base_uuid)]
+        sent = next(d for d in slices[0]["spec"]["devices"] if d["name"] == mig_device["name"])
+        (consumes,) = mig_device["consumesCounters"]
+        assert consumes["counterSet"] == sent["consumesCounters"][0]["counterSet"]
+        sent_memory = sent["consumesCounters"][0]["counters"]["memory"]["value"]
+        assert _bytes(consumes["counters"]["memory"]["value"]) == _bytes(sent_memory)
+        (xid_taint,) = mig_device["taints"]
+        assert (xid_taint["key"], xid_taint["effect"], xid_taint["value"]) == (
+            "gpu.gpuagent.dev/xid",
+            "NoSchedule",
+            "XID-48-double-bit-ECC-error",
+        )
+        assert xid_taint.get("timeAdded")  # stamped by the API server
+        (fabric_taint,) = by_name[device_name(whole.base_uuid)]["taints"]
+        assert (fabric_taint["key"], fabric_taint["effect"]) == ("gpu.gpuagent.dev/fabric", "None")
+    finally:
+        for s in slices:
+            kube.delete(f"{RESOURCESLICES}/{s['metadata']['name']}")
