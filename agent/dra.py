@@ -12,8 +12,11 @@ from pathlib import Path
 from agent.config import RunSettings
 from agent.healthbook import FaultClass
 from agent.runtime import InventoryStore
+from deviceplugin.dra.channelbook import KubeChannelBook
 from deviceplugin.dra.driver import DraDriver
+from deviceplugin.dra.imexchannel import ImexChannels
 from deviceplugin.dra.publish import KubeDraApi
+from deviceplugin.dra.slices import nvlink_domain
 from deviceplugin.dra.taints import Fault, TaintCause, TaintEffect
 from deviceplugin.resources import Device
 from topology.fabrichealth import FabricLevel, FabricPolicy, fabric_verdicts
@@ -68,7 +71,22 @@ def health_faults(store: InventoryStore, policy: FabricPolicy) -> Callable[[Devi
     return faults
 
 
-def dra_driver_for_run(settings: RunSettings, store: InventoryStore, *, grace_s: float) -> DraDriver:
+def domain_of(store: InventoryStore) -> Callable[[], str | None]:
+    """The node's NVLink domain (``<clusterUUID>.<cliqueId>``) while it is complete and agreed, as the
+    slices publish it."""
+
+    return lambda: nvlink_domain(store.inventory)
+
+
+def dra_driver_for_run(
+    settings: RunSettings,
+    store: InventoryStore,
+    *,
+    grace_s: float,
+    dev_root: Path = Path("/dev"),
+    proc_devices: Path = Path("/proc/devices"),
+    simulated: bool = False,
+) -> DraDriver:
     """The driver for ``run``; raises :class:`DraUnavailableError` without a Kubernetes API (prepare reads
     each claim's allocation from it)."""
     if settings.no_kube:
@@ -83,6 +101,18 @@ def dra_driver_for_run(settings: RunSettings, store: InventoryStore, *, grace_s:
         raise DraUnavailableError(f"dra.enabled: no Kubernetes API configuration: {exc}") from None
     api = KubeDraApi(Kube(client))
     reader = pcie_root_reader(settings.sysfs_root or Path("/sys"))
+    channels = None
+    if settings.dra.imex_channels:
+        channels = ImexChannels(
+            book=KubeChannelBook(api.kube, namespace=settings.dra.imex_namespace),
+            node_name=settings.node_name,
+            driver=settings.dra.driver_name,
+            domain=domain_of(store),
+            dev_root=dev_root,
+            proc_devices=proc_devices,
+            cdi_dir=Path(settings.plugin.cdi.spec_dir),
+            allow_stand_in=simulated,
+        )
     return DraDriver(
         store=store,
         config=settings.dra,
@@ -92,5 +122,6 @@ def dra_driver_for_run(settings: RunSettings, store: InventoryStore, *, grace_s:
         slices=api,
         pcie_root=reader,
         faults=health_faults(store, settings.health.fabric_policy),
+        channels=channels,
         grace_s=grace_s,
     )

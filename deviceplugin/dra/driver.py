@@ -11,6 +11,10 @@
   socket removed under us (the directory wiped) is served again at the next poll.
 - Stop: both servers stop with a grace period and their sockets are removed; the checkpoint stays.
 
+IMEX channels (``channels``, with ``dra.imexChannels``): the pool gets the node's ``imex-channel``
+device and prepare gives each gang its channel (:mod:`deviceplugin.dra.imexchannel`); at start the
+channels' CDI spec is written again from the checkpoint.
+
 Health as device taints: ``faults`` gives each published device the faults the node's health owner
 decided for it (:mod:`deviceplugin.dra.taints` renders them; none by default); every health change
 re-renders the pool, which is written when the taints differ, so a recovered device loses its taints.
@@ -28,6 +32,7 @@ from deviceplugin.cdi import cdi_spec, write_spec
 from deviceplugin.config import PluginConfig
 from deviceplugin.dra.checkpoint import Checkpoint
 from deviceplugin.dra.config import DraConfig
+from deviceplugin.dra.imexchannel import ImexChannels
 from deviceplugin.dra.prepare import ClaimSource, Preparer
 from deviceplugin.dra.publish import SliceApi, SlicePublisher
 from deviceplugin.dra.server import (
@@ -71,6 +76,7 @@ class DraDriver:
         slices: SliceApi | None,
         pcie_root: PcieRoot = lambda _bus: None,
         faults: DeviceFaults | None = None,
+        channels: ImexChannels | None = None,
         grace_s: float = 1.0,
         poll_s: float = 0.5,
         min_backoff_s: float = 1.0,
@@ -105,7 +111,9 @@ class DraDriver:
             pool=node_name,
             kind=config.kind,
             published=lambda: self.devices,
+            channels=channels,
         )
+        self.channels = channels
         self.health = HealthView(self._health_rows)
         self.publisher = (
             SlicePublisher(api=slices, node_name=node_name, driver=config.driver_name, desired=self.slices)
@@ -141,6 +149,7 @@ class DraDriver:
             driver=self.config.driver_name,
             generation=generation,
             taints=self.taints(),
+            imex_channel=self.channels is not None,
             pcie_root=self._pcie_root,
         )
 
@@ -186,6 +195,14 @@ class DraDriver:
                 "dra_checkpoint_problem", reason=problem, hint="prepared claims are prepared again on demand"
             )
         self._write_cdi()
+        if self.channels is not None:
+            holds = [c.channel for c in self.checkpoint.claims.values() if c.channel is not None]
+            try:
+                await asyncio.to_thread(self.channels.write_spec, holds)
+            except OSError as exc:
+                self._log.error(
+                    "dra_cdi_spec_write_failed", error=str(exc), hint="check cdi.specDir is writable"
+                )
         self.health.changed()
         remove = self._store.add_listener(self._on_store)
         self._servers = [

@@ -21,6 +21,10 @@ serves (the device plugin's resource plan, the one resource manager) and device 
   in a completed, agreed clique: a claim can ``matchAttribute`` on it), ``cliqueId``, ``clusterUUID``,
   ``rack`` (chassis serial) and ``tray`` from platform info, ``numaNode``, ``fabricHealth``
   (``healthy|degraded|unhealthy`` from the GPU's own fabric summary).
+- With ``imex_channel``, while the node sits in a complete NVLink domain, one more device
+  ``imex-channel`` (``type: imex-channel``, the domain attributes, ``allowMultipleAllocations``: every
+  claim of the DeviceClass ``imex-channel.gpuagent.dev`` on the node gets it; the channel number is
+  decided at prepare, :mod:`deviceplugin.dra.channels`).
 - Taints (``spec.devices[].taints``) come from the caller (``taints``, keyed by device UUID): the
   hook for health-as-taints; this module decides nothing about health.
 
@@ -44,6 +48,7 @@ MAX_DEVICES_PER_SLICE = 64
 MAX_COUNTER_SETS_PER_SLICE = 8
 MAX_NAME = 253
 MAX_STRING = 64
+IMEX_CHANNEL_DEVICE = "imex-channel"
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 _NOT_LABEL = re.compile(r"[^a-z0-9-]+")
@@ -205,6 +210,7 @@ def build_slices(
     generation: int,
     taints: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     pcie_root: PcieRoot = lambda _bus: None,
+    imex_channel: bool = False,
 ) -> list[dict[str, Any]]:
     """The node's pool as ResourceSlice objects (at least one, even with no devices, so the pool's
     emptiness is published too)."""
@@ -212,7 +218,7 @@ def build_slices(
     migs = {m.uuid: m for m in inventory.mig_devices()}
     fabric = {f.gpu_index: f for f in inventory.fabric}
     facts = nvlink_facts(inventory)
-    clique = str(facts.clique) if facts.clique is not None and facts.gfd_clique is not None else None
+    clique = nvlink_domain(inventory)
     published = slice_devices(devices)
     partitioned = sorted(
         {
@@ -242,6 +248,19 @@ def build_slices(
                 taints=device_taints,
                 counter_set=counter_set_name(gpu.uuid) if gpu.uuid in partitioned else None,
             )
+        )
+    if imex_channel and clique is not None and facts.clique is not None:
+        rendered.append(
+            {
+                "name": IMEX_CHANNEL_DEVICE,
+                "attributes": {
+                    "type": {"string": "imex-channel"},
+                    "nvlinkDomain": {"string": clique[:MAX_STRING]},
+                    "clusterUUID": {"string": str(facts.clique.cluster_uuid).lower()[:MAX_STRING]},
+                    "cliqueId": {"int": facts.clique.clique_id},
+                },
+                "allowMultipleAllocations": True,
+            }
         )
     counter_sets = [
         {
@@ -279,6 +298,13 @@ def build_slices(
             }
         )
     return out
+
+
+def nvlink_domain(inventory: NodeInventory) -> str | None:
+    """The node's ``nvlinkDomain`` (``<clusterUUID>.<cliqueId>``): only while the node sits in a
+    completed, agreed clique (as GFD's clique label)."""
+    facts = nvlink_facts(inventory)
+    return str(facts.clique) if facts.clique is not None and facts.gfd_clique is not None else None
 
 
 def slice_name(node_name: str, driver: str, n: int) -> str:

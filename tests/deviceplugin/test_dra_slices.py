@@ -227,3 +227,21 @@ def test_long_strings_are_cut_to_the_api_limit() -> None:
     inv = dataclasses.replace(inv, gpus=gpus)
     (obj,) = _slices(inv)
     assert all(len(_attrs(d)["productName"]) == 64 for d in obj["spec"]["devices"])
+
+
+def test_the_imex_channel_device_is_published_only_inside_a_complete_nvlink_domain() -> None:
+    inv = inventory("gb200-nvl72:rack=2,tray=5")
+    (obj,) = _slices(inv, imex_channel=True)
+    channel = next(d for d in obj["spec"]["devices"] if d["name"] == "imex-channel")
+    fabric = inv.fabric[0]
+    assert channel["allowMultipleAllocations"] is True  # every claim of the gang on the node shares it
+    assert _attrs(channel) == {
+        "type": "imex-channel",
+        "nvlinkDomain": f"{fabric.cluster_uuid.lower()}.{fabric.clique_id}",
+        "clusterUUID": fabric.cluster_uuid.lower(),
+        "cliqueId": fabric.clique_id,
+    }
+    (plain,) = _slices(inv)
+    assert all(d["name"] != "imex-channel" for d in plain["spec"]["devices"])
+    (single,) = _slices(inventory("dgx-h100"), imex_channel=True)  # no multi-node NVLink: no channel
+    assert all(d["name"] != "imex-channel" for d in single["spec"]["devices"])

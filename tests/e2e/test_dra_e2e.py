@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +22,14 @@ from agent.commands.run import serve
 from agent.config import RunSettings
 from deviceplugin.config import parse_plugin_config
 from deviceplugin.dra.api import dra_pb2 as pb
+from deviceplugin.dra.channelbook import KubeChannelBook, record_name
+from deviceplugin.dra.channels import ChannelRequest, parse_record
 from deviceplugin.dra.config import DraConfig
 from deviceplugin.dra.slices import build_slices, device_name
 from deviceplugin.dra.taints import Fault, TaintCause, TaintEffect, render_taints
 from deviceplugin.resources import build_plan
 from tests.deviceplugin.helpers import inventory as sim_inventory
-from topology.kube import RESOURCESLICES, Kube, resourceclaims
+from topology.kube import RESOURCESLICES, Kube, configmaps, resourceclaims
 
 pytestmark = pytest.mark.e2e
 
@@ -199,3 +202,51 @@ def test_api_server_keeps_mig_counters_and_health_taints(
     finally:
         for s in slices:
             kube.delete(f"{RESOURCESLICES}/{s['metadata']['name']}")
+
+
+def test_api_server_keeps_the_shared_imex_channel_device(api_client: Any, gpu_nodes: Any) -> None:
+    (node,) = gpu_nodes(["dra-e2e-imex"], gpus=4)
+    kube = Kube(api_client)
+    inv = sim_inventory("gb200-nvl72:rack=4,tray=1")
+    plan = build_plan(inv, parse_plugin_config({}))
+    devices = [d for r in plan.resources for d in r.devices]
+    (obj,) = build_slices(
+        inv, devices, node_name=node, node_uid=None, driver=DRIVER, generation=1, imex_channel=True
+    )
+    try:
+        kube.apply(f"{RESOURCESLICES}/{obj['metadata']['name']}", obj)
+        (back,) = _slices(kube, node)
+        channel = next(d for d in back["spec"]["devices"] if d["name"] == "imex-channel")
+        assert channel["allowMultipleAllocations"] is True
+        assert channel["attributes"]["type"] == {"string": "imex-channel"}
+    finally:
+        kube.delete(f"{RESOURCESLICES}/{obj['metadata']['name']}")
+
+
+def test_imex_channel_record_on_the_api_server_gives_each_gang_one_channel(
+    control_plane: cluster.ControlPlane, api_client: Any, namespace: str
+) -> None:
+    """Two gangs of 18 trays each prepare at once in one NVLink domain, every node its own writer: the
+    real API server's conflicts keep the record consistent; each gang gets one channel on all its nodes,
+    the two gangs different ones; the last node of a gang letting go frees its channel."""
+    kube = Kube(api_client)
+    domain = "0b7c2a8e-1111-4222-8333-444455556666.7"
+    books = [KubeChannelBook(Kube(api_client), namespace=namespace) for _ in range(36)]
+    jobs = [
+        (book, ChannelRequest(gang=f"{namespace}/{'a' if i < 18 else 'b'}"), f"rack7-tray{i % 18}")
+        for i, book in enumerate(books)
+    ]
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        got = list(pool.map(lambda job: job[0].acquire(domain, job[1], job[2]), jobs))
+    assert len(set(got[:18])) == 1
+    assert len(set(got[18:])) == 1
+    assert got[0] != got[18]
+    assert {got[0], got[18]} <= set(range(1, 2048))
+    obj = kube.get(f"{configmaps(namespace)}/{record_name(domain)}")
+    holders, problems, _ = parse_record(obj["data"])
+    assert problems == []
+    assert {c: len(h.nodes) for c, h in holders.items()} == {got[0]: 18, got[18]: 18}
+    for book, request, node in jobs[:18]:
+        book.release(domain, gang=request.gang, channel=got[0], node=node)
+    obj = kube.get(f"{configmaps(namespace)}/{record_name(domain)}")
+    assert set(parse_record(obj["data"])[0]) == {got[18]}

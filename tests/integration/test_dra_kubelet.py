@@ -327,12 +327,14 @@ def test_health_book_decisions_become_taints_and_recovery_removes_them(short_dir
         faults = health_faults(store, DEFAULT_FABRIC_POLICY)
         driver = _driver(short_dir, store, Claims(), slices, config, faults=faults)
         async with running(driver):
-            await _until(lambda: len(slices.applied) == 1)
+            await _until(lambda: len(slices.applied) >= 1)
+            assert len(slices.applied) == 1
             assert not any("taints" in d for d in slices.applied[0]["spec"]["devices"])
             gpu = store.inventory.gpus[2]
             book.on_probe(gpu.uuid, answered=False, lost=True, now=1.0)
             store.set_health(book.table())
-            await _until(lambda: len(slices.applied) == 2)
+            await _until(lambda: len(slices.applied) >= 2)
+            assert len(slices.applied) == 2
             tainted = {d["name"]: d["taints"] for d in slices.applied[1]["spec"]["devices"] if "taints" in d}
             assert tainted == {
                 device_name(gpu.uuid): [
@@ -353,7 +355,8 @@ def test_health_book_decisions_become_taints_and_recovery_removes_them(short_dir
                 for f in inv.fabric
             ]
             store.set_inventory(dataclasses.replace(inv, fabric=tuple(degraded)))
-            await _until(lambda: len(slices.applied) == 3)
+            await _until(lambda: len(slices.applied) >= 3)
+            assert len(slices.applied) == 3
             tainted = {d["name"]: d["taints"] for d in slices.applied[2]["spec"]["devices"] if "taints" in d}
             assert tainted[device_name(other.uuid)] == [
                 {
@@ -368,7 +371,8 @@ def test_health_book_decisions_become_taints_and_recovery_removes_them(short_dir
             book.on_probe(gpu.uuid, answered=True, lost=False, now=2.0)
             book.on_probe(gpu.uuid, answered=True, lost=False, now=5.0)
             store.set_health(book.table())
-            await _until(lambda: len(slices.applied) == 4)
+            await _until(lambda: len(slices.applied) >= 4)
+            assert len(slices.applied) == 4
             tainted = {d["name"] for d in slices.applied[3]["spec"]["devices"] if "taints" in d}
             assert tainted == {device_name(other.uuid)}
 
