@@ -1,7 +1,9 @@
 """The DRA driver on a hollow node whose kubelet runs the real DRA manager, with kube-scheduler's DRA plugin
 (1.37) allocating: the plugin registers through the plugin watcher, the pool appears, a pod with a claim
-runs with its CDI device, an XID taints the device and a new claim avoids it, an agent restart and a
-kubelet restart keep the prepared claim, and two gangs of the NVLink domain get different IMEX channels.
+runs with its CDI device, two gangs of the NVLink domain get different IMEX channels, an XID taints the
+device, the kubelet reports it Unhealthy in the pod's ``allocatedResourcesStatus`` (our health stream,
+``ResourceHealthStatus`` on in 1.37) and a new claim avoids it, and an agent restart and a kubelet
+restart keep the prepared claims.
 
 Needs root (hollow nodes) and a hollow node built with the DRA manager
 (``counterparts/hollownode/containermanager.go``).
@@ -126,6 +128,18 @@ def _running(kube: Kube, namespace: str, name: str) -> bool:
     return bool((pod.get("status") or {}).get("phase") == "Running")
 
 
+def _unhealthy_in_status(kube: Kube, namespace: str, name: str, resource_id: str) -> bool:
+    """Whether the kubelet's allocatedResourcesStatus of the pod (from our health stream) names the
+    device, by its CDI ID, Unhealthy."""
+    pod = kube.get(f"{_pods(namespace)}/{name}")
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        for entry in status.get("allocatedResourcesStatus") or []:
+            for res in entry.get("resources") or []:
+                if res.get("resourceID") == resource_id and res.get("health") == "Unhealthy":
+                    return True
+    return False
+
+
 def _allocated(kube: Kube, namespace: str, name: str) -> str:
     claim = kube.get(f"{resourceclaims(namespace)}/{name}")
     (result,) = claim["status"]["allocation"]["devices"]["results"]
@@ -198,6 +212,12 @@ def test_claims_on_a_hollow_node_with_the_real_dra_manager(
             t["key"] == f"{DRIVER}/lost" for t in _slice_devices(kube, node.name)[held].get("taints", [])
         ),
         what="the XID's taint on the device",
+        timeout_s=60,
+    )
+    # the health stream reaches the pod's status through the kubelet (ResourceHealthStatus, on in 1.37)
+    cluster.wait_until(
+        lambda: _unhealthy_in_status(kube, namespace, "a", f"{DRIVER}/gpu={uuid}"),
+        what="pod a's allocatedResourcesStatus saying Unhealthy",
         timeout_s=60,
     )
     _claim_and_pod(kube, namespace, "b", node=node.name, device_class="gpu.gpuagent.dev")
