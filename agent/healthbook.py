@@ -46,6 +46,7 @@ No clock inside: every input carries ``now`` (monotonic seconds).
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -113,10 +114,22 @@ class HealthConfig:
     fabric_policy: FabricPolicy = DEFAULT_FABRIC_POLICY
 
 
+class FaultClass(enum.StrEnum):
+    """What kind of fault marked a key (readers that must say it, such as DRA device taints): ``lost``
+    (not answering NVML), ``fabric`` (the fabric policy), ``xid`` (an XID, or a memory fault NVIDIA
+    reports as one: double-bit ECC is XID 48, row remap 63/64, uncontained ECC 95)."""
+
+    XID = "xid"
+    LOST = "lost"
+    FABRIC = "fabric"
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceHealth:
     health: Health
     reason: str | None = None
+    fault: str | None = None  # the fault alone, short (e.g. "XID 79 (GPU has fallen off the bus)")
+    fault_class: FaultClass | None = None
 
     @property
     def healthy(self) -> bool:
@@ -174,6 +187,7 @@ class _Record:
     fabric: bool = False
     reset: bool = False  # needs a GPU reset before reuse
     reset_seen: bool = False  # a probe saw evidence of a reset since the fault
+    fault_class: FaultClass = FaultClass.XID  # of ``fault``
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,7 +263,7 @@ class HealthBook:
         record = self._records.get(gpu_uuid)
         if verdict.level is FabricLevel.UNHEALTHY:
             if record is None or not record.fabric:
-                self._mark(gpu_uuid, verdict.reason, now)
+                self._mark(gpu_uuid, verdict.reason, now, fault_class=FaultClass.FABRIC)
                 self._records[gpu_uuid].fabric = True
         elif record is not None and record.fabric:
             record.fabric = False  # recovery still waits for the quiet period
@@ -351,7 +365,8 @@ class HealthBook:
         record = self._records.get(key)
         if record is None:
             return HEALTHY
-        return DeviceHealth(Health.UNHEALTHY, self._reason(record))
+        cls = FaultClass.LOST if record.lost else record.fault_class
+        return DeviceHealth(Health.UNHEALTHY, self._reason(record), fault=record.fault, fault_class=cls)
 
     def needs_reset(self, key: str) -> bool:
         """Whether the key's fault clears only after a GPU reset."""
@@ -385,18 +400,29 @@ class HealthBook:
         return None
 
     def _mark(
-        self, key: str, fault: str, now: float, *, lost: bool = False, gone: bool = False, reset: bool = False
+        self,
+        key: str,
+        fault: str,
+        now: float,
+        *,
+        lost: bool = False,
+        gone: bool = False,
+        reset: bool = False,
+        fault_class: FaultClass = FaultClass.XID,
     ) -> None:
         """Mark ``key``; a fault that needs a reset keeps that need (and asks for a new reset). ``gone``:
         NVML itself answered GPU_IS_LOST (an XID 79 event alone is ``lost`` but not ``gone``)."""
         reset = reset or lost
         record = self._records.get(key)
         if record is None:
-            self._records[key] = _Record(fault=fault, last_bad=now, lost=lost, gone=gone, reset=reset)
+            self._records[key] = _Record(
+                fault=fault, last_bad=now, lost=lost, gone=gone, reset=reset, fault_class=fault_class
+            )
             return
         record.gone = record.gone or gone
         if reset or not record.reset:
             record.fault = fault
+            record.fault_class = fault_class
         record.last_bad = now
         record.lost = record.lost or lost
         if reset:

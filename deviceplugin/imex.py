@@ -107,3 +107,49 @@ def imex_cdi_spec(channels: Iterable[ImexChannel], *, gpu_kind: str) -> dict[str
             node["hostPath"] = ch.host_path
         devices.append({"name": str(ch.id), "containerEdits": {"deviceNodes": [node]}})
     return {"cdiVersion": "0.5.0", "kind": imex_cdi_kind(gpu_kind), "devices": devices}
+
+
+def create_channel(
+    channel: int, *, dev_root: Path, proc_devices: Path, allow_stand_in: bool = False
+) -> ImexChannel:
+    """Make ``<dev_root>/nvidia-caps-imex-channels/channel<N>`` (a character device of the
+    ``nvidia-caps-imex-channels`` major, minor N), or accept the right one already there; on a
+    simulated node where ``mknod`` is not allowed, a regular stand-in file. Raises
+    :class:`ImexChannelError` naming what is wrong."""
+    major = channel_major(proc_devices)
+    if major is None:
+        raise ImexChannelError(
+            f"no {MAJOR_NAME} line in {proc_devices}: the IMEX channel driver is not loaded"
+        )
+    host = dev_root / CHANNEL_DIR / f"channel{channel}"
+    if not host.exists():
+        try:
+            host.parent.mkdir(parents=True, exist_ok=True)
+            os.mknod(host, 0o666 | stat.S_IFCHR, os.makedev(major, channel))
+        except PermissionError:
+            if not allow_stand_in:
+                raise ImexChannelError(
+                    f"IMEX channel {channel}: cannot create {host}: not permitted"
+                ) from None
+            host.write_text(f"simulated IMEX channel {channel}\n", encoding="utf-8")
+        except OSError as exc:
+            if not host.exists():
+                raise ImexChannelError(
+                    f"IMEX channel {channel}: cannot create {host}: {exc.strerror or exc}"
+                ) from None
+    (found,) = find_channels(
+        [channel], dev_root=dev_root, proc_devices=proc_devices, allow_stand_in=allow_stand_in
+    )
+    return found
+
+
+def remove_channel(channel: int, *, dev_root: Path) -> None:
+    """Remove the channel's device node (or stand-in); one already gone is fine. Raises
+    :class:`ImexChannelError` when it cannot be removed."""
+    host = dev_root / CHANNEL_DIR / f"channel{channel}"
+    try:
+        host.unlink(missing_ok=True)
+    except OSError as exc:
+        raise ImexChannelError(
+            f"IMEX channel {channel}: cannot remove {host}: {exc.strerror or exc}"
+        ) from None

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import grpc
 
+from agent.benchmarks.dra import dra_figures, print_dra, summary
 from agent.benchmarks.machine import describe_ms, machine_summary, percentile
 from agent.fakekubelet import FakeKubelet
 from agent.health import HealthMonitor
@@ -312,21 +313,45 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--restarts", type=int, default=20, help="kubelet restarts (default 20)")
     parser.add_argument("--optimality", type=int, default=2000, help="pure-function requests (default 2000)")
+    parser.add_argument(
+        "--dra",
+        action="store_true",
+        help="also the DRA driver in the same run: prepare/unprepare, slice publish after a health "
+        "change, RSS",
+    )
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     args = parser.parse_args(argv)
     for name in ("allocations", "preferred", "faults", "lost", "restarts", "optimality"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
 
     logs.configure("text", "error")
-    print(machine_summary())
     load = os.getloadavg()
-    print(
-        f"profile: {args.profile}; one process, kubelet stand-in on the same event loop; "
-        f"load average {load[0]:.1f} at start"
-    )
+    if not args.json:
+        print(machine_summary())
+        print(
+            f"profile: {args.profile}; one process, kubelet stand-in on the same event loop; "
+            f"load average {load[0]:.1f} at start"
+        )
     figures = asyncio.run(_runtime_figures(args))
     gc.collect()  # start the pure measurements without the gRPC phase's garbage
     pure, pure_cpu, optimal, total, sixteen = _pure_figures(args.optimality)
+    dra = None
+    if args.dra:  # agent.benchmarks.dra: the DRA driver on the same machine, in the same run
+        dra = asyncio.run(dra_figures(profile=args.profile, claims=args.allocations, faults=args.faults))
+    if args.json:
+        out = {
+            "machine": machine_summary(),
+            "profile": args.profile,
+            "load_average": load[0],
+            "deviceplugin": {k: summary(v) for k, v in {**figures, "preferred_pure": pure}.items()},
+            "optimality": {"optimal": optimal, "total": total},
+            "dra": None
+            if dra is None
+            else {k: summary(v) if isinstance(v, list) else v for k, v in dra.items()},
+        }
+        print(json.dumps(out, indent=2, sort_keys=True))
+        return 0
 
     def line(label: str, values: list[float], aim: float | None = None) -> None:
         verdict = ""
@@ -345,4 +370,6 @@ def main(argv: list[str]) -> int:
     for label, ms in sixteen.items():
         print(f"{'preferred allocation (pure, ' + label + ')':<44} {ms:.3f} ms")
     print(f"{'optimality vs brute force':<44} {optimal}/{total} = {100 * optimal / total:.1f}%")
+    if dra is not None:
+        print_dra(dra, line)
     return 0

@@ -322,7 +322,14 @@ async def serve(
             from agent.dra import DraUnavailableError, dra_driver_for_run  # noqa: PLC0415
 
             try:
-                dra = dra_driver_for_run(settings, store, grace_s=min(settings.shutdown_grace_s, 2.0))
+                dra = dra_driver_for_run(
+                    settings,
+                    store,
+                    grace_s=min(settings.shutdown_grace_s, 2.0),
+                    dev_root=node.dev_root,
+                    proc_devices=node.proc_devices,
+                    simulated=node.simulated,
+                )
             except DraUnavailableError as exc:
                 raise StartupError(str(exc)) from None
             components.append(dra)

@@ -3,7 +3,8 @@ idempotent across agent and kubelet restarts.
 
 The file (``<pluginDir>/<driver>/checkpoint.json``) is JSON: ``{"version": 1, "driver": ...,
 "claims": {<uid>: {"namespace", "name", "devices": [{"requestNames", "poolName", "deviceName",
-"cdiDeviceIds"}]}}}``. Every write is atomic (temporary file, fsync, rename), so a crash leaves the old
+"cdiDeviceIds"}], "imexChannel": {"domain", "gang", "channel"} (IMEX channel claims only)}}}``.
+Every write is atomic (temporary file, fsync, rename), so a crash leaves the old
 or the new file, never half of one.
 
 A file that cannot be read as a checkpoint (not JSON, a wrong shape, another driver's, larger than
@@ -28,6 +29,7 @@ VERSION = 1
 MAX_BYTES = 16 * 1024 * 1024
 MAX_CLAIMS = 100_000
 MAX_DEVICES_PER_CLAIM = 1024
+MAX_CHANNEL = 1 << 20
 
 
 class CheckpointError(RuntimeError):
@@ -51,18 +53,34 @@ class PreparedDevice:
 
 
 @dataclass(frozen=True, slots=True)
+class ChannelHold:
+    """The IMEX channel a claim holds: its NVLink domain, gang and channel number."""
+
+    domain: str
+    gang: str
+    channel: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"domain": self.domain, "gang": self.gang, "channel": self.channel}
+
+
+@dataclass(frozen=True, slots=True)
 class PreparedClaim:
     uid: str
     namespace: str
     name: str
     devices: tuple[PreparedDevice, ...]
+    channel: ChannelHold | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "namespace": self.namespace,
             "name": self.name,
             "devices": [d.to_json() for d in self.devices],
         }
+        if self.channel is not None:
+            out["imexChannel"] = self.channel.to_json()
+        return out
 
 
 def _strings(value: Any, where: str) -> tuple[str, ...]:
@@ -98,11 +116,24 @@ def parse_claim(uid: str, body: Any) -> PreparedClaim:
                 cdi_device_ids=_strings(d.get("cdiDeviceIds"), f"{at}.cdiDeviceIds"),
             )
         )
+    channel = None
+    raw_channel = body.get("imexChannel")
+    if raw_channel is not None:
+        at = f"{where}.imexChannel"
+        if not isinstance(raw_channel, Mapping):
+            raise ValueError(f"{at}: expected a mapping")
+        number = raw_channel.get("channel")
+        if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number < MAX_CHANNEL:
+            raise ValueError(f"{at}.channel: expected a channel 0..{MAX_CHANNEL - 1}")
+        channel = ChannelHold(
+            domain=_string(raw_channel, "domain", at), gang=_string(raw_channel, "gang", at), channel=number
+        )
     return PreparedClaim(
         uid=uid,
         namespace=_string(body, "namespace", where),
         name=_string(body, "name", where),
         devices=tuple(devices),
+        channel=channel,
     )
 
 

@@ -8,6 +8,8 @@
       pluginDir: /var/lib/kubelet/plugins  # the service socket is <pluginDir>/<driverName>/dra.sock
       registryDir: /var/lib/kubelet/plugins_registry   # the kubelet's plugin watcher
       cdiKind: gpu.gpuagent.dev/gpu        # CDI device names the containers get: <kind>=<uuid>
+      imexChannels: false                  # one IMEX channel per gang (DeviceClass imex-channel.gpuagent.dev)
+      imexNamespace: gpu-system            # where each NVLink domain's channel record (a ConfigMap) lives
 
 Each device is served by exactly one API: a resource named here is withdrawn from the device plugin
 and published in the node's ResourceSlice pool instead; a shared resource (time-slicing, MPS) cannot
@@ -32,7 +34,18 @@ MAX_DRIVER_NAME = 63
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$")
 _RESOURCE = re.compile(r"^nvidia\.com/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _CDI_KIND = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-KNOWN = {"enabled", "driverName", "resources", "pluginDir", "registryDir", "cdiKind"}
+KNOWN = {
+    "enabled",
+    "driverName",
+    "resources",
+    "pluginDir",
+    "registryDir",
+    "cdiKind",
+    "imexChannels",
+    "imexNamespace",
+}
+DEFAULT_IMEX_NAMESPACE = "gpu-system"
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +56,8 @@ class DraConfig:
     plugin_dir: str = DEFAULT_PLUGIN_DIR
     registry_dir: str = DEFAULT_REGISTRY_DIR
     cdi_kind: str = ""  # "" : "<driverName>/gpu"
+    imex_channels: bool = False
+    imex_namespace: str = DEFAULT_IMEX_NAMESPACE
 
     @property
     def kind(self) -> str:
@@ -99,7 +114,12 @@ def parse_dra_config(data: Mapping[str, Any], *, source: str = "config") -> DraC
         problems.append(
             f"dra.cdiKind: {cdi_kind[:80]!r} is not <vendor>/<class> (for example gpu.gpuagent.dev/gpu)"
         )
+    namespace = r.string(body, "imexNamespace", "dra.imexNamespace", DEFAULT_IMEX_NAMESPACE)
+    if len(namespace) > 63 or not _NAMESPACE.match(namespace):
+        problems.append(f"dra.imexNamespace: {namespace[:80]!r} is not a namespace name")
     config = DraConfig(
+        imex_channels=r.boolean(body, "imexChannels", "dra.imexChannels", False),
+        imex_namespace=namespace,
         enabled=r.boolean(body, "enabled", "dra.enabled", False),
         driver_name=driver,
         resources=resources,

@@ -11,16 +11,20 @@
   socket removed under us (the directory wiped) is served again at the next poll.
 - Stop: both servers stop with a grace period and their sockets are removed; the checkpoint stays.
 
-``taints`` is the hook for health-as-taints: a function from the node's state (inventory and the
-health it decided, the one owner) to device taints by UUID, rendered into the slices (none by default);
-every health change re-renders them, and the pool is written when they differ.
+IMEX channels (``channels``, with ``dra.imexChannels``): the pool gets the node's ``imex-channel``
+device and prepare gives each gang its channel (:mod:`deviceplugin.dra.imexchannel`); at start the
+channels' CDI spec is written again from the checkpoint.
+
+Health as device taints: ``faults`` gives each published device the faults the node's health owner
+decided for it (:mod:`deviceplugin.dra.taints` renders them; none by default); every health change
+re-renders the pool, which is written when the taints differ, so a recovered device loses its taints.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +32,7 @@ from deviceplugin.cdi import cdi_spec, write_spec
 from deviceplugin.config import PluginConfig
 from deviceplugin.dra.checkpoint import Checkpoint
 from deviceplugin.dra.config import DraConfig
+from deviceplugin.dra.imexchannel import ImexChannels
 from deviceplugin.dra.prepare import ClaimSource, Preparer
 from deviceplugin.dra.publish import SliceApi, SlicePublisher
 from deviceplugin.dra.server import (
@@ -38,8 +43,9 @@ from deviceplugin.dra.server import (
     service_server,
 )
 from deviceplugin.dra.slices import PcieRoot, SliceDevice, build_slices, slice_devices
+from deviceplugin.dra.taints import Fault, render_taints
 from deviceplugin.node import NodeChange, NodeState
-from deviceplugin.resources import ResourceError, build_plan
+from deviceplugin.resources import Device, ResourceError, build_plan
 from deviceplugin.server import PluginError
 from topology import logs
 from topology.kube import KubeError
@@ -48,8 +54,8 @@ from topology.lifecycle import wait_for_event
 SERVICE_SOCKET = "dra.sock"
 CHECKPOINT = "checkpoint.json"
 
-Taints = Callable[[NodeState], Mapping[str, Sequence[Mapping[str, Any]]]]
-"""Device taints by GPU/MIG UUID from the node (its inventory and the health it decided)."""
+DeviceFaults = Callable[[Device], Sequence[Fault]]
+"""The faults of one published device, as the node's health owner decided them."""
 
 
 def registration_socket(config: DraConfig) -> Path:
@@ -69,7 +75,8 @@ class DraDriver:
         claims: ClaimSource,
         slices: SliceApi | None,
         pcie_root: PcieRoot = lambda _bus: None,
-        taints: Taints | None = None,
+        faults: DeviceFaults | None = None,
+        channels: ImexChannels | None = None,
         grace_s: float = 1.0,
         poll_s: float = 0.5,
         min_backoff_s: float = 1.0,
@@ -82,7 +89,7 @@ class DraDriver:
         self._plugin_config = plugin_config
         self.node_name = node_name
         self._pcie_root = pcie_root
-        self._taints = taints
+        self._faults = faults
         self._grace = grace_s
         self._poll = poll_s
         self._min_backoff = min_backoff_s
@@ -104,7 +111,9 @@ class DraDriver:
             pool=node_name,
             kind=config.kind,
             published=lambda: self.devices,
+            channels=channels,
         )
+        self.channels = channels
         self.health = HealthView(self._health_rows)
         self.publisher = (
             SlicePublisher(api=slices, node_name=node_name, driver=config.driver_name, desired=self.slices)
@@ -139,9 +148,21 @@ class DraDriver:
             node_uid=node_uid,
             driver=self.config.driver_name,
             generation=generation,
-            taints=self._taints(self._store) if self._taints is not None else None,
+            taints=self.taints(),
+            imex_channel=self.channels is not None,
             pcie_root=self._pcie_root,
         )
+
+    def taints(self) -> dict[str, list[dict[str, Any]]]:
+        """The rendered taints of the published devices that have any, by GPU/MIG UUID."""
+        if self._faults is None:
+            return {}
+        out = {}
+        for sd in self.devices.values():
+            taints = render_taints(self._faults(sd.device), driver=self.config.driver_name)
+            if taints:
+                out[sd.device.base_uuid] = taints
+        return out
 
     def _health_rows(self) -> list[DeviceHealthRow]:
         rows = []
@@ -174,6 +195,14 @@ class DraDriver:
                 "dra_checkpoint_problem", reason=problem, hint="prepared claims are prepared again on demand"
             )
         self._write_cdi()
+        if self.channels is not None:
+            holds = [c.channel for c in self.checkpoint.claims.values() if c.channel is not None]
+            try:
+                await asyncio.to_thread(self.channels.write_spec, holds)
+            except OSError as exc:
+                self._log.error(
+                    "dra_cdi_spec_write_failed", error=str(exc), hint="check cdi.specDir is writable"
+                )
         self.health.changed()
         remove = self._store.add_listener(self._on_store)
         self._servers = [

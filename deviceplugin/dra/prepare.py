@@ -12,16 +12,31 @@ idempotent.
 
 Prepared devices reach the container by CDI: ``<kind>=<uuid>`` for the node-wide spec the driver
 writes (:mod:`deviceplugin.cdi`).
+
+A result naming the node's ``imex-channel`` device (with ``channels`` given) gets the gang's IMEX
+channel (:mod:`deviceplugin.dra.imexchannel`): CDI ``<driver>/imex-channel=<N>``, the hold kept in the
+checkpoint so unprepare gives it back, after a restart too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import functools
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from deviceplugin.dra.checkpoint import Checkpoint, CheckpointError, PreparedClaim, PreparedDevice
+from deviceplugin.dra.channels import ChannelError
+from deviceplugin.dra.checkpoint import (
+    ChannelHold,
+    Checkpoint,
+    CheckpointError,
+    PreparedClaim,
+    PreparedDevice,
+)
+from deviceplugin.dra.imexchannel import IMEX_DEVICE, ImexChannels
 from deviceplugin.dra.slices import SliceDevice
 from deviceplugin.node import DeviceHealthSource
 from topology import logs
@@ -63,6 +78,7 @@ def devices_for(
     pool: str,
     published: Mapping[str, SliceDevice],
     kind: str,
+    channel_device: str | None = None,
 ) -> tuple[PreparedDevice, ...]:
     """The prepared devices of one claim object; raises :class:`PrepareError`. Pure."""
     meta = claim.get("metadata")
@@ -91,13 +107,16 @@ def devices_for(
             raise PrepareError(f"{where}: device, pool and request must be strings")
         if rpool != pool:
             raise PrepareError(f"{where}: pool {rpool!r:.80} is not this node's ({pool})")
-        if name not in published:
+        if name not in published and name != channel_device:
             raise PrepareError(f"{where}: device {name!r:.80} is not published by this node")
         names = requests.setdefault(name, [])
         if request not in names:
             names.append(request)
     out = []
     for name in sorted(requests):
+        if name == channel_device:  # the channel's CDI device is known once the channel is
+            out.append(PreparedDevice(tuple(requests[name]), pool, name, ()))
+            continue
         uuid = published[name].device.base_uuid
         out.append(
             PreparedDevice(
@@ -124,8 +143,10 @@ class Preparer:
         pool: str,
         kind: str,
         published: Callable[[], Mapping[str, SliceDevice]],
+        channels: ImexChannels | None = None,
         to_thread: Callable[..., Awaitable[Any]] = asyncio.to_thread,
     ) -> None:
+        self.channels = channels
         self.checkpoint = checkpoint
         self._claims = claims
         self._health = health
@@ -152,11 +173,19 @@ class Preparer:
         published = self._published()
         try:
             devices = devices_for(
-                claim, ref, driver=self._driver, pool=self._pool, published=published, kind=self._kind
+                claim,
+                ref,
+                driver=self._driver,
+                pool=self._pool,
+                published=published,
+                kind=self._kind,
+                channel_device=IMEX_DEVICE if self.channels is not None else None,
             )
         except PrepareError as exc:
             return self._error(ref, str(exc))
         for d in devices:
+            if d.device_name == IMEX_DEVICE and self.channels is not None:
+                continue
             status = self._health.device_health(published[d.device_name].device.health_keys)
             if not status.healthy:
                 return self._error(
@@ -166,10 +195,30 @@ class Preparer:
             known = self.checkpoint.claims.get(ref.uid)
             if known is not None:
                 return Prepared(devices=known.devices)
-            entry = PreparedClaim(uid=ref.uid, namespace=ref.namespace, name=ref.name, devices=devices)
+            hold = None
+            if self.channels is not None and any(d.device_name == IMEX_DEVICE for d in devices):
+                try:
+                    hold = await self._to_thread(
+                        functools.partial(self.channels.prepare, claim, held=self._holds())
+                    )
+                except ChannelError as exc:
+                    return self._error(ref, f"claim {ref}: {exc}")
+                cdi = (self.channels.cdi_id(hold.channel),)
+                devices = tuple(
+                    dataclasses.replace(d, cdi_device_ids=cdi) if d.device_name == IMEX_DEVICE else d
+                    for d in devices
+                )
+            entry = PreparedClaim(
+                uid=ref.uid, namespace=ref.namespace, name=ref.name, devices=devices, channel=hold
+            )
             try:
                 await self._to_thread(self.checkpoint.put, entry)
             except CheckpointError as exc:
+                if hold is not None and self.channels is not None:
+                    with contextlib.suppress(ChannelError):
+                        await self._to_thread(
+                            functools.partial(self.channels.unprepare, hold, held=self._holds())
+                        )
                 return self._error(ref, f"claim {ref}: {exc}")
         self.prepares += 1
         self._log.info(
@@ -180,6 +229,17 @@ class Preparer:
     async def unprepare(self, ref: ClaimRef) -> str:
         """``""`` on success (also for a claim never prepared here), else the error."""
         async with self._lock:
+            known = self.checkpoint.claims.get(ref.uid)
+            if known is not None and known.channel is not None and self.channels is not None:
+                rest = [h for uid, h in self._held_by_uid() if uid != ref.uid]
+                try:
+                    await self._to_thread(
+                        functools.partial(self.channels.unprepare, known.channel, held=rest)
+                    )
+                except ChannelError as exc:  # kept prepared: the kubelet retries the unprepare
+                    self.errors += 1
+                    self._log.error("claim_unprepare_failed", claim=str(ref), uid=ref.uid, reason=str(exc))
+                    return f"claim {ref}: {exc}"
             try:
                 removed = await self._to_thread(self.checkpoint.remove, ref.uid)
             except CheckpointError as exc:
@@ -189,6 +249,12 @@ class Preparer:
         if removed:
             self._log.info("claim_unprepared", claim=str(ref), uid=ref.uid)
         return ""
+
+    def _held_by_uid(self) -> list[tuple[str, ChannelHold]]:
+        return [(uid, c.channel) for uid, c in self.checkpoint.claims.items() if c.channel is not None]
+
+    def _holds(self) -> list[ChannelHold]:
+        return [h for _, h in self._held_by_uid()]
 
     def _error(self, ref: ClaimRef, message: str) -> Prepared:
         self.errors += 1

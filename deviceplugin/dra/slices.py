@@ -2,7 +2,15 @@
 serves (the device plugin's resource plan, the one resource manager) and device taints.
 
 - One pool per node, named after the node; at most :data:`MAX_DEVICES_PER_SLICE` devices per slice
-  (the API's limit), slices named ``<node>-<driver>-<n>`` (bounded to 253 characters).
+  (the API's limit for slices whose devices carry taints or consume counters, used always so a taint
+  never reshuffles the slices), slices named ``<node>-<driver>-<n>`` (bounded to 253 characters).
+- MIG devices are partitionable devices (``resource.k8s.io/v1``, ``DRAPartitionableDevices``, on since
+  1.36): each GPU with a published MIG device has a counter set ``<gpu device name>-counters`` holding
+  its ``memory``, and each of its MIG devices (and the whole GPU, were it published beside them)
+  consumes its own memory from it, so the scheduler never hands out more of a GPU than it has. The
+  API allows devices and counter sets only in separate slices (at most 8 sets each): the counter sets
+  come after the device slices in the same pool. The layout is the MIG devices that exist now (no MIG
+  device is created at prepare).
 - Device names are the lowercased GPU/MIG UUID with anything outside ``[a-z0-9-]`` as ``-`` (a DNS label,
   stable across restarts and re-indexing): ``gpu-8f3c…``, ``mig-1a2b…``.
 - Attributes with NVIDIA's names where NVIDIA's driver publishes the same fact (``type``, ``uuid``,
@@ -13,6 +21,10 @@ serves (the device plugin's resource plan, the one resource manager) and device 
   in a completed, agreed clique: a claim can ``matchAttribute`` on it), ``cliqueId``, ``clusterUUID``,
   ``rack`` (chassis serial) and ``tray`` from platform info, ``numaNode``, ``fabricHealth``
   (``healthy|degraded|unhealthy`` from the GPU's own fabric summary).
+- With ``imex_channel``, while the node sits in a complete NVLink domain, one more device
+  ``imex-channel`` (``type: imex-channel``, the domain attributes, ``allowMultipleAllocations``: every
+  claim of the DeviceClass ``imex-channel.gpuagent.dev`` on the node gets it; the channel number is
+  decided at prepare, :mod:`deviceplugin.dra.channels`).
 - Taints (``spec.devices[].taints``) come from the caller (``taints``, keyed by device UUID): the
   hook for health-as-taints; this module decides nothing about health.
 
@@ -32,9 +44,11 @@ from topology.model import FabricHealthSummary, FabricInfo, Gpu, MigDevice, Node
 from topology.nvlink import nvlink_facts
 
 API_VERSION = "resource.k8s.io/v1"
-MAX_DEVICES_PER_SLICE = 128
+MAX_DEVICES_PER_SLICE = 64
+MAX_COUNTER_SETS_PER_SLICE = 8
 MAX_NAME = 253
 MAX_STRING = 64
+IMEX_CHANNEL_DEVICE = "imex-channel"
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 _NOT_LABEL = re.compile(r"[^a-z0-9-]+")
@@ -150,6 +164,7 @@ def _device(
     clique: str | None,
     pcie_root: PcieRoot,
     taints: Sequence[Mapping[str, Any]],
+    counter_set: str | None,
 ) -> dict[str, Any]:
     attrs = _gpu_attributes(gpu, inventory, fabric, clique, pcie_root)
     if mig is None:
@@ -171,9 +186,18 @@ def _device(
         "attributes": dict(sorted(attrs.items())),
         "capacity": {"memory": {"value": quantity(memory)}},
     }
+    if counter_set is not None:
+        out["consumesCounters"] = [
+            {"counterSet": counter_set, "counters": {"memory": {"value": quantity(memory)}}}
+        ]
     if taints:
         out["taints"] = [dict(t) for t in taints]
     return out
+
+
+def counter_set_name(gpu_uuid: str) -> str:
+    """The DNS-label name of a GPU's counter set: ``<gpu device name>-counters``."""
+    return device_name(gpu_uuid)[:54].rstrip("-") + "-counters"
 
 
 def build_slices(
@@ -186,6 +210,7 @@ def build_slices(
     generation: int,
     taints: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     pcie_root: PcieRoot = lambda _bus: None,
+    imex_channel: bool = False,
 ) -> list[dict[str, Any]]:
     """The node's pool as ResourceSlice objects (at least one, even with no devices, so the pool's
     emptiness is published too)."""
@@ -193,9 +218,17 @@ def build_slices(
     migs = {m.uuid: m for m in inventory.mig_devices()}
     fabric = {f.gpu_index: f for f in inventory.fabric}
     facts = nvlink_facts(inventory)
-    clique = str(facts.clique) if facts.clique is not None and facts.gfd_clique is not None else None
+    clique = nvlink_domain(inventory)
+    published = slice_devices(devices)
+    partitioned = sorted(
+        {
+            sd.device.gpu_uuid
+            for sd in published
+            if sd.device.kind is DeviceKind.MIG and sd.device.gpu_uuid in gpus
+        }
+    )
     rendered: list[dict[str, Any]] = []
-    for sd in slice_devices(devices):
+    for sd in published:
         gpu = gpus.get(sd.device.gpu_uuid)
         if gpu is None:
             continue
@@ -213,13 +246,39 @@ def build_slices(
                 clique=clique,
                 pcie_root=pcie_root,
                 taints=device_taints,
+                counter_set=counter_set_name(gpu.uuid) if gpu.uuid in partitioned else None,
             )
         )
-    chunks = [
-        rendered[i : i + MAX_DEVICES_PER_SLICE] for i in range(0, len(rendered), MAX_DEVICES_PER_SLICE)
-    ] or [[]]
+    if imex_channel and clique is not None and facts.clique is not None:
+        rendered.append(
+            {
+                "name": IMEX_CHANNEL_DEVICE,
+                "attributes": {
+                    "type": {"string": "imex-channel"},
+                    "nvlinkDomain": {"string": clique[:MAX_STRING]},
+                    "clusterUUID": {"string": str(facts.clique.cluster_uuid).lower()[:MAX_STRING]},
+                    "cliqueId": {"int": facts.clique.clique_id},
+                },
+                "allowMultipleAllocations": True,
+            }
+        )
+    counter_sets = [
+        {
+            "name": counter_set_name(uuid),
+            "counters": {"memory": {"value": quantity(gpus[uuid].memory_total_bytes)}},
+        }
+        for uuid in partitioned
+    ]
+    chunks: list[tuple[str, list[dict[str, Any]]]] = [
+        ("devices", rendered[i : i + MAX_DEVICES_PER_SLICE])
+        for i in range(0, len(rendered), MAX_DEVICES_PER_SLICE)
+    ] or [("devices", [])]
+    chunks += [
+        ("sharedCounters", counter_sets[i : i + MAX_COUNTER_SETS_PER_SLICE])
+        for i in range(0, len(counter_sets), MAX_COUNTER_SETS_PER_SLICE)
+    ]
     out = []
-    for n, chunk in enumerate(chunks):
+    for n, (field, chunk) in enumerate(chunks):
         meta: dict[str, Any] = {"name": slice_name(node_name, driver, n)}
         if node_uid:
             meta["ownerReferences"] = [
@@ -234,11 +293,18 @@ def build_slices(
                     "driver": driver,
                     "nodeName": node_name,
                     "pool": {"name": node_name, "generation": generation, "resourceSliceCount": len(chunks)},
-                    "devices": chunk,
+                    field: chunk,
                 },
             }
         )
     return out
+
+
+def nvlink_domain(inventory: NodeInventory) -> str | None:
+    """The node's ``nvlinkDomain`` (``<clusterUUID>.<cliqueId>``): only while the node sits in a
+    completed, agreed clique (as GFD's clique label)."""
+    facts = nvlink_facts(inventory)
+    return str(facts.clique) if facts.clique is not None and facts.gfd_clique is not None else None
 
 
 def slice_name(node_name: str, driver: str, n: int) -> str:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from agent.healthbook import RESET_XIDS, HealthBook, HealthConfig
+from agent.healthbook import RESET_XIDS, FaultClass, HealthBook, HealthConfig
 from agent.nvml.protocol import EventKind, HealthReading, NvmlEvent
 from tests.deviceplugin.helpers import inventory
 from topology.fabrichealth import FabricCondition, FabricLevel, GpuFabricVerdict
@@ -295,3 +295,25 @@ def test_a_reset_right_after_the_fault_is_seen_against_the_counters_read_with_th
     answers(b, gpu, 2.0, unc=0)  # reset between the event and this probe
     answers(b, gpu, 20.0, unc=0)
     assert b.status(gpu.uuid).healthy
+
+
+def test_each_mark_says_its_fault_class_for_readers_that_must_name_it(mig_inventory: NodeInventory) -> None:
+    """The class DRA turns into a taint key (xid, lost, fabric) is the book's, with the short fault."""
+    g0, g1, g2, g3 = mig_inventory.gpus[:4]
+    b = book(mig_inventory, fabric_unhealthy_marks_gpu=True)
+    b.on_event(xid(g0, 48), 0.0)
+    b.on_event(xid(g1, 79), 0.0)
+    b.on_event(NvmlEvent(EventKind.ECC_DBE, g2.index, g2.uuid), 0.0)
+    b.on_fabric(g3.uuid, ROUTE_UNHEALTHY, 0.0)
+    got = {u: (b.status(u).fault_class, b.status(u).fault) for u in (g0.uuid, g1.uuid, g2.uuid, g3.uuid)}
+    assert got == {
+        g0.uuid: (FaultClass.XID, "XID 48 (double-bit ECC error)"),
+        g1.uuid: (FaultClass.LOST, "XID 79 (GPU has fallen off the bus)"),
+        g2.uuid: (FaultClass.XID, "double-bit ECC error"),
+        g3.uuid: (FaultClass.FABRIC, "fabric unhealthy: route_unhealthy"),
+    }
+    assert b.table().of(g3.uuid).fault_class is FaultClass.FABRIC
+    # a later reset-class XID on the fabric-marked GPU takes over the fault and its class
+    b.on_event(xid(g3, 48), 1.0)
+    assert b.status(g3.uuid).fault_class is FaultClass.XID
+    assert b.status(mig_inventory.gpus[5].uuid).fault_class is None  # healthy: no class

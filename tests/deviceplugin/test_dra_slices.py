@@ -13,6 +13,7 @@ from deviceplugin.dra.slices import (
     MAX_DEVICES_PER_SLICE,
     build_slices,
     content,
+    counter_set_name,
     device_name,
     pci_bus_id,
     quantity,
@@ -100,7 +101,7 @@ def test_unhealthy_fabric_reports_it_and_withdraws_the_nvlink_domain() -> None:
 def test_mig_devices_name_their_parent_and_profile() -> None:
     inv = inventory("dgx-a100-mig")
     config = parse_plugin_config({"flags": {"migStrategy": "mixed"}})
-    (obj,) = _slices(inv, config)
+    obj, _counters = _slices(inv, config)
     migs = [d for d in obj["spec"]["devices"] if _attrs(d)["type"] == "mig"]
     gpus = [d for d in obj["spec"]["devices"] if _attrs(d)["type"] == "gpu"]
     assert len(migs) == len(inv.mig_devices())
@@ -118,6 +119,38 @@ def test_mig_devices_name_their_parent_and_profile() -> None:
         assert device["capacity"]["memory"]["value"] == quantity(mig.memory_bytes)
 
 
+def test_mig_devices_consume_their_gpus_shared_counters() -> None:
+    inv = inventory("dgx-a100-mig")
+    config = parse_plugin_config({"flags": {"migStrategy": "mixed"}})
+    slices = _slices(inv, config)
+    assert [sorted(set(s["spec"]) & {"devices", "sharedCounters"}) for s in slices] == [
+        ["devices"],
+        ["sharedCounters"],
+    ]  # the API takes devices and counter sets only in separate slices of one pool
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {2}
+    sets = {c["name"]: c["counters"] for c in slices[1]["spec"]["sharedCounters"]}
+    parents = {m.parent_uuid for m in inv.mig_devices()}
+    gpus = {g.uuid: g for g in inv.gpus}
+    assert set(sets) == {counter_set_name(u) for u in parents}
+    for uuid in parents:
+        assert sets[counter_set_name(uuid)] == {"memory": {"value": quantity(gpus[uuid].memory_total_bytes)}}
+    by_uuid = {m.uuid: m for m in inv.mig_devices()}
+    used: dict[str, int] = {}
+    for device in slices[0]["spec"]["devices"]:
+        a = _attrs(device)
+        if a["type"] == "gpu":
+            assert "consumesCounters" not in device  # a GPU without MIG shares nothing
+            continue
+        mig = by_uuid[a["uuid"]]
+        (consumes,) = device["consumesCounters"]
+        assert consumes == {
+            "counterSet": counter_set_name(mig.parent_uuid),
+            "counters": {"memory": {"value": quantity(mig.memory_bytes)}},
+        }
+        used[mig.parent_uuid] = used.get(mig.parent_uuid, 0) + mig.memory_bytes
+    assert all(used[u] <= gpus[u].memory_total_bytes for u in parents)  # the layout fits its counters
+
+
 def test_replicas_are_not_published() -> None:
     inv = inventory("dgx-h100")
     config = parse_plugin_config(
@@ -132,9 +165,10 @@ def test_more_devices_than_one_slice_holds_split_into_a_counted_pool() -> None:
     base = _devices(inv)[0]
     many = [dataclasses.replace(base, id=f"GPU-{n:08d}", base_uuid=f"GPU-{n:08d}") for n in range(300)]
     slices = build_slices(inv, many, node_name="n", node_uid=None, driver=DRIVER, generation=1)
-    assert [len(s["spec"]["devices"]) for s in slices] == [MAX_DEVICES_PER_SLICE, MAX_DEVICES_PER_SLICE, 44]
-    assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {3}
-    assert len({s["metadata"]["name"] for s in slices}) == 3
+    assert MAX_DEVICES_PER_SLICE == 64  # the API's limit once a device carries taints or counters
+    assert [len(s["spec"]["devices"]) for s in slices] == [64, 64, 64, 64, 44]
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {5}
+    assert len({s["metadata"]["name"] for s in slices}) == 5
     assert "ownerReferences" not in slices[0]["metadata"]
 
 
@@ -193,3 +227,21 @@ def test_long_strings_are_cut_to_the_api_limit() -> None:
     inv = dataclasses.replace(inv, gpus=gpus)
     (obj,) = _slices(inv)
     assert all(len(_attrs(d)["productName"]) == 64 for d in obj["spec"]["devices"])
+
+
+def test_the_imex_channel_device_is_published_only_inside_a_complete_nvlink_domain() -> None:
+    inv = inventory("gb200-nvl72:rack=2,tray=5")
+    (obj,) = _slices(inv, imex_channel=True)
+    channel = next(d for d in obj["spec"]["devices"] if d["name"] == "imex-channel")
+    fabric = inv.fabric[0]
+    assert channel["allowMultipleAllocations"] is True  # every claim of the gang on the node shares it
+    assert _attrs(channel) == {
+        "type": "imex-channel",
+        "nvlinkDomain": f"{fabric.cluster_uuid.lower()}.{fabric.clique_id}",
+        "clusterUUID": fabric.cluster_uuid.lower(),
+        "cliqueId": fabric.clique_id,
+    }
+    (plain,) = _slices(inv)
+    assert all(d["name"] != "imex-channel" for d in plain["spec"]["devices"])
+    (single,) = _slices(inventory("dgx-h100"), imex_channel=True)  # no multi-node NVLink: no channel
+    assert all(d["name"] != "imex-channel" for d in single["spec"]["devices"])

@@ -15,6 +15,7 @@ from deviceplugin.config import ConfigError, PluginConfig, parse_plugin_config
 from deviceplugin.dra.checkpoint import Checkpoint
 from deviceplugin.dra.config import DraConfig, parse_dra_config, shared_conflicts
 from deviceplugin.dra.prepare import ClaimRef
+from tests.deviceplugin.test_dra_channels import FakeConfigMaps, channel_preparer, imex_claim
 from tests.deviceplugin.test_dra_prepare import DRIVER, NAMES, Claims, preparer, result
 
 
@@ -176,3 +177,79 @@ def test_dra_cannot_take_a_shared_resource() -> None:
     assert shared_conflicts(DraConfig(enabled=True, resources=("nvidia.com/mig-1g.10gb",)), plugin) == []
     assert shared_conflicts(DraConfig(), plugin) == []
     assert shared_conflicts(dra, PluginConfig()) == []
+
+
+# ----------------------------------------------------------------------------- IMEX channel claims
+
+
+def test_a_claim_naming_another_gangs_channel_is_refused(tmp_path: Path) -> None:
+    api, claims = FakeConfigMaps(), Claims()
+    p = channel_preparer(tmp_path, claims, api)
+    owner = imex_claim(claims, "a-0", "ua0", "train")
+    intruder = imex_claim(claims, "x-0", "ux0", "mine", namespace="team-x")
+    claims.objects[("team-x", "x-0")]["status"]["allocation"]["devices"]["config"] = [
+        {"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": {"gang": "mine", "channel": 1}}}
+    ]
+
+    async def body() -> None:
+        assert (await p.prepare(owner)).devices[0].cdi_device_ids == ("gpu.gpuagent.dev/imex-channel=1",)
+        got = await p.prepare(intruder)
+        assert "claim team-x/x-0: IMEX channel 1 in domain" in got.error
+        assert "belongs to another gang; refused" in got.error
+        assert "team-a" not in got.error  # the owner is not told to the intruder
+        assert "ux0" not in p.checkpoint.claims
+        # the owner keeps its channel and device node
+        assert (tmp_path / "dev" / "nvidia-caps-imex-channels" / "channel1").exists()
+
+    asyncio.run(body())
+
+
+@pytest.mark.parametrize(
+    ("params", "labels", "error"),
+    [
+        ("not a mapping", {}, "opaque.parameters: expected a mapping"),
+        ({"gang": 5}, {}, "parameters.gang: 5 is not a name"),
+        ({"gang": "a/b"}, {}, "is not a name"),
+        ({"gang": "x" * 300}, {}, "is not a name of at most 253"),
+        ({"gang": "ok", "channel": True}, {}, "parameters.channel: True is not a channel 0..2047"),
+        ({"gang": "ok", "channel": -1}, {}, "is not a channel 0..2047"),
+        ({"gang": "ok", "channel": 2048}, {}, "is not a channel 0..2047"),
+        ({"gang": "ok", "channel": "3"}, {}, "is not a channel"),
+        ({"gang": "ok", "channel": 0}, {}, "IMEX channel 0 in domain"),
+        ({}, {}, "names no gang"),
+        (None, {"gpuagent.dev/gang": "-bad-"}, "metadata.labels[gpuagent.dev/gang]: '-bad-' is not a name"),
+    ],
+    ids=[
+        "params-not-mapping",
+        "gang-int",
+        "gang-slash",
+        "gang-long",
+        "channel-bool",
+        "channel-negative",
+        "channel-over-limit",
+        "channel-string",
+        "channel-0-reserved",
+        "no-gang",
+        "bad-label",
+    ],
+)
+def test_a_bad_channel_claim_gets_one_clear_error_and_holds_nothing(
+    tmp_path: Path, params: Any, labels: dict[str, str], error: str
+) -> None:
+    api, claims = FakeConfigMaps(), Claims()
+    p = channel_preparer(tmp_path, claims, api)
+    ref = claims.add("c", "uc", [result("imex-channel", request="channel")], namespace="team-a")
+    obj = claims.objects[("team-a", "c")]
+    obj["metadata"]["labels"] = labels
+    if params is not None:
+        obj["status"]["allocation"]["devices"]["config"] = [
+            {"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": params}}
+        ]
+    got = asyncio.run(p.prepare(ref))
+    assert got.error.startswith("claim team-a/c: ")
+    assert got.error.count("team-a/c") == 1
+    assert error in got.error
+    assert len(got.error) < 400
+    assert p.checkpoint.claims == {}
+    holders = [o["data"] for o in api.objects.values()]
+    assert all(not d for d in holders)  # nothing held in the domain's record

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -21,7 +22,8 @@ import grpc
 import grpc.aio
 import pytest
 
-from agent.healthbook import DeviceHealth
+from agent.dra import health_faults
+from agent.healthbook import DeviceHealth, HealthBook, HealthConfig
 from agent.runtime import InventoryStore
 from deviceplugin.config import PluginConfig, parse_plugin_config
 from deviceplugin.dra.api import dra_pb2 as pb
@@ -29,9 +31,11 @@ from deviceplugin.dra.api import health_pb2, health_v1_pb2
 from deviceplugin.dra.api import registration_pb2 as rpb
 from deviceplugin.dra.config import DraConfig
 from deviceplugin.dra.driver import DraDriver
+from deviceplugin.dra.slices import device_name
 from deviceplugin.manager import PluginManager
 from tests.deviceplugin.helpers import running_kubelet, sim_node
-from topology.model import Health
+from topology.fabrichealth import DEFAULT_FABRIC_POLICY
+from topology.model import FabricHealthSummary, Health
 
 T = TypeVar("T")
 DRIVER = "gpu.gpuagent.dev"
@@ -308,35 +312,69 @@ def test_slices_are_published_once_and_again_only_on_change(short_dir: Path) -> 
     run(body())
 
 
-def test_taint_hook_is_fed_by_the_nodes_health_and_republishes(short_dir: Path) -> None:
-    """The hook health-as-taints plugs into: the node's health decision in, taints in the slices out,
-    written on the change and removed on recovery."""
-
-    def taints(node: Any) -> dict[str, list[dict[str, str]]]:
-        out = {}
-        for gpu in node.inventory.gpus:
-            status = node.device_health([gpu.uuid])
-            if not status.healthy:
-                out[gpu.uuid] = [{"key": "gpu.gpuagent.dev/xid", "value": "79", "effect": "NoSchedule"}]
-        return out
+def test_health_book_decisions_become_taints_and_recovery_removes_them(short_dir: Path) -> None:
+    """Health as device taints, one owner: the health book's decision (GPU lost) becomes a
+    NoSchedule ``/lost`` taint on that GPU, a degraded fabric an informational ``/fabric`` taint (effect
+    None), and both go when the node says the device recovered; every change is one pool write."""
 
     async def body() -> None:
-        sim = sim_node("dgx-h100")
+        sim = sim_node("gb200-nvl72:rack=1,tray=2")
         store = InventoryStore(sim.discover())
+        book = HealthBook(config=HealthConfig(recovery_quiet_s=1))
+        book.set_inventory(store.inventory, 0.0)
         config = DraConfig(enabled=True, plugin_dir=str(short_dir / "p"), registry_dir=str(short_dir / "r"))
         slices = Slices()
-        driver = _driver(short_dir, store, Claims(), slices, config, taints=taints)
+        faults = health_faults(store, DEFAULT_FABRIC_POLICY)
+        driver = _driver(short_dir, store, Claims(), slices, config, faults=faults)
         async with running(driver):
-            await _until(lambda: len(slices.applied) == 1)
+            await _until(lambda: len(slices.applied) >= 1)
+            assert len(slices.applied) == 1
             assert not any("taints" in d for d in slices.applied[0]["spec"]["devices"])
-            gpu = store.inventory.gpus[4]
-            store.set_health({gpu.uuid: DeviceHealth(Health.UNHEALTHY, "xid 79")})
-            await _until(lambda: len(slices.applied) == 2)
-            tainted = [d["name"] for d in slices.applied[1]["spec"]["devices"] if "taints" in d]
-            assert tainted == [gpu.uuid.lower()]
-            store.set_health({})
-            await _until(lambda: len(slices.applied) == 3)
-            assert not any("taints" in d for d in slices.applied[2]["spec"]["devices"])
+            gpu = store.inventory.gpus[2]
+            book.on_probe(gpu.uuid, answered=False, lost=True, now=1.0)
+            store.set_health(book.table())
+            await _until(lambda: len(slices.applied) >= 2)
+            assert len(slices.applied) == 2
+            tainted = {d["name"]: d["taints"] for d in slices.applied[1]["spec"]["devices"] if "taints" in d}
+            assert tainted == {
+                device_name(gpu.uuid): [
+                    {
+                        "key": "gpu.gpuagent.dev/lost",
+                        "effect": "NoSchedule",
+                        "value": "GPU-lost-not-answering-NVML",
+                    }
+                ]
+            }
+            # a degraded fabric on another GPU: told, not withdrawn
+            other = store.inventory.gpus[0]
+            inv = store.inventory
+            degraded = [
+                dataclasses.replace(f, health_summary=FabricHealthSummary.LIMITED_CAPACITY)
+                if f.gpu_index == other.index
+                else f
+                for f in inv.fabric
+            ]
+            store.set_inventory(dataclasses.replace(inv, fabric=tuple(degraded)))
+            await _until(lambda: len(slices.applied) >= 3)
+            assert len(slices.applied) == 3
+            tainted = {d["name"]: d["taints"] for d in slices.applied[2]["spec"]["devices"] if "taints" in d}
+            assert tainted[device_name(other.uuid)] == [
+                {
+                    "key": "gpu.gpuagent.dev/fabric",
+                    "effect": "None",
+                    "value": "fabric-degraded-limited_capacity",
+                }
+            ]
+            assert set(tainted) == {device_name(gpu.uuid), device_name(other.uuid)}
+            # the GPU answers again (re-enumerated: a reset) and stays quiet: the book clears it, the
+            # taint goes
+            book.on_probe(gpu.uuid, answered=True, lost=False, now=2.0)
+            book.on_probe(gpu.uuid, answered=True, lost=False, now=5.0)
+            store.set_health(book.table())
+            await _until(lambda: len(slices.applied) >= 4)
+            assert len(slices.applied) == 4
+            tainted = {d["name"] for d in slices.applied[3]["spec"]["devices"] if "taints" in d}
+            assert tainted == {device_name(other.uuid)}
 
     run(body())
 

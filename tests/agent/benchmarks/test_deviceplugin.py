@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 
@@ -43,3 +44,34 @@ def test_bench_prints_every_figure(capsys: pytest.CaptureFixture[str]) -> None:
 def test_bench_rejects_zero_counts() -> None:
     with pytest.raises(SystemExit):
         bench.main(["--faults", "0"])
+
+
+def test_bench_with_dra_prints_both_paths_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    small = (
+        "--profile gb200-nvl72:rack=0,tray=0 --allocations 4 --preferred 3 --faults 2 --lost 1 --restarts 1 "
+        "--optimality 10 --dra"
+    )
+    assert bench.main(small.split()) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("machine: ")
+    for label in (
+        "Allocate (gRPC",
+        "NodePrepareResources (gRPC, 1 claim)",
+        "NodeUnprepareResources (gRPC, 1 claim)",
+        "IMEX channel claim: prepare",
+        "XID -> slice with the taint written",
+        "recovered -> slice without it written",
+        "RSS before the driver / after all calls",
+    ):
+        assert label in out
+    assert bench.main([*small.split(), "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["machine"].startswith("machine: ")
+    assert figures["deviceplugin"]["allocate"]["n"] == 4
+    dra = figures["dra"]
+    assert dra["prepare"]["n"] == 4
+    assert dra["unprepare"]["n"] == 4
+    assert dra["imex_prepare"]["n"] == 4
+    assert dra["publish_taint"]["n"] == 2
+    assert dra["publish_taint"]["p99_ms"] >= dra["publish_taint"]["p50_ms"] > 0
+    assert dra["rss_after_bytes"] > 0

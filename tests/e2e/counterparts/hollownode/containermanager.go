@@ -5,8 +5,10 @@ import (
 	"sort"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apiserver/pkg/server/healthz"
+	clientset "k8s.io/client-go/kubernetes"
 	internalapi "k8s.io/cri-api/pkg/apis"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
@@ -15,6 +17,7 @@ import (
 	"k8s.io/kubernetes/pkg/kubelet/cm"
 	"k8s.io/kubernetes/pkg/kubelet/cm/containermap"
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
+	"k8s.io/kubernetes/pkg/kubelet/cm/dra"
 	"k8s.io/kubernetes/pkg/kubelet/cm/resourceupdates"
 	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
 	"k8s.io/kubernetes/pkg/kubelet/config"
@@ -25,22 +28,27 @@ import (
 	schedulerframework "k8s.io/kubernetes/pkg/scheduler/framework"
 )
 
-// deviceContainerManager is kubemark's stub container manager with the device-plugin half put back:
-// every device-plugin method goes to the kubelet's real device manager, wired the way the Linux
-// container manager wires it (a topology manager with policy "none" whose pod admit handler calls
-// the device manager's Allocate). CPU, memory, cgroups and DRA stay the stub's.
+// deviceContainerManager is kubemark's stub container manager with the device-plugin and DRA halves
+// put back: every device-plugin method goes to the kubelet's real device manager, wired the way the
+// Linux container manager wires it (a topology manager with policy "none" whose pod admit handler
+// calls the device manager's Allocate), and every DRA method to the kubelet's real DRA manager (plugin
+// registration through the plugin watcher, NodePrepareResources before the pod's sandbox,
+// NodeUnprepareResources after it, CDI devices into the CRI request, device health into
+// allocatedResourcesStatus). CPU, memory and cgroups stay the stub's.
 type deviceContainerManager struct {
 	cm.ContainerManager // the stub
 
 	devices  *devicemanager.ManagerImpl
 	topology topologymanager.Manager
+	dra      *dra.Manager
+	updates  chan resourceupdates.Update
 }
 
 var _ cm.ContainerManager = (*deviceContainerManager)(nil)
 
 // newDeviceContainerManager creates the device manager; its registration server (kubelet.sock in
 // the device-plugins folder) starts listening only when the kubelet calls Start.
-func newDeviceContainerManager(logger klog.Logger) (*deviceContainerManager, error) {
+func newDeviceContainerManager(logger klog.Logger, client clientset.Interface, rootDir string) (*deviceContainerManager, error) {
 	// No NUMA topology: the fake machine has none, and policy "none" asks for no hints.
 	topology, err := topologymanager.NewManager(logger, nil, topologymanager.PolicyNone,
 		topologymanager.ContainerTopologyScope, nil)
@@ -52,11 +60,27 @@ func newDeviceContainerManager(logger klog.Logger) (*deviceContainerManager, err
 		return nil, err
 	}
 	topology.AddHintProvider(logger, devices)
-	return &deviceContainerManager{
+	draManager, err := dra.NewManager(logger, client, rootDir)
+	if err != nil {
+		return nil, err
+	}
+	m := &deviceContainerManager{
 		ContainerManager: cm.NewStubContainerManager(),
 		devices:          devices,
 		topology:         topology,
-	}, nil
+		dra:              draManager,
+		updates:          make(chan resourceupdates.Update, 10),
+	}
+	// Both managers' health updates reach the kubelet's sync loop through one channel, as in the
+	// Linux container manager.
+	for _, source := range []<-chan resourceupdates.Update{devices.Updates(), draManager.Updates()} {
+		go func(c <-chan resourceupdates.Update) {
+			for u := range c {
+				m.updates <- u
+			}
+		}(source)
+	}
+	return m, nil
 }
 
 // Start starts the stub (fake CPU and memory managers), then the device manager with the containers
@@ -66,6 +90,9 @@ func (m *deviceContainerManager) Start(ctx context.Context, node *v1.Node, activ
 	runtime internalapi.RuntimeService, localStorageCapacityIsolation bool) error {
 	if err := m.ContainerManager.Start(ctx, node, activePods, getNode, sourcesReady, podStatus, runtime,
 		localStorageCapacityIsolation); err != nil {
+		return err
+	}
+	if err := m.dra.Start(ctx, dra.ActivePodsFunc(activePods), dra.GetNodeFunc(getNode), sourcesReady); err != nil {
 		return err
 	}
 	containers, running := runtimeContainers(ctx, runtime)
@@ -106,7 +133,10 @@ func runtimeContainers(ctx context.Context, runtime internalapi.RuntimeService) 
 }
 
 func (m *deviceContainerManager) GetPluginRegistrationHandlers() map[string]cache.PluginHandler {
-	return map[string]cache.PluginHandler{pluginwatcherapi.DevicePlugin: m.devices.GetWatcherHandler()}
+	return map[string]cache.PluginHandler{
+		pluginwatcherapi.DevicePlugin: m.devices.GetWatcherHandler(),
+		pluginwatcherapi.DRAPlugin:    m.dra.GetWatcherHandler(),
+	}
 }
 
 func (m *deviceContainerManager) GetHealthCheckers() []healthz.HealthChecker {
@@ -131,6 +161,11 @@ func (m *deviceContainerManager) UpdatePluginResources(node *schedulerframework.
 // the kubelet puts it into the CRI CreateContainer request.
 func (m *deviceContainerManager) GetResources(ctx context.Context, pod *v1.Pod, container *v1.Container) (*kubecontainer.RunContainerOptions, error) {
 	opts := &kubecontainer.RunContainerOptions{}
+	claimed, err := m.dra.GetResources(pod, container)
+	if err != nil {
+		return nil, err
+	}
+	opts.CDIDevices = append(opts.CDIDevices, claimed.CDIDevices...)
 	dev, err := m.devices.GetDeviceRunContainerOptions(ctx, pod, container)
 	if err != nil || dev == nil {
 		return opts, err
@@ -139,8 +174,20 @@ func (m *deviceContainerManager) GetResources(ctx context.Context, pod *v1.Pod, 
 	opts.Mounts = dev.Mounts
 	opts.Devices = dev.Devices
 	opts.Annotations = dev.Annotations
-	opts.CDIDevices = dev.CDIDevices
+	opts.CDIDevices = append(opts.CDIDevices, dev.CDIDevices...)
 	return opts, nil
+}
+
+func (m *deviceContainerManager) PrepareDynamicResources(ctx context.Context, pod *v1.Pod) error {
+	return m.dra.PrepareResources(ctx, pod)
+}
+
+func (m *deviceContainerManager) UnprepareDynamicResources(ctx context.Context, pod *v1.Pod) error {
+	return m.dra.UnprepareResources(ctx, pod)
+}
+
+func (m *deviceContainerManager) PodMightNeedToUnprepareResources(uid types.UID) bool {
+	return m.dra.PodMightNeedToUnprepareResources(uid)
 }
 
 func (m *deviceContainerManager) GetDevices(podUID, containerName string) []*podresourcesapi.ContainerDevices {
@@ -161,10 +208,11 @@ func (m *deviceContainerManager) UpdateAllocatedDevices(logger klog.Logger) {
 
 func (m *deviceContainerManager) UpdateAllocatedResourcesStatus(logger klog.Logger, pod *v1.Pod, st *v1.PodStatus) {
 	m.devices.UpdateAllocatedResourcesStatus(logger, pod, st)
+	m.dra.UpdateAllocatedResourcesStatus(logger, pod, st)
 }
 
 func (m *deviceContainerManager) Updates() <-chan resourceupdates.Update {
-	return m.devices.Updates()
+	return m.updates
 }
 
 // stop closes the registration server; kubelet.sock is removed by the caller.

@@ -176,7 +176,7 @@ func startHollowKubelet(ctx context.Context, o *nodeOptions, record *recordFile)
 	}
 	runtimeService := &recordingRuntime{RuntimeService: runtimeClient, node: o.name, record: record}
 
-	hk.manager, err = newDeviceContainerManager(logger)
+	hk.manager, err = newDeviceContainerManager(logger, client, o.rootDir)
 	if err != nil {
 		hk.runtime.Stop()
 		return nil, fmt.Errorf("device manager: %w", err)
