@@ -412,6 +412,14 @@ def inventory_schema() -> dict[str, Any]:
     return schema
 
 
+def printer_column(name: str, path: str, type_: str = "string", priority: int = 0) -> dict[str, Any]:
+    """One ``additionalPrinterColumns`` entry of a CRD (what ``kubectl get`` shows)."""
+    col: dict[str, Any] = {"name": name, "type": type_, "jsonPath": path}
+    if priority:
+        col["priority"] = priority
+    return col
+
+
 def gpunode_crd() -> dict[str, Any]:
     """The ``gpunodes.topology.gpuagent.dev`` CustomResourceDefinition."""
     health_values = [h.value for h in Health]
@@ -509,12 +517,6 @@ def gpunode_crd() -> dict[str, Any]:
         ],
     }
 
-    def column(name: str, path: str, type_: str = "string", priority: int = 0) -> dict[str, Any]:
-        col: dict[str, Any] = {"name": name, "type": type_, "jsonPath": path}
-        if priority:
-            col["priority"] = priority
-        return col
-
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -536,14 +538,14 @@ def gpunode_crd() -> dict[str, Any]:
                     "storage": True,
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": [
-                        column("GPUs", ".status.summary.gpus", "integer"),
-                        column("Model", ".status.summary.product"),
-                        column("Clique", ".status.summary.clique"),
-                        column("Fabric", ".status.summary.fabric"),
-                        column("Fabric-Health", ".status.summary.fabricHealth", priority=1),
-                        column("Health", ".status.summary.health"),
-                        column("Memory-MiB", ".status.summary.memoryMiB", "integer", priority=1),
-                        column("Age", ".metadata.creationTimestamp", "date"),
+                        printer_column("GPUs", ".status.summary.gpus", "integer"),
+                        printer_column("Model", ".status.summary.product"),
+                        printer_column("Clique", ".status.summary.clique"),
+                        printer_column("Fabric", ".status.summary.fabric"),
+                        printer_column("Fabric-Health", ".status.summary.fabricHealth", priority=1),
+                        printer_column("Health", ".status.summary.health"),
+                        printer_column("Memory-MiB", ".status.summary.memoryMiB", "integer", priority=1),
+                        printer_column("Age", ".metadata.creationTimestamp", "date"),
                     ],
                     "schema": {"openAPIV3Schema": root},
                 }

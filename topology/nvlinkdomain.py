@@ -31,7 +31,7 @@ from typing import Any
 
 from topology.fabrichealth import FabricLevel, GpuFabricVerdict, fabric_verdicts
 from topology.gpunode import API_VERSION as GROUP_VERSION
-from topology.gpunode import GROUP, VERSION
+from topology.gpunode import GROUP, VERSION, printer_column
 from topology.model import Health, NodeInventory
 from topology.names import clique_domain_name
 from topology.nvlink import CliqueKey, FabricStatus, member_clique, nvlink_facts
@@ -391,12 +391,6 @@ def nvlinkdomain_crd() -> dict[str, Any]:
         },
     }
 
-    def column(name: str, path: str, type_: str = "string", priority: int = 0) -> dict[str, Any]:
-        col: dict[str, Any] = {"name": name, "type": type_, "jsonPath": path}
-        if priority:
-            col["priority"] = priority
-        return col
-
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -418,17 +412,17 @@ def nvlinkdomain_crd() -> dict[str, Any]:
                     "storage": True,
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": [
-                        column("Phase", ".status.phase"),
-                        column("Trays", ".status.trays", "integer"),
-                        column("Ready", ".status.readyTrays", "integer"),
-                        column("IMEX", ".status.imex.quorum"),
-                        column("Largest-Subgroup", ".status.largestSubgroup", "integer"),
-                        column("GPUs", ".status.gpus.total", "integer"),
-                        column("Healthy", ".status.gpus.healthy", "integer"),
-                        column("Free", ".status.gpus.free", "integer"),
-                        column("Stranded", ".status.gpus.stranded", "integer", priority=1),
-                        column("Clique", ".spec.clique", priority=1),
-                        column("Age", ".metadata.creationTimestamp", "date"),
+                        printer_column("Phase", ".status.phase"),
+                        printer_column("Trays", ".status.trays", "integer"),
+                        printer_column("Ready", ".status.readyTrays", "integer"),
+                        printer_column("IMEX", ".status.imex.quorum"),
+                        printer_column("Largest-Subgroup", ".status.largestSubgroup", "integer"),
+                        printer_column("GPUs", ".status.gpus.total", "integer"),
+                        printer_column("Healthy", ".status.gpus.healthy", "integer"),
+                        printer_column("Free", ".status.gpus.free", "integer"),
+                        printer_column("Stranded", ".status.gpus.stranded", "integer", priority=1),
+                        printer_column("Clique", ".spec.clique", priority=1),
+                        printer_column("Age", ".metadata.creationTimestamp", "date"),
                     ],
                     "schema": {
                         "openAPIV3Schema": {
