@@ -40,7 +40,7 @@ import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from scheduler_plugin.cluster import (
     GPU,
@@ -523,11 +523,7 @@ class ClusterState:
 
     def _unindex(self, key: str, old: PodInfo) -> None:
         if old.gang is not None:
-            mates = self._gang_members.get(old.gang)
-            if mates is not None:
-                mates.discard(key)
-                if not mates:
-                    del self._gang_members[old.gang]
+            _discard(self._gang_members, old.gang, key)
             self._specs.pop(old.gang, None)
         left = self._named.get(old.running, 0) - 1
         if left > 0:
@@ -536,17 +532,9 @@ class ClusterState:
             self._named.pop(old.running, None)
         if not old.node:
             return
-        members = self._running_members.get(old.running)
-        if members is not None:
-            members.discard(key)
-            if not members:
-                del self._running_members[old.running]
+        _discard(self._running_members, old.running, key)
         self._running_dirty.add(old.running)
-        on = self._node_pods.get(old.node)
-        if on is not None:
-            on.discard(key)
-            if not on:
-                del self._node_pods[old.node]
+        _discard(self._node_pods, old.node, key)
         self._snap_dirty.add(old.node)
         self._usage_changed(old.node)
         used = self._node_used.get(old.node, {})
@@ -2248,3 +2236,15 @@ __all__ = [
     "QueueActions",
     "Reservation",
 ]
+
+
+_K = TypeVar("_K")
+
+
+def _discard(index: dict[_K, set[str]], name: _K, key: str) -> None:
+    """Take ``key`` out of ``index[name]``; an emptied entry goes, so the index holds only what exists."""
+    members = index.get(name)
+    if members is not None:
+        members.discard(key)
+        if not members:
+            del index[name]
