@@ -187,6 +187,13 @@ def test_imex_quorum_forms_on_a_rack_and_breaks_when_one_trays_agent_stops(
         what="the HyperNode's condition False",
         timeout_s=WAIT_S,
     )
+    survivors = {n.name for n in others}
+
+    def survivors_unready() -> bool:  # each survivor's GPUNode reaches the controller on its own publish
+        status = (_domain(kube, rack) or {}).get("status") or {}
+        return {d["node"] for d in status.get("degraded") or () if not d["ready"]} >= survivors
+
+    cluster.wait_until(survivors_unready, what="every other tray unready in the domain", timeout_s=WAIT_S)
     st = (_domain(kube, rack) or {})["status"]
     domain_s = time.monotonic() - started
     print(
@@ -194,7 +201,7 @@ def test_imex_quorum_forms_on_a_rack_and_breaks_when_one_trays_agent_stops(
     )
     assert st["imex"]["quorum"] != f"{TRAYS}/{TRAYS}"
     assert st["readyTrays"] < TRAYS
-    assert {d["node"] for d in st["degraded"] if not d["ready"]} >= {n.name for n in others}
+    assert {d["node"] for d in st["degraded"] if not d["ready"]} >= survivors
     assert "IMEX WAITING_FOR_PEERS" in (_condition(kube, domain["metadata"]["name"]) or {})["message"]
 
     gone.agent.start()
