@@ -283,15 +283,16 @@ class DraDriver:
                     self._publish_pending = True
         if self.publisher is None or not self._publish_pending or self._clock() < self._publish_at:
             return
+        self._publish_pending = False  # before the write: a change while it is under way publishes again
         try:
             written = await asyncio.to_thread(self.publisher.publish_once)
         except KubeError as exc:
+            self._publish_pending = True
             self.publisher.forget()
             self._publish_at = self._clock() + self._backoff
             self._log.warning("resourceslice_publish_failed", error=str(exc), retry_in_s=self._backoff)
             self._backoff = min(self._backoff * 2, self._max_backoff)
             return
-        self._publish_pending = False
         self._backoff = self._min_backoff
         if written:
             self._log.info("resourceslices_published", slices=written, generation=self.publisher.generation)

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import tempfile
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -442,3 +443,42 @@ async def _until(check: Callable[[], bool], timeout: float = 10.0) -> None:
     async with asyncio.timeout(timeout):
         while not check():
             await asyncio.sleep(0.02)
+
+
+class HeldSlices(Slices):
+    """Slices whose first write waits until the test lets it finish (a write under way)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writing = threading.Event()
+        self.release = threading.Event()
+
+    def apply_slice(self, obj: Mapping[str, Any]) -> None:
+        if not self.applied:
+            self.writing.set()
+            self.release.wait(10)
+        super().apply_slice(obj)
+
+
+def test_a_health_change_while_the_pool_is_written_is_published_next(short_dir: Path) -> None:
+    """The change that arrives while a write is under way is not lost when that write ends."""
+
+    async def body() -> None:
+        sim = sim_node("dgx-h100")
+        store = InventoryStore(sim.discover())
+        book = HealthBook(config=HealthConfig(recovery_quiet_s=1))
+        book.set_inventory(store.inventory, 0.0)
+        config = DraConfig(enabled=True, plugin_dir=str(short_dir / "p"), registry_dir=str(short_dir / "r"))
+        slices = HeldSlices()
+        driver = _driver(
+            short_dir, store, Claims(), slices, config, faults=health_faults(store, DEFAULT_FABRIC_POLICY)
+        )
+        async with running(driver):
+            await asyncio.to_thread(slices.writing.wait, 10)
+            gpu = store.inventory.gpus[1]
+            book.on_probe(gpu.uuid, answered=False, lost=True, now=1.0)
+            store.set_health(book.table())
+            slices.release.set()
+            await _until(lambda: any("taints" in d for s in slices.applied for d in s["spec"]["devices"]))
+
+    run(body())
