@@ -362,6 +362,10 @@ class ClusterState:
         self.pdbs: dict[str, dict[str, Any]] = {}
         self._blocked: dict[str, float] = {}
         self.queue_reservations: dict[str, QueueReservation] = {}
+        # a started gang's plan given up before its pods bound (barrier timeout, failed bind, expiry):
+        # its nodes stay held for it, from now on, until a pass that saw it decides again (``_give_up``);
+        # each with the cluster's version once it was given up
+        self._given_up: dict[str, tuple[int, QueueReservation]] = {}
         self.queue_metrics = QueueMetrics()
         self.synced = True  # the composition root clears it until every informer has listed once
         # the least time between passes the cluster's changes alone start: the caller sets it from how
@@ -680,20 +684,37 @@ class ClusterState:
     # -- reservations ----------------------------------------------------------------------------
     def expire(self, now: float) -> list[str]:
         """Drop reservations past their time that no pod waits on; returns the gangs dropped."""
-        gone = [
+        expired = [
             k
             for k, r in self.reservations.items()
             if r.expires_at <= now and not r.arrived and len(r.bound) == 0
         ]
-        gone += [k for k, r in self.reservations.items() if r.bound and len(r.bound) >= r.target]
-        for k in gone:
+        done = [k for k, r in self.reservations.items() if r.bound and len(r.bound) >= r.target]
+        for k in expired:
+            self._give_up(k)
+        for k in done:
             self.reservations.pop(k, None)
             self._version += 1
+        gone = expired + done
         if now >= self._next_prune:  # decisions of pods that never reached bind (bind checks its own)
             self._next_prune = now + 10.0
             for k in [k for k, (_, until) in self._filtered.items() if until <= now]:
                 del self._filtered[k]
         return gone
+
+    def _give_up(self, gang: str) -> Reservation | None:
+        """Drop ``gang``'s started plan before its pods bound. Its nodes stay held for it, starting now,
+        until the next queue pass decides again (it starts the gang afresh or makes it the head): a pod on
+        its own filtered in between would otherwise take the nodes the gang was about to get."""
+        res = self.reservations.pop(gang, None)
+        if res is None:
+            return None
+        claims = {n: h.get(GPU, 0) for n, h in res.held.items() if h.get(GPU, 0) > 0}
+        self._version += 1
+        self._queue_dirty = True
+        if claims and any(k in self.pods for k in res.spec.members):
+            self._given_up[gang] = (self._version, QueueReservation(gang, -math.inf, claims))
+        return res
 
     def _release_hold(self, res: Reservation, planned: PodSlot, node: str) -> None:
         held_node = res.nodes.get(planned)
@@ -998,6 +1019,8 @@ class ClusterState:
         pending = {g: [k for k in keys if k in self.pods] for g, keys in job.pending.items()}
         starts = [st for st in decision.starts if not moved or self._still_startable(job, st.gang, st.plan)]
         self.queue_reservations = dict(decision.reservations)
+        # a pass decided for the gangs whose plans were given up before it read the cluster
+        self._given_up = {g: v for g, v in self._given_up.items() if v[0] > job.version}
         self._queue_running = job.running
         self._reasons = dict(job.reasons)
         _, declared, keys_of = self._running_work(wall, {w.name for w in waiting})
@@ -1502,6 +1525,7 @@ class ClusterState:
         return (
             not self._gang_pending
             and not self.queue_reservations
+            and not self._given_up
             and not self._preempting
             and self.enforce_time_limits != "all"
         )
@@ -1589,15 +1613,16 @@ class ClusterState:
 
     def _queue_caps(self, pod: Mapping[str, Any], wall: float) -> dict[str, int]:
         """GPUs a pod on its own may use per reserved node (the queue's backfill rule)."""
-        if not self.queue_reservations:
+        held = [*self.queue_reservations.values(), *(r for _, r in self._given_up.values())]
+        if not held:
             return {}
         limit = self._limit(pod)
         end = wall + limit if limit is not None else math.inf
-        alloc = {n: self._allocatable_gpus(n) for r in self.queue_reservations.values() for n in r.claims}
+        alloc = {n: self._allocatable_gpus(n) for r in held for n in r.claims}
         # only the running work on reserved nodes counts: found by node, not by reading all of it
         names = {self._info[k].running for n in alloc for k in self._node_pods.get(n, ())}
         running = [self._queue_running[name] for name in sorted(names) if name in self._queue_running]
-        return held_back_caps(self.queue_reservations.values(), running, alloc, end)
+        return held_back_caps(held, running, alloc, end)
 
     # -- preempt ---------------------------------------------------------------------------------
     def preempt(
@@ -2069,8 +2094,7 @@ class ClusterState:
         if len(res.arrived) + len(res.bound) >= res.spec.min_member:
             return self._complete(gang_name, res)
         arrived = len(res.arrived)
-        if self.reservations.pop(gang_name, None) is not None:
-            self._version += 1
+        self._give_up(gang_name)
         msg = (
             f"gang {gang_name}: only {arrived} of {res.target} pod(s) reached bind within "
             f"{self.barrier_timeout_s:g}s (minimum {res.spec.min_member}); nothing bound, "
@@ -2091,8 +2115,7 @@ class ClusterState:
                 pod = dict(pod)
                 pod["spec"] = {**(pod.get("spec") or {}), "nodeName": None}
                 self._put("pods", k, pod)
-        if self.reservations.pop(gang_name, None) is not None:
-            self._version += 1
+        self._give_up(gang_name)
 
 
 def _utc(t: float) -> str:

@@ -324,11 +324,15 @@ def _blocks_by_domain(
     return out
 
 
-def _place_free(p: PreparedSnapshot, st: _State, role: Role, key: RoleKey, scope: ScopeKey) -> Failure | None:
+def _place_free(
+    p: PreparedSnapshot, st: _State, role: Role, key: RoleKey, scope: ScopeKey, *, measure: int | None
+) -> Failure | None:
     """Place a role without a subgroup tier: nodes the gang already uses first, then best fit.
 
     Its blocks have no domain, and its pods are alike, so the whole blocks that fit are the longest
-    prefix whose pods the scope has room for; one pass fills them.
+    prefix whose pods the scope has room for; one pass fills them. Where one domain of the measuring
+    tier holds the whole scope, every figure but ``degraded`` follows from the pod count alone, so the
+    scope's clean nodes are filled first (``objective.clean_first``), each part in that order.
     """
     _, full, rem = role_subgroups(role)
     total = full + (1 if rem else 0)
@@ -338,10 +342,16 @@ def _place_free(p: PreparedSnapshot, st: _State, role: Role, key: RoleKey, scope
     used_first = [i for i in st.order if scope_dom is None or scope_dom[i] == scope[1]]  # type: ignore[index]
     useful = useful_block(role)
     ranges = block_ranges(role, total)
+
+    def candidates() -> Iterable[int]:
+        return _chain(
+            used_first, (p.free_nodes(key, useful) if scope is None else p.free_order(key, scope, useful))
+        )
+
+    one_measured = scope is not None and measure is not None and measure >= scope[0]
+    clean = clean_first(list(candidates()), p.degraded) if p.any_degraded and one_measured else None
     room = 0
-    for i in _chain(
-        used_first, (p.free_nodes(key, useful) if scope is None else p.free_order(key, scope, useful))
-    ):
+    for i in clean if clean is not None else candidates():
         room += _fit_now(p, st, i, key, base)
         if room >= role.pods:
             break
@@ -361,10 +371,9 @@ def _place_free(p: PreparedSnapshot, st: _State, role: Role, key: RoleKey, scope
             f"role {role.name!r} needs {pods_needed} pod(s) of {unit}; room for {min(room, pods_needed - 1)}"
             + (f" in {p.snapshot.tiers[scope[0]]} domain {scope[1]}" if scope is not None else ""),
         )
-    nodes = _chain(
-        used_first, (p.free_nodes(key, useful) if scope is None else p.free_order(key, scope, useful))
+    _fill(
+        p, st, role, key, pod_range=range(pods), nodes=clean if clean is not None else candidates(), base=base
     )
-    _fill(p, st, role, key, pod_range=range(pods), nodes=nodes, base=base)
     st.subgroups.extend(SubgroupPlacement(role=role.name, index=b, domain=None) for b in range(count))
     return None
 
@@ -424,7 +433,7 @@ def attempt(
         fail = (
             _place_tiered(p, st, role, key, scope=scope, tier=t, shortcuts=shortcuts)
             if t is not None
-            else _place_free(p, st, role, key, scope)
+            else _place_free(p, st, role, key, scope, measure=measure)
         )
         if fail is not None:
             return fail

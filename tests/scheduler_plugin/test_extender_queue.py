@@ -527,6 +527,31 @@ def test_a_job_a_moment_late_does_not_give_its_domain_away_to_the_stream() -> No
     assert "r0-t1" not in s.filter(stream, NODES, 3.0, T0 + 7.7).passed
 
 
+@pytest.mark.parametrize("give_up", ["barrier", "bind failed"])
+def test_a_started_gang_whose_pods_miss_the_barrier_keeps_its_nodes_from_the_stream(give_up: str) -> None:
+    """The gang started on rack 0 but its pods did not all reach bind in time (or binding failed): the
+    nodes stay held for it until the next pass, which starts it again there; a pod running past that
+    start filtered in between is kept off."""
+    pods = [solo(f"late-{i}", 4, on=f"r1-t{i}", limit=15 + i) for i in range(4)]
+    s = make_state([*pods, *big_gang(at=T0 + 2)])
+    out = s.filter(s.pods["default/big-0"], NODES, 1.0, T0 + 3)
+    assert "default/big" in s.reservations and out.passed == ["r0-t0"]
+    stream = solo("stream-0", 4, limit=60, at=T0 + 4)
+    s.apply("pods", "ADDED", stream)
+    assert not set(s.filter(stream, NODES, 2.0, T0 + 4).passed) & set(DOMAIN0)
+    assert s.bind("default", "big-0", "", "r0-t0", 2.0).action == "wait"
+    if give_up == "barrier":
+        assert s.barrier_timeout("default/big", 8.0).action == "error"
+    else:
+        s.bind_failed("default/big", ["default/big-0"])
+    assert "default/big" not in s.reservations
+    assert not set(s.filter(stream, NODES, 8.1, T0 + 10).passed) & set(DOMAIN0)
+    s.queue_tick(9.0, T0 + 11)  # the pass starts the gang again on rack 0
+    assert sorted(s.reservations["default/big"].held) == DOMAIN0
+    assert not set(s.filter(stream, NODES, 9.1, T0 + 11).passed) & set(DOMAIN0)
+    assert s.filter(s.pods["default/big-1"], NODES, 9.2, T0 + 11).passed[0] in DOMAIN0
+
+
 class FlakyQueueCluster(FakeQueueCluster):
     def annotate_node(self, node: str, value: str | None) -> None:
         raise RuntimeError("API unreachable")

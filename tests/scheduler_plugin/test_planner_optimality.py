@@ -286,6 +286,25 @@ def test_auto_takes_the_largest_size_any_placement_on_ready_trays_has_and_its_be
     assert evaluate(ready, result.placement, (fixed,), main=fixed, measure=measure).key() == best
 
 
+def test_a_role_without_a_subgroup_tier_fills_the_clean_nodes_of_its_domain_first() -> None:
+    # inside the gang's one NVLink domain every figure but ``degraded`` is the same wherever the two
+    # pods go: the clean 4-GPU tray takes them, not the degraded 2-GPU one that best fit would pick
+    snap = ClusterSnapshot(
+        tiers=TIERS,
+        nodes=(
+            NodeState("n1", 4, 4, {"nvlink": "d1", "leaf": "l0"}),
+            NodeState("n3", 2, 2, {"nvlink": "d1", "leaf": "l0"}, degraded=True),
+        ),
+    )
+    gang = Gang("g", (Role("w", 2, 1, subgroup_size=1),), tier="nvlink")
+    result = plan(snap, gang)
+    assert isinstance(result, Plan)
+    assert set(result.placement.values()) == {"n1"}
+    assert score_figures(result).key() == best_key(
+        snap, gang.roles[0], measure_of(snap, gang), gang_tier="nvlink"
+    )
+
+
 # -- the known gaps, outside the claim -------------------------------------------------------------
 
 
