@@ -877,11 +877,7 @@ class ClusterState:
             f"after {wait} of waiting ({ANN_REPAIR}=any) it may go to another domain"
             if repair == "any"
             else f"{ANN_REPAIR}=same-domain: it keeps waiting there"
-            + (
-                f" (waited more than {wait})"
-                if math.isfinite(since) and self._wall - since >= self.repair_wait_s
-                else ""
-            )
+            + (" (its wait is over)" if gang in self._repair_over else "")
         )
         self._repair_notes[gang] = (
             f"; repair: the replacement waits for a free ready tray of its subgroup's NVLink domain "
