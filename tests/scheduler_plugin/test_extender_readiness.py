@@ -95,7 +95,8 @@ def test_preferred_falls_back_to_unready_trays_ready_ones_first() -> None:
     pods = [gang_pod(f"w{i}", i, size=4, extra={"gpuagent.dev/mnnvl": "preferred"}) for i in range(4)]
     s = make_state(pods, unready=("r0-t0", "r1-t3"))
     got = set(planned(s, pods).values())
-    assert len({n[:2] for n in got}) == 1 and len(got) == 4
+    assert len({n[:2] for n in got}) == 1
+    assert len(got) == 4
 
 
 @pytest.mark.parametrize(
@@ -111,9 +112,11 @@ def test_a_bad_annotation_refuses_the_gang_naming_it(annotation: str, value: str
     pods = [gang_pod(f"w{i}", i, extra={annotation: value}) for i in range(2)]
     s = make_state(pods)
     out = s.filter(pods[0], NODES, 0.0)
-    assert not out.passed and not s.reservations
+    assert not out.passed
+    assert not s.reservations
     msg = next(iter(out.unresolvable.values()))
-    assert annotation in msg and repr(value) in msg
+    assert annotation in msg
+    assert repr(value) in msg
     assert [e.reason for e in out.events] == ["InvalidGang"]
 
 
@@ -138,7 +141,8 @@ def test_bind_waits_for_every_chosen_trays_imex_then_binds() -> None:
     set_imex(s, at["w1"], "not-ready")  # after the plan: the barrier must hold it
     assert s.bind("default", "w0", "uid-default-w0", at["w0"], 1.0).action == "wait"
     d = s.bind("default", "w1", "uid-default-w1", at["w1"], 1.0)
-    assert d.action == "wait" and d.deadline == pytest.approx(1.0 + IMEX_RECHECK_S)
+    assert d.action == "wait"
+    assert d.deadline == pytest.approx(1.0 + IMEX_RECHECK_S)
     assert s.barrier_timeout("default/g", d.deadline).action == "wait"  # still not ready
     set_imex(s, at["w1"], "ready")
     done = s.barrier_timeout("default/g", 2.0)
@@ -155,7 +159,8 @@ def test_an_imex_that_stays_unready_releases_the_gang_naming_the_tray() -> None:
     s.bind("default", "w1", "uid-default-w1", at["w1"], 1.0)
     d = s.barrier_timeout("default/g", 6.0)  # the barrier's 5 s are over
     assert d.action == "error"
-    assert at["w0"] in d.error and at["w1"] not in d.error
+    assert at["w0"] in d.error
+    assert at["w1"] not in d.error
     assert {e.reason for e in d.events} == {"GangImexNotReady"}
     assert at["w0"] in d.events[0].message
     assert "default/g" not in s.reservations
@@ -169,7 +174,8 @@ def test_a_preferred_gang_binds_at_the_deadline_and_says_which_tray_was_not_read
     s.bind("default", "w0", "uid-default-w0", at["w0"], 1.0)
     assert s.bind("default", "w1", "uid-default-w1", at["w1"], 1.0).action == "wait"
     d = s.barrier_timeout("default/g", 6.0)
-    assert d.action == "bind" and len(d.pods) == 2
+    assert d.action == "bind"
+    assert len(d.pods) == 2
     assert [e.reason for e in d.events] == ["GangImexNotReady", "GangImexNotReady"]
     assert at["w1"] in d.events[0].message
 

@@ -74,7 +74,8 @@ def test_the_replacement_goes_to_a_spare_tray_of_its_subgroups_domain() -> None:
     assert res.target == 1  # no other pod of the gang moves
     assert list(res.nodes.values()) == ["r1-t3"]
     d = s.bind("default", "w1", "uid-default-w1", "r1-t3", 1.0)
-    assert d.action == "bind" and d.pods == (("default/w1", "uid-default-w1", "r1-t3"),)
+    assert d.action == "bind"
+    assert d.pods == (("default/w1", "uid-default-w1", "r1-t3"),)
 
 
 def test_with_no_spare_tray_in_the_domain_it_waits_and_says_so() -> None:
@@ -83,7 +84,9 @@ def test_with_no_spare_tray_in_the_domain_it_waits_and_says_so() -> None:
     out = s.filter(pods[1], NODES, 0.0)
     assert not out.passed  # rack 0's r0-t3 is free, but it is not the subgroup's domain
     msg = next(iter(out.failed.values()))
-    assert "nvl-1" in msg and "repair" in msg and "no other pod of the gang moves" in msg
+    assert "nvl-1" in msg
+    assert "repair" in msg
+    assert "no other pod of the gang moves" in msg
     assert "gpuagent.dev/repair=same-domain: it keeps waiting there" in msg
     assert "GangUnschedulable" in [e.reason for e in out.events]
 
@@ -136,4 +139,5 @@ def test_a_whole_lost_subgroup_is_planned_afresh_inside_one_domain() -> None:
     ]
     s = make_state(pods, failed="r1-t1")
     got = {s.filter(p, NODES, 0.0).passed[0] for p in pods[:2]}
-    assert len(got) == 2 and len({n[:2] for n in got}) == 1
+    assert len(got) == 2
+    assert len({n[:2] for n in got}) == 1

@@ -61,7 +61,8 @@ def test_preferred_takes_ready_trays_first_then_unready_ones() -> None:
     assert nodes_of(plan(s, gang(3, 3, "preferred"))) == {"r0-t1", "r0-t2", "r0-t3"}
     # 4 per domain: no domain holds 4 ready trays, so the unready ones come in, as few as possible
     got = nodes_of(plan(s, gang(4, 4, "preferred")))
-    assert len(got) == 4 and len({n[:2] for n in got}) == 1
+    assert len(got) == 4
+    assert len({n[:2] for n in got}) == 1
     assert isinstance(plan(s, gang(4, 4, "required")), Infeasible)
 
 
@@ -74,7 +75,8 @@ def test_degraded_ready_trays_rank_after_clean_ones() -> None:
 def test_an_unknown_mode_is_infeasible_naming_it() -> None:
     result = plan(snap(rack(0)), gang(1, 1, "sometimes"))
     assert isinstance(result, Infeasible)
-    assert "'sometimes'" in result.reason and "required, preferred, off" in result.reason
+    assert "'sometimes'" in result.reason
+    assert "required, preferred, off" in result.reason
 
 
 def test_a_pinned_role_goes_inside_its_domain_or_nowhere() -> None:
