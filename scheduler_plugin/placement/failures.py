@@ -60,7 +60,7 @@ from scheduler_plugin.placement.workloads import Job
 from scheduler_plugin.snapshot import ClusterSnapshot, Infeasible, NodeState, PodSlot
 
 BEHAVIOUR: dict[str, str] = {
-    "ours": "repair inside the NVLink domain, else wait for a tray there",
+    "ours": "repair inside the NVLink domain at once, else wait for a tray there (bounded), then afresh",
     "kueue": "replace the node inside the podset's domain (NVLink-blind), else evict and requeue",
     "volcano": "RestartJob: the whole gang requeued and placed afresh",
     "kai": "the job's controller restarts the whole gang; placed afresh",
