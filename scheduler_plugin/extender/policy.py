@@ -18,7 +18,7 @@ the gang with an ``InvalidGang`` Event and plans nothing for it).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,10 +84,12 @@ def needs_mnnvl(gang: Gang, tiers: Sequence[str]) -> bool:
     )
 
 
-def resolve_mnnvl(policy: GangPolicy, gang: Gang, tiers: Sequence[str], *, fabric_attached: bool) -> str:
+def resolve_mnnvl(
+    policy: GangPolicy, gang: Gang, tiers: Sequence[str], *, fabric_attached: Callable[[], bool]
+) -> str:
     """The gang's mode: the annotation's, else ``required`` for a gang that needs multi-node NVLink on
-    fabric-attached nodes (``fabric_attached``: some node its pods may use carries the fabric label),
-    else ``off``."""
+    fabric-attached nodes (``fabric_attached()``: some node its pods may use carries the fabric label;
+    asked only for a gang that needs multi-node NVLink), else ``off``."""
     if policy.mnnvl is not None:
         return policy.mnnvl
-    return "required" if fabric_attached and needs_mnnvl(gang, tiers) else "off"
+    return "required" if needs_mnnvl(gang, tiers) and fabric_attached() else "off"

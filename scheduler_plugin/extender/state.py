@@ -848,8 +848,14 @@ class ClusterState:
         if not allowed:
             shown = " or ".join(str(dict(sel)) for sel in sorted(selectors)) or "{}"
             return f"no node matches the gang's nodeSelector {shown} and tolerations"
-        attached = any(fabric_attached(_labels(self.nodes[n]) or {}) for n in allowed if n in self.nodes)
-        mode = resolve_mnnvl(policy, spec.gang, index.tiers, fabric_attached=attached)
+        mode = resolve_mnnvl(
+            policy,
+            spec.gang,
+            index.tiers,
+            fabric_attached=lambda: any(
+                fabric_attached(_labels(self.nodes[n]) or {}) for n in allowed if n in self.nodes
+            ),
+        )
         if mode != gang.mnnvl:
             gang = dataclasses.replace(gang, mnnvl=mode)
         return gang, members, allowed, by_role

@@ -187,3 +187,24 @@ def test_an_off_gang_binds_whatever_the_imex_label_says() -> None:
     set_imex(s, at["w1"], "not-ready")
     s.bind("default", "w0", "uid-default-w0", at["w0"], 1.0)
     assert s.bind("default", "w1", "uid-default-w1", at["w1"], 1.0).action == "bind"
+
+
+def test_the_default_mode_asks_about_fabric_only_for_a_gang_needing_nvlink() -> None:
+    from scheduler_plugin.extender.policy import GangPolicy, resolve_mnnvl
+    from scheduler_plugin.snapshot import Gang, Role
+
+    asked: list[bool] = []
+
+    def attached() -> bool:
+        asked.append(True)
+        return True
+
+    leaf = Gang("g", (Role("w", 2, 4, subgroup_size=2, subgroup_tier="leaf"),))
+    auto = Gang("g", (Role("w", 2, 4, subgroup_auto_min=1),))
+    assert resolve_mnnvl(GangPolicy(), leaf, ("nvlink", "leaf"), fabric_attached=attached) == "off"
+    assert not asked
+    assert resolve_mnnvl(GangPolicy(), auto, ("nvlink", "leaf"), fabric_attached=attached) == "required"
+    assert (
+        resolve_mnnvl(GangPolicy(mnnvl="preferred"), auto, ("nvlink",), fabric_attached=attached)
+        == "preferred"
+    )

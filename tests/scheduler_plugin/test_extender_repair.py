@@ -141,3 +141,33 @@ def test_a_whole_lost_subgroup_is_planned_afresh_inside_one_domain() -> None:
     got = {s.filter(p, NODES, 0.0).passed[0] for p in pods[:2]}
     assert len(got) == 2
     assert len({n[:2] for n in got}) == 1
+
+
+def test_an_auto_sized_role_is_cut_by_the_size_its_bound_pods_carry() -> None:
+    from scheduler_plugin.extender.repair import SUBGROUP_SIZE_CHOSEN, unbound_part
+    from scheduler_plugin.gangs import GangSpec
+    from scheduler_plugin.snapshot import Gang, PodSlot, Role
+
+    role = Role("w", pods=4, gpus_per_pod=4, subgroup_auto_min=1)
+    spec = GangSpec(
+        key="default/g",
+        gang=Gang("default/g", (role,)),
+        members={f"default/w{i}": PodSlot("w", i) for i in range(4)},
+        min_member=4,
+        source="annotations",
+    )
+    chosen = {SUBGROUP_SIZE_CHOSEN: "2"}
+    pods = {
+        "default/w0": pod("w0", 4, node_name="r0-t0", annotations=chosen),
+        "default/w1": pod("w1", 4, node_name="r0-t1", annotations=chosen),
+        "default/w2": pod("w2", 4, node_name="r1-t0", annotations=chosen),
+        "default/w3": pod("w3", 4),
+    }
+    domains = {f"r{r}-t{t}": {"nvlink": f"nvl-{r}"} for r in range(2) for t in range(4)}
+    got = unbound_part(spec, pods, domains, ("nvlink",))
+    assert got.gang is not None
+    assert [(r.name, r.pods, r.domain) for r in got.gang.roles] == [("w#1", 1, "nvl-1")]
+    assert got.members == {"default/w3": PodSlot("w#1", 0)}
+    unpinned = unbound_part(spec, pods, domains, ("nvlink",), unpin=True)
+    assert unpinned.gang is not None
+    assert [r.domain for r in unpinned.gang.roles] == [None]
