@@ -208,3 +208,58 @@ def test_the_default_mode_asks_about_fabric_only_for_a_gang_needing_nvlink() -> 
         resolve_mnnvl(GangPolicy(mnnvl="preferred"), auto, ("nvlink",), fabric_attached=attached)
         == "preferred"
     )
+
+
+def test_the_http_barrier_binds_once_the_trays_imex_turns_ready() -> None:
+    import asyncio
+    import json
+
+    from scheduler_plugin.extender import Extender
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.bound: list[tuple[str, str]] = []
+
+        async def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Any = None) -> None:
+            self.bound.append((f"{namespace}/{name}", node))
+
+        def event(self, pod: Any, *, reason: str, message: str, warning: bool) -> None:
+            pass
+
+    clock = [1000.0]
+
+    async def scenario() -> tuple[list[dict[str, Any]], Recorder]:
+        pods = [gang_pod(f"w{i}", i) for i in range(2)]
+        s = make_state(pods)
+        rec = Recorder()
+        ext = Extender(state=s, cluster=rec, clock=lambda: clock[0])
+        at = {}
+        for p in pods:
+            _, out = await ext.dispatch(
+                "POST", "/filter", json.dumps({"Pod": p, "NodeNames": NODES}).encode()
+            )
+            at[p["metadata"]["name"]] = out["NodeNames"][0]
+        set_imex(s, at["w1"], "not-ready")
+
+        def args(name: str) -> bytes:
+            return json.dumps(
+                {
+                    "PodName": name,
+                    "PodNamespace": "default",
+                    "PodUID": f"uid-default-{name}",
+                    "Node": at[name],
+                }
+            ).encode()
+
+        calls = [asyncio.create_task(ext.dispatch("POST", "/bind", args(f"w{i}"))) for i in range(2)]
+        await asyncio.sleep(IMEX_RECHECK_S * 2)  # looked at the labels again at least once
+        assert rec.bound == []  # every pod arrived, but a chosen tray's IMEX is not ready
+        set_imex(s, at["w1"], "ready")
+        clock[0] += 1.0  # within the barrier's 5 s
+        results = [(await c)[1] for c in calls]
+        await ext.drain()
+        return results, rec
+
+    results, rec = asyncio.run(scenario())
+    assert results == [{"Error": ""}] * 2
+    assert len(rec.bound) == 2
