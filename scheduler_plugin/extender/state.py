@@ -26,6 +26,14 @@ binds and the reservation is released. A reservation no pod has reached bind for
 ``reservation_ttl_s`` expires. A restart rebuilds everything from the API: bound pods count as
 used; plans are made afresh.
 
+Readiness and repair (issue 29): a gang's ``gpuagent.dev/mnnvl`` mode (``extender.policy``; by default
+``required`` for NVLink subgroups on fabric-attached nodes) goes into its ``Gang`` and the planner
+places it on ready trays (``planner.readiness``); such a gang's barrier also waits, at most to its
+deadline, until every chosen tray's ``gpuagent.dev/imex`` is ready (``cluster.imex_ready``, read from
+the watched Node labels, the one readiness rule of ``cluster.node_ready``). A running gang's unbound
+pods are planned with each subgroup's replacements pinned to the domain the rest of it runs in
+(``extender.repair``); after ``repair_wait_s`` of waiting, ``gpuagent.dev/repair: any`` lifts the pin.
+
 Pods on their own pass filter wherever the GPUs not reserved for a gang cover their request, and get
 a fragmentation-aware priority (0..10, kube-scheduler's extender range; it scales by weight x 10):
 half the score goes to not breaking a wholly free tier-1 domain, the rest to how full the domain and
@@ -1103,6 +1111,7 @@ class ClusterState:
         _, declared, keys_of = self._running_work(wall, {w.name for w in waiting})
         self._repair_since = {g: t for g, t in self._repair_since.items() if g in pending}
         self._repair_over &= set(self._repair_since)
+        self._repair_notes = {g: v for g, v in self._repair_notes.items() if g in pending}
         self._queue_wake = min(
             decision.wake_s,
             self._repair_wake(),
