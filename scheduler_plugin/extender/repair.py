@@ -39,6 +39,9 @@ class Unbound:
     gang: Gang | None
     members: dict[str, PodSlot]
     pinned: Mapping[str, tuple[str, int, str]] = field(default_factory=dict)
+    # the subgroup size a ``subgroup_size: auto`` role's unbound pods keep (the one its bound pods
+    # carry), per role of ``gang`` they are planned in: written on their Bindings as on the first ones
+    sizes: Mapping[str, int] = field(default_factory=dict)
 
 
 def _size(role: Role, bound: list[Mapping[str, Any]]) -> int | None:
@@ -73,6 +76,7 @@ def unbound_part(
     roles: list[Role] = []
     members: dict[str, PodSlot] = {}
     pinned: dict[str, tuple[str, int, str]] = {}
+    sizes: dict[str, int] = {}
     names = {r.name for r in spec.gang.roles}
     by_slot = {slot: k for k, slot in spec.members.items()}
     for role in spec.gang.roles:
@@ -103,6 +107,8 @@ def unbound_part(
                     name += "#"
                 names.add(name)
                 pinned[name] = (role.name, block, domain)
+                if role.subgroup_auto_min is not None:
+                    sizes[name] = size
                 for new, old in enumerate(indexes):
                     key = by_slot.get(PodSlot(role.name, old))
                     if key is not None:
@@ -119,6 +125,8 @@ def unbound_part(
                 )
         if not rest:
             continue
+        if role.subgroup_auto_min is not None and size is not None:
+            sizes[role.name] = size
         for new, old in enumerate(rest):
             key = by_slot.get(PodSlot(role.name, old))
             if key is not None:
@@ -142,4 +150,4 @@ def unbound_part(
         soft=spec.gang.soft,
         mnnvl=spec.gang.mnnvl,
     )
-    return Unbound(gang, members, pinned)
+    return Unbound(gang, members, pinned, sizes)

@@ -175,6 +175,9 @@ class Reservation:
     announced: bool = False  # its GangPlanned Event is recorded (once, on the first pod filtered)
     subgroup_sizes: dict[str, int] = field(default_factory=dict)  # role -> size chosen (subgroup-size auto)
     mnnvl: str = "off"  # the gang's ``Gang.mnnvl``: required/preferred wait at bind for the trays' IMEX
+    # role -> the size a subgroup-size auto role's replacements keep (``repair.Unbound.sizes``): written
+    # on their Bindings like ``subgroup_sizes``, without a SubgroupSizeChosen Event (nothing was chosen)
+    kept_sizes: dict[str, int] = field(default_factory=dict)
 
     @property
     def target(self) -> int:
@@ -307,6 +310,7 @@ class ClusterState:
         self._repair_since: dict[str, float] = {}
         self._repair_over: set[str] = set()
         self._repair_notes: dict[str, str] = {}
+        self._repair_sizes: dict[str, dict[str, int]] = {}  # gang -> ``Reservation.kept_sizes`` for it
         self._wall = -math.inf  # the queue's clock at its last pass
         # declared limits (``queueing.Limits``) count, plus the grace, only where they are enforced
         self.enforce_time_limits = enforce_time_limits
@@ -836,6 +840,10 @@ class ClusterState:
         if gang is None:
             return "every pod of the gang is already bound"
         self._note_repair(spec.key, unbound.pinned, policy.repair, over)
+        if unbound.sizes:
+            self._repair_sizes[spec.key] = dict(unbound.sizes)
+        else:
+            self._repair_sizes.pop(spec.key, None)
         by_role: dict[str, dict[str, str]] = {}  # each role's nodeSelector (its pods' together)
         for k, slot in sorted(spec.members.items()):
             selector = by_role.setdefault(slot.role, {})
@@ -1112,6 +1120,7 @@ class ClusterState:
         self._repair_since = {g: t for g, t in self._repair_since.items() if g in pending}
         self._repair_over &= set(self._repair_since)
         self._repair_notes = {g: v for g, v in self._repair_notes.items() if g in pending}
+        self._repair_sizes = {g: v for g, v in self._repair_sizes.items() if g in pending}
         self._queue_wake = min(
             decision.wake_s,
             self._repair_wake(),
@@ -1140,6 +1149,7 @@ class ClusterState:
             spec, gang, members, _, _ = job.prepared[start.gang]
             res = self._reservation_from(spec, gang, members, start.plan.placement, now)
             res.subgroup_sizes = dict(start.plan.subgroup_sizes)
+            res.kept_sizes = dict(self._repair_sizes.get(start.gang, {}))
             self.reservations[start.gang] = res
             self._excluded.pop(start.gang, None)
             self._inputs_gen += 1
@@ -2211,7 +2221,7 @@ class ClusterState:
             self._version += 1
         self._excluded.pop(gang_name, None)
         self._inputs_gen += 1
-        sizes = res.subgroup_sizes
+        sizes = {**res.kept_sizes, **res.subgroup_sizes}
         annotations = {
             k: {SUBGROUP_SIZE_CHOSEN: str(sizes[res.spec.members[k].role])}
             for k, _, _ in pods

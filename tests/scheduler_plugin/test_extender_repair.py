@@ -171,3 +171,29 @@ def test_an_auto_sized_role_is_cut_by_the_size_its_bound_pods_carry() -> None:
     unpinned = unbound_part(spec, pods, domains, ("nvlink",), unpin=True)
     assert unpinned.gang is not None
     assert [r.domain for r in unpinned.gang.roles] == [None]
+
+
+def test_an_auto_sized_replacement_binds_with_the_size_its_gang_runs_at() -> None:
+    def auto_pod(name: str, rank: int, on: str | None = None) -> dict[str, Any]:
+        p = gang_pod(name, rank, on=on)
+        ann = p["metadata"]["annotations"]
+        ann["gpuagent.dev/subgroup-size"] = "auto"
+        if on is not None:  # written on the Binding when the gang started
+            ann["gpuagent.dev/subgroup-size-chosen"] = "2"
+        return p
+
+    pods = [
+        auto_pod("w0", 0, on="r1-t0"),
+        auto_pod("w1", 1),
+        auto_pod("w2", 2, on="r0-t0"),
+        auto_pod("w3", 3, on="r0-t1"),
+        solo("busy-0", "r0-t2"),
+        solo("busy-1", "r1-t2"),
+    ]
+    s = make_state(pods, failed="r1-t1")
+    out = s.filter(pods[1], NODES, 0.0)
+    assert out.passed == ["r1-t3"]
+    assert "SubgroupSizeChosen" not in [e.reason for e in out.events]  # nothing chosen anew
+    d = s.bind("default", "w1", "uid-default-w1", "r1-t3", 1.0)
+    assert d.action == "bind"
+    assert d.annotations == {"default/w1": {"gpuagent.dev/subgroup-size-chosen": "2"}}
