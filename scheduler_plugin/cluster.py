@@ -155,14 +155,27 @@ def node_schedulable(node: Mapping[str, Any]) -> bool:
     return True
 
 
+def fabric_attached(labels: Mapping[str, str]) -> bool:
+    """Whether the node reports a multi-node NVLink fabric (its agent labels its fabric health)."""
+    return LABEL_FABRIC_HEALTH in labels
+
+
+def imex_ready(labels: Mapping[str, str]) -> bool:
+    """Whether the node's IMEX label lets a multi-node NVLink job start there: ``ready``, or no IMEX
+    daemon at all (``absent``, or no label). What the bind barrier waits for on every chosen tray."""
+    return labels.get(LABEL_IMEX, "absent") in ("ready", "absent")
+
+
 def node_ready(labels: Mapping[str, str]) -> bool:
-    """Whether a node's labels say its NVLink fabric can carry a multi-node NVLink subgroup now."""
+    """Whether a node's labels say its NVLink fabric can carry a multi-node NVLink subgroup now: the one
+    readiness rule (the snapshot's ``NodeState.ready``, which planning reads, and, through
+    :func:`imex_ready`, the bind barrier)."""
     health = labels.get(LABEL_FABRIC_HEALTH)
     if health == "unhealthy":
         return False
     if health is not None and not labels.get(LABEL_CLIQUE):
         return False
-    return labels.get(LABEL_IMEX, "absent") in ("ready", "absent")
+    return imex_ready(labels)
 
 
 def _tier_name(number: int, names: Mapping[int, str]) -> str:

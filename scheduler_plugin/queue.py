@@ -888,6 +888,7 @@ def same_shape(g: Gang) -> tuple[object, ...]:
     return (
         g.tier,
         g.soft,
+        g.mnnvl,
         tuple(
             (
                 r.pods,
@@ -896,6 +897,7 @@ def same_shape(g: Gang) -> tuple[object, ...]:
                 r.subgroup_tier,
                 r.min_subgroups,
                 tuple(r.resources_per_pod.items()),
+                r.domain,
             )
             for r in g.roles
         ),

@@ -57,6 +57,15 @@ class Role:
     # ``subgroup_size: auto``: the planner chooses the size (``subgroup_size`` stays None), the largest
     # divisor of ``pods`` of at least this many pods that every chosen domain holds on its ready nodes
     subgroup_auto_min: int | None = None
+    # every pod of the role inside this one domain of ``subgroup_tier`` (the first tier without one):
+    # a repair's replacement pods go where the rest of their subgroup runs (``planner.pinned``)
+    domain: str | None = None
+
+
+MNNVL_MODES = ("required", "preferred", "off")
+"""How a gang's placement reads the trays' readiness (``NodeState.ready``): ``required`` places it on
+ready nodes only; ``preferred`` on ready nodes when they hold it, else on every node with the unready
+ones ranked after the ready ones (as degraded nodes are); ``off`` ignores readiness."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +74,7 @@ class Gang:
     roles: tuple[Role, ...]
     tier: str | None = None  # the whole gang inside one domain of this tier
     soft: bool = False  # soft: tier constraints are preferences, fall back across domains
+    mnnvl: str = "off"  # one of MNNVL_MODES (``planner.readiness``)
 
 
 @dataclass(frozen=True, slots=True, order=True)

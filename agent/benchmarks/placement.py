@@ -178,9 +178,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--ours-repair-wait-h",
         type=float,
-        default=None,
-        help="--tray-failures: hours ours waits for a tray in the gang's NVLink domain before placing the "
-        "gang afresh (default: for ever, issue 29 item 5's behaviour; 0: at once)",
+        default=failures.DEFAULT_OURS_WAIT_H,
+        help="--tray-failures: hours ours waits for a tray in the gang's NVLink domain (default "
+        f"{failures.DEFAULT_OURS_WAIT_H:g}: the extender's --repair-wait default; 0: at once); then "
+        "--ours-after-wait",
+    )
+    p.add_argument(
+        "--ours-after-wait",
+        choices=failures.AFTER_WAIT,
+        default="afresh",
+        help="--tray-failures: what ours does once that wait is over: afresh (the gang's controller "
+        "restarts it; placed afresh), any (gpuagent.dev/repair: any: the lost pods go to any domain), "
+        "wait (keep waiting for ever)",
     )
     p.add_argument("--quick", action="store_true", help="CI-sized run")
     p.add_argument("--json", type=Path, help="write the figures as JSON here")
@@ -787,6 +796,7 @@ def _tray_failures(args: argparse.Namespace, names: list[str]) -> int:
                 checkpoint_s=args.checkpoint_min * 60,
                 seed=seed,
                 ours_wait_h=args.ours_repair_wait_h,
+                ours_after_wait=args.ours_after_wait,
             )
             for seed in seeds
         }

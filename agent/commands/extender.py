@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ipaddress
+import math
 import signal
 import ssl
 import sys
@@ -47,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler_plugin.extender import (
+    DEFAULT_REPAIR_WAIT_S,
     GANG_PLANNED,
     SCHEDULER_NAME,
     ClusterState,
@@ -192,6 +194,9 @@ class Settings:
     preempt_namespaces: frozenset[str] | None = QUEUE.preempt_namespaces  # None: every namespace
     enforce_time_limits: str = QUEUE.enforce_time_limits  # QueueConfig.ENFORCE_MODES
     time_limit_grace_s: float = QUEUE.time_limit_grace_s  # seconds past a declared limit before eviction
+    # seconds a running gang's replacement pod waits for a ready tray of its subgroup's NVLink domain
+    # before gpuagent.dev/repair: any lets it go to another domain
+    repair_wait_s: float = DEFAULT_REPAIR_WAIT_S
 
     def queue_config(self) -> QueueConfig:
         """The queue's settings (``QueueConfig`` checks them: ``QueueError`` says what is wrong)."""
@@ -283,6 +288,14 @@ def parse_settings(argv: list[str]) -> Settings:
         "--reservation-ttl", type=float, default=120.0, help="seconds an idle gang reservation lives"
     )
     p.add_argument(
+        "--repair-wait",
+        type=float,
+        default=DEFAULT_REPAIR_WAIT_S,
+        help="seconds a running gang's replacement pod waits for a ready tray of its subgroup's NVLink "
+        "domain before gpuagent.dev/repair: any lets it go to another domain (same-domain keeps waiting; "
+        f"default {DEFAULT_REPAIR_WAIT_S:g}, from bench placement --tray-failures)",
+    )
+    p.add_argument(
         "--max-body-bytes", type=int, default=32 * 1024 * 1024, help="largest request body accepted"
     )
     p.add_argument(
@@ -365,6 +378,8 @@ def parse_settings(argv: list[str]) -> Settings:
         p.error("--barrier-timeout: must be positive")
     if a.reservation_ttl <= 0:
         p.error("--reservation-ttl: must be positive")
+    if not (0 <= a.repair_wait < math.inf):
+        p.error("--repair-wait: must be a finite number of seconds >= 0")
     if a.max_body_bytes < 1024:
         p.error("--max-body-bytes: must be at least 1024")
     if a.watch_timeout < 1:
@@ -406,6 +421,7 @@ def parse_settings(argv: list[str]) -> Settings:
         preempt_namespaces=preempt_namespaces,
         enforce_time_limits=a.enforce_time_limits,
         time_limit_grace_s=a.time_limit_grace,
+        repair_wait_s=a.repair_wait,
     )
     problem = exposure_error(settings)
     if problem:
@@ -503,6 +519,7 @@ class Service:
             preempt_namespaces=settings.preempt_namespaces,
             enforce_time_limits=settings.enforce_time_limits,
             time_limit_grace_s=settings.time_limit_grace_s,
+            repair_wait_s=settings.repair_wait_s,
         )
         self.state.synced = False  # the queue rebuilds its reservations once every informer has listed
 

@@ -7,6 +7,8 @@ apart, the decisions over it, the HTTP face.
   (gang members, running work per name, node usage, the nodes each selector and toleration set
   admits), the verbs' decisions (filter, prioritize, bind with the barrier, preempt) and the queue
   driver (a pass runs only when the cluster changed or a wait ended);
+- ``policy``: a gang's ``gpuagent.dev/mnnvl`` and ``gpuagent.dev/repair`` annotations and its mode;
+- ``repair``: the part of a running gang left to place, replacements pinned to their subgroup's domain;
 - ``http``: the extender API over it (``Extender``, ``ExtenderServer``).
 
 Pure but for ``http`` (an import-linter contract): decisions come back as values that
@@ -29,6 +31,7 @@ from scheduler_plugin.extender.http import (
     server_tls_context,
 )
 from scheduler_plugin.extender.state import (
+    DEFAULT_REPAIR_WAIT_S,
     ENFORCE_MODES,
     GANG_PLANNED,
     SCHEDULER_NAME,
@@ -42,6 +45,7 @@ from scheduler_plugin.extender.state import (
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_REPAIR_WAIT_S",
     "ENFORCE_MODES",
     "GANG_PLANNED",
     "KINDS",

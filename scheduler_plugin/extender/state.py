@@ -26,6 +26,14 @@ binds and the reservation is released. A reservation no pod has reached bind for
 ``reservation_ttl_s`` expires. A restart rebuilds everything from the API: bound pods count as
 used; plans are made afresh.
 
+Readiness and repair (issue 29): a gang's ``gpuagent.dev/mnnvl`` mode (``extender.policy``; by default
+``required`` for NVLink subgroups on fabric-attached nodes) goes into its ``Gang`` and the planner
+places it on ready trays (``planner.readiness``); such a gang's barrier also waits, at most to its
+deadline, until every chosen tray's ``gpuagent.dev/imex`` is ready (``cluster.imex_ready``, read from
+the watched Node labels, the one readiness rule of ``cluster.node_ready``). A running gang's unbound
+pods are planned with each subgroup's replacements pinned to the domain the rest of it runs in
+(``extender.repair``); after ``repair_wait_s`` of waiting, ``gpuagent.dev/repair: any`` lifts the pin.
+
 Pods on their own pass filter wherever the GPUs not reserved for a gang cover their request, and get
 a fragmentation-aware priority (0..10, kube-scheduler's extender range; it scales by weight x 10):
 half the score goes to not breaking a wholly free tier-1 domain, the rest to how full the domain and
@@ -45,12 +53,16 @@ from typing import Any, TypeVar
 from scheduler_plugin.cluster import (
     GPU,
     base_state,
+    fabric_attached,
+    imex_ready,
     node_state,
     pod_key,
     pod_requests,
     snapshot_from_objects,
 )
 from scheduler_plugin.extender.cache import KINDS, SOLO, PodInfo, gpus_of, object_key, pod_info, project
+from scheduler_plugin.extender.policy import ANN_REPAIR, gang_policy, resolve_mnnvl
+from scheduler_plugin.extender.repair import unbound_part
 from scheduler_plugin.gangs import GangError, GangIncompleteError, GangSpec, gang_for_pod, gang_key_of
 from scheduler_plugin.planner import SnapshotCache, plan
 from scheduler_plugin.planner.objective import open_cost, price
@@ -96,7 +108,6 @@ from scheduler_plugin.snapshot import (
     Plan,
     PlanResult,
     PodSlot,
-    Role,
 )
 
 MAX_PRIORITY = 10  # kube-scheduler's MaxExtenderPriority
@@ -115,6 +126,14 @@ SCHEDULER_NAME = "gpu-topology-scheduler"  # ARCHITECTURE.md: the second kube-sc
 # which declared time limits the extender enforces (evicts past the limit plus a grace): those of work on
 # nodes held for a waiting gang (``held``: what backfilled there, and what the hold waits for), all, none
 ENFORCE_MODES = ("held", "all", "off")
+# a gang that needs multi-node NVLink (``Gang.mnnvl`` required or preferred) whose pods all reached bind
+# while a chosen tray's IMEX is not ``ready`` looks at the trays' labels again this often, until its
+# barrier's deadline
+IMEX_RECHECK_S = 0.5
+# how long a running gang's replacement pod waits for a ready tray in the domain the rest of its subgroup
+# runs in before ``gpuagent.dev/repair: any`` lets it go to another domain (the extender's
+# ``--repair-wait``): ``bench placement --tray-failures`` measured the GPU-hours a bounded wait saves
+DEFAULT_REPAIR_WAIT_S = 1800.0
 
 
 # on a pod of a gang that started after filter refused it: "<n> pod(s) on <m> node(s) at <UTC time>"
@@ -155,6 +174,10 @@ class Reservation:
     bound: set[str] = field(default_factory=set)  # pod keys already bound
     announced: bool = False  # its GangPlanned Event is recorded (once, on the first pod filtered)
     subgroup_sizes: dict[str, int] = field(default_factory=dict)  # role -> size chosen (subgroup-size auto)
+    mnnvl: str = "off"  # the gang's ``Gang.mnnvl``: required/preferred wait at bind for the trays' IMEX
+    # role -> the size a subgroup-size auto role's replacements keep (``repair.Unbound.sizes``): written
+    # on their Bindings like ``subgroup_sizes``, without a SubgroupSizeChosen Event (nothing was chosen)
+    kept_sizes: dict[str, int] = field(default_factory=dict)
 
     @property
     def target(self) -> int:
@@ -270,6 +293,7 @@ class ClusterState:
         preempt_namespaces: Collection[str] | None = None,
         enforce_time_limits: str = "held",
         time_limit_grace_s: float = 60.0,
+        repair_wait_s: float = DEFAULT_REPAIR_WAIT_S,
     ) -> None:
         if enforce_time_limits not in ENFORCE_MODES:
             raise QueueError(
@@ -277,6 +301,17 @@ class ClusterState:
             )
         if not (0 <= time_limit_grace_s < math.inf):
             raise QueueError(f"time_limit_grace_s must be a finite number >= 0, got {time_limit_grace_s}")
+        if not (0 <= repair_wait_s < math.inf):
+            raise QueueError(f"repair_wait_s must be a finite number >= 0, got {repair_wait_s}")
+        self.repair_wait_s = repair_wait_s
+        # repairs (``extender.repair``): gang -> when its replacement pods were first seen waiting for a
+        # tray in their subgroup's domain (the queue's clock), the gangs whose wait is over, and what
+        # their pods' filter says about it
+        self._repair_since: dict[str, float] = {}
+        self._repair_over: set[str] = set()
+        self._repair_notes: dict[str, str] = {}
+        self._repair_sizes: dict[str, dict[str, int]] = {}  # gang -> ``Reservation.kept_sizes`` for it
+        self._wall = -math.inf  # the queue's clock at its last pass
         # declared limits (``queueing.Limits``) count, plus the grace, only where they are enforced
         self.enforce_time_limits = enforce_time_limits
         self.time_limit_grace_s = time_limit_grace_s
@@ -781,7 +816,11 @@ class ClusterState:
             key=spec.key, gang=gang, members=members, min_member=spec.min_member, source=spec.source
         )
         return Reservation(
-            spec=respec, nodes=dict(placement), held=held, expires_at=now + self.reservation_ttl_s
+            spec=respec,
+            nodes=dict(placement),
+            held=held,
+            expires_at=now + self.reservation_ttl_s,
+            mnnvl=gang.mnnvl,
         )
 
     def _gang_inputs(
@@ -790,9 +829,21 @@ class ClusterState:
         """What a plan of ``spec`` needs: the gang left to place (its unbound part), its pods' places,
         the nodes its pods may go to (nodeSelector, tolerations, not ruled out by kube-scheduler) and
         each role's nodeSelector; or why it cannot be planned."""
-        gang, members = _unbound_part(spec, self.pods)
+        try:
+            policy = gang_policy(spec.key, [self.pods[k] for k in sorted(spec.members) if k in self.pods])
+        except GangError as exc:
+            return str(exc)
+        index = self._domains()
+        over = spec.key in self._repair_over and policy.repair == "any"
+        unbound = unbound_part(spec, self.pods, index.domains, index.tiers, unpin=over)
+        gang, members = unbound.gang, unbound.members
         if gang is None:
             return "every pod of the gang is already bound"
+        self._note_repair(spec.key, unbound.pinned, policy.repair, over)
+        if unbound.sizes:
+            self._repair_sizes[spec.key] = dict(unbound.sizes)
+        else:
+            self._repair_sizes.pop(spec.key, None)
         by_role: dict[str, dict[str, str]] = {}  # each role's nodeSelector (its pods' together)
         for k, slot in sorted(spec.members.items()):
             selector = by_role.setdefault(slot.role, {})
@@ -813,7 +864,47 @@ class ClusterState:
         if not allowed:
             shown = " or ".join(str(dict(sel)) for sel in sorted(selectors)) or "{}"
             return f"no node matches the gang's nodeSelector {shown} and tolerations"
+        mode = resolve_mnnvl(
+            policy,
+            spec.gang,
+            index.tiers,
+            fabric_attached=lambda: any(
+                fabric_attached(_labels(self.nodes[n]) or {}) for n in allowed if n in self.nodes
+            ),
+        )
+        if mode != gang.mnnvl:
+            gang = dataclasses.replace(gang, mnnvl=mode)
         return gang, members, allowed, by_role
+
+    def _note_repair(
+        self, gang: str, pinned: Mapping[str, tuple[str, int, str]], repair: str, over: bool
+    ) -> None:
+        """Keep when ``gang``'s replacement pods began to wait for their subgroups' domains, and what
+        their filter says about it (``_repair_notes``)."""
+        if not pinned and not over:
+            self._repair_since.pop(gang, None)
+            self._repair_notes.pop(gang, None)
+            return
+        if gang not in self._repair_since and math.isfinite(self._wall):  # the queue's clock, once it passed
+            self._repair_since[gang] = self._wall
+        wait = f"{self.repair_wait_s:g}s"
+        if over:
+            self._repair_notes[gang] = (
+                f"; repair: no ready tray freed in the replacement's own NVLink domain within {wait}, and "
+                f"{ANN_REPAIR}=any lets it go to another domain"
+            )
+            return
+        where = ", ".join(f"role {r} subgroup {b} in {d}" for r, b, d in sorted(pinned.values()))
+        then = (
+            f"after {wait} of waiting ({ANN_REPAIR}=any) it may go to another domain"
+            if repair == "any"
+            else f"{ANN_REPAIR}=same-domain: it keeps waiting there"
+            + (" (its wait is over)" if gang in self._repair_over else "")
+        )
+        self._repair_notes[gang] = (
+            f"; repair: the replacement waits for a free ready tray of its subgroup's NVLink domain "
+            f"({where}), where the rest of the gang keeps running; no other pod of the gang moves; {then}"
+        )
 
     def _admitted(
         self, selectors: Collection[tuple[tuple[str, str], ...]], pods: Sequence[Mapping[str, Any]]
@@ -975,6 +1066,8 @@ class ClusterState:
             return None
         self._queue_dirty = False
         self._queue_last = now
+        self._wall = wall
+        self._repair_waits_over(wall)
         self.queue_metrics.passes += 1
         snapshot = self.snapshot()
         self._last_snapshot = snapshot
@@ -1024,8 +1117,13 @@ class ClusterState:
         self._queue_running = job.running
         self._reasons = dict(job.reasons)
         _, declared, keys_of = self._running_work(wall, {w.name for w in waiting})
+        self._repair_since = {g: t for g, t in self._repair_since.items() if g in pending}
+        self._repair_over &= set(self._repair_since)
+        self._repair_notes = {g: v for g, v in self._repair_notes.items() if g in pending}
+        self._repair_sizes = {g: v for g, v in self._repair_sizes.items() if g in pending}
         self._queue_wake = min(
             decision.wake_s,
+            self._repair_wake(),
             min(self._blocked.values(), default=math.inf),
             self._enforce_limits(declared, keys_of, now, wall),
             min((r.start_s for r in self.queue_reservations.values()), default=math.inf),
@@ -1051,6 +1149,7 @@ class ClusterState:
             spec, gang, members, _, _ = job.prepared[start.gang]
             res = self._reservation_from(spec, gang, members, start.plan.placement, now)
             res.subgroup_sizes = dict(start.plan.subgroup_sizes)
+            res.kept_sizes = dict(self._repair_sizes.get(start.gang, {}))
             self.reservations[start.gang] = res
             self._excluded.pop(start.gang, None)
             self._inputs_gen += 1
@@ -1075,6 +1174,21 @@ class ClusterState:
         # a preemption a budget refused asks for another pass at once (``_over_budget``)
         self._passed_at = None if self._queue_dirty else self._version
         self._gang_reason = {g: v for g, v in self._gang_reason.items() if g in pending}
+
+    def _repair_waits_over(self, wall: float) -> None:
+        """Repairs whose wait ended by ``wall``: their gangs are planned again (unpinned where their
+        ``gpuagent.dev/repair`` allows)."""
+        for gang, since in self._repair_since.items():
+            if gang not in self._repair_over and wall - since >= self.repair_wait_s:
+                self._repair_over.add(gang)
+                self._inputs_gen += 1
+
+    def _repair_wake(self) -> float:
+        """When the next repair wait ends (the queue passes then)."""
+        return min(
+            (t + self.repair_wait_s for g, t in self._repair_since.items() if g not in self._repair_over),
+            default=math.inf,
+        )
 
     def _still_startable(self, job: PassJob, gang: str, plan_: Plan) -> bool:
         """Whether a start decided on ``job``'s inputs still holds now: its gang still waits with the
@@ -1194,6 +1308,7 @@ class ClusterState:
                     workload_podgroups=self.workload_podgroups,
                     workloads=self.workloads,
                 )
+                gang_policy(found[1], mates)  # a bad gpuagent.dev/mnnvl or /repair refuses the gang
             except GangError as exc:
                 self._specs[found] = exc
         return self._specs[found]
@@ -1778,7 +1893,7 @@ class ClusterState:
             self._pending_events = []
             started = self.reservations.get(gang_name)
             if started is None or key not in started.spec.members:
-                reason = self._why_waits(spec, now)
+                reason = self._why_waits(spec, now) + self._repair_notes.get(gang_name, "")
                 msg = f"gang {gang_name} does not fit: {reason}; {self.queue_position(gang_name)}"
                 out.failed = dict.fromkeys(node_names, msg)
                 out.events += self._event_once(pod, "GangUnschedulable", msg)
@@ -2047,8 +2162,52 @@ class ClusterState:
         if res.barrier_deadline is None:
             res.barrier_deadline = now + self.barrier_timeout_s
         if len(res.arrived) + len(res.bound) >= res.target:
-            return self._complete(gang_name, res)
+            return self._complete_ready(gang_name, res, now)
         return BindDecision(action="wait", gang=gang_name, deadline=res.barrier_deadline)
+
+    def _imex_held(self, res: Reservation) -> list[str]:
+        """The trays of ``res``'s pods at the barrier whose IMEX is not ready now (their Node labels,
+        ``cluster.imex_ready``), for a gang that needs multi-node NVLink; none for one that does not."""
+        if res.mnnvl == "off":
+            return []
+        return sorted(
+            {n for n in res.arrived.values() if not imex_ready(_labels(self.nodes.get(n) or {}) or {})}
+        )
+
+    def _complete_ready(self, gang_name: str, res: Reservation, now: float) -> BindDecision:
+        """Every pod arrived: bind them once every chosen tray's IMEX is ready, else look again in
+        ``IMEX_RECHECK_S`` until the barrier's deadline (``barrier_timeout`` says which trays held it)."""
+        if not self._imex_held(res):
+            return self._complete(gang_name, res)
+        deadline = res.barrier_deadline if res.barrier_deadline is not None else now
+        if now >= deadline:
+            return self._imex_timeout(gang_name, res)
+        return BindDecision(action="wait", gang=gang_name, deadline=min(deadline, now + IMEX_RECHECK_S))
+
+    def _imex_timeout(self, gang_name: str, res: Reservation) -> BindDecision:
+        """The barrier's deadline passed while trays' IMEX was not ready: a ``required`` gang binds
+        nothing and its reservation is released; a ``preferred`` one binds, and says where IMEX was not
+        ready. The Event names the trays."""
+        held = self._imex_held(res)
+        shown = ", ".join(held[:10]) + (f" and {len(held) - 10} more" if len(held) > 10 else "")
+        keys = sorted(k for k in res.arrived if k in self.pods)
+        if res.mnnvl == "preferred":
+            msg = (
+                f"gang {gang_name}: IMEX not ready on tray(s) {shown} after {self.barrier_timeout_s:g}s at "
+                "the bind barrier; bound anyway (gpuagent.dev/mnnvl: preferred)"
+            )
+            done = self._complete(gang_name, res)
+            events = tuple(
+                EventRecord(pod=self.pods[k], reason="GangImexNotReady", message=msg) for k in keys
+            )
+            return dataclasses.replace(done, events=done.events + events)
+        self._give_up(gang_name)
+        msg = (
+            f"gang {gang_name}: IMEX not ready on tray(s) {shown} within {self.barrier_timeout_s:g}s at the "
+            "bind barrier (gpuagent.dev/imex is not ready there); nothing bound, reservation released"
+        )
+        events = tuple(EventRecord(pod=self.pods[k], reason="GangImexNotReady", message=msg) for k in keys)
+        return BindDecision(action="error", gang=gang_name, error=msg, events=events)
 
     def _complete(self, gang_name: str, res: Reservation) -> BindDecision:
         pods = tuple((k, self._uids.get(k, ""), n) for k, n in sorted(res.arrived.items()))
@@ -2062,7 +2221,7 @@ class ClusterState:
             self._version += 1
         self._excluded.pop(gang_name, None)
         self._inputs_gen += 1
-        sizes = res.subgroup_sizes
+        sizes = {**res.kept_sizes, **res.subgroup_sizes}
         annotations = {
             k: {SUBGROUP_SIZE_CHOSEN: str(sizes[res.spec.members[k].role])}
             for k, _, _ in pods
@@ -2089,9 +2248,13 @@ class ClusterState:
             return BindDecision(
                 action="error", gang=gang_name, error=f"gang {gang_name} is no longer waiting"
             )
+        if len(res.arrived) + len(res.bound) >= res.target:  # only the trays' IMEX held it
+            return self._complete_ready(gang_name, res, now)
         if now < res.barrier_deadline:
             return BindDecision(action="wait", gang=gang_name, deadline=res.barrier_deadline)
         if len(res.arrived) + len(res.bound) >= res.spec.min_member:
+            if self._imex_held(res):
+                return self._imex_timeout(gang_name, res)
             return self._complete(gang_name, res)
         arrived = len(res.arrived)
         self._give_up(gang_name)
@@ -2211,43 +2374,6 @@ def _per_role_selectors(
 
 def pods_nodes(pods: Iterable[tuple[str, str, str]]) -> list[tuple[str, str]]:
     return [(k, n) for k, _, n in pods]
-
-
-def _unbound_part(
-    spec: GangSpec, pods: Mapping[str, Mapping[str, Any]]
-) -> tuple[Gang | None, dict[str, PodSlot]]:
-    """The gang to plan: all of it, or (after a restart mid-gang) only the pods not bound yet.
-
-    Pods already bound keep their nodes; the rest are planned as a gang of their own with the same
-    roles and tiers (renumbered in rank order), which keeps each role's constraints for what is left.
-    """
-    bound = {k for k in spec.members if k in pods and (pods[k].get("spec") or {}).get("nodeName")}
-    if not bound:
-        return spec.gang, dict(spec.members)
-    roles: list[Role] = []
-    members: dict[str, PodSlot] = {}
-    for role in spec.gang.roles:
-        taken = {spec.members[k].index for k in bound if spec.members[k].role == role.name}
-        left = [i for i in range(role.pods) if i not in taken]
-        if not left:
-            continue
-        renumber = {PodSlot(role.name, old): PodSlot(role.name, new) for new, old in enumerate(left)}
-        for k, planned in spec.members.items():
-            if planned in renumber:
-                members[k] = renumber[planned]
-        roles.append(
-            Role(
-                name=role.name,
-                pods=len(left),
-                gpus_per_pod=role.gpus_per_pod,
-                subgroup_size=min(role.subgroup_size, len(left)) if role.subgroup_size else None,
-                subgroup_tier=role.subgroup_tier,
-                resources_per_pod=role.resources_per_pod,
-            )
-        )
-    if not roles:
-        return None, {}
-    return Gang(name=spec.gang.name, roles=tuple(roles), tier=spec.gang.tier, soft=spec.gang.soft), members
 
 
 __all__ = [

@@ -37,7 +37,9 @@ from scheduler_plugin.planner.objective import (
     score,
     useful_block,
 )
+from scheduler_plugin.planner.pinned import plan_pinned
 from scheduler_plugin.planner.prepared import PreparedSnapshot, ScopeKey, SnapshotCache, prepare
+from scheduler_plugin.planner.readiness import plan_ready
 from scheduler_plugin.planner.roles import RoleKey, block_ranges, min_blocks, role_key, role_subgroups
 from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Infeasible, Plan, PlanResult, PodSlot, Role
 
@@ -56,8 +58,24 @@ def plan(
     ``cache``: the caller's prepared snapshots, to prepare ``snapshot`` from (None: prepared afresh
     unless it is a ``PreparedSnapshot`` already). ``shortcuts``: skip work whose outcome is known;
     False only to check that the skips change no plan. A gang with a role of ``subgroup_size: auto``
-    is planned by ``autosize`` at the largest size that has a plan, each size by this search.
+    is planned by ``autosize`` at the largest size that has a plan, each size by this search; a gang
+    of ``mnnvl`` other than ``off`` on the nodes its mode allows (``readiness``); roles pinned to a
+    domain (a repair's) each inside its domain (``pinned``).
     """
+    if gang.mnnvl != "off":
+        return plan_ready(
+            snapshot,
+            gang,
+            cache=cache,
+            place=lambda snap, g, c: plan(snap, g, cache=c, shortcuts=shortcuts),
+        )
+    if any(r.domain is not None for r in gang.roles):
+        return plan_pinned(
+            snapshot,
+            gang,
+            cache=cache,
+            place=lambda snap, g, c: plan(snap, g, cache=c, shortcuts=shortcuts),
+        )
     if auto_role(gang) is not None:
         return plan_auto(
             snapshot,

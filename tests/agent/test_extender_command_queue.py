@@ -190,12 +190,22 @@ def test_time_limit_enforcement_flags_reach_the_extenders_state() -> None:
     assert (service.state.enforce_time_limits, service.state.time_limit_grace_s) == ("all", 15.0)
 
 
+def test_the_repair_wait_reaches_the_extenders_state() -> None:
+    assert parse_settings([]).repair_wait_s == 1800.0
+    s = parse_settings(["--repair-wait", "90"])
+    service = Service(s, client.ApiClient(client.Configuration(host="http://127.0.0.1:9")))
+    assert service.state.repair_wait_s == 90.0
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
         pytest.param(["--enforce-time-limits", "sometimes"], "--enforce-time-limits: invalid", id="enforce"),
         pytest.param(["--time-limit-grace", "-1"], "--time-limit-grace: must be", id="grace-negative"),
         pytest.param(["--time-limit-grace", "nan"], "--time-limit-grace: must be", id="grace-nan"),
+        pytest.param(["--repair-wait", "-1"], "--repair-wait: must be", id="repair-wait-negative"),
+        pytest.param(["--repair-wait", "inf"], "--repair-wait: must be", id="repair-wait-inf"),
+        pytest.param(["--repair-wait", "nan"], "--repair-wait: must be", id="repair-wait-nan"),
         pytest.param(["--preempt-after", "soon"], "--preempt-after: expected seconds", id="preempt-word"),
         pytest.param(["--preempt-after", "-1"], "--preempt-after: must be", id="preempt-negative"),
         pytest.param(["--preempt-after", "inf"], "--preempt-after: must be", id="preempt-inf"),

@@ -244,3 +244,26 @@ def test_bad_queue_options_exit_2_naming_the_option(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) >= 1
     assert message in err[-1]
+
+
+@pytest.mark.parametrize(
+    ("after", "said"),
+    [
+        ("afresh", "at most 0.5 h, then is placed afresh"),
+        ("any", "at most 0.5 h, then its lost pods go to any domain"),
+        ("wait", "waits for a tray in its domain for ever"),
+    ],
+)
+def test_tray_failures_report_ours_repair_wait_and_what_follows(
+    tmp_path: Path, after: str, said: str
+) -> None:
+    md = tmp_path / "failures.md"
+    argv = ["--tray-failures", "--quick", "--racks", "2", "--jobs", "12", "--policies", "ours,volcano"]
+    assert bench.main([*argv, "--tray-mtbf-h", "50", "--ours-after-wait", after, "--markdown", str(md)]) == 0
+    assert said in md.read_text()
+
+
+def test_tray_failures_refuse_a_negative_repair_wait(capfd: pytest.CaptureFixture[str]) -> None:
+    argv = ["--tray-failures", "--quick", "--policies", "ours,volcano", "--ours-repair-wait-h", "-1"]
+    assert bench.main(argv) == 2
+    assert "ours_wait_h" in capfd.readouterr().err
