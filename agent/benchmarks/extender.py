@@ -51,6 +51,7 @@ from typing import Any, cast
 
 from agent.benchmarks.machine import machine_summary, percentile
 from agent.benchmarks.topology import synthetic_input, tray_inventory
+from agent.heap import HeapKeeper
 from scheduler_plugin.extender import SCHEDULER_NAME, ClusterState, Extender
 from scheduler_plugin.queue import RESERVED_FOR, QueueConfig
 from topology.builder import TopologyInput, build_tree, desired_objects
@@ -110,6 +111,28 @@ class TimedLock:
         self.release()
 
 
+class GcPauses:
+    """The collector's pauses while it is installed (``gc.callbacks``): each stops every thread, the
+    verbs' included, for as long as it walks the generation it collects."""
+
+    def __init__(self) -> None:
+        self._since = 0.0
+        self.pauses: list[tuple[int, float]] = []  # (generation, seconds)
+
+    def _callback(self, phase: str, info: Mapping[str, Any]) -> None:
+        if phase == "start":
+            self._since = time.perf_counter()
+        else:
+            self.pauses.append((int(info["generation"]), time.perf_counter() - self._since))
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+
 # ------------------------------------------------------------------------------------- the adapter
 
 
@@ -156,6 +179,7 @@ class StateAdapter:
             lock=cast(threading.Lock, self.lock),
             queue_cluster=self.api,
         )
+        self.heap = HeapKeeper()  # as the extender command keeps its heap (``agent.heap``)
 
     # informer side (``_StateFeed``): one kind listed, one watch event, under the state lock
     def replace(self, kind: str, items: list[dict[str, Any]]) -> None:
@@ -187,8 +211,12 @@ class StateAdapter:
                 return int(float(line.split()[1]))
         return 0
 
+    def synced(self) -> None:
+        """Every kind listed: the command's heap keeper freezes the state from here on."""
+        self.heap.tick()
+
     async def run_queue(self, stop: asyncio.Event, interval_s: float) -> None:
-        await self.extender.run_queue(stop, interval_s)
+        await asyncio.gather(self.extender.run_queue(stop, interval_s), self.heap.run(stop, lambda: True))
 
     # the verbs, as the HTTP layer calls them with a decoded body
     async def filter(self, pod: Mapping[str, Any], nodes: Sequence[str]) -> list[str]:
@@ -593,9 +621,10 @@ async def _phase(
         asyncio.create_task(_scheduler(adapter, mix, nodes, stop_clients, samples=samples, offset=k * 7))
         for k in range(clients)
     ]
-    await asyncio.sleep(seconds)
-    stop_clients.set()
-    await asyncio.gather(*tasks)  # a call in flight is counted when it ends
+    with GcPauses() as collector:
+        await asyncio.sleep(seconds)
+        stop_clients.set()
+        await asyncio.gather(*tasks)  # a call in flight is counted when it ends
     stop_feed.set()
     await asyncio.to_thread(feed.join)
     stop_queue.set()
@@ -608,6 +637,8 @@ async def _phase(
         "lock_held": _stats([h for _, h in holds]),
         "lock_busy_ratio": min(1.0, sum(h for _, h in holds) / wall) if wall > 0 else 0.0,
         "event_wait": _stats(feeder.waits),
+        "gc_pause": _stats([t for _, t in collector.pauses]),
+        "gc_full": sum(1 for g, _ in collector.pauses if g == 2),
         "events": len(feeder.costs),
         "passes": adapter.passes() - passes,
         "events_per_s": len(feeder.costs) / wall if wall > 0 else 0.0,
@@ -659,6 +690,7 @@ def measure(
     del nodes, pods
     cluster.hypernodes = []  # the state holds them now; the harness keeps only what it needs
     gc.collect()
+    adapter.synced()
 
     def settle(annotate: Mapping[str, str | None]) -> None:
         for node, value in annotate.items():  # the extender's PATCH, back through the informer
@@ -717,6 +749,7 @@ def measure(
         )
     )
     _, peak = rss_bytes()
+    adapter.heap.release()
     return {
         "trays": trays,
         "gpus": trays * GPUS_PER_TRAY,
@@ -763,6 +796,8 @@ FIGURES: tuple[tuple[str, tuple[str, ...], str], ...] = (
         )
         for q in (("p50", "p99", "max") if key in ("lock_held", "event_wait") else ("p50", "p99"))
     ),
+    *((f"{phase}: gc pause max", (phase, "gc_pause", "max"), "s") for phase in ("passes", "events")),
+    *((f"{phase}: full collections", (phase, "gc_full"), "count") for phase in ("passes", "events")),
     ("events: applied per s", ("events", "events_per_s"), "per_s"),
     ("passes: lock busy", ("passes", "lock_busy_ratio"), "ratio"),
     ("events: lock busy", ("events", "lock_busy_ratio"), "ratio"),
@@ -872,6 +907,8 @@ def _show(value: float | None, unit: str) -> str:
         return f"{value / 2**20:.0f} MiB"
     if unit == "per_s":
         return f"{value:.1f}/s"
+    if unit == "count":
+        return f"{value:.0f}"
     return f"{value:.2f}"
 
 
