@@ -6,10 +6,11 @@ filter, prioritize or informer event runs (``gpu-node-agent bench extender``'s "
 all of that heap is the informers' state, which lives until the object it mirrors changes and is freed
 by reference counting then, not by the collector. So once the state is listed, :class:`HeapKeeper`
 collects once and moves everything left into the collector's permanent generation (``gc.freeze``); each
-``refreeze_s`` it collects what was made since and freezes that too, so a full collection walks only the
-last interval's survivors. Frozen objects are still freed when their last reference goes; only a
-reference cycle among them would wait, so each ``thaw_s`` everything is thawed and collected once (one
-full pause per ``thaw_s``, as every full collection was before).
+``refreeze_s`` it collects the young generations (what was made since: cheap) and freezes what is left
+too, so the full collections the interpreter starts on its own walk only a few seconds' survivors.
+Frozen objects are still freed when their last reference goes; only a reference cycle among them would
+wait, so each ``thaw_s`` everything is thawed and collected once (one full pause per ``thaw_s``, as
+every full collection was before).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ class HeapKeeper:
     """Freezes the collected heap once it is worth keeping and keeps it frozen (module docstring)."""
 
     def __init__(
-        self, *, refreeze_s: float = 60.0, thaw_s: float = 3600.0, clock: Callable[[], float] = time.monotonic
+        self, *, refreeze_s: float = 10.0, thaw_s: float = 3600.0, clock: Callable[[], float] = time.monotonic
     ) -> None:
         if not 0 < refreeze_s <= thaw_s:
             raise ValueError(f"need 0 < refreeze_s <= thaw_s, got {refreeze_s} and {thaw_s}")
@@ -52,7 +53,7 @@ class HeapKeeper:
             self._thawed_at = now
         else:
             what = "refroze"
-        gc.collect()
+        gc.collect(1 if what == "refroze" else 2)
         gc.freeze()
         self._frozen_at = now
         return what

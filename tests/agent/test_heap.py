@@ -60,6 +60,15 @@ def test_garbage_is_collected_before_it_is_frozen(clock: Clock) -> None:
     assert gone() is None
 
 
+def test_garbage_made_since_the_last_freeze_is_collected_before_the_next(clock: Clock) -> None:
+    keeper = HeapKeeper(refreeze_s=10, thaw_s=100, clock=clock)
+    assert keeper.tick() == "froze"
+    gone = cycle()
+    clock.t = 10
+    assert keeper.tick() == "refroze"
+    assert gone() is None
+
+
 def test_a_cycle_frozen_while_alive_is_freed_at_the_next_thaw(clock: Clock) -> None:
     keeper = HeapKeeper(refreeze_s=10, thaw_s=100, clock=clock)
     a = Node()
