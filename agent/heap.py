@@ -10,7 +10,9 @@ collects once and moves everything left into the collector's permanent generatio
 too, so the full collections the interpreter starts on its own walk only a few seconds' survivors.
 Frozen objects are still freed when their last reference goes; only a reference cycle among them would
 wait, so each ``thaw_s`` everything is thawed and collected once (one full pause per ``thaw_s``, as
-every full collection was before).
+every full collection was before). What such a cycle can hold meanwhile is bounded: only objects alive
+at a freeze and in a cycle that dies after it (a request in flight then), since the interpreter's own
+full collections free the cycles that die before.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ class HeapKeeper:
     """Freezes the collected heap once it is worth keeping and keeps it frozen (module docstring)."""
 
     def __init__(
-        self, *, refreeze_s: float = 10.0, thaw_s: float = 3600.0, clock: Callable[[], float] = time.monotonic
+        self, *, refreeze_s: float = 2.0, thaw_s: float = 3600.0, clock: Callable[[], float] = time.monotonic
     ) -> None:
         if not 0 < refreeze_s <= thaw_s:
             raise ValueError(f"need 0 < refreeze_s <= thaw_s, got {refreeze_s} and {thaw_s}")
