@@ -16,13 +16,15 @@ For each ``--trays`` N, in a fresh process (so RSS is this size's alone):
   ``--clients`` concurrent tasks, each one kube-scheduler cycle at a time: filter with every node's name
   (``percentageOfNodesToScore: 100``), then prioritize on the nodes that passed.
 
-Figures: load (the initial listing), a queue pass with no change and after one change (median of 3; one
-where the first pass took over 10 s), the periodic tick with no change, the cost of applying one event,
+Figures: load (the initial listing), a queue pass with no change, after one change and after a pod the
+head's reservation waits for was replaced (the hold planned again; median of 3; one where the first
+pass took over 10 s), the periodic tick with no change, the cost of applying one event,
 then two phases of ``--seconds`` each with the queue loop running: **passes** (one change per queue
 interval, so a pass runs each interval) and **events** (``--events-per-s`` pod and node updates). In
 each: filter of a waiting gang's pod, filter of a pod on its own, prioritize (p50/p99, end to end as
 kube-scheduler waits), lock held per holding (p50/p99/max) and the share of time it was held, and how
-long events waited for it. RSS after the load and the peak. Each figure gets its growth exponent in N
+long events waited for it, and the collector's longest pause and full collections. RSS after the load
+and the peak. Each figure gets its growth exponent in N
 (least squares over log-log, every size run).
 
 Every call into the state goes through :class:`StateAdapter`: re-point it when the core changes.
@@ -204,6 +206,11 @@ class StateAdapter:
         """The queue loop's periodic tick (a pass only when its driver finds one due)."""
         with self.lock:
             return dict(self.state.queue_tick(time.monotonic(), time.time()).annotate)
+
+    def waited_for(self) -> set[str]:
+        """The running work the queue's reservations wait for (queue names: ``pod:<ns>/<name>`` for a
+        pod on its own)."""
+        return {name for r in self.state.queue_reservations.values() for name in r.waits_for}
 
     def waiting_gangs(self) -> int:
         for line in self.state.metrics_text().decode().splitlines():
@@ -534,10 +541,11 @@ class Feeder:
         self.replace_pod()
         return "pod_replaced"
 
-    def replace_pod(self) -> None:
-        """A pod on its own ends and another takes its GPUs: a change every decision sees."""
+    def replace_pod(self, i: int | None = None) -> None:
+        """A pod on its own (the ``i``-th, else one at random) ends and another takes its GPUs: a
+        change every decision sees."""
         c, rng = self.cluster, self.rng
-        i = rng.randrange(len(c.running))
+        i = rng.randrange(len(c.running)) if i is None else i
         old = c.running[i]
         c.serial += 1
         new = PodDesc(
@@ -721,6 +729,17 @@ def measure(
         after_change.append(t)
         changed_passes += adapter.passes() - before
         settle(wanted)
+    replanned: list[float] = []  # a pod the head's reservation waits for replaced: its hold planned again
+    for _ in range(repeat):
+        waits = adapter.waited_for()
+        picks = [i for i, d in enumerate(cluster.running) if f"pod:{NAMESPACE}/{d.name}" in waits]
+        if not picks:
+            break
+        feeder.version += 1
+        feeder.replace_pod(picks[0])
+        t, wanted = _timed(adapter.tick)
+        replanned.append(t)
+        settle(wanted)
     feeder.costs = []
     for _ in range(event_samples):
         feeder.one()
@@ -764,6 +783,7 @@ def measure(
         "tick_no_change_s": statistics.median(tick_no_change),
         "pass_after_change_s": statistics.median(after_change),
         "pass_after_change_passes": changed_passes,
+        "pass_replan_s": statistics.median(replanned) if replanned else None,
         "event_apply_s": _stats(event_costs),
         "passes": under_passes,
         "events": under_events,
@@ -782,6 +802,7 @@ FIGURES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("pass, no change", ("pass_no_change_s",), "s"),
     ("tick, no change", ("tick_no_change_s",), "s"),
     ("pass after one change", ("pass_after_change_s",), "s"),
+    ("pass re-planning the head's hold", ("pass_replan_s",), "s"),
     ("event apply p50", ("event_apply_s", "p50"), "s"),
     ("event apply p99", ("event_apply_s", "p99"), "s"),
     *(
