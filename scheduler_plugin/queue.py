@@ -455,7 +455,9 @@ class _Cluster:
 def _node_with(n: NodeState, free: int, free_resources: Mapping[str, int]) -> NodeState:
     """``n`` with other free GPUs and resources: ``dataclasses.replace`` without its field walk (a pass
     makes tens of thousands of these for the futures a reservation is planned on)."""
-    return NodeState(n.name, n.gpus, free, n.domains, n.resources, free_resources, n.schedulable, n.degraded)
+    return NodeState(
+        n.name, n.gpus, free, n.domains, n.resources, free_resources, n.schedulable, n.degraded, n.ready
+    )
 
 
 def held_back_gpus(capacity: int, busy_then: int, claim: int, *, free: int | None = None) -> int:
@@ -548,6 +550,144 @@ def _domains(cl: _Cluster, tier: str) -> dict[str, list[int]]:
     return dict(sorted(out.items()))
 
 
+class _Futures:
+    """The cluster as it will be once the first ``upto`` of ``ends`` (running work, in the order it
+    ends) ended: their GPUs and every other resource they hold (CPU, memory) free again, on the nodes
+    ``usable`` admits, less what ``held`` (other reservations, by node index) keeps. Built from the
+    last one asked for: moving from one ``upto`` to another costs the work that ends between them and
+    the nodes it holds, not the whole cluster, and a node in a state seen before is the very
+    ``NodeState`` object it was then (the planner's cache diffs snapshots by identity). Equal, node
+    for node, to the same future built from scratch (tests/scheduler_plugin/test_queue_futures.py)."""
+
+    def __init__(
+        self,
+        cl: _Cluster,
+        ends: Sequence[Running],
+        base: Sequence[int],
+        held: Mapping[int, int],
+        usable: Callable[[int], bool],
+    ) -> None:
+        self.cl = cl
+        self.ends = ends
+        self.base = base
+        self.held = held
+        self.usable = usable
+        self.upto = 0
+        self.gpus: dict[int, int] = {}  # node index -> GPUs the ended work gives back (not capped)
+        self.back: dict[int, dict[str, int]] = {}  # node index -> other resources given back
+        self.claimed: dict[int, int] = {}  # node index -> ended work whose ``claims`` name it
+        self.touching: dict[int, int] = {}  # node index -> ended work whose ``uses`` name it
+        # GPUs given back are capped at the node's one claim after another: with none negative that is
+        # the capped sum, which can be taken back; else each future is built from scratch
+        self.additive = all(g >= 0 for r in ends for g in r.claims.values())
+        self.made: dict[tuple[int, int, tuple[tuple[str, int], ...] | None], NodeState] = {}
+        self.resolved: list[tuple[list[tuple[int, int]], list[tuple[int, Mapping[str, int]]]] | None] = [
+            None
+        ] * len(ends)
+        self.nodes = list(cl.nodes)
+        for i, b in enumerate(base):  # before any work ends: unusable nodes full, others' holds taken
+            if held.get(i, 0) or b != cl.nodes[i].free:
+                self.nodes[i] = self._node(i)
+
+    def _net(self, i: int, f: int) -> int:
+        return max(0, f - self.held.get(i, 0))
+
+    def _resolve(self, k: int) -> tuple[list[tuple[int, int]], list[tuple[int, Mapping[str, int]]]]:
+        """The ``k``-th ended work's GPUs and other resources by usable node index."""
+        got = self.resolved[k]
+        if got is None:
+            r, index, usable = self.ends[k], self.cl.index, self.usable
+            claims = [
+                (i, g) for node, g in r.claims.items() if (i := index.get(node)) is not None and usable(i)
+            ]
+            uses = [(i, u) for node, u in r.uses.items() if (i := index.get(node)) is not None and usable(i)]
+            got = self.resolved[k] = (claims, uses)
+        return got
+
+    def _node(self, i: int) -> NodeState:
+        """Node ``i`` as the work ended so far leaves it (the object made before for the same state)."""
+        n = self.cl.nodes[i]
+        given = (
+            self.base[i] if not self.claimed.get(i, 0) else min(n.gpus, self.base[i] + self.gpus.get(i, 0))
+        )
+        free = self._net(i, given)
+        rest: dict[str, int] | None = None
+        if self.touching.get(i, 0):
+            back = self.back.get(i, {})
+            rest = {r: min(n.resources.get(r, v), v + back.get(r, 0)) for r, v in n.free_resources.items()}
+            if rest == n.free_resources:
+                rest = None
+        if free == n.free and rest is None:
+            return n
+        key = (i, free, tuple(sorted(rest.items())) if rest is not None else None)
+        made = self.made.get(key)
+        if made is None:
+            made = self.made[key] = _node_with(n, free, n.free_resources if rest is None else rest)
+        return made
+
+    def _move(self, k: int, sign: int, touched: set[int]) -> None:
+        claims, uses = self._resolve(k)
+        gpus, back, touching = self.gpus, self.back, self.touching
+        for i, g in claims:
+            gpus[i] = gpus.get(i, 0) + sign * g
+            self.claimed[i] = self.claimed.get(i, 0) + sign
+            touched.add(i)
+        for i, u in uses:
+            touching[i] = touching.get(i, 0) + sign
+            acc = back.setdefault(i, {})
+            for res, v in u.items():
+                acc[res] = acc.get(res, 0) + sign * v
+            touched.add(i)
+
+    def at(self, upto: int) -> ClusterSnapshot:
+        """The cluster once the first ``upto`` of ``ends`` ended."""
+        if not self.additive:
+            return _future_from_scratch(self.cl, self.ends, upto, self.base, self.held, self.usable)
+        touched: set[int] = set()
+        while self.upto < upto:
+            self._move(self.upto, 1, touched)
+            self.upto += 1
+        while self.upto > upto:
+            self.upto -= 1
+            self._move(self.upto, -1, touched)
+        for i in touched:
+            self.nodes[i] = self._node(i)
+        return ClusterSnapshot(tiers=self.cl.tiers, nodes=tuple(self.nodes))
+
+
+def _future_from_scratch(  # noqa: PLR0917 -- the reference ``_Futures`` is held to
+    cl: _Cluster,
+    ends: Sequence[Running],
+    upto: int,
+    base: Sequence[int],
+    held: Mapping[int, int],
+    usable: Callable[[int], bool],
+) -> ClusterSnapshot:
+    """What ``_Futures.at(upto)`` answers, built from the pass's cluster alone: each claim of the ended
+    work given back in turn (capped at the node's GPUs), the other resources summed and given back at
+    once (capped at the node's allocatable), ``held`` taken off every node."""
+
+    def net(i: int, f: int) -> int:
+        return max(0, f - held.get(i, 0))
+
+    fr: dict[int, int] = {}  # the nodes whose GPUs the ended work gives back (the rest: ``base``)
+    back: dict[int, dict[str, int]] = {}
+    for r in ends[:upto]:
+        for node, g in r.claims.items():
+            i = cl.index.get(node)
+            if i is not None and usable(i):
+                fr[i] = min(cl.nodes[i].gpus, fr.get(i, base[i]) + g)
+        for node, u in r.uses.items():
+            i = cl.index.get(node)
+            if i is not None and usable(i):
+                acc = back.setdefault(i, {})
+                for k, v in u.items():
+                    acc[k] = acc.get(k, 0) + v
+    free = {i: f for i, f in ((i, net(i, b)) for i, b in enumerate(base)) if f != cl.nodes[i].free}
+    free.update({i: net(i, f) for i, f in fr.items()})
+    return cl.with_free(free, freed=back)
+
+
 def _reserve(  # noqa: PLR0917 -- private helper, called in two places
     w: Waiting,
     cl: _Cluster,
@@ -573,15 +713,13 @@ def _reserve(  # noqa: PLR0917 -- private helper, called in two places
 
     base = [cl.free(i) if usable(i) else 0 for i in range(n_nodes)]
     ends = sorted(
-        ((r.ends_s, r.name, r) for r in cl.running.values() if math.isfinite(r.ends_s) and r.ends_s > now),
-        key=lambda e: (e[0], e[1]),
+        (r for r in cl.running.values() if math.isfinite(r.ends_s) and r.ends_s > now),
+        key=lambda r: (r.ends_s, r.name),
     )
 
     def net(i: int, f: int) -> int:
         return max(0, f - held_by_others.get(i, 0))
 
-    # the nodes whose free GPUs differ from the pass's before any work ends (not usable, held by others)
-    now_free = {i: f for i, f in ((i, net(i, b)) for i, b in enumerate(base)) if f != cl.nodes[i].free}
     points: list[tuple[float, int]] = []  # (time, running gangs ended by then, in ``ends`` order)
     free = list(base)
     total = sum(net(i, f) for i, f in enumerate(free))
@@ -589,9 +727,9 @@ def _reserve(  # noqa: PLR0917 -- private helper, called in two places
         points.append((now, 0))
     k = 0
     while k < len(ends):
-        at = ends[k][0]
-        while k < len(ends) and ends[k][0] == at:
-            for node, g in ends[k][2].claims.items():
+        at = ends[k].ends_s
+        while k < len(ends) and ends[k].ends_s == at:
+            for node, g in ends[k].claims.items():
                 i = cl.index.get(node)
                 if i is None or not usable(i):
                     continue
@@ -602,32 +740,13 @@ def _reserve(  # noqa: PLR0917 -- private helper, called in two places
         if total >= need:
             points.append((at, k))
 
-    def future(upto: int) -> ClusterSnapshot:
-        """The cluster once the first ``upto`` of ``ends`` ended: their GPUs and every other resource
-        they hold (CPU, memory) free again."""
-        fr: dict[int, int] = {}  # the nodes whose GPUs the ended work gives back (the rest: ``base``)
-        back: dict[int, dict[str, int]] = {}
-        for _, _, r in ends[:upto]:
-            for node, g in r.claims.items():
-                i = cl.index.get(node)
-                if i is not None and usable(i):
-                    fr[i] = min(cl.nodes[i].gpus, fr.get(i, base[i]) + g)
-            for node, u in r.uses.items():
-                i = cl.index.get(node)
-                if i is not None and usable(i):
-                    acc = back.setdefault(i, {})
-                    for k, v in u.items():
-                        acc[k] = acc.get(k, 0) + v
-        free = dict(now_free)
-        free.update({i: net(i, f) for i, f in fr.items()})
-        return cl.with_free(free, freed=back)
-
+    futures = _Futures(cl, ends, base, held_by_others, usable)
     lo, hi = 0, len(points)
     found: tuple[float, ClusterSnapshot, Plan] | None = None
     while lo < hi:
         mid = (lo + hi) // 2
         at, upto = points[mid]
-        snap = future(upto)
+        snap = futures.at(upto)
         tried = place(snap, w.gang)
         if isinstance(tried, Infeasible):
             lo = mid + 1

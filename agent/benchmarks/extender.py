@@ -16,13 +16,15 @@ For each ``--trays`` N, in a fresh process (so RSS is this size's alone):
   ``--clients`` concurrent tasks, each one kube-scheduler cycle at a time: filter with every node's name
   (``percentageOfNodesToScore: 100``), then prioritize on the nodes that passed.
 
-Figures: load (the initial listing), a queue pass with no change and after one change (median of 3; one
-where the first pass took over 10 s), the periodic tick with no change, the cost of applying one event,
+Figures: load (the initial listing), a queue pass with no change, after one change and after a pod the
+head's reservation waits for was replaced (the hold planned again; median of 3; one where the first
+pass took over 10 s), the periodic tick with no change, the cost of applying one event,
 then two phases of ``--seconds`` each with the queue loop running: **passes** (one change per queue
 interval, so a pass runs each interval) and **events** (``--events-per-s`` pod and node updates). In
 each: filter of a waiting gang's pod, filter of a pod on its own, prioritize (p50/p99, end to end as
 kube-scheduler waits), lock held per holding (p50/p99/max) and the share of time it was held, and how
-long events waited for it. RSS after the load and the peak. Each figure gets its growth exponent in N
+long events waited for it, and the collector's longest pause and full collections. RSS after the load
+and the peak. Each figure gets its growth exponent in N
 (least squares over log-log, every size run).
 
 Every call into the state goes through :class:`StateAdapter`: re-point it when the core changes.
@@ -51,6 +53,7 @@ from typing import Any, cast
 
 from agent.benchmarks.machine import machine_summary, percentile
 from agent.benchmarks.topology import synthetic_input, tray_inventory
+from agent.heap import HeapKeeper
 from scheduler_plugin.extender import SCHEDULER_NAME, ClusterState, Extender
 from scheduler_plugin.queue import RESERVED_FOR, QueueConfig
 from topology.builder import TopologyInput, build_tree, desired_objects
@@ -110,6 +113,28 @@ class TimedLock:
         self.release()
 
 
+class GcPauses:
+    """The collector's pauses while it is installed (``gc.callbacks``): each stops every thread, the
+    verbs' included, for as long as it walks the generation it collects."""
+
+    def __init__(self) -> None:
+        self._since = 0.0
+        self.pauses: list[tuple[int, float]] = []  # (generation, seconds)
+
+    def _callback(self, phase: str, info: Mapping[str, Any]) -> None:
+        if phase == "start":
+            self._since = time.perf_counter()
+        else:
+            self.pauses.append((int(info["generation"]), time.perf_counter() - self._since))
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+
 # ------------------------------------------------------------------------------------- the adapter
 
 
@@ -156,6 +181,7 @@ class StateAdapter:
             lock=cast(threading.Lock, self.lock),
             queue_cluster=self.api,
         )
+        self.heap = HeapKeeper()  # as the extender command keeps its heap (``agent.heap``)
 
     # informer side (``_StateFeed``): one kind listed, one watch event, under the state lock
     def replace(self, kind: str, items: list[dict[str, Any]]) -> None:
@@ -181,14 +207,23 @@ class StateAdapter:
         with self.lock:
             return dict(self.state.queue_tick(time.monotonic(), time.time()).annotate)
 
+    def waited_for(self) -> set[str]:
+        """The running work the queue's reservations wait for (queue names: ``pod:<ns>/<name>`` for a
+        pod on its own)."""
+        return {name for r in self.state.queue_reservations.values() for name in r.waits_for}
+
     def waiting_gangs(self) -> int:
         for line in self.state.metrics_text().decode().splitlines():
             if line.startswith("gpuagent_extender_waiting_gangs "):
                 return int(float(line.split()[1]))
         return 0
 
+    def synced(self) -> None:
+        """Every kind listed: the command's heap keeper freezes the state from here on."""
+        self.heap.tick()
+
     async def run_queue(self, stop: asyncio.Event, interval_s: float) -> None:
-        await self.extender.run_queue(stop, interval_s)
+        await asyncio.gather(self.extender.run_queue(stop, interval_s), self.heap.run(stop, lambda: True))
 
     # the verbs, as the HTTP layer calls them with a decoded body
     async def filter(self, pod: Mapping[str, Any], nodes: Sequence[str]) -> list[str]:
@@ -506,10 +541,11 @@ class Feeder:
         self.replace_pod()
         return "pod_replaced"
 
-    def replace_pod(self) -> None:
-        """A pod on its own ends and another takes its GPUs: a change every decision sees."""
+    def replace_pod(self, i: int | None = None) -> None:
+        """A pod on its own (the ``i``-th, else one at random) ends and another takes its GPUs: a
+        change every decision sees."""
         c, rng = self.cluster, self.rng
-        i = rng.randrange(len(c.running))
+        i = rng.randrange(len(c.running)) if i is None else i
         old = c.running[i]
         c.serial += 1
         new = PodDesc(
@@ -593,9 +629,10 @@ async def _phase(
         asyncio.create_task(_scheduler(adapter, mix, nodes, stop_clients, samples=samples, offset=k * 7))
         for k in range(clients)
     ]
-    await asyncio.sleep(seconds)
-    stop_clients.set()
-    await asyncio.gather(*tasks)  # a call in flight is counted when it ends
+    with GcPauses() as collector:
+        await asyncio.sleep(seconds)
+        stop_clients.set()
+        await asyncio.gather(*tasks)  # a call in flight is counted when it ends
     stop_feed.set()
     await asyncio.to_thread(feed.join)
     stop_queue.set()
@@ -608,6 +645,8 @@ async def _phase(
         "lock_held": _stats([h for _, h in holds]),
         "lock_busy_ratio": min(1.0, sum(h for _, h in holds) / wall) if wall > 0 else 0.0,
         "event_wait": _stats(feeder.waits),
+        "gc_pause": _stats([t for _, t in collector.pauses]),
+        "gc_full": sum(1 for g, _ in collector.pauses if g == 2),
         "events": len(feeder.costs),
         "passes": adapter.passes() - passes,
         "events_per_s": len(feeder.costs) / wall if wall > 0 else 0.0,
@@ -659,6 +698,7 @@ def measure(
     del nodes, pods
     cluster.hypernodes = []  # the state holds them now; the harness keeps only what it needs
     gc.collect()
+    adapter.synced()
 
     def settle(annotate: Mapping[str, str | None]) -> None:
         for node, value in annotate.items():  # the extender's PATCH, back through the informer
@@ -689,6 +729,17 @@ def measure(
         after_change.append(t)
         changed_passes += adapter.passes() - before
         settle(wanted)
+    replanned: list[float] = []  # a pod the head's reservation waits for replaced: its hold planned again
+    for _ in range(repeat):
+        waits = adapter.waited_for()
+        picks = [i for i, d in enumerate(cluster.running) if f"pod:{NAMESPACE}/{d.name}" in waits]
+        if not picks:
+            break
+        feeder.version += 1
+        feeder.replace_pod(picks[0])
+        t, wanted = _timed(adapter.tick)
+        replanned.append(t)
+        settle(wanted)
     feeder.costs = []
     for _ in range(event_samples):
         feeder.one()
@@ -717,6 +768,7 @@ def measure(
         )
     )
     _, peak = rss_bytes()
+    adapter.heap.release()
     return {
         "trays": trays,
         "gpus": trays * GPUS_PER_TRAY,
@@ -731,6 +783,7 @@ def measure(
         "tick_no_change_s": statistics.median(tick_no_change),
         "pass_after_change_s": statistics.median(after_change),
         "pass_after_change_passes": changed_passes,
+        "pass_replan_s": statistics.median(replanned) if replanned else None,
         "event_apply_s": _stats(event_costs),
         "passes": under_passes,
         "events": under_events,
@@ -749,6 +802,7 @@ FIGURES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("pass, no change", ("pass_no_change_s",), "s"),
     ("tick, no change", ("tick_no_change_s",), "s"),
     ("pass after one change", ("pass_after_change_s",), "s"),
+    ("pass re-planning the head's hold", ("pass_replan_s",), "s"),
     ("event apply p50", ("event_apply_s", "p50"), "s"),
     ("event apply p99", ("event_apply_s", "p99"), "s"),
     *(
@@ -763,6 +817,8 @@ FIGURES: tuple[tuple[str, tuple[str, ...], str], ...] = (
         )
         for q in (("p50", "p99", "max") if key in ("lock_held", "event_wait") else ("p50", "p99"))
     ),
+    *((f"{phase}: gc pause max", (phase, "gc_pause", "max"), "s") for phase in ("passes", "events")),
+    *((f"{phase}: full collections", (phase, "gc_full"), "count") for phase in ("passes", "events")),
     ("events: applied per s", ("events", "events_per_s"), "per_s"),
     ("passes: lock busy", ("passes", "lock_busy_ratio"), "ratio"),
     ("events: lock busy", ("events", "lock_busy_ratio"), "ratio"),
@@ -872,6 +928,8 @@ def _show(value: float | None, unit: str) -> str:
         return f"{value / 2**20:.0f} MiB"
     if unit == "per_s":
         return f"{value:.1f}/s"
+    if unit == "count":
+        return f"{value:.0f}"
     return f"{value:.2f}"
 
 

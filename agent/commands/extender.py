@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.heap import HeapKeeper
 from scheduler_plugin.extender import (
     DEFAULT_REPAIR_WAIT_S,
     GANG_PLANNED,
@@ -553,6 +554,9 @@ class Service:
         )
         self._queue_stop = asyncio.Event()
         self._queue_task: asyncio.Task[None] | None = None
+        # the listed state frozen out of the collector's full collections (``agent.heap``)
+        self.heap = HeapKeeper()
+        self._heap_task: asyncio.Task[None] | None = None
         limits = ServerLimits(max_connections=settings.max_connections)
         self.server = ExtenderServer(
             self.extender, max_body_bytes=settings.max_body_bytes, limits=limits, tls=tls
@@ -567,6 +571,9 @@ class Service:
         self._queue_stop.clear()
         self._queue_task = asyncio.get_running_loop().create_task(
             self.extender.run_queue(self._queue_stop, self.settings.queue_interval_s)
+        )
+        self._heap_task = asyncio.get_running_loop().create_task(
+            self.heap.run(self._queue_stop, lambda: all(i.synced.is_set() for i in self.informers))
         )
         await self.server.start(self.settings.host, self.settings.port)
         log.info(
@@ -584,6 +591,10 @@ class Service:
         if self._queue_task is not None:
             await self._queue_task
             self._queue_task = None
+        if self._heap_task is not None:
+            await self._heap_task
+            self._heap_task = None
+            self.heap.release()
         if self.health is not None:
             await self.health.stop()
         await self.server.stop()

@@ -355,6 +355,7 @@ class ClusterState:
         self._usage_log: list[str] = []
         self._fit: dict[int, tuple[dict[str, str], int, dict[str, int]]] = {}
         self._state_log: list[str] = []
+        self._state_names: list[str] | None = None  # ``_states``' names in order, while none comes or goes
         self._rank_cache: dict[int, tuple[dict[str, tuple[int, int]], int]] = {}
         self._ranks_index: _DomainIndex | None = None  # the domains the ranks were worked out on
         self._room: dict[tuple[str, int], tuple[int, int, int]] = {}
@@ -696,22 +697,31 @@ class ClusterState:
         if self._snapshot is not None and not self._snap_dirty:
             return self._snapshot
         states = self._states
+        logged = len(self._state_log)
         for name in self._snap_dirty:
             obj = self.nodes.get(name)
             if obj is None:
                 if states.pop(name, None) is not None:
                     self._state_log.append(name)
+                    self._state_names = None
                 continue
             base = base_state(obj, index.domains.get(name, {}))
             state = node_state(base, self._node_used.get(name, {}), holds.get(name))
             old = states.get(name)
             if old is None or old != state:
+                if old is None:
+                    self._state_names = None
                 states[name] = state
                 self._state_log.append(name)
+        changed = len(self._state_log) != logged
         if len(self._state_log) > max(64, len(states)):  # more changes than nodes: ranks start afresh
             self._state_log, self._rank_cache, self._room = [], {}, {}
         self._snap_dirty = set()
-        nodes = tuple(states[n] for n in sorted(states))
+        if self._snapshot is not None and not changed and index.tiers == self._snapshot.tiers:
+            return self._snapshot  # every node worked out again equals its state before
+        if self._state_names is None:  # sorted again only when a node comes or goes
+            self._state_names = sorted(states)
+        nodes = tuple(map(states.__getitem__, self._state_names))
         if self._snapshot is None or nodes != self._snapshot.nodes or index.tiers != self._snapshot.tiers:
             self._snapshot = ClusterSnapshot(tiers=index.tiers, nodes=nodes)
         return self._snapshot
