@@ -6,7 +6,9 @@ then stop in their own order (servers with a grace period, sockets removed), and
 
 Other components plug in as factories: a function taking the :class:`RunContext` and returning a
 component (or ``None`` when it does not apply, e.g. publishing with ``--no-kube``). :func:`serve` runs
-:func:`default_factories` (metrics exporter, publisher) unless given its own list (the demo adds one).
+:func:`default_factories` (metrics exporter, publisher) unless given its own list (the demo adds one). They
+are built once the plugin manager has made its first registration pass (:class:`LateComponents`): kubelet
+sees the devices before the metrics and Kubernetes client modules are loaded.
 
 Exit codes: 0 after a clean stop, 1 when the agent cannot start (no NVML, an invalid resource plan),
 2 for invalid settings (one line per problem) and for a missing IMEX channel with ``imex.required``.
@@ -41,6 +43,7 @@ from deviceplugin.imex import ImexChannelError, find_channels
 from deviceplugin.manager import AllocatableCheck, PluginManager
 from deviceplugin.resources import ResourceError, build_plan
 from topology import logs
+from topology.lifecycle import wait_for_event
 from topology.model import LinkLevel, NodeInventory
 
 
@@ -73,14 +76,20 @@ ReadinessCheck = Callable[[], str | None]
 
 def _metrics_exporter(ctx: RunContext) -> Component | None:
     """``/metrics``, ``/healthz``, ``/readyz`` on ``--metrics-addr``, and ``/healthz``, ``/readyz`` alone on
-    ``--health-addr`` (kubelet's probes; own connection slots); ``''`` turns either off."""
+    ``--health-addr`` (kubelet's probes; own connection slots); ``''`` turns either off, and with both off
+    the metrics modules (prometheus_client, HTTP server) are never loaded."""
+    if not ctx.settings.metrics_addr and not ctx.settings.health_addr:
+        return None
     from agent.metrics.wiring import listeners_for_run  # noqa: PLC0415 - loads prometheus_client only here
 
     return listeners_for_run(ctx)
 
 
 def _publisher(ctx: RunContext) -> Component | None:
-    """GPUNode and node labels in the Kubernetes API (``--no-kube`` turns it off)."""
+    """GPUNode and node labels in the Kubernetes API (``--no-kube`` turns it off, and the Kubernetes client
+    is then never loaded)."""
+    if ctx.settings.no_kube:
+        return None
     from agent.publisher import publisher_for_run  # noqa: PLC0415 - loads the Kubernetes client only here
 
     return publisher_for_run(ctx)
@@ -207,6 +216,29 @@ def imex_plugin_config(settings: RunSettings, node: Node) -> PluginConfig:
         )
         return plugin
     return dataclasses.replace(plugin, imex_channels=channels)
+
+
+class LateComponents:
+    """Component: builds the further components (metrics, publishing; :func:`default_factories`) once
+    ``after`` is set, the plugin manager's first registration pass, and runs them; so loading their
+    modules (prometheus_client, the Kubernetes client) never delays kubelet's registration."""
+
+    def __init__(
+        self, *, factories: Sequence[ComponentFactory], ctx: RunContext, after: asyncio.Event
+    ) -> None:
+        self._factories = factories
+        self._ctx = ctx
+        self._after = after
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await wait_for_event(self._after, stop, None)
+        if stop.is_set():
+            return
+        extras = [c for c in (factory(self._ctx) for factory in self._factories) if c is not None]
+        if extras:
+            await run_components(extras, stop)
+        else:
+            await stop.wait()
 
 
 class HotplugTrigger:
@@ -338,10 +370,13 @@ async def serve(
             components.append(node.faults)
         if node.hotplug is not None:
             components.append(HotplugTrigger(source=node.hotplug, rediscovery=rediscovery))
-        for factory in default_factories() if factories is None else factories:
-            extra = factory(ctx)
-            if extra is not None:
-                components.append(extra)
+        components.append(
+            LateComponents(
+                factories=default_factories() if factories is None else factories,
+                ctx=ctx,
+                after=manager.first_pass,
+            )
+        )
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(sig, stop.set)
