@@ -95,3 +95,29 @@ def test_verdicts_judge_each_aim() -> None:
     assert "never" in table  # NVIDIA's recovery
     assert "MISSED" in table
     assert table.splitlines()[0].split() == ["ours", "NVIDIA's", "aim"]
+
+
+def _package(root: Path, name: str) -> Path:
+    folder = root / name
+    folder.mkdir()
+    (folder / "__init__.py").write_text("")
+    (folder / "mod.py").write_text("VALUE = 1\n")
+    return folder
+
+
+def test_bytecode_is_compiled_before_ours_starts_as_the_image_ships_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(tmp_path))
+    folder = _package(tmp_path, "peerbench_pkg_ok")
+    assert peer.compile_bytecode(("peerbench_pkg_ok",))
+    assert sorted(p.name.split(".")[0] for p in (folder / "__pycache__").glob("*.pyc")) == ["__init__", "mod"]
+
+
+def test_a_package_whose_bytecode_cannot_be_written_is_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(tmp_path))
+    folder = _package(tmp_path, "peerbench_pkg_ro")
+    (folder / "__pycache__").write_text("not a folder")  # where the bytecode would go
+    assert not peer.compile_bytecode(("peerbench_pkg_ro",))
