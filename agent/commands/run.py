@@ -220,20 +220,21 @@ def imex_plugin_config(settings: RunSettings, node: Node) -> PluginConfig:
 
 class LateComponents:
     """Component: builds the further components (metrics, publishing; :func:`default_factories`) once
-    ``after`` is set, the plugin manager's first registration pass, and runs them; so loading their
-    modules (prometheus_client, the Kubernetes client) never delays kubelet's registration."""
+    every event of ``after`` is set (the plugin manager's first registration pass, ...), and runs them;
+    so loading their modules (prometheus_client, the Kubernetes client) never delays kubelet's
+    registration."""
 
     def __init__(
-        self, *, factories: Sequence[ComponentFactory], ctx: RunContext, after: asyncio.Event
+        self, *, factories: Sequence[ComponentFactory], ctx: RunContext, after: Sequence[asyncio.Event]
     ) -> None:
         self._factories = factories
         self._ctx = ctx
         self._after = after
 
     async def run(self, stop: asyncio.Event) -> None:
-        await wait_for_event(self._after, stop, None)
-        if stop.is_set():
-            return
+        for event in self._after:
+            if await wait_for_event(event, stop, None):
+                return
         extras = [c for c in (factory(self._ctx) for factory in self._factories) if c is not None]
         if extras:
             await run_components(extras, stop)
@@ -335,7 +336,6 @@ async def serve(
         if settings.imex.manage:  # host-managed IMEX: the peer list follows the clique (agent.imexmanage)
             imex_manager, imex_reader = _imex_manager(settings, node, store)
         imex = ImexMonitor(reader=imex_reader, interval_s=settings.health.probe_interval_s)
-        await imex.once()  # the first publication already says whether the node has a daemon
         ctx = RunContext(
             settings=settings,
             nvml=node.nvml,
@@ -374,7 +374,9 @@ async def serve(
             LateComponents(
                 factories=default_factories() if factories is None else factories,
                 ctx=ctx,
-                after=manager.first_pass,
+                # registration first; and the IMEX daemon read once (it runs nvidia-imex-ctl), so that the
+                # first publication already says whether the node has a daemon
+                after=(manager.first_pass, imex.read_once),
             )
         )
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -418,11 +420,13 @@ def _pcie_levels(nvml: NvmlBackend) -> Callable[[NodeInventory], Mapping[tuple[i
 def _allocatable_check(socket_path: Path) -> AllocatableCheck:
     """The pod-resources check for the plugin manager: what kubelet lists as allocatable, by resource
     (``None`` while the pod-resources socket is absent or kubelet cannot answer)."""
-    from agent.podresources.client import PodResourcesClient  # noqa: PLC0415 - loads gRPC stubs only here
 
     async def check() -> Mapping[str, frozenset[str]] | None:
         if not socket_path.exists():
             return None
+        # the pod-resources stubs load at the first check, after registration (the manager's first pass)
+        from agent.podresources.client import PodResourcesClient  # noqa: PLC0415
+
         client = PodResourcesClient(str(socket_path), timeout_s=2.0)
         try:
             rows = await client.allocatable()

@@ -64,12 +64,14 @@ def test_serve_registers_and_stops_without_signals(short_dir: Path) -> None:
 
 
 def test_further_components_are_built_after_kubelet_registration(short_dir: Path) -> None:
-    """Metrics and publishing (the factories) are built once the plugins registered, so loading their
-    modules never delays kubelet seeing the devices; they still run, and stop with the agent."""
+    """Metrics and publishing (the factories) are built once the plugins registered and the IMEX daemon
+    was read, so loading their modules never delays kubelet seeing the devices; they still run, and stop
+    with the agent."""
     settings = RunSettings(
         node_name="node-a", kubelet_dir=short_dir, simulate="pcie-l40s", no_kube=True, metrics_addr=""
     )
     seen: list[int] = []
+    imex_read: list[bool] = []  # the IMEX daemon read before them: the first publication says if it has one
     stopped: list[bool] = []
 
     class Extra:
@@ -79,6 +81,7 @@ def test_further_components_are_built_after_kubelet_registration(short_dir: Path
 
     def factory(ctx: run_command.RunContext) -> Extra:
         seen.append(len(kubelet.registrations))
+        imex_read.append(getattr(ctx.extras["imex"], "status", None) is not None)
         return Extra()
 
     async def body() -> int:
@@ -93,6 +96,7 @@ def test_further_components_are_built_after_kubelet_registration(short_dir: Path
     kubelet: FakeKubelet
     assert asyncio.run(body()) == 0
     assert seen == [1]  # built after the one resource's registration, and once
+    assert imex_read == [True]
     assert stopped == [True]
 
 
