@@ -89,7 +89,9 @@ def test_further_components_are_built_after_kubelet_registration(short_dir: Path
         async with running_kubelet(short_dir) as kubelet:
             stop = asyncio.Event()
             task = asyncio.create_task(serve(settings, stop=stop, factories=(factory,)))
-            await kubelet.wait_for(lambda: bool(seen), timeout=20)
+            async with asyncio.timeout(20):  # (kubelet.wait_for looks only when kubelet sees a change)
+                while not seen:
+                    await asyncio.sleep(0.01)
             stop.set()
             return await asyncio.wait_for(task, 20)
 
