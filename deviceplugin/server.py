@@ -8,7 +8,7 @@ from state that is only read, and the pool server answers a unary call with abou
 a shorter tail than the asyncio one (``bench deviceplugin --peer nvidia``, Allocate). The manager and the
 rest of the agent stay on the event loop: they replace the state's fields whole, and a change wakes the
 ListAndWatch streams (each in a pool thread) through a condition variable as well as the loop's event.
-The client calls (``Register``, the start-up check) stay on ``grpc.aio``.
+The client call (``Register``) stays on ``grpc.aio``.
 
 This module and :mod:`deviceplugin.manager` are the only hand-written code that imports the stubs.
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -307,7 +308,8 @@ class PluginServer:
         self._inode: int | None = None
 
     async def start(self, *, check_timeout_s: float = 5.0) -> None:
-        """Serve, then prove the socket answers (a GetDevicePluginOptions call over it)."""
+        """Serve, then prove the socket takes connections (a unix-socket connect, microseconds: a gRPC call
+        over a fresh channel took milliseconds, and every kubelet restart waits for it)."""
         try:
             self.socket_path.unlink()
         except FileNotFoundError:
@@ -333,10 +335,10 @@ class PluginServer:
         self._server, self._pool = server, pool
         try:
             self._inode = self.socket_path.stat().st_ino
-            async with unix_channel(self.socket_path) as channel:
-                stub = pb_grpc.DevicePluginStub(channel)
-                await stub.GetDevicePluginOptions(pb.Empty(), timeout=check_timeout_s, wait_for_ready=True)
-        except (OSError, grpc.aio.AioRpcError) as exc:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                probe.settimeout(check_timeout_s)
+                probe.connect(os.fsencode(self.socket_path))
+        except OSError as exc:
             await self.stop()
             raise PluginError(f"plugin socket {self.socket_path} does not answer: {_one_line(exc)}") from None
 
