@@ -80,7 +80,9 @@ def _side(**over: Any) -> dict[str, Any]:
 
 def test_verdicts_judge_each_aim() -> None:
     ours = _side(
-        allocate={"p50_ms": 0.5, "p99_ms": 9.0, "n": 3}, idle={"rss_bytes": 90 * 2**20, "cpu_ratio": 0}
+        allocate={"p50_ms": 0.5, "p99_ms": 9.0, "n": 3},
+        idle={"rss_bytes": 90 * 2**20, "cpu_ratio": 0},
+        registration_cpu_ms=250.0,
     )
     theirs = _side(
         recovery_ms=None, healthy_after_xid79_reset=0, idle={"rss_bytes": 40 * 2**20, "cpu_ratio": 0}
@@ -95,6 +97,8 @@ def test_verdicts_judge_each_aim() -> None:
     assert "never" in table  # NVIDIA's recovery
     assert "MISSED" in table
     assert table.splitlines()[0].split() == ["ours", "NVIDIA's", "aim"]
+    [cpu] = [line for line in table.splitlines() if "CPU used until Register" in line]
+    assert cpu.split()[-3:] == ["250.00", "ms", "-"]  # theirs not measured: shown as such, no verdict
 
 
 def _package(root: Path, name: str) -> Path:
