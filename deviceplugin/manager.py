@@ -345,6 +345,8 @@ class PluginManager:
         identity = self._kubelet_identity()
         if identity != self._kubelet_seen:
             previous, self._kubelet_seen = self._kubelet_seen, identity
+            for plugin in self._plugins.values():  # a new kubelet.sock: register at once, not after back-off
+                plugin.next_try, plugin.backoff = 0.0, 0.1
             if identity is not None and previous is not None:
                 self.kubelet_restarts_seen += 1
                 await self._restart_all("kubelet.sock was recreated (kubelet restarted)")

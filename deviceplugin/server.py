@@ -367,7 +367,10 @@ class PluginServer:
 async def register(
     kubelet_socket: Path, *, endpoint: str, resource_name: str, timeout_s: float = 5.0
 ) -> None:
-    """``Register`` with kubelet; raises :class:`PluginError` naming the socket and the reason."""
+    """``Register`` with kubelet; raises :class:`PluginError` naming the socket and the reason. A socket
+    nobody listens on (kubelet stopping, or not serving yet) fails at once instead of waiting out gRPC's
+    reconnect back-off (a second): the manager tries again when the folder changes or after its own
+    back-off."""
     request = pb.RegisterRequest(
         version=API_VERSION,
         endpoint=endpoint,
@@ -377,7 +380,7 @@ async def register(
     try:
         async with unix_channel(kubelet_socket) as channel:
             stub = pb_grpc.RegistrationStub(channel)
-            await stub.Register(request, timeout=timeout_s, wait_for_ready=True)
+            await stub.Register(request, timeout=timeout_s, wait_for_ready=False)
     except grpc.aio.AioRpcError as exc:
         raise PluginError(
             f"registering {resource_name} with {kubelet_socket} failed: {_one_line(exc)}"

@@ -14,6 +14,7 @@ import errno
 import json
 import logging
 import shutil
+import socket
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -331,6 +332,34 @@ def test_the_folder_removed_and_made_again_is_watched_again(short_dir: Path) -> 
                 await kubelet.wait_for(lambda: len(kubelet.registrations) == 1, timeout=3)
 
     run(body())
+
+
+def test_a_kubelet_socket_nobody_listens_on_fails_at_once_and_its_successor_is_registered_with(
+    short_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Mid-restart, kubelet.sock may still be the old kubelet's, bound but no longer listening. Register
+    over it fails at once (not after gRPC's reconnect back-off nor the call's time-out, an hour here, during
+    which the manager would see nothing else), and the new kubelet.sock is registered with."""
+
+    async def body() -> None:
+        dead = socket.socket(socket.AF_UNIX)
+        dead.bind(str(short_dir / "kubelet.sock"))  # bound, never listening: connect is refused
+        try:
+            async with agent(short_dir, register_timeout_s=3600.0, watched_poll_s=3600.0) as a:
+                await wait_until(
+                    lambda: any(r.getMessage() == "registration_failed" for r in caplog.records), 10
+                )
+                assert not a.manager.ready()
+                dead.close()
+                (short_dir / "kubelet.sock").unlink()
+                async with running_kubelet(short_dir) as kubelet:
+                    await kubelet.wait_for(lambda: len(kubelet.registrations) == 1, timeout=10)
+                    await wait_until(a.manager.ready)
+        finally:
+            dead.close()
+
+    with caplog.at_level(logging.WARNING, logger="deviceplugin.manager"):
+        run(body())
 
 
 def test_deleted_plugin_socket_restarts_and_reregisters(short_dir: Path) -> None:
