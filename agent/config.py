@@ -48,7 +48,7 @@ from typing import Any
 
 from agent.files import RefusedFileError, read_bytes
 from agent.healthbook import DEFAULT_IGNORED_XIDS, HealthConfig
-from agent.imexmanage import DAEMONS, ImexManageConfig
+from agent.imex import DAEMONS, ImexManageConfig
 from deviceplugin.config import (
     IMEX_AGENT_KEYS,
     ConfigError,

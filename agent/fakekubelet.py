@@ -40,6 +40,7 @@ class FakeKubelet:
     devices: dict[str, dict[str, str]] = field(default_factory=dict)  # resource -> device ID -> health
     numa: dict[str, dict[str, list[int]]] = field(default_factory=dict)
     listeners: list[Callable[[str, dict[str, str]], None]] = field(default_factory=list)
+    on_register: list[Callable[[Registration], None]] = field(default_factory=list)  # called on arrival
     _server: grpc.aio.Server | None = None
     _watchers: list[asyncio.Task[None]] = field(default_factory=list)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -57,15 +58,16 @@ class FakeKubelet:
 
     def registered(self, request: pb.RegisterRequest) -> None:
         """Record a registration and start watching the plugin (as kubelet does)."""
-        self.registrations.append(
-            Registration(
-                request.resource_name,
-                request.endpoint,
-                request.version,
-                request.options.get_preferred_allocation_available,
-                time.perf_counter(),
-            )
+        registration = Registration(
+            request.resource_name,
+            request.endpoint,
+            request.version,
+            request.options.get_preferred_allocation_available,
+            time.perf_counter(),
         )
+        self.registrations.append(registration)
+        for listener in list(self.on_register):
+            listener(registration)
         self._watchers.append(asyncio.create_task(self._watch(request.resource_name, request.endpoint)))
         self._bump()
 

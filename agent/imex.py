@@ -7,7 +7,9 @@ state is one of DCGM's ``DCGM_FI_IMEX_DAEMON_STATUS`` values (``INITIALIZING`` 0
 ``gpuagent.dev/imex`` is ``ready`` (``READY``), ``absent`` (no daemon installed — not an error) or
 ``not-ready`` (anything else).
 
-Pure: :func:`parse_ctl_output` reads the command's answer, :func:`parse_peers` the peer list; the
+Pure: :func:`parse_ctl_output` reads the command's answer, :func:`parse_peers` the peer list,
+:class:`ImexManageConfig` is the config's ``imex`` daemon settings (here, not in :mod:`agent.imexmanage`,
+so that reading the config does not load the manager); the
 adapter that runs the command and reads the file is :mod:`agent.imexctl`; the simulated daemon of
 ``--simulate`` is :mod:`agent.imexsim`.
 """
@@ -15,8 +17,10 @@ adapter that runs the command and reads the file is :mod:`agent.imexctl`; the si
 from __future__ import annotations
 
 import enum
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 MAX_PEERS = 1024  # an NVL72 domain has 18 nodes; a larger list is cut here, with a reason
@@ -115,3 +119,39 @@ class NoImexDaemon:
 
     def read(self) -> ImexStatus:
         return ImexStatus(ImexDaemonStatus.NOT_INSTALLED)
+
+
+DEFAULT_COMMAND = ("nvidia-imex", "-c", "/etc/nvidia-imex/config.cfg")
+DAEMONS = ("systemd", "child", "none")
+MAX_PEERS_LIMIT = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ImexManageConfig:
+    """The ``imex`` section's daemon settings (``channelIDs``/``required`` are the device plugin's)."""
+
+    manage: bool = False
+    ctl: str = "nvidia-imex-ctl"  # the status command (a path, or a name on the PATH); read also unmanaged
+    daemon: str = "systemd"  # systemd | child | none
+    service: str = "nvidia-imex.service"
+    command: tuple[str, ...] = DEFAULT_COMMAND
+    nodes_config: Path | None = None  # None: DEFAULT_NODES_CONFIG (--simulate: the simulated node's own)
+    address: str | None = None  # None: the Node's InternalIP
+    port: int = 50000  # SERVER_PORT of the daemon (the simulated daemon listens here)
+    max_peers: int = 64
+    interval_s: float = 5.0  # how often a deferred change is tried again
+
+    def __post_init__(self) -> None:
+        if self.daemon not in DAEMONS:
+            raise ValueError(f"imex.daemon: {self.daemon!r} is not one of {', '.join(DAEMONS)}")
+        if not 1 <= self.max_peers <= MAX_PEERS_LIMIT:
+            raise ValueError(f"imex.maxPeers: must be 1..{MAX_PEERS_LIMIT}, got {self.max_peers}")
+        if not 1 <= self.port <= 65535:
+            raise ValueError(f"imex.port: must be 1..65535, got {self.port}")
+        if self.address is not None:
+            try:
+                ipaddress.ip_address(self.address)
+            except ValueError:
+                raise ValueError(f"imex.address: {self.address[:60]!r} is not an IP address") from None
+        if self.daemon == "child" and not self.command:
+            raise ValueError("imex.command: the child daemon needs a command")

@@ -117,6 +117,7 @@ class ImexMonitor:
         self._log = logs.get_logger("agent.imex")
         self.status: ImexStatus | None = None
         self.version = 0
+        self.read_once = asyncio.Event()  # set after the first read, whatever it found
 
     async def run(self, stop: asyncio.Event) -> None:
         if self.status is None:
@@ -127,6 +128,7 @@ class ImexMonitor:
     async def once(self) -> bool:
         """One read; ``True`` when the status changed."""
         status = await asyncio.to_thread(self._reader.read)
+        self.read_once.set()
         if status == self.status:
             return False
         before, self.status = self.status, status

@@ -28,11 +28,10 @@ import signal
 import subprocess
 import tempfile
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from agent.imex import ImexStatus, parse_peers
+from agent.imex import ImexManageConfig, ImexStatus, parse_peers
 from agent.imexctl import ImexReader, run_bounded
 from agent.imexsim import SimulatedImexDaemon
 from topology import logs
@@ -40,40 +39,6 @@ from topology.lifecycle import sleep_until, wait_for_event
 from topology.nvlink import CLIQUE_LABEL, CliqueKey
 
 DEFAULT_NODES_CONFIG = Path("/etc/nvidia-imex/nodes_config.cfg")
-DEFAULT_COMMAND = ("nvidia-imex", "-c", "/etc/nvidia-imex/config.cfg")
-DAEMONS = ("systemd", "child", "none")
-MAX_PEERS_LIMIT = 1024
-
-
-@dataclass(frozen=True, slots=True)
-class ImexManageConfig:
-    """The ``imex`` section's daemon settings (``channelIDs``/``required`` are the device plugin's)."""
-
-    manage: bool = False
-    ctl: str = "nvidia-imex-ctl"  # the status command (a path, or a name on the PATH); read also unmanaged
-    daemon: str = "systemd"  # systemd | child | none
-    service: str = "nvidia-imex.service"
-    command: tuple[str, ...] = DEFAULT_COMMAND
-    nodes_config: Path | None = None  # None: DEFAULT_NODES_CONFIG (--simulate: the simulated node's own)
-    address: str | None = None  # None: the Node's InternalIP
-    port: int = 50000  # SERVER_PORT of the daemon (the simulated daemon listens here)
-    max_peers: int = 64
-    interval_s: float = 5.0  # how often a deferred change is tried again
-
-    def __post_init__(self) -> None:
-        if self.daemon not in DAEMONS:
-            raise ValueError(f"imex.daemon: {self.daemon!r} is not one of {', '.join(DAEMONS)}")
-        if not 1 <= self.max_peers <= MAX_PEERS_LIMIT:
-            raise ValueError(f"imex.maxPeers: must be 1..{MAX_PEERS_LIMIT}, got {self.max_peers}")
-        if not 1 <= self.port <= 65535:
-            raise ValueError(f"imex.port: must be 1..65535, got {self.port}")
-        if self.address is not None:
-            try:
-                ipaddress.ip_address(self.address)
-            except ValueError:
-                raise ValueError(f"imex.address: {self.address[:60]!r} is not an IP address") from None
-        if self.daemon == "child" and not self.command:
-            raise ValueError("imex.command: the child daemon needs a command")
 
 
 class PeerListTooLongError(ValueError):

@@ -8,9 +8,13 @@ true while the node and kubelet change underneath.
 - Change without restart: an inventory change (MIG reconfiguration, hot-plug) re-plans; new resources
   get a server and a registration, vanished ones are stopped (kubelet withdraws them), the rest get the
   new device list on their stream.
-- Kubelet restarts: the directory is polled every ``poll_s`` (~100 ms): when ``kubelet.sock`` is
-  recreated, or one of our sockets is gone, every plugin restarts and registers again. A plugin that
-  cannot serve (the whole directory removed, say) is retried every second, never fatal. Where a
+- Kubelet restarts: the directory is watched with inotify (:mod:`deviceplugin.dirwatch`): every entry
+  created, removed or moved wakes the manager at once, and every ``watched_poll_s`` (1 s) it looks anyway.
+  Where inotify is unavailable the directory is polled every ``poll_s`` (~100 ms) instead, with one
+  warning saying why. When ``kubelet.sock`` is recreated, or one of our sockets is gone, every plugin
+  restarts and registers again; while a registration or a start is pending the manager looks every
+  ``poll_s`` either way. A plugin that cannot serve (the whole directory removed, say) is retried every
+  second, never fatal. Where a
   pod-resources check is given, every ``check_interval_s`` kubelet's allocatable devices are compared
   with ours and a resource kubelet lost is registered again.
 - Stop: servers stop with a grace period and their sockets are removed.
@@ -30,6 +34,7 @@ from pathlib import Path
 
 from deviceplugin.cdi import cdi_spec, write_spec
 from deviceplugin.config import PluginConfig
+from deviceplugin.dirwatch import DirWatch, DirWatchFactory, WatchUnavailableError, inotify_watch
 from deviceplugin.imex import imex_cdi_spec
 from deviceplugin.node import NodeChange, NodeState
 from deviceplugin.preferred import Topology, topology_from_inventory
@@ -68,6 +73,8 @@ class PluginManager:
         config: PluginConfig,
         kubelet_dir: Path,
         poll_s: float = 0.1,
+        watched_poll_s: float = 1.0,
+        dir_watch: DirWatchFactory | None = inotify_watch,
         grace_s: float = 1.0,
         register_timeout_s: float = 1.0,
         allocatable_check: AllocatableCheck | None = None,
@@ -81,6 +88,9 @@ class PluginManager:
         self._dir = kubelet_dir
         self._kubelet = kubelet_dir / KUBELET_SOCKET
         self._poll = poll_s
+        self._watched_poll = max(poll_s, watched_poll_s)
+        self._dir_watch = dir_watch
+        self._watch: DirWatch | None = None
         self._grace = grace_s
         self._register_timeout = register_timeout_s
         self._check = allocatable_check
@@ -102,6 +112,9 @@ class PluginManager:
         self.registrations = 0
         self.kubelet_restarts_seen = 0
         self.started = asyncio.Event()  # set once every plugin serves its socket
+        # set once the first pass after that has run: each served resource registered, or its registration
+        # tried and failed, or kubelet.sock absent (what may wait for registration without delaying it)
+        self.first_pass = asyncio.Event()
 
     # ----------------------------------------------------------------- public view
 
@@ -141,15 +154,45 @@ class PluginManager:
             check_socket_path(self._dir / resource.socket_name)  # so is a directory path too long
         remove = self._store.add_listener(self._on_store)
         try:
+            self._start_watch()
             await self._apply(plan)
             self._kubelet_seen = self._kubelet_identity()
             self.started.set()
             while not stop.is_set():
                 await self._tick()
+                self.first_pass.set()
                 await self._sleep(stop)
         finally:
             remove()
+            if self._watch is not None:
+                self._watch.close()
+                self._watch = None
             await self._stop_all()
+
+    @property
+    def watching(self) -> bool:
+        """True while inotify wakes the manager; False while it polls every ``poll_s``."""
+        return self._watch is not None
+
+    def _start_watch(self) -> None:
+        if self._dir_watch is None:
+            return
+        try:
+            self._watch = self._dir_watch(self._dir, self._wake.set)
+        except WatchUnavailableError as exc:
+            self._fall_back(str(exc))
+
+    def _fall_back(self, reason: str) -> None:
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
+        self._log.warning(
+            "kubelet_dir_watch_unavailable",
+            path=str(self._dir),
+            reason=reason,
+            poll_s=self._poll,
+            hint=f"polling the folder every {self._poll:g} s instead; kubelet restarts are seen that late",
+        )
 
     async def _tick(self) -> None:
         if self._inventory_dirty:
@@ -168,10 +211,24 @@ class PluginManager:
         await self._watch_kubelet()
         await self._register_pending()
         await self._check_allocatable()
+        if self._watch is not None:
+            try:
+                self._watch.ensure()  # the folder removed and made again (by us just now): watch the new one
+            except WatchUnavailableError as exc:
+                self._fall_back(str(exc))
 
     async def _sleep(self, stop: asyncio.Event) -> None:
-        await wait_for_event(self._wake, stop, self._poll)
+        await wait_for_event(self._wake, stop, self._poll if self._busy() else self._watched_poll)
         self._wake.clear()
+
+    def _busy(self) -> bool:
+        """Poll every ``poll_s``: no inotify, or work that waits on a clock (a start or registration to
+        retry, an inventory change to apply)."""
+        if self._watch is None or self._unstarted or self._inventory_dirty:
+            return True
+        return self._kubelet_seen is not None and any(
+            p.registered_with != self._kubelet_seen for p in self._plugins.values()
+        )
 
     # ----------------------------------------------------------------- plan
 
@@ -288,6 +345,8 @@ class PluginManager:
         identity = self._kubelet_identity()
         if identity != self._kubelet_seen:
             previous, self._kubelet_seen = self._kubelet_seen, identity
+            for plugin in self._plugins.values():  # a new kubelet.sock: register at once, not after back-off
+                plugin.next_try, plugin.backoff = 0.0, 0.1
             if identity is not None and previous is not None:
                 self.kubelet_restarts_seen += 1
                 await self._restart_all("kubelet.sock was recreated (kubelet restarted)")

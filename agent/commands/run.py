@@ -6,7 +6,9 @@ then stop in their own order (servers with a grace period, sockets removed), and
 
 Other components plug in as factories: a function taking the :class:`RunContext` and returning a
 component (or ``None`` when it does not apply, e.g. publishing with ``--no-kube``). :func:`serve` runs
-:func:`default_factories` (metrics exporter, publisher) unless given its own list (the demo adds one).
+:func:`default_factories` (metrics exporter, publisher) unless given its own list (the demo adds one). They
+are built once the plugin manager has made its first registration pass (:class:`LateComponents`): kubelet
+sees the devices before the metrics and Kubernetes client modules are loaded.
 
 Exit codes: 0 after a clean stop, 1 when the agent cannot start (no NVML, an invalid resource plan),
 2 for invalid settings (one line per problem) and for a missing IMEX channel with ``imex.required``.
@@ -41,6 +43,7 @@ from deviceplugin.imex import ImexChannelError, find_channels
 from deviceplugin.manager import AllocatableCheck, PluginManager
 from deviceplugin.resources import ResourceError, build_plan
 from topology import logs
+from topology.lifecycle import wait_for_event
 from topology.model import LinkLevel, NodeInventory
 
 
@@ -73,14 +76,20 @@ ReadinessCheck = Callable[[], str | None]
 
 def _metrics_exporter(ctx: RunContext) -> Component | None:
     """``/metrics``, ``/healthz``, ``/readyz`` on ``--metrics-addr``, and ``/healthz``, ``/readyz`` alone on
-    ``--health-addr`` (kubelet's probes; own connection slots); ``''`` turns either off."""
+    ``--health-addr`` (kubelet's probes; own connection slots); ``''`` turns either off, and with both off
+    the metrics modules (prometheus_client, HTTP server) are never loaded."""
+    if not ctx.settings.metrics_addr and not ctx.settings.health_addr:
+        return None
     from agent.metrics.wiring import listeners_for_run  # noqa: PLC0415 - loads prometheus_client only here
 
     return listeners_for_run(ctx)
 
 
 def _publisher(ctx: RunContext) -> Component | None:
-    """GPUNode and node labels in the Kubernetes API (``--no-kube`` turns it off)."""
+    """GPUNode and node labels in the Kubernetes API (``--no-kube`` turns it off, and the Kubernetes client
+    is then never loaded)."""
+    if ctx.settings.no_kube:
+        return None
     from agent.publisher import publisher_for_run  # noqa: PLC0415 - loads the Kubernetes client only here
 
     return publisher_for_run(ctx)
@@ -209,6 +218,30 @@ def imex_plugin_config(settings: RunSettings, node: Node) -> PluginConfig:
     return dataclasses.replace(plugin, imex_channels=channels)
 
 
+class LateComponents:
+    """Component: builds the further components (metrics, publishing; :func:`default_factories`) once
+    every event of ``after`` is set (the plugin manager's first registration pass, ...), and runs them;
+    so loading their modules (prometheus_client, the Kubernetes client) never delays kubelet's
+    registration."""
+
+    def __init__(
+        self, *, factories: Sequence[ComponentFactory], ctx: RunContext, after: Sequence[asyncio.Event]
+    ) -> None:
+        self._factories = factories
+        self._ctx = ctx
+        self._after = after
+
+    async def run(self, stop: asyncio.Event) -> None:
+        for event in self._after:
+            if await wait_for_event(event, stop, None):
+                return
+        extras = [c for c in (factory(self._ctx) for factory in self._factories) if c is not None]
+        if extras:
+            await run_components(extras, stop)
+        else:
+            await stop.wait()
+
+
 class HotplugTrigger:
     """Component: every hot-plug event asks for a rediscovery."""
 
@@ -303,7 +336,6 @@ async def serve(
         if settings.imex.manage:  # host-managed IMEX: the peer list follows the clique (agent.imexmanage)
             imex_manager, imex_reader = _imex_manager(settings, node, store)
         imex = ImexMonitor(reader=imex_reader, interval_s=settings.health.probe_interval_s)
-        await imex.once()  # the first publication already says whether the node has a daemon
         ctx = RunContext(
             settings=settings,
             nvml=node.nvml,
@@ -338,10 +370,15 @@ async def serve(
             components.append(node.faults)
         if node.hotplug is not None:
             components.append(HotplugTrigger(source=node.hotplug, rediscovery=rediscovery))
-        for factory in default_factories() if factories is None else factories:
-            extra = factory(ctx)
-            if extra is not None:
-                components.append(extra)
+        components.append(
+            LateComponents(
+                factories=default_factories() if factories is None else factories,
+                ctx=ctx,
+                # registration first; and the IMEX daemon read once (it runs nvidia-imex-ctl), so that the
+                # first publication already says whether the node has a daemon
+                after=(manager.first_pass, imex.read_once),
+            )
+        )
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(sig, stop.set)
@@ -383,11 +420,13 @@ def _pcie_levels(nvml: NvmlBackend) -> Callable[[NodeInventory], Mapping[tuple[i
 def _allocatable_check(socket_path: Path) -> AllocatableCheck:
     """The pod-resources check for the plugin manager: what kubelet lists as allocatable, by resource
     (``None`` while the pod-resources socket is absent or kubelet cannot answer)."""
-    from agent.podresources.client import PodResourcesClient  # noqa: PLC0415 - loads gRPC stubs only here
 
     async def check() -> Mapping[str, frozenset[str]] | None:
         if not socket_path.exists():
             return None
+        # the pod-resources stubs load at the first check, after registration (the manager's first pass)
+        from agent.podresources.client import PodResourcesClient  # noqa: PLC0415
+
         client = PodResourcesClient(str(socket_path), timeout_s=2.0)
         try:
             rows = await client.allocatable()

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -60,6 +61,102 @@ def test_serve_registers_and_stops_without_signals(short_dir: Path) -> None:
 
     assert asyncio.run(body()) == 0
     assert list(short_dir.glob("nvidia-*.sock")) == []
+
+
+def test_further_components_are_built_after_kubelet_registration(short_dir: Path) -> None:
+    """Metrics and publishing (the factories) are built once the plugins registered and the IMEX daemon
+    was read, so loading their modules never delays kubelet seeing the devices; they still run, and stop
+    with the agent."""
+    settings = RunSettings(
+        node_name="node-a", kubelet_dir=short_dir, simulate="pcie-l40s", no_kube=True, metrics_addr=""
+    )
+    seen: list[int] = []
+    imex_read: list[bool] = []  # the IMEX daemon read before them: the first publication says if it has one
+    stopped: list[bool] = []
+
+    class Extra:
+        async def run(self, stop: asyncio.Event) -> None:
+            await stop.wait()
+            stopped.append(True)
+
+    def factory(ctx: run_command.RunContext) -> Extra:
+        seen.append(len(kubelet.registrations))
+        imex_read.append(getattr(ctx.extras["imex"], "status", None) is not None)
+        return Extra()
+
+    async def body() -> int:
+        nonlocal kubelet
+        async with running_kubelet(short_dir) as kubelet:
+            stop = asyncio.Event()
+            task = asyncio.create_task(serve(settings, stop=stop, factories=(factory,)))
+            async with asyncio.timeout(20):  # (kubelet.wait_for looks only when kubelet sees a change)
+                while not seen:
+                    await asyncio.sleep(0.01)
+            stop.set()
+            return await asyncio.wait_for(task, 20)
+
+    kubelet: FakeKubelet
+    assert asyncio.run(body()) == 0
+    assert seen == [1]  # built after the one resource's registration, and once
+    assert imex_read == [True]
+    assert stopped == [True]
+
+
+def test_a_factory_that_fails_stops_the_agent_with_its_error(short_dir: Path) -> None:
+    settings = RunSettings(
+        node_name="node-a", kubelet_dir=short_dir, simulate="pcie-l40s", no_kube=True, metrics_addr=""
+    )
+
+    def broken(ctx: run_command.RunContext) -> None:
+        raise RuntimeError("metrics address taken")
+
+    async def body() -> None:
+        async with running_kubelet(short_dir):
+            await asyncio.wait_for(serve(settings, stop=asyncio.Event(), factories=(broken,)), 20)
+
+    with pytest.raises(ExceptionGroup) as caught:
+        asyncio.run(body())
+    assert [str(e) for e in caught.value.exceptions] == ["metrics address taken"]
+    assert list(short_dir.glob("nvidia-*.sock")) == []
+
+
+def test_run_without_metrics_or_kube_loads_neither(short_dir: Path) -> None:
+    """With ``--metrics-addr '' --health-addr '' --no-kube`` the default factories opt out before
+    importing: no prometheus_client, no Kubernetes client in the process (memory and start time)."""
+    script = f"""
+import asyncio, sys
+from pathlib import Path
+from agent.commands.run import default_factories, serve
+from agent.config import RunSettings
+from tests.deviceplugin.helpers import running_kubelet
+
+async def main():
+    d = Path({str(short_dir)!r})
+    settings = RunSettings(node_name="n", kubelet_dir=d, simulate="pcie-l40s", no_kube=True,
+                           metrics_addr="", health_addr="")
+    built = asyncio.Event()
+    last = lambda ctx: built.set()  # called after the default factories
+    async with running_kubelet(d) as kubelet:
+        stop = asyncio.Event()
+        task = asyncio.create_task(serve(settings, stop=stop, factories=(*default_factories(), last)))
+        await asyncio.wait_for(built.wait(), 20)
+        stop.set()
+        assert await task == 0
+    heavy = ("prometheus_client", "kubernetes", "agent.metrics.wiring", "agent.publisher", "topology.kube")
+    print(",".join(m for m in heavy if m in sys.modules) or "none")
+
+asyncio.run(main())
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "none"
 
 
 def test_unknown_profile_exits_2(capsys: pytest.CaptureFixture[str]) -> None:

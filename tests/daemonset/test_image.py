@@ -27,6 +27,16 @@ def test_dockerfile_copies_every_package_and_the_build_files() -> None:
     assert {"pyproject.toml", "README.md", *PACKAGES} <= copied
 
 
+def test_the_image_ships_bytecode_and_never_writes_it_at_run_time() -> None:
+    """pip compiles the installed modules (no ``--no-compile``) and the container reads them only
+    (``PYTHONDONTWRITEBYTECODE``): without the bytecode every agent start compiles every module again."""
+    text = (REPO / "daemonset" / "Dockerfile").read_text()
+    installs = [line for line in text.splitlines() if "pip install" in line]
+    assert installs
+    assert all("--no-compile" not in line for line in installs)
+    assert re.search(r"^ENV .*PYTHONDONTWRITEBYTECODE=1", text, re.M)
+
+
 def test_wheel_from_the_copied_files_has_packages_stubs_protos_and_entry_point(tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()

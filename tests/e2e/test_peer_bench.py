@@ -43,6 +43,8 @@ def test_bench_peer_nvidia_runs_both_and_reports_every_figure(counterparts: clus
     ours, theirs = report["figures"]["ours"], report["figures"]["nvidia"]
     for figures in (ours, theirs):
         assert figures["registration_ms"] > 0
+        assert figures["registration_cpu_ms"] is not None
+        assert figures["registration_cpu_ms"] >= 0
         assert figures["idle"]["rss_bytes"] > 0
         assert figures["allocate"]["n"] == 10
         assert figures["preferred"]["total"] == 20

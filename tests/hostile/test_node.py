@@ -765,6 +765,37 @@ def test_d5_a_huge_preferred_allocation_never_stalls_the_event_loop(
     asyncio.run(body())
 
 
+def test_d12_stream_after_stream_never_takes_the_threads_allocate_needs(short_dir: Path) -> None:
+    """D12: the plugin's server answers from a pool of threads, one per call in progress. A client with
+    the socket (or a kubelet that reconnects without closing) opening ListAndWatch after ListAndWatch
+    would hold them all; the server keeps the newest streams only (kubelet's current one is the newest),
+    ending the older ones, and Allocate is still answered."""
+    import grpc.aio
+
+    from deviceplugin.api import deviceplugin_pb2 as pb
+    from deviceplugin.server import MAX_STREAMS, SERVER_THREADS
+
+    async def body() -> None:
+        async with serving(short_dir, {}) as stub:
+            streams = []
+            for _ in range(SERVER_THREADS + 4):
+                stream = stub.ListAndWatch(pb.Empty())  # type: ignore[attr-defined]
+                first = await stream.read()
+                streams.append(stream)
+            ids = sorted(d.ID for d in first.devices)
+            allocated = await stub.Allocate(  # type: ignore[attr-defined]
+                pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids[:1])]),
+                timeout=10,
+            )
+            assert allocated.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == ids[0]
+            for stream in streams[:-MAX_STREAMS]:
+                assert await asyncio.wait_for(stream.read(), 10) is grpc.aio.EOF  # ended by the server
+            for stream in streams:
+                stream.cancel()
+
+    asyncio.run(body())
+
+
 def _old_replica_pick(
     candidates: dict[str, object],
     *,

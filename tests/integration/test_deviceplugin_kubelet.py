@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import errno
 import json
+import logging
+import shutil
+import socket
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -24,6 +29,7 @@ from agent.config import parse_health_config
 from agent.fabricwatch import FabricWatch
 from agent.health import HealthMonitor
 from agent.runtime import Component, InventoryStore, Rediscovery, run_components
+from deviceplugin import dirwatch
 from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
 from deviceplugin.config import PluginConfig, parse_plugin_config
@@ -80,7 +86,8 @@ async def agent(
         on_mig_change=rediscovery.request,
         wait_timeout_ms=20,
     )
-    manager = PluginManager(store=store, config=config, kubelet_dir=directory, poll_s=0.05, **manager_kw)
+    manager_kw.setdefault("poll_s", 0.05)
+    manager = PluginManager(store=store, config=config, kubelet_dir=directory, **manager_kw)
     fabric = FabricWatch(nvml=node.sim, store=store, interval_s=0.05)
     components: list[Component] = [health, rediscovery, manager, fabric]
     follower = node.faults
@@ -253,6 +260,106 @@ def test_kubelet_restart_reregisters(short_dir: Path) -> None:
             assert a.manager.kubelet_restarts_seen + a.manager.restarts >= 1
 
     run(body())
+
+
+def test_kubelet_restart_is_seen_through_inotify_not_the_poll(short_dir: Path) -> None:
+    """With the folder watched, the manager looks only when woken (or once an hour here): kubelet's
+    restart (sockets removed, a new kubelet.sock) wakes it, and it registers again at once."""
+
+    async def body() -> None:
+        async with (
+            running_kubelet(short_dir) as kubelet,
+            agent(short_dir, watched_poll_s=3600.0) as a,
+        ):
+            assert a.manager.watching
+            await kubelet.wait_for(lambda: len(kubelet.registrations) == 1)
+            for n in (2, 3):
+                await kubelet.restart()
+                await kubelet.wait_for(lambda n=n: len(kubelet.registrations) == n, timeout=3)
+                await kubelet.wait_for(all_healthy(kubelet, "nvidia.com/gpu", 8))
+            (short_dir / "nvidia-gpu.sock").unlink()  # our socket removed: served again and registered
+            await kubelet.wait_for(lambda: len(kubelet.registrations) == 4, timeout=3)
+            assert a.manager.restarts == 3
+
+    run(body())
+
+
+class _NoInotify:
+    """The C library's inotify calls failing as they do at the per-user instance limit."""
+
+    def init1(self, flags: int) -> int:
+        ctypes.set_errno(errno.EMFILE)
+        return -1
+
+    def add_watch(self, fd: int, path: bytes, mask: int) -> int:
+        raise AssertionError("no instance, no watch")
+
+
+def test_without_inotify_the_folder_is_polled_and_says_so(
+    short_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(dirwatch, "_libc", _NoInotify())
+
+    async def body() -> None:
+        async with running_kubelet(short_dir) as kubelet, agent(short_dir, watched_poll_s=3600.0) as a:
+            assert not a.manager.watching
+            await kubelet.wait_for(lambda: len(kubelet.registrations) == 1)
+            await kubelet.restart()
+            await kubelet.wait_for(lambda: len(kubelet.registrations) == 2, timeout=3)
+            await kubelet.wait_for(all_healthy(kubelet, "nvidia.com/gpu", 8))
+
+    with caplog.at_level(logging.WARNING, logger="deviceplugin.manager"):
+        run(body())
+    warnings = [r for r in caplog.records if r.getMessage() == "kubelet_dir_watch_unavailable"]
+    assert len(warnings) == 1
+    fields = warnings[0].__dict__
+    assert any("max_user_instances" in str(v) for v in fields.values())
+
+
+def test_the_folder_removed_and_made_again_is_watched_again(short_dir: Path) -> None:
+    """Kubelet (or an operator) may remove the whole device-plugin folder: the plugin is served again
+    in the new folder, whose changes wake the manager as the old one's did."""
+
+    async def body() -> None:
+        plugin_dir = short_dir / "dp"
+        plugin_dir.mkdir()
+        async with agent(plugin_dir, watched_poll_s=3600.0) as a:
+            await wait_until((plugin_dir / "nvidia-gpu.sock").exists)
+            shutil.rmtree(plugin_dir)
+            await wait_until((plugin_dir / "nvidia-gpu.sock").exists)  # the retry makes it again
+            assert a.manager.watching
+            async with running_kubelet(plugin_dir) as kubelet:  # only the new folder's watch sees this
+                await kubelet.wait_for(lambda: len(kubelet.registrations) == 1, timeout=3)
+
+    run(body())
+
+
+def test_a_kubelet_socket_nobody_listens_on_fails_at_once_and_its_successor_is_registered_with(
+    short_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Mid-restart, kubelet.sock may still be the old kubelet's, bound but no longer listening. Register
+    over it fails at once (not after gRPC's reconnect back-off nor the call's time-out, an hour here, during
+    which the manager would see nothing else), and the new kubelet.sock is registered with."""
+
+    async def body() -> None:
+        dead = socket.socket(socket.AF_UNIX)
+        dead.bind(str(short_dir / "kubelet.sock"))  # bound, never listening: connect is refused
+        try:
+            async with agent(short_dir, register_timeout_s=3600.0, watched_poll_s=3600.0) as a:
+                await wait_until(
+                    lambda: any(r.getMessage() == "registration_failed" for r in caplog.records), 10
+                )
+                assert not a.manager.ready()
+                dead.close()
+                (short_dir / "kubelet.sock").unlink()
+                async with running_kubelet(short_dir) as kubelet:
+                    await kubelet.wait_for(lambda: len(kubelet.registrations) == 1, timeout=10)
+                    await wait_until(a.manager.ready)
+        finally:
+            dead.close()
+
+    with caplog.at_level(logging.WARNING, logger="deviceplugin.manager"):
+        run(body())
 
 
 def test_deleted_plugin_socket_restarts_and_reregisters(short_dir: Path) -> None:

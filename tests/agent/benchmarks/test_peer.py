@@ -80,7 +80,9 @@ def _side(**over: Any) -> dict[str, Any]:
 
 def test_verdicts_judge_each_aim() -> None:
     ours = _side(
-        allocate={"p50_ms": 0.5, "p99_ms": 9.0, "n": 3}, idle={"rss_bytes": 90 * 2**20, "cpu_ratio": 0}
+        allocate={"p50_ms": 0.5, "p99_ms": 9.0, "n": 3},
+        idle={"rss_bytes": 90 * 2**20, "cpu_ratio": 0},
+        registration_cpu_ms=250.0,
     )
     theirs = _side(
         recovery_ms=None, healthy_after_xid79_reset=0, idle={"rss_bytes": 40 * 2**20, "cpu_ratio": 0}
@@ -95,3 +97,31 @@ def test_verdicts_judge_each_aim() -> None:
     assert "never" in table  # NVIDIA's recovery
     assert "MISSED" in table
     assert table.splitlines()[0].split() == ["ours", "NVIDIA's", "aim"]
+    [cpu] = [line for line in table.splitlines() if "CPU used until Register" in line]
+    assert cpu.split()[-3:] == ["250.00", "ms", "-"]  # theirs not measured: shown as such, no verdict
+
+
+def _package(root: Path, name: str) -> Path:
+    folder = root / name
+    folder.mkdir()
+    (folder / "__init__.py").write_text("")
+    (folder / "mod.py").write_text("VALUE = 1\n")
+    return folder
+
+
+def test_bytecode_is_compiled_before_ours_starts_as_the_image_ships_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(tmp_path))
+    folder = _package(tmp_path, "peerbench_pkg_ok")
+    assert peer.compile_bytecode(("peerbench_pkg_ok",))
+    assert sorted(p.name.split(".")[0] for p in (folder / "__pycache__").glob("*.pyc")) == ["__init__", "mod"]
+
+
+def test_a_package_whose_bytecode_cannot_be_written_is_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(tmp_path))
+    folder = _package(tmp_path, "peerbench_pkg_ro")
+    (folder / "__pycache__").write_text("not a folder")  # where the bytecode would go
+    assert not peer.compile_bytecode(("peerbench_pkg_ro",))
