@@ -48,7 +48,7 @@ import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from scheduler_plugin.cluster import (
     GPU,
@@ -282,6 +282,15 @@ def _allocatable(obj: Mapping[str, Any]) -> Any:
     return (obj.get("status") or {}).get("allocatable")
 
 
+class _GivenUp(NamedTuple):
+    """A started gang's plan given up before its pods bound: its nodes held for it (``hold``, from now
+    on) until a pass that read the cluster after ``version`` decides again, or its ``members`` are gone."""
+
+    version: int
+    hold: QueueReservation
+    members: frozenset[str]
+
+
 class ClusterState:
     def __init__(
         self,
@@ -401,7 +410,7 @@ class ClusterState:
         # a started gang's plan given up before its pods bound (barrier timeout, failed bind, expiry):
         # its nodes stay held for it, from now on, until a pass that saw it decides again (``_give_up``);
         # each with the cluster's version once it was given up
-        self._given_up: dict[str, tuple[int, QueueReservation]] = {}
+        self._given_up: dict[str, _GivenUp] = {}
         self.queue_metrics = QueueMetrics()
         self.synced = True  # the composition root clears it until every informer has listed once
         # the least time between passes the cluster's changes alone start: the caller sets it from how
@@ -477,6 +486,9 @@ class ClusterState:
                     self.reservations.pop(gang)
                     self._excluded.pop(gang, None)
                     self._inputs_gen += 1
+            for gang in [g for g, v in self._given_up.items() if key in v.members]:
+                if not any(k in self.pods for k in self._given_up[gang].members):
+                    del self._given_up[gang]
 
     def _put(self, kind: str, key: str, obj: dict[str, Any]) -> None:
         store = self._store(kind)
@@ -758,7 +770,8 @@ class ClusterState:
         self._version += 1
         self._queue_dirty = True
         if claims and any(k in self.pods for k in res.spec.members):
-            self._given_up[gang] = (self._version, QueueReservation(gang, -math.inf, claims))
+            hold = QueueReservation(gang, -math.inf, claims)
+            self._given_up[gang] = _GivenUp(self._version, hold, frozenset(res.spec.members))
         return res
 
     def _release_hold(self, res: Reservation, planned: PodSlot, node: str) -> None:
@@ -1123,7 +1136,7 @@ class ClusterState:
         starts = [st for st in decision.starts if not moved or self._still_startable(job, st.gang, st.plan)]
         self.queue_reservations = dict(decision.reservations)
         # a pass decided for the gangs whose plans were given up before it read the cluster
-        self._given_up = {g: v for g, v in self._given_up.items() if v[0] > job.version}
+        self._given_up = {g: v for g, v in self._given_up.items() if v.version > job.version}
         self._queue_running = job.running
         self._reasons = dict(job.reasons)
         _, declared, keys_of = self._running_work(wall, {w.name for w in waiting})
@@ -1738,7 +1751,7 @@ class ClusterState:
 
     def _queue_caps(self, pod: Mapping[str, Any], wall: float) -> dict[str, int]:
         """GPUs a pod on its own may use per reserved node (the queue's backfill rule)."""
-        held = [*self.queue_reservations.values(), *(r for _, r in self._given_up.values())]
+        held = [*self.queue_reservations.values(), *(v.hold for v in self._given_up.values())]
         if not held:
             return {}
         limit = self._limit(pod)
