@@ -75,3 +75,27 @@ def test_the_component_config_enables_dra_and_parses(deploy_tools: Path, tmp_pat
     assert {dra.plugin_dir, dra.registry_dir} <= mounts
     rbac = objs[("ClusterRole", "", "gpu-node-agent-dra")]
     assert {"resourceslices", "resourceclaims"} == {r for rule in rbac["rules"] for r in rule["resources"]}
+
+
+@pytest.mark.parametrize("source", ["kustomize", "helm"])
+def test_the_extender_reads_every_dra_kind_it_watches_and_writes_none(
+    deploy_tools: Path, source: str
+) -> None:
+    """Issue 31 item 5: the extender counts GPUs pods get through claims from informers on DRA's kinds
+    (``agent.commands.extender.SOURCES``); its role lets it read each of them and write none."""
+    from agent.commands.extender import DRA, SOURCES
+
+    objs = by_key(
+        render_kustomize(deploy_tools, DAEMONSET / "base")
+        if source == "kustomize"
+        else render_helm(deploy_tools)
+    )
+    role = objs[("ClusterRole", "", "gpu-topology-extender")]
+    verbs: dict[str, set[str]] = {}
+    for rule in role["rules"]:
+        if "resource.k8s.io" in rule["apiGroups"]:
+            for res in rule["resources"]:
+                verbs.setdefault(res, set()).update(rule["verbs"])
+    watched = {path.removeprefix(DRA) for _, path, _ in SOURCES if path.startswith(DRA)}
+    assert watched == {"resourceclaims", "resourceclaimtemplates", "deviceclasses", "resourceslices"}
+    assert verbs == {key: {"get", "list", "watch"} for key in watched}
