@@ -34,6 +34,11 @@ def _overlay(tmp_path: Path, *components: str) -> Path:
             ["dra.enabled=true", "dra.extendedResourceName=nvidia.com/gpu"],
             id="extended-resource",
         ),
+        pytest.param(
+            ("dra", "dra/imex-channels"),
+            ["dra.enabled=true", "dra.imexChannels=true"],
+            id="imex-channels",
+        ),
     ],
 )
 def test_chart_renders_the_dra_component(
@@ -102,3 +107,44 @@ def test_the_extender_reads_every_dra_kind_it_watches_and_writes_none(
     watched = {path.removeprefix(DRA) for _, path, _ in SOURCES if path.startswith(DRA)}
     assert watched == {"resourceclaims", "resourceclaimtemplates", "deviceclasses", "resourceslices"}
     assert verbs == {key: {"get", "list", "watch"} for key in watched}
+
+
+def _agent(objs: dict[tuple[str, str, str], dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    spec = objs[("DaemonSet", "gpu-system", "gpu-node-agent")]["spec"]["template"]["spec"]
+    return spec, spec["containers"][0]
+
+
+@pytest.mark.parametrize("source", ["kustomize", "helm"])
+def test_imex_channels_mount_the_hosts_channel_directory_at_its_path_and_add_only_mknod(
+    deploy_tools: Path, tmp_path: Path, source: str
+) -> None:
+    """Issue 31 item 3: the driver makes each gang's channel device node under its dev root (``/dev``)
+    and writes CDI specs naming that path, which the container runtime reads on the host: the host's
+    channel directory is mounted at the same path, and MKNOD is the one capability added, only then."""
+    from deviceplugin.imex import CHANNEL_DIR
+
+    def render(imex: bool) -> dict[tuple[str, str, str], dict[str, Any]]:
+        if source == "kustomize":
+            components = ("dra", "dra/imex-channels") if imex else ("dra",)
+            return by_key(render_kustomize(deploy_tools, _overlay(tmp_path / str(imex), *components)))
+        return by_key(
+            render_helm(deploy_tools, "dra.enabled=true", *(["dra.imexChannels=true"] if imex else []))
+        )
+
+    objs = render(True)
+    spec, agent = _agent(objs)
+    config = yaml.safe_load(objs[("ConfigMap", "gpu-system", "gpu-node-agent-config")]["data"]["config.yaml"])
+    dra = parse_dra_config(config)
+    assert (dra.imex_channels, dra.imex_namespace) == (True, "gpu-system")
+    assert "devRoot" not in config  # /dev: the CDI specs' host paths are the host's own
+    path = f"/dev/{CHANNEL_DIR}"
+    (mount,) = [m for m in agent["volumeMounts"] if m["mountPath"] == path]
+    (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    assert volume["hostPath"] == {"path": path, "type": "DirectoryOrCreate"}
+    assert not mount.get("readOnly")
+    assert agent["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["MKNOD"]}
+    assert agent["securityContext"]["allowPrivilegeEscalation"] is False
+    # without IMEX channels: no channel directory, no capability added
+    spec, agent = _agent(render(False))
+    assert all(m["mountPath"] != path for m in agent["volumeMounts"])
+    assert "add" not in agent["securityContext"]["capabilities"]
