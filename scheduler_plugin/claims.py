@@ -194,6 +194,7 @@ class ClaimBook:
         self._names: dict[str, str] = {}  # DeviceClass -> the extended resource name it maps
         self._readers: dict[str, set[str]] = {}  # what a pod reads ("claim:..", "all", "classes") -> pods
         self._reads: dict[str, frozenset[str]] = {}  # pod key -> what it reads
+        self._extended_names: frozenset[str] | None = None
 
     # -- what nodes have and use ---------------------------------------------------------------
     def capacity(self, node: str) -> int:
@@ -213,10 +214,12 @@ class ClaimBook:
 
     def extended_names(self) -> frozenset[str]:
         """Extended resource names that GPU classes serve, ``nvidia.com/gpu`` aside (it counts as itself)."""
-        names = {IMPLICIT_PREFIX + c for c in self.classes}
-        names.update(n for c, n in self._names.items() if c in self.classes)
-        names.discard(GPU)
-        return frozenset(names)
+        if self._extended_names is None:
+            names = {IMPLICIT_PREFIX + c for c in self.classes}
+            names.update(n for c, n in self._names.items() if c in self.classes)
+            names.discard(GPU)
+            self._extended_names = frozenset(names)
+        return self._extended_names
 
     # -- events --------------------------------------------------------------------------------
     def update(self, kind: str, key: str, obj: Mapping[str, Any] | None) -> Change:
@@ -235,6 +238,7 @@ class ClaimBook:
                 self._names[key] = name
             else:
                 self._names.pop(key, None)
+            self._extended_names = None
             if self.extended_names() != before:
                 change.pods |= self._readers.get("classes", set())
         elif kind == "resourceslices":
@@ -342,8 +346,12 @@ class ClaimBook:
     def with_claims(self, key: str, pod: Mapping[str, Any]) -> dict[str, Any]:
         """``pod`` (a projection) with what it asks through DRA written as the two synthetic containers'
         requests (module docstring); remembers what the pod reads, for ``Change.pods``."""
-        meta = _map(pod.get("metadata"))
         spec = _map(pod.get("spec"))
+        if not spec.get("resourceClaims") and _plain(spec):  # most pods: nothing to work out
+            if key in self._reads:
+                self.forget_pod(key)
+            return pod if isinstance(pod, dict) else dict(pod)
+        meta = _map(pod.get("metadata"))
         namespace = _str(meta.get("namespace")) or "default"
         generated = {
             _str(_map(s).get("name")): _str(_map(s).get("resourceClaimName"))
@@ -411,6 +419,25 @@ class ClaimBook:
                         n += min(int(raw), MAX_RESULTS + 1)
                 total = total + n if add else max(total, n)
         return min(total, MAX_RESULTS + 1)
+
+
+_PLAIN = frozenset({GPU, "cpu", "memory", "ephemeral-storage"})
+
+
+def _plain(spec: Mapping[str, Any]) -> bool:
+    """Whether no container of ``spec`` is a synthetic one or asks a resource a DeviceClass could map
+    (an extended resource other than ``nvidia.com/gpu``)."""
+    for part in ("containers", "initContainers"):
+        for raw in _list(spec.get(part)):
+            c = _map(raw)
+            if c.get("name") in SYNTHETIC:
+                return False
+            resources = _map(c.get("resources"))
+            for field_ in ("requests", "limits"):
+                for name in _map(resources.get(field_)):
+                    if name not in _PLAIN and "/" in str(name):
+                        return False
+    return True
 
 
 def _extended_claim(claim: Mapping[str, Any]) -> bool:

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from agent.commands import extender as command
+from scheduler_plugin.extender import gpus_of
 from tests.integration import fakekube
 from tests.integration.fakekube import FakeKube, node
 from tests.integration.test_extender_http import Running, wait_for
@@ -42,8 +43,12 @@ def test_a_claim_pod_is_filtered_by_the_pools_gpus_less_the_allocations(served: 
         p = dra_pod("p", template_name="two")
         served.put("pods", p)
         wait_for(
-            lambda: ext.state(lambda s: s.claims.used("n0") == 3 and "default/p" in s.pods),
-            "the allocation and the pod reach the state",
+            lambda: ext.state(
+                lambda s: (
+                    s.claims.used("n0") == 3 and "default/p" in s._info and gpus_of(s._info["default/p"]) == 2
+                )
+            ),
+            "the allocation, the template and the pod reach the state",
         )
         assert ext.filter(p, NODES)["NodeNames"] == ["n1"]
         served.delete("resourceclaims", "busy")
