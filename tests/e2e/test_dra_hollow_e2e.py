@@ -230,3 +230,66 @@ def test_claims_on_a_hollow_node_with_the_real_dra_manager(
     cluster.wait_until(lambda: _running(kube, namespace, "a"), what="pod a Running again", timeout_s=90)
     assert _running(kube, namespace, "b")
     assert _allocated(kube, namespace, "a") == held
+
+
+def test_a_pod_asking_nvidia_gpu_runs_through_the_deviceclass_extended_resource(
+    dra_node: tuple[cluster.HollowNode, cluster.NodeAgent],
+    api_client: Any,
+    kube_scheduler: cluster.Scheduler,
+    namespace: str,
+) -> None:
+    """``daemonset/dra/extended-resource``: the DeviceClass maps ``nvidia.com/gpu`` (DRAExtendedResource,
+    GA in 1.37). A pod that asks ``nvidia.com/gpu: 2`` of a node where only DRA serves GPUs gets a claim
+    kube-scheduler makes for it, allocated from our pool, and runs with the CDI devices of those GPUs."""
+    node, _agent = dra_node
+    kube = Kube(api_client)
+    overlay = yaml.safe_load(
+        (REPO / "daemonset" / "dra" / "extended-resource" / "kustomization.yaml").read_text()
+    )
+    (patch,) = yaml.safe_load(overlay["patches"][0]["patch"])
+    classes = {
+        d["metadata"]["name"]: d
+        for d in yaml.safe_load_all((REPO / "daemonset" / "dra" / "deviceclass.yaml").read_text())
+    }
+    gpu_class = classes[DRIVER]
+    kube.apply(
+        f"{DEVICECLASSES}/{DRIVER}",
+        {**gpu_class, "spec": {**gpu_class["spec"], "extendedResourceName": patch["value"]}},
+    )
+    try:
+        cluster.wait_until(lambda: len(_slice_devices(kube, node.name)) == 5, what="the pool", timeout_s=60)
+        devices = _slice_devices(kube, node.name)
+        kube.create(
+            _pods(namespace),
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "ext"},
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": node.name},
+                    "containers": [
+                        {"name": "main", "image": "pause", "resources": {"limits": {"nvidia.com/gpu": "2"}}}
+                    ],
+                },
+            },
+        )
+        try:
+            cluster.wait_until(lambda: _running(kube, namespace, "ext"), what="pod ext Running", timeout_s=90)
+        except cluster.StartupError:
+            events, _ = kube.list(f"/api/v1/namespaces/{namespace}/events")
+            pod = kube.get(f"{_pods(namespace)}/ext")
+            raise AssertionError(
+                f"{[e.get('message') for e in events][-6:]} {pod.get('status')} "
+                f"{kube_scheduler.process.log_path.read_text()[-4000:]}"
+            ) from None
+        pod = kube.get(f"{_pods(namespace)}/ext")
+        claim_name = pod["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
+        claim = kube.get(f"{resourceclaims(namespace)}/{claim_name}")
+        held = [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
+        assert len(held) == 2
+        assert "imex-channel" not in held
+        (record,) = [r for r in node.records(pod="ext", namespace=namespace) if r["container"] == "main"]
+        uuids = sorted(devices[d]["attributes"]["uuid"]["string"] for d in held)
+        assert sorted(record["cdi_devices"]) == [f"{DRIVER}/gpu={u}" for u in uuids]
+    finally:
+        kube.apply(f"{DEVICECLASSES}/{DRIVER}", gpu_class)
