@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from agent import localcluster as cluster
+from tests.e2e.conftest import _operator
 from tests.e2e.test_extender_e2e import SCHEDULER, RunningExtender, bound, create
 from topology.kube import RESOURCESLICES, Kube, resourceclaims
 
@@ -53,6 +54,24 @@ def _slice(node: str, rack: int, tray: int) -> dict[str, Any]:
             ],
         },
     }
+
+
+@pytest.fixture(scope="module")
+def claim_controller(
+    counterparts: cluster.Counterparts,
+    control_plane: cluster.ControlPlane,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[cluster.Operator]:
+    """kube-controller-manager with only the ResourceClaim controller: each pod's claim is made from its
+    ResourceClaimTemplate (and named in the pod's status)."""
+    yield from _operator(
+        lambda: cluster.start_kube_controller_manager(
+            counterparts,
+            tmp_path_factory.mktemp("kcm-claims"),
+            apiserver=control_plane.apiserver,
+            controllers=("resourceclaim-controller",),
+        )
+    )
 
 
 @pytest.fixture
@@ -141,6 +160,7 @@ def test_a_2x18_pod_dra_gang_places_each_subgroup_in_one_nvlink_domain(
     namespace: str,
     dra_racks: list[list[str]],
     extender: RunningExtender,
+    claim_controller: cluster.Operator,
     e2e_test_label: str,
 ) -> None:
     kube = Kube(api_client)
