@@ -155,12 +155,12 @@ def dra_gang(ns: str, gang: str, n: int, subgroup: int, label: str) -> list[dict
     ]
 
 
+@pytest.mark.usefixtures("claim_controller")
 def test_a_2x18_pod_dra_gang_places_each_subgroup_in_one_nvlink_domain(
     api_client: Any,
     namespace: str,
     dra_racks: list[list[str]],
     extender: RunningExtender,
-    claim_controller: cluster.Operator,
     e2e_test_label: str,
 ) -> None:
     kube = Kube(api_client)
