@@ -14,6 +14,7 @@ prepared here now. Blocking calls: run them from a worker thread.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from deviceplugin.imex import (
 from topology import logs
 
 IMEX_DEVICE = IMEX_CHANNEL_DEVICE
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # a namespace name (RFC 1123 label)
 
 
 class ImexChannels:
@@ -126,8 +128,8 @@ class ImexChannels:
         claims: dict[str, Sequence[Mapping[str, Any]]] = {}
         for gang, _ in stale:
             namespace = gang.partition("/")[0]
-            if namespace not in claims:
-                claims[namespace] = self._claims_in(namespace)
+            if namespace not in claims:  # a gang no namespace can have (a peer's bad entry): no claim's
+                claims[namespace] = self._claims_in(namespace) if _NAMESPACE.fullmatch(namespace) else ()
         released = []
         for gang, channel in stale:
             if any(self._allocated_here(c, gang) for c in claims[gang.partition("/")[0]]):

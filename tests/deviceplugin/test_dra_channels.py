@@ -358,3 +358,21 @@ def test_reconcile_gives_nothing_back_when_it_cannot_see_every_claim_or_the_doma
     assert p.channels.reconcile(held=[]) is None
     holders, _, _ = parse_record(next(iter(api.objects.values()))["data"])
     assert holders == {1: Holder("team-a/train", (POOL,))}
+
+
+def test_a_peers_malformed_gang_held_here_is_given_back_without_listing_claims(
+    tmp_path: Path,
+) -> None:
+    """A record entry is written by any node of the domain: a gang no namespace can have is no claim's,
+    so it is given back and no API list is made with its text."""
+    api, claims = FakeConfigMaps(), Claims()
+    p = channel_preparer(tmp_path, claims, api)
+    assert p.channels is not None
+    book = KubeChannelBook(api, namespace="gpu-system")  # type: ignore[arg-type]
+    book.acquire(DOMAIN, ChannelRequest(gang="../../Bad Namespace/x"), POOL)
+    listed: list[str] = []
+    p.channels._claims_in = lambda namespace: listed.append(namespace) or []
+    assert p.channels.reconcile(held=[]) == [("../../Bad Namespace/x", 1)]
+    assert listed == []
+    holders, _, _ = parse_record(next(iter(api.objects.values()))["data"])
+    assert holders == {}
