@@ -20,6 +20,7 @@ import yaml
 
 from agent import localcluster as cluster
 from tests.e2e.conftest import _operator
+from tests.e2e.test_dra_hollow_e2e import release_claims
 from tests.e2e.test_extender_e2e import SCHEDULER, RunningExtender, bound, create
 from topology.kube import RESOURCESLICES, Kube, resourceclaims
 
@@ -104,6 +105,7 @@ def dra_racks(
             racks.append(names)
         yield racks
     finally:
+        release_claims(kube, {n for rack in racks for n in rack})
         for name in slices:
             kube.delete(f"{RESOURCESLICES}/{name}")
 
