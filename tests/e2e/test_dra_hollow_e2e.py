@@ -311,3 +311,69 @@ def test_a_pod_asking_nvidia_gpu_runs_through_the_deviceclass_extended_resource(
         assert sorted(record["cdi_devices"]) == [f"{DRIVER}/gpu={u}" for u in uuids]
     finally:
         kube.apply(f"{DEVICECLASSES}/{DRIVER}", gpu_class)
+
+
+def _channel_holders(kube: Kube, domain: str) -> dict[str, tuple[str, ...]]:
+    """gang -> the nodes holding its channel, from the domain's record (ConfigMap in ``default``)."""
+    from deviceplugin.dra.channelbook import record_name
+    from deviceplugin.dra.channels import parse_record
+
+    try:
+        record = kube.get(f"/api/v1/namespaces/default/configmaps/{record_name(domain)}")
+    except KubeError:
+        return {}
+    holders, _, _ = parse_record(record.get("data") or {})
+    return {h.gang: h.nodes for h in holders.values()}
+
+
+def test_an_agent_started_without_its_checkpoint_gives_back_channel_holds_no_claim_has(
+    dra_node: tuple[cluster.HollowNode, cluster.NodeAgent],
+    api_client: Any,
+    kube_scheduler: cluster.Scheduler,
+    namespace: str,
+) -> None:
+    """Issue 31: the agent's state is lost (checkpoint gone) while a gang's pod and claim are deleted: the
+    restarted agent gives back the channel the record still holds for its node; a gang whose claim is
+    still allocated here keeps its channel."""
+    node, agent = dra_node
+    kube = Kube(api_client)
+    cluster.wait_until(lambda: len(_slice_devices(kube, node.name)) == 5, what="the pool", timeout_s=60)
+    domain = _slice_devices(kube, node.name)["imex-channel"]["attributes"]["nvlinkDomain"]["string"]
+    for name in ("gone", "stays"):
+        _claim_and_pod(
+            kube,
+            namespace,
+            name,
+            node=node.name,
+            device_class="imex-channel.gpuagent.dev",
+            labels={"gpuagent.dev/gang": name},
+        )
+        cluster.wait_until(
+            lambda name=name: _running(kube, namespace, name),  # type: ignore[misc]
+            what=f"pod {name}",
+            timeout_s=90,
+        )
+    held = _channel_holders(kube, domain)
+    assert held[f"{namespace}/gone"] == held[f"{namespace}/stays"] == (node.name,)
+    agent.stop()
+    (node.root_dir / "plugins" / DRIVER / "checkpoint.json").unlink()
+    from kubernetes import client
+
+    client.CoreV1Api(api_client).delete_namespaced_pod("gone", namespace, grace_period_seconds=0)
+    release_claims_named(kube, namespace, "gone")
+    agent.start()
+    cluster.wait_until(
+        lambda: f"{namespace}/gone" not in _channel_holders(kube, domain),
+        what="the stale hold given back",
+        timeout_s=60,
+    )
+    assert _channel_holders(kube, domain)[f"{namespace}/stays"] == (node.name,)
+    assert _running(kube, namespace, "stays")
+
+
+def release_claims_named(kube: Kube, namespace: str, name: str) -> None:
+    path = f"{resourceclaims(namespace)}/{name}"
+    claim = kube.get(path)
+    if claim["metadata"].get("finalizers"):
+        kube.replace(path, {**claim, "metadata": {**claim["metadata"], "finalizers": []}})
+    kube.delete(path)
