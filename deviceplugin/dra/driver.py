@@ -128,7 +128,8 @@ class DraDriver:
         self._servers: list[UnixServer] = []
         self._socket_errors: dict[Path, str] = {}
         self._inventory_dirty = False
-        self._reconcile_channels = channels is not None  # once, when the node is in a domain (run)
+        # once, when the node is in a domain (``_reconcile``)
+        self._reconcile_channels = channels is not None and channels.reconciles
         self._publish_pending = True
         self._publish_at = 0.0
         self._backoff = min_backoff_s
@@ -278,7 +279,7 @@ class DraDriver:
     async def _reconcile(self) -> None:
         """The IMEX channel holds of this node that no claim accounts for any more are given back, once
         (``ImexChannels.reconcile``); tried again at later ticks until it could decide."""
-        if self.channels is None:
+        if self.channels is None or self.channels.domain() is None:
             return
         held = [c.channel for c in self.checkpoint.claims.values() if c.channel is not None]
         try:

@@ -66,6 +66,11 @@ class ImexChannels:
         self._allow_stand_in = allow_stand_in
         self._log = logs.get_logger("deviceplugin.dra").bind(driver=driver, node=node_name)
 
+    @property
+    def reconciles(self) -> bool:
+        """Whether ``reconcile`` can read claims (it was given ``claims_in``)."""
+        return self._claims_in is not None
+
     def domain(self) -> str | None:
         return self._domain()
 
