@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from scheduler_plugin.claims import MAX_RESULTS, Ask, ClaimBook, claim_ask, pool_of
 from scheduler_plugin.extender import ClusterState, gpus_of
@@ -287,3 +289,81 @@ def test_a_gang_of_claim_pods_is_planned_with_each_pods_claim_gpus() -> None:
     assert placed["w0"][:2] == placed["w1"][:2]
     assert placed["w2"][:2] == placed["w3"][:2]
     assert sum(h["nvidia.com/gpu"] for h in s.reservations["default/g"].held.values()) == 16
+
+
+# -- the book's incremental counts equal a fresh count -------------------------------------------
+
+_NODES = ("n0", "n1", "n2")
+_DEVICES = ("gpu-0", "gpu-1", "gpu-2", "gpu-3", "mig-a", "imex-channel", "other")
+
+
+def _pool_slice(node: str, gpus: int, generation: int, tainted: frozenset[int]) -> dict[str, Any]:
+    s = gpu_slice(node, gpus, generation=generation, tainted=tuple(sorted(tainted)))
+    s["spec"]["devices"].append(
+        {
+            "name": "mig-a",
+            "attributes": {"type": {"string": "mig"}, "parentUUID": {"string": f"GPU-{node}-0"}},
+        }
+    )
+    return s
+
+
+_slice_event = st.tuples(
+    st.just("resourceslices"),
+    st.sampled_from(_NODES),
+    st.one_of(
+        st.none(),
+        st.builds(
+            lambda node, gpus, gen, tainted: (node, gpus, gen, tainted),
+            st.sampled_from(_NODES),
+            st.integers(0, 4),
+            st.integers(1, 3),
+            st.frozensets(st.integers(0, 3), max_size=2),
+        ),
+    ),
+)
+_claim_event = st.tuples(
+    st.just("resourceclaims"),
+    st.sampled_from(("c0", "c1", "c2", "c3")),
+    st.one_of(st.none(), st.lists(st.tuples(st.sampled_from(_NODES), st.sampled_from(_DEVICES)), max_size=5)),
+)
+
+
+def _fresh_counts(slices: dict[str, Any], claims: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    fresh = ClaimBook()
+    for key, obj in slices.items():
+        fresh.update("resourceslices", key, obj)
+    for key, obj in claims.items():
+        fresh.update("resourceclaims", key, obj)
+    return {n: (fresh.capacity(n), fresh.used(n)) for n in _NODES}
+
+
+@given(st.lists(st.one_of(_slice_event, _claim_event), max_size=25))
+def test_incremental_counts_equal_a_fresh_count_after_any_events(events: list[Any]) -> None:
+    book = ClaimBook()
+    slices: dict[str, Any] = {}
+    claims: dict[str, Any] = {}
+    totals: dict[str, list[int]] = {n: [0, 0] for n in _NODES}  # what the Changes said, summed
+    for kind, name, body in events:
+        if kind == "resourceslices":
+            obj = None if body is None else _pool_slice(*body)
+            key = f"slice-{name}"  # one slice object per name; its pool may be any node's
+            store = slices
+        else:
+            obj = None
+            if body is not None:
+                obj = claim(name, 1)
+                results = [{"request": "r", "driver": DRIVER, "pool": n, "device": d} for n, d in body]
+                obj["status"] = {"allocation": {"devices": {"results": results}}}
+            key = f"default/{name}"
+            store = claims
+        if obj is None:
+            store.pop(key, None)
+        else:
+            store[key] = obj
+        change = book.update(kind, key, obj)
+        for n, (has, used) in change.nodes.items():
+            totals[n][0] += has
+            totals[n][1] += used
+        assert {n: (book.capacity(n), book.used(n)) for n in _NODES} == _fresh_counts(slices, claims)
+        assert {n: tuple(v) for n, v in totals.items()} == _fresh_counts(slices, claims)
