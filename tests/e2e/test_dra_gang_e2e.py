@@ -7,6 +7,11 @@ the pods stay unstarted once bound) whose GPUs exist only as the driver's Resour
 ``gpu.gpuagent.dev``, as one gang of two 18-pod subgroups, each inside one NVLink domain. The extender
 counts each pod's 4 GPUs from the template and each tray's 4 from its pool; kube-scheduler's DRA plugin
 then allocates each pod's claim on the node the extender chose.
+
+The same path on real kubelets at a size this machine runs: 2 racks x 2 GB200 trays on hollow kubelets
+with the real DRA manager and the agent's DRA driver, a 2x2-pod gang whose pods run with the CDI devices
+of their tray's 4 GPUs (the 2x18 gang on 36 hollow trays and agents is beyond a 2-core machine). The
+NVLink domains are given as node labels (the agents' clique label needs the topology controller).
 """
 
 from __future__ import annotations
@@ -210,3 +215,140 @@ def test_a_2x18_pod_dra_gang_places_each_subgroup_in_one_nvlink_domain(
         lambda: extender.state(lambda s: all(s.free_gpus(n) == 0 for n in trays)),
         what="the extender counts the allocations as used",
     )
+
+
+@pytest.fixture
+def hollow_trays(
+    counterparts: cluster.Counterparts,
+    control_plane: cluster.ControlPlane,
+    api_client: Any,
+    e2e_test_label: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[list[list[tuple[cluster.HollowNode, cluster.NodeAgent]]]]:
+    """2 racks x 2 GB200 trays on hollow kubelets with the real DRA manager, each with its agent's DRA
+    driver serving all 4 GPUs (nothing as nvidia.com/gpu)."""
+    import os
+    import tempfile
+
+    if os.geteuid() != 0:
+        pytest.skip("hollow nodes need root")
+    kube = Kube(api_client)
+    for doc in yaml.safe_load_all((REPO / "daemonset" / "dra" / "deviceclass.yaml").read_text()):
+        kube.apply(f"{DEVICECLASSES}/{doc['metadata']['name']}", doc)
+    racks: list[list[tuple[cluster.HollowNode, cluster.NodeAgent]]] = []
+    started: list[tuple[cluster.HollowNode, cluster.NodeAgent]] = []
+    with tempfile.TemporaryDirectory(prefix="drag", dir="/tmp") as tmp:  # unix socket paths stay short
+        try:
+            for r in range(RACKS):
+                racks.append([])
+                for t in range(2):
+                    node = cluster.start_hollow_node(
+                        counterparts,
+                        Path(tmp) / f"r{r}t{t}",
+                        apiserver=control_plane.apiserver,
+                        name=f"dra-gang-r{r}t{t}",
+                        labels={"gpuagent.dev/e2e-test": e2e_test_label},
+                    )
+                    agent = cluster.new_node_agent(
+                        node,
+                        simulate=f"gb200-nvl72:rack={r + 6},tray={t}",
+                        kubeconfig=control_plane.apiserver.kubeconfig,
+                        config={
+                            "cdi": {"specDir": str(node.workdir / "cdi")},
+                            "dra": {
+                                "enabled": True,
+                                "pluginDir": str(node.root_dir / "plugins"),
+                                "registryDir": str(node.root_dir / "plugins_registry"),
+                            },
+                        },
+                        faults=[],
+                    )
+                    started.append((node, agent))
+                    agent.start()
+                    racks[-1].append((node, agent))
+            yield racks
+        finally:
+            names = {node.name for node, _ in started}
+            for node, agent in started:
+                agent.stop()
+                node.stop()
+            release_claims(kube, names)
+            for name in names:
+                for s in kube.list(RESOURCESLICES, field_selector=f"spec.nodeName={name}")[0]:
+                    kube.delete(f"{RESOURCESLICES}/{s['metadata']['name']}")
+            cluster.delete_nodes(api_client, sorted(names))
+
+
+@pytest.fixture
+def hollow_extender(
+    control_plane: cluster.ControlPlane,
+    hollow_trays: list[list[tuple[cluster.HollowNode, cluster.NodeAgent]]],
+    kube_scheduler_factory: Callable[..., cluster.Scheduler],
+) -> Iterator[RunningExtender]:
+    ext = RunningExtender(str(control_plane.apiserver.kubeconfig))
+    try:
+        kube_scheduler_factory(scheduler_name=SCHEDULER, extenders=[cluster.extender_entry(ext.url)])
+        yield ext
+    finally:
+        ext.stop()
+
+
+@pytest.mark.usefixtures("claim_controller")
+def test_a_dra_gang_on_hollow_trays_runs_each_subgroup_in_one_rack_with_its_cdi_devices(
+    api_client: Any,
+    namespace: str,
+    hollow_trays: list[list[tuple[cluster.HollowNode, cluster.NodeAgent]]],
+    hollow_extender: RunningExtender,
+    e2e_test_label: str,
+) -> None:
+    """The same path with real kubelets: the pods run, each with the CDI devices of its tray's 4 GPUs."""
+    kube = Kube(api_client)
+    names = [[n.name for n, _ in rack] for rack in hollow_trays]
+    by_name = {n.name: n for rack in hollow_trays for n, _ in rack}
+
+    from kubernetes import client
+
+    core = client.CoreV1Api(api_client)
+    for r, rack in enumerate(names):  # each rack its NVLink domain, named the way the extender reads it
+        for n in rack:
+            core.patch_node(n, {"metadata": {"labels": {"gpuagent.dev/nvlink-domain": f"dra-gang-rack-{r}"}}})
+    ext = hollow_extender
+    cluster.wait_until(
+        lambda: ext.state(lambda s: all(s.free_gpus(n) == GPUS for rack in names for n in rack)),
+        what="the extender counts every tray's pool",
+        timeout_s=60,
+    )
+    kube.create(
+        f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "four-gpus"},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [{"name": "gpus", "exactly": {"deviceClassName": DRIVER, "count": GPUS}}]
+                    }
+                }
+            },
+        },
+    )
+    pods = dra_gang(namespace, "hg", 4, 2, e2e_test_label)
+    for p in pods:
+        p["spec"]["containers"][0]["image"] = "pause"
+    create(api_client, pods)
+
+    def running() -> int:
+        items, _ = kube.list(f"/api/v1/namespaces/{namespace}/pods")
+        return sum((p.get("status") or {}).get("phase") == "Running" for p in items)
+
+    cluster.wait_until(lambda: running() == 4, what="the 4 gang pods Running", timeout_s=120)
+    placement = bound(api_client, namespace, "hg")
+    subgroups = [{placement["hg-0"], placement["hg-1"]}, {placement["hg-2"], placement["hg-3"]}]
+    assert sorted(map(sorted, subgroups)) == sorted(map(sorted, names))
+    for pod, node_name in placement.items():
+        (record,) = [
+            r for r in by_name[node_name].records(pod=pod, namespace=namespace) if r["container"] == "c"
+        ]
+        assert len(record["cdi_devices"]) == GPUS
+        assert all(d.startswith(f"{DRIVER}/gpu=GPU-") for d in record["cdi_devices"])
