@@ -11,7 +11,7 @@ then allocates each pod's claim on the node the extender chose.
 The same path on real kubelets at a size this machine runs: 2 racks x 2 GB200 trays on hollow kubelets
 with the real DRA manager and the agent's DRA driver, a 2x2-pod gang whose pods run with the CDI devices
 of their tray's 4 GPUs (the 2x18 gang on 36 hollow trays and agents is beyond a 2-core machine). The
-NVLink domains are given as node labels (the agents' clique label needs the topology controller).
+NVLink domains are given as node labels here (the label the extender reads first).
 """
 
 from __future__ import annotations
