@@ -189,8 +189,11 @@ class ClaimBook:
         self._results: dict[str, tuple[tuple[str, str], ...]] = {}  # claim key -> (pool, device) allocated
         self._claim_gpus: dict[str, dict[str, frozenset[str]]] = {}  # claim key -> node -> GPUs
         self._gpu_claims: dict[str, dict[str, int]] = {}  # node -> GPU device -> claims holding it
-        self._slices: dict[str, tuple[str, Mapping[str, Any]]] = {}  # slice name -> (pool, object)
+        self._slices: dict[str, str] = {}  # slice name -> "<driver>/<pool>"
+        self._pool_slices: dict[str, dict[str, Mapping[str, Any]]] = {}  # pool -> slice name -> object
         self._pools: dict[str, Pool] = {}  # "<driver>/<pool>" -> pool
+        self._node_gpus: dict[str, int] = {}  # node -> GPUs of its pools
+        self._by_pool: dict[str, set[str]] = {}  # pool name -> claims allocated from it
         self._names: dict[str, str] = {}  # DeviceClass -> the extended resource name it maps
         self._readers: dict[str, set[str]] = {}  # what a pod reads ("claim:..", "all", "classes") -> pods
         self._reads: dict[str, frozenset[str]] = {}  # pod key -> what it reads
@@ -199,7 +202,7 @@ class ClaimBook:
     # -- what nodes have and use ---------------------------------------------------------------
     def capacity(self, node: str) -> int:
         """GPUs ``node`` has through DRA (its pool's untainted GPUs)."""
-        return sum(p.gpus for p in self._pools.values() if p.node == node)
+        return self._node_gpus.get(node, 0)
 
     def used(self, node: str) -> int:
         """GPUs of ``node`` allocated to claims (each once)."""
@@ -207,10 +210,7 @@ class ClaimBook:
 
     def largest(self) -> int:
         """The most GPUs one node has through DRA (what ``allocationMode: All`` asks)."""
-        per: dict[str, int] = {}
-        for p in self._pools.values():
-            per[p.node] = per.get(p.node, 0) + p.gpus
-        return max(per.values(), default=0)
+        return max(self._node_gpus.values(), default=0)
 
     def extended_names(self) -> frozenset[str]:
         """Extended resource names that GPU classes serve, ``nvidia.com/gpu`` aside (it counts as itself)."""
@@ -260,10 +260,14 @@ class ClaimBook:
         results: tuple[tuple[str, str], ...] = ()
         if obj is not None and not _extended_claim(obj):
             results = allocated(obj, self.driver)
+        for pool in {p for p, _ in self._results.pop(key, ())}:
+            self._by_pool[pool].discard(key)
+            if not self._by_pool[pool]:
+                del self._by_pool[pool]
         if results:
             self._results[key] = results
-        else:
-            self._results.pop(key, None)
+            for pool in {p for p, _ in results}:
+                self._by_pool.setdefault(pool, set()).add(key)
         self._count_claim(key, results, change)
 
     def _count_claim(self, key: str, results: tuple[tuple[str, str], ...], change: Change) -> None:
@@ -299,33 +303,47 @@ class ClaimBook:
         old = self._slices.pop(name, None)
         keys = set()
         if old is not None:
-            keys.add(old[0])
+            keys.add(old)
+            members = self._pool_slices[old]
+            del members[name]
+            if not members:
+                del self._pool_slices[old]
         if obj is not None:
             spec = _map(obj.get("spec"))
             if spec.get("driver") == self.driver:
                 pool_key = f"{self.driver}/{_str(_map(spec.get('pool')).get('name'))}"
-                self._slices[name] = (pool_key, obj)
+                self._slices[name] = pool_key
+                self._pool_slices.setdefault(pool_key, {})[name] = obj
                 keys.add(pool_key)
-        largest = self.largest()
+        wholes = self._readers.get("all")
+        largest = self.largest() if wholes else 0
         for key in keys:
             before = self._pools.pop(key, None)
-            after = pool_of(o for k, o in self._slices.values() if k == key)
+            after = pool_of(self._pool_slices.get(key, {}).values())
             if after is not None:
                 self._pools[key] = after
             if before is not None:
+                self._has(before.node, -before.gpus)
                 self._note(change, before.node, -before.gpus, 0)
             if after is not None:
+                self._has(after.node, after.gpus)
                 self._note(change, after.node, after.gpus, 0)
             if (before.counts_as if before else {}) != (after.counts_as if after else {}):
                 self._recount(key.removeprefix(self.driver + "/"), change)
-        if self.largest() != largest:
-            change.pods |= self._readers.get("all", set())
+        if wholes and self.largest() != largest:
+            change.pods |= wholes
+
+    def _has(self, node: str, gpus: int) -> None:
+        left = self._node_gpus.get(node, 0) + gpus
+        if left:
+            self._node_gpus[node] = left
+        else:
+            self._node_gpus.pop(node, None)
 
     def _recount(self, pool: str, change: Change) -> None:
         """Allocations that name ``pool`` are counted again (what a device counts as may have changed)."""
-        for key, results in list(self._results.items()):
-            if any(p == pool for p, _ in results):
-                self._count_claim(key, results, change)
+        for key in sorted(self._by_pool.get(pool, ())):
+            self._count_claim(key, self._results[key], change)
 
     @staticmethod
     def _note(change: Change, node: str, has: int, used: int) -> None:
