@@ -15,12 +15,16 @@ whole GPUs, like an ``nvidia.com/gpu`` request:
   other mapped name counts as that many GPUs;
 - nothing else: IMEX channel claims (class ``imex-channel.gpuagent.dev``) are no GPUs.
 
+The unit is the whole GPU, as for ``nvidia.com/gpu``: a claim of the GPU class counts whole GPUs even
+where kube-scheduler could satisfy it with MIG devices (a node with only MIG devices has no whole GPU).
+
 What a pod asks is written into its projection (``with_claims``) as requests of two containers with
 names no real container can have (``<resource-claims>``, ``<extended-resources>``), so every reader of
 a pod's requests (filter, gangs, planner, queue) counts them with no change. While the pod holds a node,
 the part through claims is not counted as its use (``claimed``): what is used is read from the claims'
 allocations instead (``status.allocation.devices.results``: driver, pool (the node), device), each GPU
-once per node however many claims share it (a MIG device's parent GPU counts as used). The extended
+once per node however many claims share it (a MIG device's parent GPU counts as used where the pool
+publishes it whole; the agent's pools do not, so a MIG device uses no whole GPU). The extended
 resource claims kube-scheduler makes for pods (annotation ``resource.kubernetes.io/extended-resource-claim``)
 are not read: their pods' own requests count. What a node has through DRA is the GPUs (``type: gpu``)
 of its pool's newest ResourceSlices without a ``NoSchedule``/``NoExecute`` taint.
@@ -162,8 +166,8 @@ def pool_of(slices: Iterable[Mapping[str, Any]]) -> Pool | None:
             counts_as[name] = name
             blocked = any(_map(t).get("effect") in _BLOCKING for t in _list(d.get("taints")))
             gpus += 0 if blocked else 1
-        elif kind == "mig":
-            counts_as[name] = by_uuid.get(_attr(d, "parentUUID")) or name
+        elif kind == "mig":  # its parent GPU, where that is published whole; else no whole GPU
+            counts_as[name] = by_uuid.get(_attr(d, "parentUUID"))
         else:
             counts_as[name] = None
     return Pool(node=node, gpus=gpus, counts_as=counts_as)

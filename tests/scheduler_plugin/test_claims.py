@@ -152,13 +152,15 @@ def test_what_a_claim_asks(spec: dict[str, Any], ask: Ask) -> None:
 def test_a_pool_counts_its_untainted_gpus_of_the_newest_generation_and_maps_mig_to_its_parent() -> None:
     old = gpu_slice("n", 8, generation=1)
     new = gpu_slice("n", 4, generation=2, tainted=(1,))
-    new["spec"]["devices"].append(
-        {"name": "mig-a", "attributes": {"type": {"string": "mig"}, "parentUUID": {"string": "GPU-n-2"}}}
-    )
+    for mig, parent in (("mig-a", "GPU-n-2"), ("mig-b", "GPU-n-9")):  # GPU-n-9: MIG on, not published whole
+        new["spec"]["devices"].append(
+            {"name": mig, "attributes": {"type": {"string": "mig"}, "parentUUID": {"string": parent}}}
+        )
     pool = pool_of([old, new])
     assert pool is not None
     assert (pool.node, pool.gpus) == ("n", 3)
     assert pool.counts_as["mig-a"] == "gpu-2"
+    assert pool.counts_as["mig-b"] is None  # uses no whole GPU
     assert pool.counts_as["imex-channel"] is None
 
 
