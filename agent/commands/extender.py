@@ -2,7 +2,8 @@
 
 The composition root: builds the API client and the one Kubernetes adapter (``topology.kube``), an
 informer per kind the extender reads (Nodes, Pods, Volcano HyperNodes and PodGroups, KubeRay
-RayClusters, ``scheduling.k8s.io`` Workloads and PodGroups) feeding the pure ``ClusterState``, the
+RayClusters, ``scheduling.k8s.io`` Workloads and PodGroups, and DRA's ResourceClaims, ResourceClaimTemplates,
+DeviceClasses and ResourceSlices for the GPUs pods get through claims) feeding the pure ``ClusterState``, the
 handlers (bindings and Events through the adapter) and the HTTP server once, and configures
 ``topology.logs``; then runs until SIGTERM/SIGINT. Shutdown order: stop accepting, answer waiting
 binds, stop informers. Every kind but Nodes and Pods is optional: an API that is not served (404, a CRD
@@ -81,6 +82,7 @@ WORKLOADS = "/apis/scheduling.k8s.io/v1beta1/workloads"  # Kubernetes 1.37, gate
 WORKLOAD_PODGROUPS = "/apis/scheduling.k8s.io/v1beta1/podgroups"
 JOBS = "/apis/batch/v1/jobs"  # a Job's activeDeadlineSeconds is its pods' time limit
 PDBS = "/apis/policy/v1/poddisruptionbudgets"  # budgets a preemption's evictions must keep
+DRA = "/apis/resource.k8s.io/v1/"  # GPUs pods get through claims (scheduler_plugin.claims)
 SOURCES = (  # (ClusterState kind, collection, optional: an API that may not be served)
     ("nodes", NODES, False),
     ("pods", PODS, False),
@@ -91,6 +93,10 @@ SOURCES = (  # (ClusterState kind, collection, optional: an API that may not be 
     ("workload_podgroups", WORKLOAD_PODGROUPS, True),
     ("jobs", JOBS, True),
     ("pdbs", PDBS, True),
+    ("resourceclaims", DRA + "resourceclaims", True),
+    ("resourceclaimtemplates", DRA + "resourceclaimtemplates", True),
+    ("deviceclasses", DRA + "deviceclasses", True),
+    ("resourceslices", DRA + "resourceslices", True),
 )
 
 

@@ -46,6 +46,8 @@ class ChannelBook(Protocol):
 
     def release(self, domain: str, *, gang: str, channel: int, node: str) -> None: ...
 
+    def held(self, domain: str, node: str) -> dict[int, Holder]: ...
+
 
 def record_name(domain: str) -> str:
     """``imex-channels-<domain>`` as a DNS subdomain (the domain is ``<clusterUUID>.<cliqueId>``)."""
@@ -85,6 +87,18 @@ class KubeChannelBook:
             return None, release(holders, gang=gang, channel=channel, node=node)
 
         self._update(domain, change)
+
+    def held(self, domain: str, node: str) -> dict[int, Holder]:
+        """The channels the record of ``domain`` says ``node`` holds (a malformed entry is no hold)."""
+        name = record_name(domain)
+        try:
+            current: Mapping[str, Any] | None = self.kube.get(f"{configmaps(self.namespace)}/{quote(name)}")
+        except KubeError as exc:
+            if exc.status != 404:
+                raise ChannelError(f"domain {domain}: cannot read {self.namespace}/{name}: {exc}") from None
+            return {}
+        holders, _problems, _broken = parse_record(dict((current or {}).get("data") or {}), limit=self.limit)
+        return {c: h for c, h in holders.items() if node in h.nodes}
 
     def _update(
         self, domain: str, change: Callable[[dict[int, Holder], set[int]], tuple[T, dict[int, Holder]]]

@@ -13,7 +13,8 @@
 
 IMEX channels (``channels``, with ``dra.imexChannels``): the pool gets the node's ``imex-channel``
 device and prepare gives each gang its channel (:mod:`deviceplugin.dra.imexchannel`); at start the
-channels' CDI spec is written again from the checkpoint.
+channels' CDI spec is written again from the checkpoint, and once the node is in a complete NVLink domain
+the holds the domain's record keeps for it that no claim accounts for (a lost checkpoint) are given back.
 
 Health as device taints: ``faults`` gives each published device the faults the node's health owner
 decided for it (:mod:`deviceplugin.dra.taints` renders them; none by default); every health change
@@ -30,6 +31,7 @@ from typing import Any
 
 from deviceplugin.cdi import cdi_spec, write_spec
 from deviceplugin.config import PluginConfig
+from deviceplugin.dra.channels import ChannelError
 from deviceplugin.dra.checkpoint import Checkpoint
 from deviceplugin.dra.config import DraConfig
 from deviceplugin.dra.imexchannel import ImexChannels
@@ -126,6 +128,8 @@ class DraDriver:
         self._servers: list[UnixServer] = []
         self._socket_errors: dict[Path, str] = {}
         self._inventory_dirty = False
+        # once, when the node is in a domain (``_reconcile``)
+        self._reconcile_channels = channels is not None and channels.reconciles
         self._publish_pending = True
         self._publish_at = 0.0
         self._backoff = min_backoff_s
@@ -268,7 +272,27 @@ class DraDriver:
                 self._write_cdi()
                 self.health.changed()
         await self._serve_missing()
+        if self._reconcile_channels:
+            await self._reconcile()
         await self._publish()
+
+    async def _reconcile(self) -> None:
+        """The IMEX channel holds of this node that no claim accounts for any more are given back, once
+        (``ImexChannels.reconcile``); tried again at later ticks until it could decide."""
+        if self.channels is None or self.channels.domain() is None:
+            return
+        held = [c.channel for c in self.checkpoint.claims.values() if c.channel is not None]
+        try:
+            released = await asyncio.to_thread(self.channels.reconcile, held=held)
+        except (ChannelError, KubeError) as exc:
+            self._log.warning(
+                "imex_channel_reconcile_failed",
+                error=str(exc)[:300],
+                hint="tried again at the next poll; the agent's RBAC needs list on resourceclaims",
+            )
+            return
+        if released is not None:
+            self._reconcile_channels = False
 
     async def _publish(self) -> None:
         if self.publisher is not None and self._clock() >= self._next_verify:

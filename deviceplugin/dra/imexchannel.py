@@ -1,6 +1,9 @@
 """The node side of one IMEX channel per job: at prepare, the gang's channel from the domain's record
 (:mod:`deviceplugin.dra.channelbook`), its device node made under the dev root and a CDI device for it;
-at unprepare, the node's hold given back and the device node removed once no claim here uses it.
+at unprepare, the node's hold given back and the device node removed once no claim here uses it; at
+start (``reconcile``), the holds the record keeps for this node that no prepared claim (the checkpoint)
+and no existing claim allocated here (the API) accounts for are given back: a checkpoint lost with the
+agent's state would otherwise keep those channels taken in the domain for good.
 
 The node publishes one ``imex-channel`` device (:data:`IMEX_DEVICE`) in its pool while it sits in a
 complete NVLink domain; every claim of the gang on this node is allocated that device, and the
@@ -11,7 +14,8 @@ prepared here now. Blocking calls: run them from a worker thread.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +35,7 @@ from deviceplugin.imex import (
 from topology import logs
 
 IMEX_DEVICE = IMEX_CHANNEL_DEVICE
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # a namespace name (RFC 1123 label)
 
 
 class ImexChannels:
@@ -45,8 +50,12 @@ class ImexChannels:
         proc_devices: Path,
         cdi_dir: Path,
         allow_stand_in: bool = False,
+        claims_in: Callable[[str], Sequence[Mapping[str, Any]]] | None = None,
     ) -> None:
+        """``claims_in``: the ResourceClaims of a namespace, from the API (``reconcile`` reads them; None:
+        no reconcile)."""
         self.book = book
+        self._claims_in = claims_in
         self.node_name = node_name
         self.driver = driver
         self._domain = domain
@@ -56,6 +65,11 @@ class ImexChannels:
         self.kind = f"{driver}/{IMEX_DEVICE}"
         self._allow_stand_in = allow_stand_in
         self._log = logs.get_logger("deviceplugin.dra").bind(driver=driver, node=node_name)
+
+    @property
+    def reconciles(self) -> bool:
+        """Whether ``reconcile`` can read claims (it was given ``claims_in``)."""
+        return self._claims_in is not None
 
     def domain(self) -> str | None:
         return self._domain()
@@ -100,6 +114,67 @@ class ImexChannels:
             raise ChannelError(str(exc)) from None
         self.book.release(hold.domain, gang=hold.gang, channel=hold.channel, node=self.node_name)
         self._log.info("imex_channel_released", domain=hold.domain, gang=hold.gang, channel=hold.channel)
+
+    def reconcile(self, *, held: Iterable[ChannelHold]) -> list[tuple[str, int]] | None:
+        """Give back the holds the domain's record keeps for this node that neither ``held`` (the claims
+        prepared here, from the checkpoint) nor a claim that still exists and is allocated this node's
+        IMEX channel device for that gang accounts for; their device nodes go too. Returns the
+        (gang, channel) given back, or None when it cannot decide now (no complete NVLink domain, or
+        nothing to read the claims with). Raises :class:`ChannelError` (the record) and the claim
+        reader's errors: nothing is given back on a partial view."""
+        domain = self._domain()
+        if domain is None or self._claims_in is None:
+            return None
+        mine = list(held)
+        kept = {(h.gang, h.channel) for h in mine if h.domain == domain}
+        in_use = {h.channel for h in mine}
+        stale = [(h.gang, c) for c, h in sorted(self.book.held(domain, self.node_name).items())]
+        stale = [(g, c) for g, c in stale if (g, c) not in kept]
+        claims: dict[str, Sequence[Mapping[str, Any]]] = {}
+        for gang, _ in stale:
+            namespace = gang.partition("/")[0]
+            if namespace not in claims:  # a gang no namespace can have (a peer's bad entry): no claim's
+                claims[namespace] = self._claims_in(namespace) if _NAMESPACE.fullmatch(namespace) else ()
+        released = []
+        for gang, channel in stale:
+            if any(self._allocated_here(c, gang) for c in claims[gang.partition("/")[0]]):
+                continue
+            self.book.release(domain, gang=gang, channel=channel, node=self.node_name)
+            if channel not in in_use:
+                try:
+                    remove_channel(channel, dev_root=self.dev_root)
+                except ImexChannelError as exc:
+                    self._log.warning("imex_channel_remove_failed", channel=channel, error=str(exc))
+            self._log.warning(
+                "imex_channel_stale_hold_released",
+                domain=domain,
+                gang=gang,
+                channel=channel,
+                detail="the record held it for this node, but no prepared claim here and no claim "
+                "allocated here in the API holds it (a checkpoint lost with the agent's state)",
+            )
+            released.append((gang, channel))
+        return released
+
+    def _allocated_here(self, claim: Mapping[str, Any], gang: str) -> bool:
+        """Whether ``claim`` is allocated this node's IMEX channel device and belongs to ``gang``."""
+        status = claim.get("status")
+        allocation = status.get("allocation") if isinstance(status, Mapping) else None
+        devices = allocation.get("devices") if isinstance(allocation, Mapping) else None
+        results = devices.get("results") if isinstance(devices, Mapping) else None
+        here = any(
+            isinstance(r, Mapping)
+            and r.get("driver") == self.driver
+            and r.get("pool") == self.node_name
+            and r.get("device") == IMEX_DEVICE
+            for r in (results if isinstance(results, list) else [])
+        )
+        if not here:
+            return False
+        try:
+            return channel_request(claim, driver=self.driver).gang == gang
+        except ChannelError:
+            return False
 
     def write_spec(self, held: Iterable[ChannelHold]) -> None:
         channels = sorted({h.channel for h in held})

@@ -1,8 +1,9 @@
 """The kube-scheduler extender, in the shape of scheduler-plugins' ``noderesourcetopology``: a cache
 apart, the decisions over it, the HTTP face.
 
-- ``cache``: the one table of watched kinds (``KINDS``), what is kept of each object (``project``:
-  a projection per kind), the per-pod facts parsed once per event (``PodInfo``, ``gpus_of``);
+- ``cache``: the one table of watched kinds (``KINDS``, DRA's among them), what is kept of each object
+  (``project``: a projection per kind; a pod's with what it asks through DRA claims written in, by
+  ``scheduler_plugin.claims``), the per-pod facts parsed once per event (``PodInfo``, ``gpus_of``);
 - ``state``: ``ClusterState``, fed by the informers through the cache, with the indexes the queue reads
   (gang members, running work per name, node usage, the nodes each selector and toleration set
   admits), the verbs' decisions (filter, prioritize, bind with the barrier, preempt) and the queue

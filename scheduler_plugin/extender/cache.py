@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from scheduler_plugin import claims
+from scheduler_plugin.claims import ClaimBook, claimed
 from scheduler_plugin.cluster import GPU, holds_resources, pod_requests
 from scheduler_plugin.gangs import gang_key_of
 from scheduler_plugin.queue import RESERVED_FOR
@@ -38,6 +40,7 @@ KINDS: Mapping[str, bool] = {
     "workload_podgroups": True,
     "jobs": True,
     "pdbs": True,
+    **claims.KINDS,  # DRA: GPUs pods get through claims (scheduler_plugin.claims)
 }
 
 _POD_META = (
@@ -58,6 +61,7 @@ _POD_SPEC = (
     "priority",
     "schedulingGroup",
     "activeDeadlineSeconds",
+    "resourceClaims",
 )
 
 
@@ -87,7 +91,7 @@ def project_pod(obj: Mapping[str, Any]) -> dict[str, Any]:
             if field in spec:
                 kept[field] = _containers(spec[field])
         out["spec"] = kept
-    status = _pick(obj.get("status"), ("phase", "startTime"))
+    status = _pick(obj.get("status"), ("phase", "startTime", "resourceClaimStatuses"))
     if status:
         out["status"] = status
     return out
@@ -130,15 +134,74 @@ def _without_managed_fields(obj: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def project_claim(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What the extender reads of a ResourceClaim: identity and annotations, what it asks, and where it
+    is allocated (not whom it is reserved for, nor the devices' status)."""
+    out: dict[str, Any] = {
+        "metadata": _pick(obj.get("metadata"), ("name", "namespace", "annotations")),
+        "spec": obj.get("spec"),
+    }
+    allocation = _pick(obj.get("status"), ("allocation",))
+    if allocation:
+        out["status"] = allocation
+    return out
+
+
+def project_template(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What the extender reads of a ResourceClaimTemplate: its name and the claim spec it makes."""
+    spec = obj.get("spec")
+    return {
+        "metadata": _pick(obj.get("metadata"), ("name", "namespace")),
+        "spec": _pick(spec, ("spec",)),
+    }
+
+
+def project_deviceclass(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What the extender reads of a DeviceClass: its name and the extended resource name it serves."""
+    return {
+        "metadata": _pick(obj.get("metadata"), ("name",)),
+        "spec": _pick(obj.get("spec"), ("extendedResourceName",)),
+    }
+
+
+_DEVICE_ATTRIBUTES = ("type", "uuid", "parentUUID")
+
+
+def project_slice(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What the extender reads of a ResourceSlice: driver, node, pool and each device's name, kind
+    (``type``, ``uuid``, ``parentUUID``) and taints; not the other attributes nor the counters."""
+    spec = obj.get("spec")
+    kept = _pick(spec, ("driver", "nodeName", "pool"))
+    devices = spec.get("devices") if isinstance(spec, Mapping) else None
+    if isinstance(devices, list):
+        kept["devices"] = [
+            {
+                **_pick(d, ("name", "taints")),
+                "attributes": _pick(d.get("attributes"), _DEVICE_ATTRIBUTES),
+            }
+            for d in devices
+            if isinstance(d, Mapping)
+        ]
+    return {"metadata": _pick(obj.get("metadata"), ("name",)), "spec": kept}
+
+
 PROJECTIONS: Mapping[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
     "pods": project_pod,
     "nodes": project_node,
+    "resourceclaims": project_claim,
+    "resourceclaimtemplates": project_template,
+    "deviceclasses": project_deviceclass,
+    "resourceslices": project_slice,
 }
 
 
-def project(kind: str, obj: Mapping[str, Any]) -> dict[str, Any]:
-    """The part of ``obj`` (of ``kind``) the extender keeps."""
-    return PROJECTIONS.get(kind, _without_managed_fields)(obj)
+def project(kind: str, obj: Mapping[str, Any], book: ClaimBook | None = None) -> dict[str, Any]:
+    """The part of ``obj`` (of ``kind``) the extender keeps; a pod's with what it asks through DRA
+    written in (``ClaimBook.with_claims``) when ``book`` is given."""
+    kept = PROJECTIONS.get(kind, _without_managed_fields)(obj)
+    if kind == "pods" and book is not None:
+        return book.with_claims(object_key(kind, kept), kept)
+    return kept
 
 
 def object_key(kind: str, obj: Mapping[str, Any]) -> str:
@@ -159,6 +222,7 @@ class PodInfo:
     gang: tuple[str, str] | None
     node: str
     requests: Mapping[str, int]
+    uses: Mapping[str, int]  # what it uses of its node while it holds one: requests but those via claims
     running: str
     priority: int
     created_s: float | None
@@ -185,11 +249,17 @@ def pod_info(key: str, pod: Mapping[str, Any]) -> PodInfo:
     status = status if isinstance(status, Mapping) else {}
     found = gang_key_of(pod)
     holds = holds_resources(pod)
+    requests = _requests(pod)
+    through_claims = claimed(pod)
+    uses = dict(requests)
+    if through_claims:
+        uses[GPU] = max(0, uses.get(GPU, 0) - through_claims)
     return PodInfo(
         key=key,
         gang=found,
         node=str(spec.get("nodeName")) if holds else "",
-        requests=_requests(pod),
+        requests=requests,
+        uses=uses,
         running=running_name(key, pod, found),
         priority=pod_priority(pod),
         created_s=timestamp(meta.get("creationTimestamp")),
@@ -208,5 +278,6 @@ def _requests(pod: Mapping[str, Any]) -> Mapping[str, int]:
 
 
 def gpus_of(info: PodInfo) -> int:
-    """The GPUs a pod asks for: the one count every decision reads (whole ``nvidia.com/gpu``)."""
+    """The GPUs a pod asks for: the one count every decision reads (whole ``nvidia.com/gpu``, with what it
+    asks through DRA claims and mapped extended resources written in by ``project``)."""
     return info.requests.get(GPU, 0)

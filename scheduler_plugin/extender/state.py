@@ -50,6 +50,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, TypeVar
 
+from scheduler_plugin.claims import KINDS as CLAIM_KINDS
+from scheduler_plugin.claims import ClaimBook, with_gpus
 from scheduler_plugin.cluster import (
     GPU,
     base_state,
@@ -335,6 +337,12 @@ class ClusterState:
         self.rayclusters: dict[str, dict[str, Any]] = {}
         self.workloads: dict[str, dict[str, Any]] = {}
         self.workload_podgroups: dict[str, dict[str, Any]] = {}
+        # DRA (``scheduler_plugin.claims``): the objects, and the book of GPUs pods get through them
+        self.resourceclaims: dict[str, dict[str, Any]] = {}
+        self.resourceclaimtemplates: dict[str, dict[str, Any]] = {}
+        self.deviceclasses: dict[str, dict[str, Any]] = {}
+        self.resourceslices: dict[str, dict[str, Any]] = {}
+        self.claims = ClaimBook()
         self.reservations: dict[str, Reservation] = {}
         # the cache's indexes, kept by informer events (``_index_pod``, ``_node_changed``): each pod's
         # facts, what is used per node and which pods hold it, each gang's pods, the running work per
@@ -454,7 +462,7 @@ class ClusterState:
         """A fresh listing of one kind replaces what was known (each object projected, ``cache``)."""
         fresh = {}
         for obj in items:
-            fresh[self._key(kind, obj)] = project(kind, obj)
+            fresh[self._key(kind, obj)] = project(kind, obj, self.claims)
         store = self._store(kind)
         for key in [k for k in store if k not in fresh]:
             self.apply(kind, "DELETED", store[key])
@@ -470,7 +478,7 @@ class ClusterState:
         store = self._store(kind)
         key = self._key(kind, obj)
         if event_type != "DELETED":
-            kept = project(kind, obj)
+            kept = project(kind, obj, self.claims)
             if store.get(key) == kept:
                 return
             self._put(kind, key, kept)
@@ -505,6 +513,10 @@ class ClusterState:
             self._queue_dirty = True
         if kind == "pods":
             self._index_pod(key, after)
+            if after is None:
+                self.claims.forget_pod(key)
+        elif kind in CLAIM_KINDS:
+            self._claims_changed(kind, key, after)
         elif kind == "nodes":
             self._node_changed(key, before, after)
         elif kind == "hypernodes":
@@ -541,6 +553,26 @@ class ClusterState:
         else:
             self._annotated.pop(key, None)
 
+    def _claims_changed(self, kind: str, key: str, after: Mapping[str, Any] | None) -> None:
+        """A DRA object changed: GPUs nodes have and use through claims, and the pods that ask through
+        it, follow (``claims.ClaimBook``)."""
+        change = self.claims.update(kind, key, after)
+        for node, (_has, used) in change.nodes.items():
+            self._alloc.pop(node, None)
+            self._snap_dirty.add(node)
+            self._usage_changed(node)
+            if used:
+                counts = self._node_used.setdefault(node, {})
+                counts[GPU] = counts.get(GPU, 0) + used
+        if change.nodes:
+            self._queue_dirty = True
+        for pod_key_ in sorted(change.pods):
+            pod = self.pods.get(pod_key_)
+            if pod is not None:
+                fresh = self.claims.with_claims(pod_key_, pod)
+                if fresh != pod:
+                    self._put("pods", pod_key_, fresh)
+
     def _index_pod(self, key: str, pod: Mapping[str, Any] | None) -> None:
         """The pod's facts (``cache.PodInfo``) and every index they are in: node usage, gang members,
         running work per name, the gangs' pods waiting for this scheduler."""
@@ -566,7 +598,7 @@ class ClusterState:
             self._snap_dirty.add(info.node)
             self._usage_changed(info.node)
             used = self._node_used.setdefault(info.node, {})
-            for r, v in info.requests.items():
+            for r, v in info.uses.items():
                 used[r] = used.get(r, 0) + v
             for res in self.reservations.values():  # a reserved pod that got bound no longer needs its hold
                 if key in res.spec.members and key not in res.bound:
@@ -590,7 +622,7 @@ class ClusterState:
         self._snap_dirty.add(old.node)
         self._usage_changed(old.node)
         used = self._node_used.get(old.node, {})
-        for r, v in old.requests.items():
+        for r, v in old.uses.items():
             used[r] = used.get(r, 0) - v
 
     def _waits(self, pod: Mapping[str, Any]) -> bool:
@@ -639,6 +671,7 @@ class ClusterState:
                 cached = int(str(alloc.get(GPU, 0)))
             except ValueError:
                 cached = 0
+            cached += self.claims.capacity(node)
             if node in self.nodes:
                 self._alloc[node] = cached
         return cached
@@ -717,7 +750,7 @@ class ClusterState:
                     self._state_log.append(name)
                     self._state_names = None
                 continue
-            base = base_state(obj, index.domains.get(name, {}))
+            base = with_gpus(base_state(obj, index.domains.get(name, {})), self.claims.capacity(name))
             state = node_state(base, self._node_used.get(name, {}), holds.get(name))
             old = states.get(name)
             if old is None or old != state:

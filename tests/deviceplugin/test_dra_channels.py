@@ -219,6 +219,11 @@ def imex_claim(claims: Claims, name: str, uid: str, gang: str, namespace: str = 
     return ref
 
 
+def claims_in(claims: Claims) -> Callable[[str], list[Mapping[str, Any]]]:
+    """The claims of a namespace, as the API lists them."""
+    return lambda namespace: [c for (ns, _), c in sorted(claims.objects.items()) if ns == namespace]
+
+
 def channel_preparer(tmp: Path, claims: Claims, api: FakeConfigMaps, node: str = POOL) -> Preparer:
     proc = tmp / "proc-devices"
     proc.write_text("Character devices:\n195 nvidia-frontend\n510 nvidia-caps-imex-channels\n")
@@ -231,6 +236,7 @@ def channel_preparer(tmp: Path, claims: Claims, api: FakeConfigMaps, node: str =
         proc_devices=proc,
         cdi_dir=tmp / "cdi",
         allow_stand_in=True,
+        claims_in=claims_in(claims),
     )
     checkpoint = Checkpoint(tmp / "checkpoint.json", driver=DRIVER)
     checkpoint.load()
@@ -302,3 +308,71 @@ def test_imex_channels_are_off_by_default_and_configured_in_the_dra_section() ->
     assert (config.imex_channels, config.imex_namespace) == (True, "gpu-ops")
     with pytest.raises(ConfigError, match=r"dra.imexNamespace: 'Not_A_Namespace' is not a namespace name"):
         parse_dra_config({"dra": {"imexNamespace": "Not_A_Namespace"}})
+
+
+def test_a_lost_checkpoints_holds_are_given_back_at_start_and_live_claims_keep_theirs(tmp_path: Path) -> None:
+    api, claims = FakeConfigMaps(), Claims()
+    p = channel_preparer(tmp_path, claims, api)
+    live = imex_claim(claims, "a-0", "ua0", "train")
+    gone = imex_claim(claims, "b-0", "ub0", "eval")
+    for ref in (live, gone):
+        assert asyncio.run(p.prepare(ref)).error == ""
+    KubeChannelBook(api, namespace="gpu-system").acquire(DOMAIN, B, "n9")  # #3, another node's gang
+    # the agent restarts with its checkpoint gone; meanwhile gang eval's claim was deleted, and claims
+    # of the same gang name in another namespace, or allocated on another node, do not hold it here
+    (tmp_path / "checkpoint.json").unlink()
+    del claims.objects[("team-a", "b-0")]
+    imex_claim(claims, "b-0", "ux0", "eval", namespace="team-x")
+    elsewhere = imex_claim(claims, "b-1", "ub1", "eval")
+    claims.objects[("team-a", "b-1")]["status"]["allocation"]["devices"]["results"][0]["pool"] = "n9"
+    assert elsewhere.name == "b-1"
+    p2 = channel_preparer(tmp_path, claims, api)
+    assert p2.channels is not None
+    assert p2.channels.reconcile(held=[]) == [("team-a/eval", 2)]
+    holders, _, _ = parse_record(next(iter(api.objects.values()))["data"])
+    assert holders == {1: Holder("team-a/train", (POOL,)), 3: Holder("team-b/train", ("n9",))}
+    channels = tmp_path / "dev" / "nvidia-caps-imex-channels"
+    assert (channels / "channel1").exists()
+    assert not (channels / "channel2").exists()
+    assert p2.channels.reconcile(held=[]) == []  # nothing left to give back: no write
+    again = asyncio.run(p2.prepare(live))  # the kubelet prepares the live claim again: the same channel
+    assert again.error == ""
+    assert again.devices[0].cdi_device_ids == ("gpu.gpuagent.dev/imex-channel=1",)
+
+
+def test_reconcile_gives_nothing_back_when_it_cannot_see_every_claim_or_the_domain(tmp_path: Path) -> None:
+    api, claims = FakeConfigMaps(), Claims()
+    p = channel_preparer(tmp_path, claims, api)
+    assert p.channels is not None
+    ref = imex_claim(claims, "a-0", "ua0", "train")
+    assert asyncio.run(p.prepare(ref)).error == ""
+    del claims.objects[("team-a", "a-0")]
+
+    def forbidden(namespace: str) -> list[Mapping[str, Any]]:
+        raise KubeError(403, "resourceclaims is forbidden")
+
+    p.channels._claims_in = forbidden
+    with pytest.raises(KubeError):
+        p.channels.reconcile(held=[])
+    p.channels._domain = lambda: None
+    assert p.channels.reconcile(held=[]) is None
+    holders, _, _ = parse_record(next(iter(api.objects.values()))["data"])
+    assert holders == {1: Holder("team-a/train", (POOL,))}
+
+
+def test_a_peers_malformed_gang_held_here_is_given_back_without_listing_claims(
+    tmp_path: Path,
+) -> None:
+    """A record entry is written by any node of the domain: a gang no namespace can have is no claim's,
+    so it is given back and no API list is made with its text."""
+    api, claims = FakeConfigMaps(), Claims()
+    p = channel_preparer(tmp_path, claims, api)
+    assert p.channels is not None
+    book = KubeChannelBook(api, namespace="gpu-system")  # type: ignore[arg-type]
+    book.acquire(DOMAIN, ChannelRequest(gang="../../Bad Namespace/x"), POOL)
+    listed: list[str] = []
+    p.channels._claims_in = lambda namespace: listed.append(namespace) or []
+    assert p.channels.reconcile(held=[]) == [("../../Bad Namespace/x", 1)]
+    assert listed == []
+    holders, _, _ = parse_record(next(iter(api.objects.values()))["data"])
+    assert holders == {}

@@ -77,9 +77,27 @@ def _dra_node(
     finally:
         agent.stop()
         node.stop()
+        release_claims(kube, {node.name})
         for s in kube.list(RESOURCESLICES, field_selector=f"spec.nodeName={node.name}")[0]:
             kube.delete(f"{RESOURCESLICES}/{s['metadata']['name']}")
         cluster.delete_nodes(api_client, [node.name])
+
+
+def release_claims(kube: Kube, pools: set[str]) -> None:
+    """Delete every claim allocated from ``pools`` (finalizers dropped first). The e2e control plane runs
+    no ResourceClaim controller, garbage collector or namespace controller: without this, a test's claims
+    stay allocated after its pods and namespace go, and kube-scheduler counts their devices as taken in
+    the next test's pool of the same node name (the same device names): "cannot allocate all claims"."""
+    items, _ = kube.list("/apis/resource.k8s.io/v1/resourceclaims")
+    for claim in items:
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        if not any(r.get("pool") in pools for r in (allocation.get("devices") or {}).get("results") or []):
+            continue
+        meta = claim["metadata"]
+        path = f"{resourceclaims(meta['namespace'])}/{meta['name']}"
+        if meta.get("finalizers"):
+            kube.replace(path, {**claim, "metadata": {**meta, "finalizers": []}})
+        kube.delete(path)
 
 
 def _slice_devices(kube: Kube, node: str) -> dict[str, dict[str, Any]]:
@@ -230,3 +248,132 @@ def test_claims_on_a_hollow_node_with_the_real_dra_manager(
     cluster.wait_until(lambda: _running(kube, namespace, "a"), what="pod a Running again", timeout_s=90)
     assert _running(kube, namespace, "b")
     assert _allocated(kube, namespace, "a") == held
+
+
+def test_a_pod_asking_nvidia_gpu_runs_through_the_deviceclass_extended_resource(
+    dra_node: tuple[cluster.HollowNode, cluster.NodeAgent],
+    api_client: Any,
+    kube_scheduler: cluster.Scheduler,
+    namespace: str,
+) -> None:
+    """``daemonset/dra/extended-resource``: the DeviceClass maps ``nvidia.com/gpu`` (DRAExtendedResource,
+    GA in 1.37). A pod that asks ``nvidia.com/gpu: 3`` of a node where only DRA serves GPUs gets a claim
+    kube-scheduler makes for it, allocated from our pool, and runs with the CDI devices of those GPUs."""
+    node, _agent = dra_node
+    kube = Kube(api_client)
+    overlay = yaml.safe_load(
+        (REPO / "daemonset" / "dra" / "extended-resource" / "kustomization.yaml").read_text()
+    )
+    (patch,) = yaml.safe_load(overlay["patches"][0]["patch"])
+    classes = {
+        d["metadata"]["name"]: d
+        for d in yaml.safe_load_all((REPO / "daemonset" / "dra" / "deviceclass.yaml").read_text())
+    }
+    gpu_class = classes[DRIVER]
+    kube.apply(
+        f"{DEVICECLASSES}/{DRIVER}",
+        {**gpu_class, "spec": {**gpu_class["spec"], "extendedResourceName": patch["value"]}},
+    )
+    try:
+        cluster.wait_until(lambda: len(_slice_devices(kube, node.name)) == 5, what="the pool", timeout_s=60)
+        devices = _slice_devices(kube, node.name)
+        kube.create(
+            _pods(namespace),
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "ext"},
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": node.name},
+                    "containers": [
+                        {"name": "main", "image": "pause", "resources": {"limits": {"nvidia.com/gpu": "3"}}}
+                    ],
+                },
+            },
+        )
+        try:
+            cluster.wait_until(lambda: _running(kube, namespace, "ext"), what="pod ext Running", timeout_s=90)
+        except cluster.StartupError:
+            events, _ = kube.list(f"/api/v1/namespaces/{namespace}/events")
+            pod = kube.get(f"{_pods(namespace)}/ext")
+            raise AssertionError(
+                f"{[e.get('message') for e in events][-6:]} {pod.get('status')} "
+                f"{kube_scheduler.process.log_path.read_text()[-4000:]}"
+            ) from None
+        pod = kube.get(f"{_pods(namespace)}/ext")
+        claim_name = pod["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
+        claim = kube.get(f"{resourceclaims(namespace)}/{claim_name}")
+        held = [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
+        assert len(held) == 3
+        assert "imex-channel" not in held
+        (record,) = [r for r in node.records(pod="ext", namespace=namespace) if r["container"] == "main"]
+        uuids = sorted(devices[d]["attributes"]["uuid"]["string"] for d in held)
+        assert sorted(record["cdi_devices"]) == [f"{DRIVER}/gpu={u}" for u in uuids]
+    finally:
+        kube.apply(f"{DEVICECLASSES}/{DRIVER}", gpu_class)
+
+
+def _channel_holders(kube: Kube, domain: str) -> dict[str, tuple[str, ...]]:
+    """gang -> the nodes holding its channel, from the domain's record (ConfigMap in ``default``)."""
+    from deviceplugin.dra.channelbook import record_name
+    from deviceplugin.dra.channels import parse_record
+
+    try:
+        record = kube.get(f"/api/v1/namespaces/default/configmaps/{record_name(domain)}")
+    except KubeError:
+        return {}
+    holders, _, _ = parse_record(record.get("data") or {})
+    return {h.gang: h.nodes for h in holders.values()}
+
+
+def test_an_agent_started_without_its_checkpoint_gives_back_channel_holds_no_claim_has(
+    dra_node: tuple[cluster.HollowNode, cluster.NodeAgent],
+    api_client: Any,
+    kube_scheduler: cluster.Scheduler,
+    namespace: str,
+) -> None:
+    """Issue 31: the agent's state is lost (checkpoint gone) while a gang's pod and claim are deleted: the
+    restarted agent gives back the channel the record still holds for its node; a gang whose claim is
+    still allocated here keeps its channel."""
+    node, agent = dra_node
+    kube = Kube(api_client)
+    cluster.wait_until(lambda: len(_slice_devices(kube, node.name)) == 5, what="the pool", timeout_s=60)
+    domain = _slice_devices(kube, node.name)["imex-channel"]["attributes"]["nvlinkDomain"]["string"]
+    for name in ("gone", "stays"):
+        _claim_and_pod(
+            kube,
+            namespace,
+            name,
+            node=node.name,
+            device_class="imex-channel.gpuagent.dev",
+            labels={"gpuagent.dev/gang": name},
+        )
+        cluster.wait_until(
+            lambda name=name: _running(kube, namespace, name),  # type: ignore[misc]
+            what=f"pod {name}",
+            timeout_s=90,
+        )
+    held = _channel_holders(kube, domain)
+    assert held[f"{namespace}/gone"] == held[f"{namespace}/stays"] == (node.name,)
+    agent.stop()
+    (node.root_dir / "plugins" / DRIVER / "checkpoint.json").unlink()
+    from kubernetes import client
+
+    client.CoreV1Api(api_client).delete_namespaced_pod("gone", namespace, grace_period_seconds=0)
+    release_claims_named(kube, namespace, "gone")
+    agent.start()
+    cluster.wait_until(
+        lambda: f"{namespace}/gone" not in _channel_holders(kube, domain),
+        what="the stale hold given back",
+        timeout_s=60,
+    )
+    assert _channel_holders(kube, domain)[f"{namespace}/stays"] == (node.name,)
+    assert _running(kube, namespace, "stays")
+
+
+def release_claims_named(kube: Kube, namespace: str, name: str) -> None:
+    path = f"{resourceclaims(namespace)}/{name}"
+    claim = kube.get(path)
+    if claim["metadata"].get("finalizers"):
+        kube.replace(path, {**claim, "metadata": {**claim["metadata"], "finalizers": []}})
+    kube.delete(path)

@@ -482,3 +482,51 @@ def test_a_health_change_while_the_pool_is_written_is_published_next(short_dir: 
             await _until(lambda: any("taints" in d for s in slices.applied for d in s["spec"]["devices"]))
 
     run(body())
+
+
+def test_imex_channel_holds_a_lost_checkpoint_left_are_given_back_once_the_driver_runs(
+    short_dir: Path,
+) -> None:
+    """Issue 31: an agent that starts with its checkpoint gone gives back the holds the domain's record
+    keeps for its node that no claim accounts for any more; other nodes' holds stay."""
+    from deviceplugin.dra.channelbook import KubeChannelBook
+    from deviceplugin.dra.channels import ChannelRequest, parse_record
+    from deviceplugin.dra.imexchannel import ImexChannels
+    from tests.deviceplugin.test_dra_channels import DOMAIN, FakeConfigMaps
+
+    api = FakeConfigMaps()
+    book = KubeChannelBook(api, namespace="gpu-system")  # type: ignore[arg-type]
+    book.acquire(DOMAIN, ChannelRequest(gang="team-a/gone"), NODE)
+    book.acquire(DOMAIN, ChannelRequest(gang="team-b/runs"), "node-b")
+    proc = short_dir / "proc-devices"
+    proc.write_text("Character devices:\n510 nvidia-caps-imex-channels\n")
+    channels = ImexChannels(
+        book=book,
+        node_name=NODE,
+        driver=DRIVER,
+        domain=lambda: DOMAIN,
+        dev_root=short_dir / "dev",
+        proc_devices=proc,
+        cdi_dir=short_dir / "cdi",
+        allow_stand_in=True,
+        claims_in=lambda namespace: [],  # no claim of either gang exists on this node
+    )
+    store = InventoryStore(sim_node("gb200-nvl72").discover())
+    config = DraConfig(
+        enabled=True, plugin_dir=str(short_dir / "plugins"), registry_dir=str(short_dir / "registry")
+    )
+    driver = _driver(short_dir, store, Claims(), Slices(), config, channels=channels)
+
+    def holders() -> dict[int, Any]:
+        found, _, _ = parse_record(next(iter(api.objects.values()))["data"])
+        return {c: h.nodes for c, h in found.items()}
+
+    async def body() -> None:
+        assert holders() == {1: (NODE,), 2: ("node-b",)}
+        async with running(driver):
+            await _until(lambda: holders() == {2: ("node-b",)})
+            writes = api.writes
+            await asyncio.sleep(0.1)  # polls go on: it is given back once, not looked at again
+            assert api.writes == writes
+
+    run(body())

@@ -19,6 +19,7 @@ from tests.integration.test_extender_http import Running, wait_for
 from topology.kube import KubeError
 
 NODES = [f"r{r}-t{t}" for r in range(3) for t in range(4)]
+DRA_KINDS = ("deviceclasses", "resourceclaims", "resourceclaimtemplates", "resourceslices")
 SOURCE_PATHS = {
     command.RAYCLUSTERS: "rayclusters",
     command.WORKLOADS: "workloads",
@@ -70,14 +71,11 @@ def test_sources_not_served_are_off_logged_once_and_synced(caplog: pytest.LogCap
             "workload_podgroups",
             "jobs",  # batch/v1 Jobs (time limits for the queue), not served by this fake either
             "pdbs",  # policy/v1 PodDisruptionBudgets (what preemption must keep), nor these
+            *DRA_KINDS,  # resource.k8s.io/v1 (GPUs through claims), nor these
         }
-        assert _source_logs(caplog, "source_off") == [
-            "jobs",
-            "pdbs",
-            "rayclusters",
-            "workload_podgroups",
-            "workloads",
-        ]
+        assert _source_logs(caplog, "source_off") == sorted(
+            ["jobs", "pdbs", "rayclusters", "workload_podgroups", "workloads", *DRA_KINDS]
+        )
         # the sources being off changes nothing for the others: a pod on its own still passes
         p = pod("solo", 4)
         fake.put("pods", p)
