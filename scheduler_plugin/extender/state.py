@@ -799,13 +799,17 @@ class ClusterState:
         res = self.reservations.pop(gang, None)
         if res is None:
             return None
-        claims = {n: h.get(GPU, 0) for n, h in res.held.items() if h.get(GPU, 0) > 0}
         self._version += 1
         self._queue_dirty = True
+        self._keep_held(gang, res)
+        return res
+
+    def _keep_held(self, gang: str, res: Reservation) -> None:
+        """Hold ``res``'s nodes for ``gang`` from now until the next pass decides (``_give_up``)."""
+        claims = {n: h.get(GPU, 0) for n, h in res.held.items() if h.get(GPU, 0) > 0}
         if claims and any(k in self.pods for k in res.spec.members):
             hold = QueueReservation(gang, -math.inf, claims)
             self._given_up[gang] = _GivenUp(self._version, hold, frozenset(res.spec.members))
-        return res
 
     def _release_hold(self, res: Reservation, planned: PodSlot, node: str) -> None:
         held_node = res.nodes.get(planned)
@@ -1170,6 +1174,10 @@ class ClusterState:
         self.queue_reservations = dict(decision.reservations)
         # a pass decided for the gangs whose plans were given up before it read the cluster
         self._given_up = {g: v for g, v in self._given_up.items() if v.version > job.version}
+        for st in decision.starts:  # a start left out holds neither a plan nor a reservation: keep its nodes
+            if st not in starts and st.gang in job.prepared:
+                spec, gang, members, _, _ = job.prepared[st.gang]
+                self._keep_held(st.gang, self._reservation_from(spec, gang, members, st.plan.placement, now))
         self._queue_running = job.running
         self._reasons = dict(job.reasons)
         _, declared, keys_of = self._running_work(wall, {w.name for w in waiting})
@@ -1940,9 +1948,8 @@ class ClusterState:
                 return out
         if res is None or spec is not None:
             assert spec is not None
-            # changed or new: the queue decides when it starts
-            if self.reservations.pop(gang_name, None) is not None:
-                self._version += 1
+            # changed or new: the queue decides when it starts (a plan it had holds its nodes till then)
+            self._give_up(gang_name)
             if self.queue_due(gang_name, now):
                 self.queue_pass(now, wall)
             out.events += self._pending_events

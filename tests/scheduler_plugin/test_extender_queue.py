@@ -553,6 +553,27 @@ def test_a_started_gang_whose_pods_miss_the_barrier_keeps_its_nodes_from_the_str
     assert s.filter(s.pods["default/big-1"], NODES, 9.2, T0 + 11).passed[0] in DOMAIN0
 
 
+def test_a_start_the_queue_loop_leaves_out_keeps_its_nodes_from_the_stream() -> None:
+    """The queue loop decided outside the lock to start the gang on rack 0, and one of its pods changed
+    meanwhile: the start is left out for the next pass, and until then rack 0 stays held for the gang."""
+    pods = [solo(f"late-{i}", 4, on=f"r1-t{i}", limit=15 + i) for i in range(4)]
+    s = make_state([*pods, *big_gang(at=T0 + 2)])
+    stream = solo("stream-0", 4, limit=60, at=T0 + 2)
+    s.apply("pods", "ADDED", stream)
+    job = s.queue_begin(1.0, T0 + 3)
+    assert job is not None
+    decision = job.decide()
+    assert [st.gang for st in decision.starts] == ["default/big"]
+    changed = dict(s.pods["default/big-1"])
+    changed["metadata"] = {**changed["metadata"], "labels": {"touched": "yes"}}
+    s.apply("pods", "MODIFIED", changed)  # the gang's spec is worked out again: the start is stale
+    s.queue_commit(job, decision)
+    assert "default/big" not in s.reservations
+    assert not set(s.filter(stream, NODES, 1.1, T0 + 3).passed) & set(DOMAIN0)
+    s.queue_tick(2.0, T0 + 4)  # the next pass starts it
+    assert sorted(s.reservations["default/big"].held) == DOMAIN0
+
+
 class FlakyQueueCluster(FakeQueueCluster):
     def annotate_node(self, node: str, value: str | None) -> None:
         raise RuntimeError("API unreachable")
