@@ -490,14 +490,17 @@ def test_imex_channel_holds_a_lost_checkpoint_left_are_given_back_once_the_drive
     """Issue 31: an agent that starts with its checkpoint gone gives back the holds the domain's record
     keeps for its node that no claim accounts for any more; other nodes' holds stay."""
     from deviceplugin.dra.channelbook import KubeChannelBook
-    from deviceplugin.dra.channels import ChannelRequest, parse_record
+    from deviceplugin.dra.channels import ChannelRequest, ClaimIdentity, parse_record
     from deviceplugin.dra.imexchannel import ImexChannels
     from tests.deviceplugin.test_dra_channels import DOMAIN, FakeConfigMaps
 
     api = FakeConfigMaps()
     book = KubeChannelBook(api, namespace="gpu-system")  # type: ignore[arg-type]
-    book.acquire(DOMAIN, ChannelRequest(gang="team-a/gone"), NODE)
-    book.acquire(DOMAIN, ChannelRequest(gang="team-b/runs"), "node-b")
+    gone = ClaimIdentity("team-a", "w-0", "uid-w0")
+    book.acquire(DOMAIN, ChannelRequest(gang="team-a/gone", claim=gone), NODE)
+    book.acquire(
+        DOMAIN, ChannelRequest(gang="team-b/runs", claim=ClaimIdentity("team-b", "r-0", "u")), "node-b"
+    )
     proc = short_dir / "proc-devices"
     proc.write_text("Character devices:\n510 nvidia-caps-imex-channels\n")
     channels = ImexChannels(
@@ -509,7 +512,7 @@ def test_imex_channel_holds_a_lost_checkpoint_left_are_given_back_once_the_drive
         proc_devices=proc,
         cdi_dir=short_dir / "cdi",
         allow_stand_in=True,
-        claims_in=lambda namespace: [],  # no claim of either gang exists on this node
+        claim_get=lambda namespace, name: None,  # the claim the record names for this node is gone
     )
     store = InventoryStore(sim_node("gb200-nvl72").discover())
     config = DraConfig(
