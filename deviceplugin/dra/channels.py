@@ -167,12 +167,13 @@ def parse_record(
                 raise ValueError("expected {gang: string, nodes: [string]}")
             if not all(isinstance(n, str) for n in nodes):
                 raise ValueError("nodes: expected strings")
+            identities = body.get("claims") if isinstance(body, dict) else None
         except ValueError as exc:
             problems.append(f"{key}: {str(exc)[:120]}; the channel stays taken")
             broken.add(channel)
             continue
         unique = tuple(sorted(set(nodes)))
-        claims, bad = _parse_claims(body.get("claims"), gang=gang, nodes=unique)
+        claims, bad = _parse_claims(identities, gang=gang, nodes=unique)
         problems.extend(f"{key}: {b}; the identity is dropped" for b in bad)
         holders[channel] = Holder(gang=gang, nodes=unique, claims=claims)
     return holders, problems, broken
