@@ -293,6 +293,61 @@ def test_a_gang_of_claim_pods_is_planned_with_each_pods_claim_gpus() -> None:
     assert sum(h["nvidia.com/gpu"] for h in s.reservations["default/g"].held.values()) == 16
 
 
+def test_a_gang_pods_claim_allocated_on_its_planned_node_before_bind_counts_once() -> None:
+    """kube-scheduler writes a gang pod's claim allocation (PreBind) before our bind barrier binds the
+    pod: the allocation counts its GPUs as used, so the gang's hold on that node lets them go; the
+    bind then takes off only the rest, and an allocation withdrawn puts them back on the hold."""
+    annotations = {"gpuagent.dev/gang": "g", "gpuagent.dev/gang-size": "2"}
+    pods = [
+        dra_pod(f"w{i}", template_name="two", annotations={**annotations, "gpuagent.dev/rank": str(i)})
+        for i in range(2)
+    ]
+    s = dra_state(templates=[template("two", 2)], pods=pods)
+    placed = {}
+    for p in pods:
+        out = s.filter(s.pods[f"default/{p['metadata']['name']}"], NODES, 0.0)
+        assert len(out.passed) == 1, (out.failed, out.unresolvable)
+        placed[p["metadata"]["name"]] = out.passed[0]
+    here = placed["w0"]
+    before = s.free_gpus(here)
+    held = s._holds()[here]["nvidia.com/gpu"]
+    # the claim made from w0's template, then its allocation on w0's planned node
+    made = dict(pods[0], status={"resourceClaimStatuses": [{"name": "gpus", "resourceClaimName": "w0-gpus"}]})
+    s.apply("pods", "MODIFIED", made)
+    s.apply("resourceclaims", "ADDED", claim("w0-gpus", 2))
+    assert s.free_gpus(here) == before
+    s.apply("resourceclaims", "MODIFIED", claim("w0-gpus", 2, on=here, devices=("gpu-0", "gpu-1")))
+    assert s.free_gpus(here) == before  # counted once: by the allocation, no longer by the hold
+    assert s._holds().get(here, {}).get("nvidia.com/gpu", 0) == held - 2
+    # the allocation withdrawn (kube-scheduler's binding failed): the hold has them again
+    s.apply("resourceclaims", "MODIFIED", claim("w0-gpus", 2))
+    assert s._holds()[here]["nvidia.com/gpu"] == held
+    assert s.free_gpus(here) == before
+    # allocated again, then bound: the bind takes off nothing more than what is left of its share
+    s.apply("resourceclaims", "MODIFIED", claim("w0-gpus", 2, on=here, devices=("gpu-0", "gpu-1")))
+    s.apply("pods", "MODIFIED", dict(made, spec={**made["spec"], "nodeName": here}))
+    assert s.free_gpus(here) == before
+    assert s._holds().get(here, {}).get("nvidia.com/gpu", 0) == held - 2
+
+
+def test_a_claim_allocated_on_another_node_than_planned_leaves_the_hold() -> None:
+    annotations = {"gpuagent.dev/gang": "g", "gpuagent.dev/gang-size": "2"}
+    pods = [
+        dra_pod(f"w{i}", claim_name=f"c{i}", annotations={**annotations, "gpuagent.dev/rank": str(i)})
+        for i in range(2)
+    ]
+    s = dra_state(claims=[claim("c0", 2), claim("c1", 2)], pods=pods)
+    for p in pods:
+        assert len(s.filter(s.pods[f"default/{p['metadata']['name']}"], NODES, 0.0).passed) == 1
+    holds = s._holds()
+    res = s.reservations["default/g"]
+    planned = res.nodes[res.spec.members["default/w0"]]
+    other = next(n for n in NODES if n != planned)
+    s.apply("resourceclaims", "MODIFIED", claim("c0", 2, on=other, devices=("gpu-0", "gpu-1")))
+    assert s._holds() == holds  # not the pod's planned node: its share stays held there
+    assert res.allocated == {}
+
+
 # -- the book's incremental counts equal a fresh count -------------------------------------------
 
 _NODES = ("n0", "n1", "n2")
