@@ -65,6 +65,24 @@ KINDS: Mapping[str, bool] = {
 }
 
 
+def book_of(
+    objects: Mapping[str, Iterable[Mapping[str, Any]]],
+    *,
+    driver: str = DRIVER,
+    classes: frozenset[str] = GPU_CLASSES,
+) -> ClaimBook:
+    """A book of DRA objects listed once (a kind of :data:`KINDS` -> its objects), as the extender's
+    is after their events (``plan --from-cluster`` reads the cluster with it)."""
+    book = ClaimBook(driver=driver, classes=classes)
+    for kind in ("deviceclasses", "resourceslices", "resourceclaimtemplates", "resourceclaims"):
+        for obj in objects.get(kind, ()):
+            meta = _map(obj.get("metadata"))
+            name = _str(meta.get("name"))
+            key = f"{_str(meta.get('namespace')) or 'default'}/{name}" if KINDS[kind] else name
+            book.update(kind, key, obj)
+    return book
+
+
 def _map(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler_plugin.claims import MAX_RESULTS, Ask, ClaimBook, claim_ask, pool_of
+from scheduler_plugin.claims import MAX_RESULTS, Ask, ClaimBook, book_of, claim_ask, pool_of
+from scheduler_plugin.cluster import snapshot_from_objects
 from scheduler_plugin.extender import ClusterState, gpus_of
 from tests.integration.fakekube import hypernode, node, pod
 
@@ -346,6 +347,47 @@ def test_a_claim_allocated_on_another_node_than_planned_leaves_the_hold() -> Non
     s.apply("resourceclaims", "MODIFIED", claim("c0", 2, on=other, devices=("gpu-0", "gpu-1")))
     assert s._holds() == holds  # not the pod's planned node: its share stays held there
     assert res.allocated == {}
+
+
+def test_a_snapshot_from_listed_objects_counts_claims_as_the_extender_does() -> None:
+    """``plan --from-cluster`` (``snapshot_from_objects`` with a book of the listed DRA objects) and the
+    extender's state see the same GPUs and free GPUs on every node: pools' GPUs besides allocatable,
+    allocations used (a shared GPU once), a bound claim pod's ask not counted again, a bound pod's
+    mapped extended resource counted as GPUs, a pending pod nothing."""
+    claims = [
+        claim("held", 3, on="r0-t0", devices=("gpu-0", "gpu-1", "gpu-2")),
+        claim("shared-a", 1, on="r1-t1", devices=("gpu-3",)),
+        claim("shared-b", 1, on="r1-t1", devices=("gpu-3",)),
+        claim("p-gpus-x", 2, on="r0-t1", devices=("gpu-0", "gpu-1")),
+    ]
+    made = dra_pod("made", template_name="two", node_name="r0-t1")
+    made["status"] = {"resourceClaimStatuses": [{"name": "gpus", "resourceClaimName": "p-gpus-x"}]}
+    extended = pod("ext", 0, node_name="r1-t0")
+    extended["spec"]["containers"][0]["resources"] = {
+        "requests": {"deviceclass.resource.kubernetes.io/gpu.gpuagent.dev": "2"}
+    }
+    pods = [
+        dra_pod("runs", claim_name="held", node_name="r0-t0"),
+        made,
+        extended,
+        pod("plain", 1, node_name="r1-t0"),
+        dra_pod("waits", template_name="two"),
+    ]
+    templates = [template("two", 2)]
+    s = dra_state(pods=pods, claims=claims, templates=templates)
+    nodes = [node(n, 0) for n in NODES]
+    hypernodes = [hypernode(f"nvl-{r}", 1, "nvlink", [f"r{r}-t0", f"r{r}-t1"]) for r in range(2)]
+    book = book_of(
+        {
+            "resourceslices": [gpu_slice(n, 4) for n in NODES],
+            "resourceclaims": claims,
+            "resourceclaimtemplates": templates,
+        }
+    )
+    listed = snapshot_from_objects(nodes, pods, hypernodes, claims=book)
+    view = {n.name: (n.gpus, n.free) for n in s.snapshot().nodes}
+    assert {n.name: (n.gpus, n.free) for n in listed.nodes} == view
+    assert view == {"r0-t0": (4, 1), "r0-t1": (4, 2), "r1-t0": (4, 1), "r1-t1": (4, 3)}
 
 
 # -- the book's incremental counts equal a fresh count -------------------------------------------
