@@ -829,13 +829,13 @@ class ClusterState:
             for r, v in role.resources_per_pod.items():
                 hold[r] = max(0, hold.get(r, 0) - v)
 
-    def _claims_allocated(self, pods: Iterable[str]) -> None:
+    def _claims_allocated(self, pods: Iterable[str], *, only: Reservation | None = None) -> None:
         """Gang pods not bound yet whose claims are allocated on their planned node (kube-scheduler's
         PreBind, before our bind barrier binds them): those GPUs count as used through the allocation,
         so they leave the gang's hold (at most the pod's share of it); an allocation withdrawn puts
-        them back."""
+        them back. ``only``: just that reservation's pods (one made now)."""
         for key in pods:
-            for res in self.reservations.values():
+            for res in (only,) if only is not None else self.reservations.values():
                 planned = res.spec.members.get(key)
                 node = res.nodes.get(planned) if planned is not None else None
                 if planned is None or node is None or key in res.bound:
@@ -1243,6 +1243,7 @@ class ClusterState:
             res.subgroup_sizes = dict(start.plan.subgroup_sizes)
             res.kept_sizes = dict(self._repair_sizes.get(start.gang, {}))
             self.reservations[start.gang] = res
+            self._claims_allocated(res.spec.members, only=res)  # claims still allocated from before
             self._excluded.pop(start.gang, None)
             self._inputs_gen += 1
             planned = f"{len(res.nodes)} pod(s) on {len(res.held)} node(s) at {_utc(wall)}"
