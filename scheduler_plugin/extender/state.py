@@ -518,6 +518,8 @@ class ClusterState:
             self._index_pod(key, after)
             if after is None:
                 self.claims.forget_pod(key)
+                if any(key in r.allocated for r in self.reservations.values()):
+                    self._claims_allocated({key})  # its slot is held again in full
         elif kind in CLAIM_KINDS:
             self._claims_changed(kind, key, after)
         elif kind == "nodes":

@@ -324,6 +324,13 @@ def test_a_gang_pods_claim_allocated_on_its_planned_node_before_bind_counts_once
     s.apply("resourceclaims", "MODIFIED", claim("w0-gpus", 2))
     assert s._holds()[here]["nvidia.com/gpu"] == held
     assert s.free_gpus(here) == before
+    # allocated again, then the pod deleted before it bound: its slot is held in full again
+    s.apply("resourceclaims", "MODIFIED", claim("w0-gpus", 2, on=here, devices=("gpu-0", "gpu-1")))
+    assert s._holds().get(here, {}).get("nvidia.com/gpu", 0) == held - 2
+    s.apply("pods", "DELETED", made)
+    assert s._holds()[here]["nvidia.com/gpu"] == held
+    s.apply("pods", "ADDED", made)
+    assert s._holds().get(here, {}).get("nvidia.com/gpu", 0) == held - 2  # made again, read again
     # allocated again, then bound: the bind takes off nothing more than what is left of its share
     s.apply("resourceclaims", "MODIFIED", claim("w0-gpus", 2, on=here, devices=("gpu-0", "gpu-1")))
     s.apply("pods", "MODIFIED", dict(made, spec={**made["spec"], "nodeName": here}))
