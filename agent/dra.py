@@ -112,7 +112,7 @@ def dra_driver_for_run(
             proc_devices=proc_devices,
             cdi_dir=Path(settings.plugin.cdi.spec_dir),
             allow_stand_in=simulated,
-            claims_in=api.list_claims,
+            claim_get=api.get_claim,
         )
     return DraDriver(
         store=store,

@@ -29,8 +29,10 @@ resource claims kube-scheduler makes for pods (annotation ``resource.kubernetes.
 are not read: their pods' own requests count. What a node has through DRA is the GPUs (``type: gpu``)
 of its pool's newest ResourceSlices without a ``NoSchedule``/``NoExecute`` taint.
 
-Between kube-scheduler writing a claim's allocation (PreBind) and the pod's binding arriving, the pod's
-GPUs count twice (its request and the allocation); the next event settles it.
+Between kube-scheduler writing a claim's allocation (PreBind) and the pod's binding arriving, the
+allocation already counts as used on the node: a gang pod planned there no longer counts in its gang's
+hold for what its claims are allocated on its planned node (``ClaimBook.allocated_on``; the extender's
+``ClusterState`` takes it off the hold), so its GPUs count once.
 
 Pure: no client, no clock. ``ClaimBook`` keeps the projected objects' facts and says what changed.
 """
@@ -61,6 +63,24 @@ KINDS: Mapping[str, bool] = {
     "deviceclasses": False,
     "resourceslices": False,
 }
+
+
+def book_of(
+    objects: Mapping[str, Iterable[Mapping[str, Any]]],
+    *,
+    driver: str = DRIVER,
+    classes: frozenset[str] = GPU_CLASSES,
+) -> ClaimBook:
+    """A book of DRA objects listed once (a kind of :data:`KINDS` -> its objects), as the extender's
+    is after their events (``plan --from-cluster`` reads the cluster with it)."""
+    book = ClaimBook(driver=driver, classes=classes)
+    for kind in ("deviceclasses", "resourceslices", "resourceclaimtemplates", "resourceclaims"):
+        for obj in objects.get(kind, ()):
+            meta = _map(obj.get("metadata"))
+            name = _str(meta.get("name"))
+            key = f"{_str(meta.get('namespace')) or 'default'}/{name}" if KINDS[kind] else name
+            book.update(kind, key, obj)
+    return book
 
 
 def _map(value: Any) -> Mapping[str, Any]:
@@ -211,6 +231,19 @@ class ClaimBook:
     def used(self, node: str) -> int:
         """GPUs of ``node`` allocated to claims (each once)."""
         return len(self._gpu_claims.get(node, {}))
+
+    def allocated_on(self, pod: str, node: str) -> int:
+        """GPUs of ``node`` allocated to the claims pod ``pod`` (a key ``with_claims`` saw) reads, each
+        once."""
+        gpus: set[str] = set()
+        for ref in self._reads.get(pod, ()):
+            if ref.startswith("claim:"):
+                gpus |= self._claim_gpus.get(ref.removeprefix("claim:"), {}).get(node, frozenset())
+        return len(gpus)
+
+    def readers(self, claim: str) -> frozenset[str]:
+        """The pods that read the claim ``<namespace>/<name>``."""
+        return frozenset(self._readers.get("claim:" + claim, ()))
 
     def largest(self) -> int:
         """The most GPUs one node has through DRA (what ``allocationMode: All`` asks)."""

@@ -20,10 +20,13 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scheduler_plugin.snapshot import ClusterSnapshot, NodeState
 from topology.model import GPU_RESOURCE
+
+if TYPE_CHECKING:
+    from scheduler_plugin.claims import ClaimBook
 
 GPU = GPU_RESOURCE
 CPU = "cpu"
@@ -300,13 +303,19 @@ def snapshot_from_objects(
     *,
     reserved: Mapping[str, Mapping[str, int]] | None = None,
     previous: ClusterSnapshot | None = None,
+    claims: ClaimBook | None = None,
 ) -> ClusterSnapshot:
     """A snapshot of the cluster: free = allocatable - requests of bound, unfinished pods - ``reserved``.
 
     ``reserved`` maps a node name to resources held for gangs that are planned but not bound yet.
     ``previous``: an earlier snapshot whose ``NodeState`` objects are reused where a node's state is
     equal, so the planner, which diffs snapshots by object identity, recomputes only what changed.
+    ``claims``: the DRA objects (:mod:`scheduler_plugin.claims`, a book of them), counted as the extender
+    counts them: a node has its pool's GPUs besides allocatable, uses its claims' allocations, and a
+    bound pod uses its requests (mapped extended resources as GPUs) less what it gets through claims.
     """
+    if claims is not None:  # claims imports this module: read here, not at import
+        from scheduler_plugin.claims import claimed, with_gpus  # noqa: PLC0415
     node_list = [n for n in nodes if get_in(n, "metadata", "name")]
     names = sorted(str(get_in(n, "metadata", "name")) for n in node_list)
     labels = {
@@ -317,8 +326,21 @@ def snapshot_from_objects(
         if not holds_resources(pod):
             continue
         u = used.setdefault(str(get_in(pod, "spec", "nodeName")), {})
-        for k, v in pod_requests(pod).items():
+        requests = pod_requests(pod)
+        if claims is not None:
+            key = f"{get_in(pod, 'metadata', 'namespace') or 'default'}/{get_in(pod, 'metadata', 'name')}"
+            projected = claims.with_claims(key, pod)
+            requests = pod_requests(projected)
+            through = claimed(projected)
+            if through:
+                requests[GPU] = max(0, requests.get(GPU, 0) - through)
+        for k, v in requests.items():
             u[k] = u.get(k, 0) + v
+    if claims is not None:
+        for name in names:
+            if claims.used(name):
+                u = used.setdefault(name, {})
+                u[GPU] = u.get(GPU, 0) + claims.used(name)
     for node_name, res in (reserved or {}).items():
         u = used.setdefault(node_name, {})
         for k, v in res.items():
@@ -345,7 +367,10 @@ def snapshot_from_objects(
     states: list[NodeState] = []
     for node in node_list:
         name = str(get_in(node, "metadata", "name"))
-        state = node_state(base_state(node, hn_domains.get(name, {})), used.get(name, {}))
+        base = base_state(node, hn_domains.get(name, {}))
+        if claims is not None:
+            base = with_gpus(base, claims.capacity(name))
+        state = node_state(base, used.get(name, {}))
         old = before.get(name)
         states.append(old if old is not None and old == state else state)
     return ClusterSnapshot(tiers=tuple(tier_list), nodes=tuple(sorted(states, key=lambda s: s.name)))

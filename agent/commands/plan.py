@@ -1,7 +1,8 @@
 """``gpu-node-agent plan``: plan one gang on a cluster snapshot and print the plan as JSON.
 
 ``--cluster C.yaml`` reads a snapshot file; ``--from-cluster [--kubeconfig K]`` reads the live API
-(nodes' allocatable ``nvidia.com/gpu``, bound pods' requests, HyperNodes, node-label fallback).
+(nodes' allocatable ``nvidia.com/gpu``, bound pods' requests, HyperNodes, node-label fallback, and
+GPUs through DRA: pools' GPUs, claims' allocations, as the extender counts them).
 Exit 0 with ``{"feasible": ...}`` whether the gang fits or not; exit 2 with one line naming the
 field for invalid input. Files are read within limits: regular files only, at most ``MAX_FILE_BYTES``
 (64 MiB, room for a cluster of several hundred thousand nodes), and :mod:`topology.safeyaml`'s (UTF-8,
@@ -54,17 +55,24 @@ def read_gang(path: str, tiers: tuple[str, ...]) -> Gang:
     return gang_from_data(_load(path, "gang"), tiers, "gang")
 
 
+DRA = "/apis/resource.k8s.io/v1/"  # GPUs pods get through claims (scheduler_plugin.claims)
+
+
 def _live_snapshot(kubeconfig: str | None) -> ClusterSnapshot:
-    """Nodes, pods and HyperNodes listed once through the one Kubernetes adapter (no HyperNode CRD:
-    none, so the node-label fallback applies)."""
-    from scheduler_plugin.cluster import snapshot_from_objects  # noqa: PLC0415 - only for --from-cluster
+    """Nodes, pods, HyperNodes and the DRA objects (claims, templates, DeviceClasses, ResourceSlices)
+    listed once through the one Kubernetes adapter; GPUs pods get through claims count as the extender
+    counts them (:mod:`scheduler_plugin.claims`). No HyperNode CRD: none, so the node-label fallback
+    applies; no ``resource.k8s.io/v1``: no claims."""
+    from scheduler_plugin.claims import KINDS, book_of  # noqa: PLC0415 - only for --from-cluster
+    from scheduler_plugin.cluster import snapshot_from_objects  # noqa: PLC0415
     from topology.kube import HYPERNODES, NODES, PODS, Kube, api_client_from  # noqa: PLC0415
 
     kube = Kube(api_client_from(kubeconfig))
     nodes, _ = kube.list(NODES)
     pods, _ = kube.list(PODS)
     hypernodes, _ = kube.list(HYPERNODES, missing_ok=True)
-    return snapshot_from_objects(nodes, pods, hypernodes)
+    dra = {kind: kube.list(DRA + kind, missing_ok=True)[0] for kind in KINDS}
+    return snapshot_from_objects(nodes, pods, hypernodes, claims=book_of(dra))
 
 
 def main(argv: list[str]) -> int:

@@ -9,8 +9,9 @@ here, at prepare, per gang and NVLink domain:
   (templates copy their labels to the claims they make). The key is ``<claim namespace>/<gang>``, so
   a claim can only ever join a gang of its own namespace.
 - A claim may ask for a number (``parameters: {channel: N}``); one that another gang holds is refused.
-- The record of a domain maps each held channel to its gang and the nodes that have it prepared. The
-  first node of a gang to prepare takes the lowest free channel (or the one asked for); every other node
+- The record of a domain maps each held channel to its gang, the nodes that have it prepared and, for
+  each such node, the identity (namespace, name, uid) of the claims it prepared with it. The first
+  node of a gang to prepare takes the lowest free channel (or the one asked for); every other node
   of the gang finds it there, so the whole gang gets one channel and every other gang of the domain
   another. A node that unprepares its last claim of the gang leaves the holders; the channel is free
   once no node holds it.
@@ -20,7 +21,13 @@ with optimistic concurrency), which makes it the same for every node and survive
 them. Channels are ``0 .. limit-1``; the driver's limit is 2048 (the count NVIDIA's driver creates and
 its DRA driver assumes). A full domain is a clear error, never a crash. Everything read from the
 record or a claim is checked: a malformed entry is reported and left alone (its channel counts as
-taken), never trusted.
+taken), never trusted; a malformed claim identity is dropped (reported) and the entry kept.
+
+The identities let a node that lost its checkpoint tell, by a GET of each claim the record names for it,
+which of its holds a claim still accounts for (no LIST of claims, so the agent needs ``get`` only). An
+entry written before identities were recorded (``{gang, nodes}`` alone) still parses; such a hold has no
+identity to check and is kept until the node prepares a claim of the gang again (which records it) or
+releases it (:mod:`deviceplugin.dra.imexchannel`).
 """
 
 from __future__ import annotations
@@ -35,8 +42,13 @@ CHANNEL_LIMIT = 2048
 GANG_LABEL = "gpuagent.dev/gang"
 MAX_GANG = 253
 MAX_NODES = 1024  # holders of one channel: far above any NVLink domain's node count
+MAX_CLAIMS_PER_NODE = 64  # identities kept per node and channel (the newest); one per pod of the gang there
+MAX_CLAIMS = 4096  # identities read from one entry at most
 KEY_PREFIX = "channel-"
 _GANG = re.compile(r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$", re.IGNORECASE)
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # an RFC 1123 label
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # an RFC 1123 subdomain
+_UID = re.compile(r"[A-Za-z0-9][-A-Za-z0-9]{0,127}")
 
 
 class ChannelError(ValueError):
@@ -44,15 +56,43 @@ class ChannelError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimIdentity:
+    """A ResourceClaim as the record names it: a GET of ``namespace/name`` finds it, ``uid`` tells a
+    claim made again under the same name from it."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+def claim_identity(namespace: Any, name: Any, uid: Any) -> ClaimIdentity:
+    """The identity, checked (names as the API allows them, so a GET path is built from nothing
+    else); raises :class:`ValueError` naming the field."""
+    for field, value, pattern in (
+        ("namespace", namespace, _NAMESPACE),
+        ("name", name, _NAME),
+        ("uid", uid, _UID),
+    ):
+        if not isinstance(value, str) or not pattern.fullmatch(value):
+            raise ValueError(f"claim {field}: {value!r:.80} is not a valid {field}")
+    return ClaimIdentity(namespace=namespace, name=name, uid=uid)
+
+
+@dataclass(frozen=True, slots=True)
 class Holder:
     gang: str  # "<namespace>/<gang>"
     nodes: tuple[str, ...]
+    claims: tuple[tuple[str, ClaimIdentity], ...] = ()  # (node, claim) for the nodes in ``nodes``
+
+    def claims_of(self, node: str) -> list[ClaimIdentity]:
+        return [c for n, c in self.claims if n == node]
 
 
 @dataclass(frozen=True, slots=True)
 class ChannelRequest:
     gang: str  # "<namespace>/<gang>"
     channel: int | None = None  # a number the claim asks for
+    claim: ClaimIdentity | None = None  # the claim asking, recorded with the node's hold
 
 
 def channel_request(claim: Mapping[str, Any], *, driver: str, limit: int = CHANNEL_LIMIT) -> ChannelRequest:
@@ -96,7 +136,11 @@ def channel_request(claim: Mapping[str, Any], *, driver: str, limit: int = CHANN
         isinstance(channel, bool) or not isinstance(channel, int) or not 0 <= channel < limit
     ):
         raise ChannelError(f"parameters.channel: {channel!r:.40} is not a channel 0..{limit - 1}")
-    return ChannelRequest(gang=f"{namespace}/{gang}", channel=channel)
+    try:
+        identity = claim_identity(namespace, meta.get("name"), meta.get("uid"))
+    except ValueError as exc:
+        raise ChannelError(f"metadata: {exc}") from None
+    return ChannelRequest(gang=f"{namespace}/{gang}", channel=channel, claim=identity)
 
 
 def parse_record(
@@ -123,19 +167,62 @@ def parse_record(
                 raise ValueError("expected {gang: string, nodes: [string]}")
             if not all(isinstance(n, str) for n in nodes):
                 raise ValueError("nodes: expected strings")
+            identities = body.get("claims") if isinstance(body, dict) else None
         except ValueError as exc:
             problems.append(f"{key}: {str(exc)[:120]}; the channel stays taken")
             broken.add(channel)
             continue
-        holders[channel] = Holder(gang=gang, nodes=tuple(sorted(set(nodes))))
+        unique = tuple(sorted(set(nodes)))
+        claims, bad = _parse_claims(identities, gang=gang, nodes=unique)
+        problems.extend(f"{key}: {b}; the identity is dropped" for b in bad)
+        holders[channel] = Holder(gang=gang, nodes=unique, claims=claims)
     return holders, problems, broken
 
 
+def _parse_claims(
+    raw: Any, *, gang: str, nodes: tuple[str, ...]
+) -> tuple[tuple[tuple[str, ClaimIdentity], ...], list[str]]:
+    """The (node, claim) identities of an entry and the problems with the rest: each must name a node of
+    the entry and a claim of the gang's namespace (a claim only ever joins a gang of its own)."""
+    if raw is None:
+        return (), []  # an entry of the format before identities
+    if not isinstance(raw, list):
+        return (), ["claims: expected a list"]
+    out: list[tuple[str, ClaimIdentity]] = []
+    problems: list[str] = []
+    if len(raw) > MAX_CLAIMS:
+        problems.append(f"claims: {len(raw)} identities, only the first {MAX_CLAIMS} read")
+    namespace = gang.partition("/")[0]
+    for i, item in enumerate(raw[:MAX_CLAIMS]):
+        try:
+            if not isinstance(item, dict):
+                raise ValueError("expected {node, namespace, name, uid}")
+            node = item.get("node")
+            if not isinstance(node, str) or node not in nodes:
+                raise ValueError(f"node {node!r:.80} holds no part of the channel")
+            identity = claim_identity(item.get("namespace"), item.get("name"), item.get("uid"))
+            if identity.namespace != namespace:
+                raise ValueError(f"namespace {identity.namespace} is not the gang's")
+        except ValueError as exc:
+            if len(problems) < 8:
+                problems.append(f"claims[{i}]: {str(exc)[:120]}")
+            continue
+        if (node, identity) not in out:
+            out.append((node, identity))
+    return tuple(out), problems
+
+
 def render_record(holders: Mapping[int, Holder]) -> dict[str, str]:
-    return {
-        f"{KEY_PREFIX}{channel}": json.dumps({"gang": h.gang, "nodes": list(h.nodes)}, separators=(",", ":"))
-        for channel, h in sorted(holders.items())
-    }
+    return {f"{KEY_PREFIX}{channel}": _render(h) for channel, h in sorted(holders.items())}
+
+
+def _render(holder: Holder) -> str:
+    body: dict[str, Any] = {"gang": holder.gang, "nodes": list(holder.nodes)}
+    if holder.claims:
+        body["claims"] = [
+            {"node": n, "namespace": c.namespace, "name": c.name, "uid": c.uid} for n, c in holder.claims
+        ]
+    return json.dumps(body, separators=(",", ":"))
 
 
 def acquire(
@@ -178,7 +265,13 @@ def acquire(
     if node not in nodes and len(nodes) >= MAX_NODES:
         raise ChannelError(f"IMEX channel {channel} in domain {domain} has {MAX_NODES} holders already")
     nodes.add(node)
-    out[channel] = Holder(gang=request.gang, nodes=tuple(sorted(nodes)))
+    claims = list(held.claims) if held is not None else []
+    if request.claim is not None and (node, request.claim) not in claims:
+        claims.append((node, request.claim))
+        mine_here = [i for i, (n, _) in enumerate(claims) if n == node]
+        for i in reversed(mine_here[:-MAX_CLAIMS_PER_NODE]):  # the oldest beyond the cap
+            del claims[i]
+    out[channel] = Holder(gang=request.gang, nodes=tuple(sorted(nodes)), claims=tuple(claims))
     return channel, out
 
 
@@ -191,7 +284,7 @@ def release(holders: Mapping[int, Holder], *, gang: str, channel: int, node: str
         return out
     nodes = tuple(n for n in held.nodes if n != node)
     if nodes:
-        out[channel] = Holder(gang=gang, nodes=nodes)
+        out[channel] = Holder(gang=gang, nodes=nodes, claims=tuple(c for c in held.claims if c[0] != node))
     else:
         del out[channel]
     return out

@@ -130,6 +130,8 @@ class DraDriver:
         self._inventory_dirty = False
         # once, when the node is in a domain (``_reconcile``)
         self._reconcile_channels = channels is not None and channels.reconciles
+        self._reconcile_at = 0.0
+        self._reconcile_backoff = min_backoff_s
         self._publish_pending = True
         self._publish_at = 0.0
         self._backoff = min_backoff_s
@@ -278,18 +280,22 @@ class DraDriver:
 
     async def _reconcile(self) -> None:
         """The IMEX channel holds of this node that no claim accounts for any more are given back, once
-        (``ImexChannels.reconcile``); tried again at later ticks until it could decide."""
-        if self.channels is None or self.channels.domain() is None:
+        (``ImexChannels.reconcile``); after an error tried again with a doubling back-off until it could
+        decide."""
+        if self.channels is None or self.channels.domain() is None or self._clock() < self._reconcile_at:
             return
         held = [c.channel for c in self.checkpoint.claims.values() if c.channel is not None]
         try:
             released = await asyncio.to_thread(self.channels.reconcile, held=held)
         except (ChannelError, KubeError) as exc:
+            self._reconcile_at = self._clock() + self._reconcile_backoff
             self._log.warning(
                 "imex_channel_reconcile_failed",
                 error=str(exc)[:300],
-                hint="tried again at the next poll; the agent's RBAC needs list on resourceclaims",
+                retry_in_s=self._reconcile_backoff,
+                hint="nothing was given back; the agent's RBAC needs get on resourceclaims",
             )
+            self._reconcile_backoff = min(self._reconcile_backoff * 2, self._max_backoff)
             return
         if released is not None:
             self._reconcile_channels = False

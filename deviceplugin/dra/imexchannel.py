@@ -2,8 +2,9 @@
 (:mod:`deviceplugin.dra.channelbook`), its device node made under the dev root and a CDI device for it;
 at unprepare, the node's hold given back and the device node removed once no claim here uses it; at
 start (``reconcile``), the holds the record keeps for this node that no prepared claim (the checkpoint)
-and no existing claim allocated here (the API) accounts for are given back: a checkpoint lost with the
-agent's state would otherwise keep those channels taken in the domain for good.
+and none of the claims the record names for it (a GET of each) accounts for are given back: a
+checkpoint lost with the agent's state would otherwise keep those channels taken in the domain for
+good.
 
 The node publishes one ``imex-channel`` device (:data:`IMEX_DEVICE`) in its pool while it sits in a
 complete NVLink domain; every claim of the gang on this node is allocated that device, and the
@@ -15,14 +16,14 @@ prepared here now. Blocking calls: run them from a worker thread.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from deviceplugin.cdi import write_spec
 from deviceplugin.config import ImexChannel
 from deviceplugin.dra.channelbook import ChannelBook
-from deviceplugin.dra.channels import ChannelError, channel_request
+from deviceplugin.dra.channels import ChannelError, ClaimIdentity, channel_request
 from deviceplugin.dra.checkpoint import ChannelHold
 from deviceplugin.dra.slices import IMEX_CHANNEL_DEVICE
 from deviceplugin.imex import (
@@ -50,12 +51,12 @@ class ImexChannels:
         proc_devices: Path,
         cdi_dir: Path,
         allow_stand_in: bool = False,
-        claims_in: Callable[[str], Sequence[Mapping[str, Any]]] | None = None,
+        claim_get: Callable[[str, str], Mapping[str, Any] | None] | None = None,
     ) -> None:
-        """``claims_in``: the ResourceClaims of a namespace, from the API (``reconcile`` reads them; None:
-        no reconcile)."""
+        """``claim_get``: one ResourceClaim by namespace and name from the API, None when there is none
+        (``reconcile`` reads the claims the record names; None: no reconcile)."""
         self.book = book
-        self._claims_in = claims_in
+        self._claim_get = claim_get
         self.node_name = node_name
         self.driver = driver
         self._domain = domain
@@ -68,8 +69,8 @@ class ImexChannels:
 
     @property
     def reconciles(self) -> bool:
-        """Whether ``reconcile`` can read claims (it was given ``claims_in``)."""
-        return self._claims_in is not None
+        """Whether ``reconcile`` can read claims (it was given ``claim_get``)."""
+        return self._claim_get is not None
 
     def domain(self) -> str | None:
         return self._domain()
@@ -117,28 +118,48 @@ class ImexChannels:
 
     def reconcile(self, *, held: Iterable[ChannelHold]) -> list[tuple[str, int]] | None:
         """Give back the holds the domain's record keeps for this node that neither ``held`` (the claims
-        prepared here, from the checkpoint) nor a claim that still exists and is allocated this node's
-        IMEX channel device for that gang accounts for; their device nodes go too. Returns the
-        (gang, channel) given back, or None when it cannot decide now (no complete NVLink domain, or
-        nothing to read the claims with). Raises :class:`ChannelError` (the record) and the claim
-        reader's errors: nothing is given back on a partial view."""
+        prepared here, from the checkpoint) nor a claim the record names for this node accounts for: one
+        GET per named claim, and a hold stays while one of them exists with the recorded uid and is
+        allocated this node's IMEX channel device for that gang (a 404 or another uid is no claim's). A
+        hold with no identity for this node (written before identities were recorded, or its identity
+        was malformed) cannot be checked: it is kept and reported; one whose gang no namespace can have
+        is no claim's and is given back. Returns the (gang, channel) given back, or None when it cannot
+        decide now (no complete NVLink domain, or nothing to read claims with). Raises
+        :class:`ChannelError` (the record) and the claim reader's errors: every GET is made before
+        anything is given back, so nothing is given back on a partial view."""
         domain = self._domain()
-        if domain is None or self._claims_in is None:
+        if domain is None or self._claim_get is None:
             return None
         mine = list(held)
         kept = {(h.gang, h.channel) for h in mine if h.domain == domain}
         in_use = {h.channel for h in mine}
-        stale = [(h.gang, c) for c, h in sorted(self.book.held(domain, self.node_name).items())]
-        stale = [(g, c) for g, c in stale if (g, c) not in kept]
-        claims: dict[str, Sequence[Mapping[str, Any]]] = {}
-        for gang, _ in stale:
-            namespace = gang.partition("/")[0]
-            if namespace not in claims:  # a gang no namespace can have (a peer's bad entry): no claim's
-                claims[namespace] = self._claims_in(namespace) if _NAMESPACE.fullmatch(namespace) else ()
+        holds = [
+            (c, h)
+            for c, h in sorted(self.book.held(domain, self.node_name).items())
+            if (h.gang, c) not in kept
+        ]
+        stale: list[tuple[str, int]] = []
+        for channel, holder in holds:
+            namespace = holder.gang.partition("/")[0]
+            if not _NAMESPACE.fullmatch(namespace):  # a peer's bad entry: no claim can be of this gang
+                stale.append((holder.gang, channel))
+                continue
+            identities = holder.claims_of(self.node_name)
+            if not identities:
+                self._log.warning(
+                    "imex_channel_hold_unverifiable",
+                    domain=domain,
+                    gang=holder.gang,
+                    channel=channel,
+                    detail="the record names no claim for this node's hold (written by an older agent); "
+                    "kept until a claim of the gang is prepared or unprepared here. Remove this node from "
+                    f"the entry channel-{channel} by hand if no pod of the gang runs here",
+                )
+                continue
+            if not any(self._still_here(i, holder.gang) for i in identities):
+                stale.append((holder.gang, channel))
         released = []
         for gang, channel in stale:
-            if any(self._allocated_here(c, gang) for c in claims[gang.partition("/")[0]]):
-                continue
             self.book.release(domain, gang=gang, channel=channel, node=self.node_name)
             if channel not in in_use:
                 try:
@@ -150,11 +171,22 @@ class ImexChannels:
                 domain=domain,
                 gang=gang,
                 channel=channel,
-                detail="the record held it for this node, but no prepared claim here and no claim "
-                "allocated here in the API holds it (a checkpoint lost with the agent's state)",
+                detail="the record held it for this node, but no prepared claim here and none of the "
+                "claims it names (gone, made again, or allocated elsewhere) holds it (a checkpoint lost "
+                "with the agent's state)",
             )
             released.append((gang, channel))
         return released
+
+    def _still_here(self, identity: ClaimIdentity, gang: str) -> bool:
+        assert self._claim_get is not None
+        claim = self._claim_get(identity.namespace, identity.name)
+        if claim is None:
+            return False
+        meta = claim.get("metadata")
+        if not isinstance(meta, Mapping) or meta.get("uid") != identity.uid:
+            return False
+        return self._allocated_here(claim, gang)
 
     def _allocated_here(self, claim: Mapping[str, Any], gang: str) -> bool:
         """Whether ``claim`` is allocated this node's IMEX channel device and belongs to ``gang``."""

@@ -61,10 +61,6 @@ class KubeDraApi:
     def delete_slice(self, name: str) -> None:
         self.kube.delete(f"{RESOURCESLICES}/{quote(name)}")
 
-    def list_claims(self, namespace: str) -> list[dict[str, Any]]:
-        items, _ = self.kube.list(resourceclaims(namespace))
-        return items
-
     def get_claim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         try:
             return self.kube.get(f"{resourceclaims(namespace)}/{quote(name)}")

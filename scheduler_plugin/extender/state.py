@@ -180,6 +180,9 @@ class Reservation:
     # role -> the size a subgroup-size auto role's replacements keep (``repair.Unbound.sizes``): written
     # on their Bindings like ``subgroup_sizes``, without a SubgroupSizeChosen Event (nothing was chosen)
     kept_sizes: dict[str, int] = field(default_factory=dict)
+    # pod key -> GPUs its claims are allocated on its planned node before it bound: taken off ``held``
+    # (the allocation counts them as used already; ``ClusterState._claims_allocated``)
+    allocated: dict[str, int] = field(default_factory=dict)
 
     @property
     def target(self) -> int:
@@ -515,6 +518,8 @@ class ClusterState:
             self._index_pod(key, after)
             if after is None:
                 self.claims.forget_pod(key)
+                if any(key in r.allocated for r in self.reservations.values()):
+                    self._claims_allocated({key})  # its slot is held again in full
         elif kind in CLAIM_KINDS:
             self._claims_changed(kind, key, after)
         elif kind == "nodes":
@@ -566,6 +571,8 @@ class ClusterState:
                 counts[GPU] = counts.get(GPU, 0) + used
         if change.nodes:
             self._queue_dirty = True
+            if kind == "resourceclaims":
+                self._claims_allocated(self.claims.readers(key))
         for pod_key_ in sorted(change.pods):
             pod = self.pods.get(pod_key_)
             if pod is not None:
@@ -603,7 +610,9 @@ class ClusterState:
             for res in self.reservations.values():  # a reserved pod that got bound no longer needs its hold
                 if key in res.spec.members and key not in res.bound:
                     res.bound.add(key)
-                    self._release_hold(res, res.spec.members[key], info.node)
+                    self._release_hold(res, key, info.node)
+        elif self.reservations and (pod.get("spec") or {}).get("resourceClaims"):
+            self._claims_allocated({key})  # its claims (status.resourceClaimStatuses) may be known now
 
     def _unindex(self, key: str, old: PodInfo) -> None:
         if old.gang is not None:
@@ -811,7 +820,8 @@ class ClusterState:
             hold = QueueReservation(gang, -math.inf, claims)
             self._given_up[gang] = _GivenUp(self._version, hold, frozenset(res.spec.members))
 
-    def _release_hold(self, res: Reservation, planned: PodSlot, node: str) -> None:
+    def _release_hold(self, res: Reservation, key: str, node: str) -> None:
+        planned = res.spec.members[key]
         held_node = res.nodes.get(planned)
         if held_node is None:
             return
@@ -819,10 +829,38 @@ class ClusterState:
         if role is None:
             return
         hold = res.held.get(held_node)
+        allocated = res.allocated.pop(key, 0)  # already off the hold
         if hold is not None:
-            hold[GPU] = max(0, hold.get(GPU, 0) - role.gpus_per_pod)
+            hold[GPU] = max(0, hold.get(GPU, 0) - max(0, role.gpus_per_pod - allocated))
             for r, v in role.resources_per_pod.items():
                 hold[r] = max(0, hold.get(r, 0) - v)
+
+    def _claims_allocated(self, pods: Iterable[str], *, only: Reservation | None = None) -> None:
+        """Gang pods not bound yet whose claims are allocated on their planned node (kube-scheduler's
+        PreBind, before our bind barrier binds them): those GPUs count as used through the allocation,
+        so they leave the gang's hold (at most the pod's share of it); an allocation withdrawn puts
+        them back. ``only``: just that reservation's pods (one made now)."""
+        for key in pods:
+            for res in (only,) if only is not None else self.reservations.values():
+                planned = res.spec.members.get(key)
+                node = res.nodes.get(planned) if planned is not None else None
+                if planned is None or node is None or key in res.bound:
+                    continue
+                role = next((r for r in res.spec.gang.roles if planned.role == r.name), None)
+                share = role.gpus_per_pod if role is not None else 0
+                now = min(self.claims.allocated_on(key, node), share)
+                before = res.allocated.get(key, 0)
+                hold = res.held.get(node)
+                if now == before or hold is None:
+                    continue
+                hold[GPU] = max(0, hold.get(GPU, 0) - (now - before))
+                if now:
+                    res.allocated[key] = now
+                else:
+                    res.allocated.pop(key, None)
+                self._snap_dirty.add(node)
+                self._usage_changed(node)
+                self._version += 1
 
     def _holds(self, *, except_gang: str | None = None) -> dict[str, dict[str, int]]:
         """Resources held per node for gangs planned but not bound (other than ``except_gang``)."""
@@ -1215,6 +1253,7 @@ class ClusterState:
             res.subgroup_sizes = dict(start.plan.subgroup_sizes)
             res.kept_sizes = dict(self._repair_sizes.get(start.gang, {}))
             self.reservations[start.gang] = res
+            self._claims_allocated(res.spec.members, only=res)  # claims still allocated from before
             self._excluded.pop(start.gang, None)
             self._inputs_gen += 1
             planned = f"{len(res.nodes)} pod(s) on {len(res.held)} node(s) at {_utc(wall)}"
@@ -2278,7 +2317,7 @@ class ClusterState:
         for k, n in pods_nodes(pods):
             res.bound.add(k)
             self._assume_bound(k, n)
-            self._release_hold(res, res.spec.members[k], n)
+            self._release_hold(res, k, n)
         res.barrier_deadline = None
         if self.reservations.pop(gang_name, None) is not None:
             self._version += 1

@@ -332,6 +332,46 @@ def test_from_cluster_reads_the_live_api(tmp_path: Path, capsys: pytest.CaptureF
     assert out["subgroups"] == [{"role": "w", "index": 0, "domain": "nvl-1"}]
 
 
+def test_from_cluster_counts_gpus_through_dra_claims_as_the_extender_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every GPU is served by DRA (no allocatable ``nvidia.com/gpu``): the pools' GPUs are what nodes
+    have, and a bound pod's claim allocated on r0-t2 uses one there, so a gang of four whole nodes fits
+    only nvl-1 (counted through ``scheduler_plugin.claims``, as the extender counts them)."""
+    from agent.commands.plan import DRA
+    from tests.integration import fakekube
+    from tests.integration.fakekube import FakeKube, hypernode, node
+    from tests.scheduler_plugin.test_claims import claim, dra_pod, gpu_slice
+
+    for kind in ("resourceclaims", "resourceslices"):
+        monkeypatch.setitem(fakekube.PATHS, DRA + kind, kind)
+    fake = FakeKube()
+    for r in range(2):
+        for t in range(4):
+            fake.put("nodes", node(f"r{r}-t{t}", 0))
+            fake.put("resourceslices", gpu_slice(f"r{r}-t{t}", 4))
+        fake.put("hypernodes", hypernode(f"nvl-{r}", 1, "nvlink", [f"r{r}-t{t}" for t in range(4)]))
+    fake.put("resourceclaims", claim("busy", 1, on="r0-t2", devices=("gpu-0",)))
+    fake.put("pods", dra_pod("busy", claim_name="busy", node_name="r0-t2"))
+    fake.start()
+    gang = {
+        "roles": [{"name": "w", "pods": 4, "gpus_per_pod": 4, "subgroup_size": 4, "subgroup_tier": "nvlink"}]
+    }
+    argv = ["--from-cluster", "--kubeconfig", write(tmp_path, "k.yaml", token_kubeconfig("")), "--gang", ""]
+    try:
+        argv[2] = write(tmp_path, "k.yaml", token_kubeconfig(fake.url))
+        argv[4] = write(tmp_path, "g.yaml", gang)
+        code, out, err = run(capsys, argv)
+        assert code == 0, err
+        assert out["subgroups"] == [{"role": "w", "index": 0, "domain": "nvl-1"}]
+        fake.put("resourceclaims", claim("busy", 1, on="r1-t0", devices=("gpu-0",)))  # moved: nvl-0 fits
+        code, out, err = run(capsys, argv)
+        assert code == 0, err
+        assert out["subgroups"] == [{"role": "w", "index": 0, "domain": "nvl-0"}]
+    finally:
+        fake.stop()
+
+
 def test_from_cluster_unreachable_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(
         capsys,

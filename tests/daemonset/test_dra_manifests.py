@@ -80,9 +80,10 @@ def test_the_component_config_enables_dra_and_parses(deploy_tools: Path, tmp_pat
     assert {dra.plugin_dir, dra.registry_dir} <= mounts
     rbac = objs[("ClusterRole", "", "gpu-node-agent-dra")]
     assert {"resourceslices", "resourceclaims"} == {r for rule in rbac["rules"] for r in rule["resources"]}
-    # claims: get (prepare) and list (at start, which claims still hold IMEX channels here), no write
+    # claims: get only (prepare, and at start the claims a channel record names for the node): no list
+    # (an agent never reads every claim of the cluster), no write
     (claims,) = [rule for rule in rbac["rules"] if "resourceclaims" in rule["resources"]]
-    assert set(claims["verbs"]) == {"get", "list"}
+    assert set(claims["verbs"]) == {"get"}
 
 
 @pytest.mark.parametrize("source", ["kustomize", "helm"])

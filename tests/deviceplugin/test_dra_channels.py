@@ -19,6 +19,7 @@ from deviceplugin.dra.channelbook import KubeChannelBook, record_name
 from deviceplugin.dra.channels import (
     ChannelError,
     ChannelRequest,
+    ClaimIdentity,
     Holder,
     acquire,
     channel_request,
@@ -112,11 +113,12 @@ def claim(
 
 
 def test_the_gang_comes_from_the_opaque_config_or_the_label_and_is_namespaced() -> None:
+    me = ClaimIdentity("team-a", "c", "u")  # recorded with the hold: reconcile GETs it by this
     assert channel_request(claim({"gpuagent.dev/gang": "train"}), driver=DRIVER) == ChannelRequest(
-        "team-a/train"
+        "team-a/train", claim=me
     )
     got = channel_request(claim({"gpuagent.dev/gang": "x"}, {"gang": "job-1", "channel": 5}), driver=DRIVER)
-    assert got == ChannelRequest("team-a/job-1", 5)
+    assert got == ChannelRequest("team-a/job-1", 5, me)
     # the same gang name in another namespace is another gang
     assert channel_request(claim({"gpuagent.dev/gang": "train"}, namespace="team-b"), driver=DRIVER).gang == (
         "team-b/train"
@@ -219,9 +221,17 @@ def imex_claim(claims: Claims, name: str, uid: str, gang: str, namespace: str = 
     return ref
 
 
-def claims_in(claims: Claims) -> Callable[[str], list[Mapping[str, Any]]]:
-    """The claims of a namespace, as the API lists them."""
-    return lambda namespace: [c for (ns, _), c in sorted(claims.objects.items()) if ns == namespace]
+def claim_get(
+    claims: Claims, gets: list[tuple[str, str]] | None = None
+) -> Callable[[str, str], Mapping[str, Any] | None]:
+    """One claim by namespace and name, as a GET finds it (None: 404); ``gets`` records each GET."""
+
+    def get(namespace: str, name: str) -> Mapping[str, Any] | None:
+        if gets is not None:
+            gets.append((namespace, name))
+        return claims.objects.get((namespace, name))
+
+    return get
 
 
 def channel_preparer(tmp: Path, claims: Claims, api: FakeConfigMaps, node: str = POOL) -> Preparer:
@@ -236,7 +246,7 @@ def channel_preparer(tmp: Path, claims: Claims, api: FakeConfigMaps, node: str =
         proc_devices=proc,
         cdi_dir=tmp / "cdi",
         allow_stand_in=True,
-        claims_in=claims_in(claims),
+        claim_get=claim_get(claims),
     )
     checkpoint = Checkpoint(tmp / "checkpoint.json", driver=DRIVER)
     checkpoint.load()
@@ -315,22 +325,31 @@ def test_a_lost_checkpoints_holds_are_given_back_at_start_and_live_claims_keep_t
     p = channel_preparer(tmp_path, claims, api)
     live = imex_claim(claims, "a-0", "ua0", "train")
     gone = imex_claim(claims, "b-0", "ub0", "eval")
-    for ref in (live, gone):
+    again_made = imex_claim(claims, "c-0", "uc0", "tune")
+    moved = imex_claim(claims, "d-0", "ud0", "serve")
+    for ref in (live, gone, again_made, moved):
         assert asyncio.run(p.prepare(ref)).error == ""
-    KubeChannelBook(api, namespace="gpu-system").acquire(DOMAIN, B, "n9")  # #3, another node's gang
-    # the agent restarts with its checkpoint gone; meanwhile gang eval's claim was deleted, and claims
-    # of the same gang name in another namespace, or allocated on another node, do not hold it here
+    KubeChannelBook(api, namespace="gpu-system").acquire(DOMAIN, B, "n9")  # #5, another node's gang
+    holders, _, _ = parse_record(next(iter(api.objects.values()))["data"])
+    assert holders[1] == Holder("team-a/train", (POOL,), ((POOL, ClaimIdentity("team-a", "a-0", "ua0")),))
+    # the agent restarts with its checkpoint gone; meanwhile gang eval's claim was deleted, tune's was
+    # deleted and made again under its name (another uid), and serve's is allocated on another node now
     (tmp_path / "checkpoint.json").unlink()
     del claims.objects[("team-a", "b-0")]
-    imex_claim(claims, "b-0", "ux0", "eval", namespace="team-x")
-    elsewhere = imex_claim(claims, "b-1", "ub1", "eval")
-    claims.objects[("team-a", "b-1")]["status"]["allocation"]["devices"]["results"][0]["pool"] = "n9"
-    assert elsewhere.name == "b-1"
+    imex_claim(claims, "c-0", "uc0-again", "tune")
+    claims.objects[("team-a", "d-0")]["status"]["allocation"]["devices"]["results"][0]["pool"] = "n9"
+    gets: list[tuple[str, str]] = []
     p2 = channel_preparer(tmp_path, claims, api)
     assert p2.channels is not None
-    assert p2.channels.reconcile(held=[]) == [("team-a/eval", 2)]
+    p2.channels._claim_get = claim_get(claims, gets)
+    assert p2.channels.reconcile(held=[]) == [("team-a/eval", 2), ("team-a/tune", 3), ("team-a/serve", 4)]
+    # one GET for each claim the record names for this node: no list, nothing of another node's
+    assert sorted(gets) == [("team-a", n) for n in ("a-0", "b-0", "c-0", "d-0")]
     holders, _, _ = parse_record(next(iter(api.objects.values()))["data"])
-    assert holders == {1: Holder("team-a/train", (POOL,)), 3: Holder("team-b/train", ("n9",))}
+    assert holders == {
+        1: Holder("team-a/train", (POOL,), ((POOL, ClaimIdentity("team-a", "a-0", "ua0")),)),
+        5: Holder("team-b/train", ("n9",)),
+    }
     channels = tmp_path / "dev" / "nvidia-caps-imex-channels"
     assert (channels / "channel1").exists()
     assert not (channels / "channel2").exists()
@@ -338,6 +357,29 @@ def test_a_lost_checkpoints_holds_are_given_back_at_start_and_live_claims_keep_t
     again = asyncio.run(p2.prepare(live))  # the kubelet prepares the live claim again: the same channel
     assert again.error == ""
     assert again.devices[0].cdi_device_ids == ("gpu.gpuagent.dev/imex-channel=1",)
+
+
+def test_a_hold_of_the_format_without_identities_is_kept_until_the_gang_prepares_here_again(
+    tmp_path: Path,
+) -> None:
+    """An entry an older agent wrote names no claim: nothing can be looked up, so the hold stays (a
+    channel kept too long, never one given to two gangs); preparing a claim of the gang records it."""
+    api, claims = FakeConfigMaps(), Claims()
+    book = KubeChannelBook(api, namespace="gpu-system")  # type: ignore[arg-type]
+    book.acquire(DOMAIN, ChannelRequest(gang="team-a/train"), POOL)  # the old format: gang and nodes
+    data = next(iter(api.objects.values()))["data"]
+    assert json.loads(data["channel-1"]) == {"gang": "team-a/train", "nodes": [POOL]}
+    p = channel_preparer(tmp_path, claims, api)
+    assert p.channels is not None
+    gets: list[tuple[str, str]] = []
+    p.channels._claim_get = claim_get(claims, gets)
+    assert p.channels.reconcile(held=[]) == []
+    assert gets == []
+    assert parse_record(next(iter(api.objects.values()))["data"])[0] == {1: Holder("team-a/train", (POOL,))}
+    ref = imex_claim(claims, "a-0", "ua0", "train")
+    assert asyncio.run(p.prepare(ref)).error == ""
+    holders, _, _ = parse_record(next(iter(api.objects.values()))["data"])
+    assert holders[1].claims_of(POOL) == [ClaimIdentity("team-a", "a-0", "ua0")]
 
 
 def test_reconcile_gives_nothing_back_when_it_cannot_see_every_claim_or_the_domain(tmp_path: Path) -> None:
@@ -348,31 +390,31 @@ def test_reconcile_gives_nothing_back_when_it_cannot_see_every_claim_or_the_doma
     assert asyncio.run(p.prepare(ref)).error == ""
     del claims.objects[("team-a", "a-0")]
 
-    def forbidden(namespace: str) -> list[Mapping[str, Any]]:
+    def forbidden(namespace: str, name: str) -> Mapping[str, Any] | None:
         raise KubeError(403, "resourceclaims is forbidden")
 
-    p.channels._claims_in = forbidden
+    p.channels._claim_get = forbidden
     with pytest.raises(KubeError):
         p.channels.reconcile(held=[])
     p.channels._domain = lambda: None
     assert p.channels.reconcile(held=[]) is None
     holders, _, _ = parse_record(next(iter(api.objects.values()))["data"])
-    assert holders == {1: Holder("team-a/train", (POOL,))}
+    assert holders == {1: Holder("team-a/train", (POOL,), ((POOL, ClaimIdentity("team-a", "a-0", "ua0")),))}
 
 
-def test_a_peers_malformed_gang_held_here_is_given_back_without_listing_claims(
+def test_a_peers_malformed_gang_held_here_is_given_back_without_reading_claims(
     tmp_path: Path,
 ) -> None:
     """A record entry is written by any node of the domain: a gang no namespace can have is no claim's,
-    so it is given back and no API list is made with its text."""
+    so it is given back and no API read is made with its text."""
     api, claims = FakeConfigMaps(), Claims()
     p = channel_preparer(tmp_path, claims, api)
     assert p.channels is not None
     book = KubeChannelBook(api, namespace="gpu-system")  # type: ignore[arg-type]
     book.acquire(DOMAIN, ChannelRequest(gang="../../Bad Namespace/x"), POOL)
-    listed: list[str] = []
-    p.channels._claims_in = lambda namespace: listed.append(namespace) or []
+    gets: list[tuple[str, str]] = []
+    p.channels._claim_get = claim_get(claims, gets)
     assert p.channels.reconcile(held=[]) == [("../../Bad Namespace/x", 1)]
-    assert listed == []
+    assert gets == []
     holders, _, _ = parse_record(next(iter(api.objects.values()))["data"])
     assert holders == {}

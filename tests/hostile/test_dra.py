@@ -12,11 +12,20 @@ from typing import Any
 import pytest
 
 from deviceplugin.config import ConfigError, PluginConfig, parse_plugin_config
+from deviceplugin.dra.channelbook import record_name
+from deviceplugin.dra.channels import Holder, parse_record
 from deviceplugin.dra.checkpoint import Checkpoint
 from deviceplugin.dra.config import DraConfig, parse_dra_config, shared_conflicts
 from deviceplugin.dra.prepare import ClaimRef
-from tests.deviceplugin.test_dra_channels import FakeConfigMaps, channel_preparer, imex_claim
+from tests.deviceplugin.test_dra_channels import (
+    DOMAIN,
+    FakeConfigMaps,
+    channel_preparer,
+    claim_get,
+    imex_claim,
+)
 from tests.deviceplugin.test_dra_prepare import DRIVER, NAMES, Claims, preparer, result
+from topology.kube import configmaps
 
 
 @pytest.mark.parametrize(
@@ -253,3 +262,60 @@ def test_a_bad_channel_claim_gets_one_clear_error_and_holds_nothing(
     assert p.checkpoint.claims == {}
     holders = [o["data"] for o in api.objects.values()]
     assert all(not d for d in holders)  # nothing held in the domain's record
+
+
+@pytest.mark.parametrize(
+    ("identity", "problem"),
+    [
+        ("not-a-list", "claims: expected a list"),
+        (["text"], "expected {node, namespace, name, uid}"),
+        ([{"node": "n-0", "namespace": "team-a", "name": "a-0"}], "claim uid: None"),
+        (
+            [{"node": "n-0", "namespace": "team-a", "name": "../../../api/v1/secrets", "uid": "u"}],
+            "claim name",
+        ),
+        ([{"node": "n-0", "namespace": "Team A", "name": "a-0", "uid": "u"}], "claim namespace"),
+        ([{"node": "n-0", "namespace": "team-a", "name": "a-0", "uid": "u?watch=1"}], "claim uid"),
+        ([{"node": "n-0", "namespace": "team-b", "name": "a-0", "uid": "u"}], "is not the gang's"),
+        (
+            [{"node": "n-other", "namespace": "team-a", "name": "a-0", "uid": "u"}],
+            "holds no part of the channel",
+        ),
+        ([{"node": "n-0", "namespace": "team-a", "name": "a" * 300, "uid": "u"}], "claim name"),
+    ],
+    ids=[
+        "not-a-list",
+        "not-an-object",
+        "no-uid",
+        "path-in-name",
+        "bad-namespace",
+        "query-in-uid",
+        "another-namespace",
+        "node-not-holding",
+        "name-too-long",
+    ],
+)
+def test_a_peers_malformed_claim_identity_is_dropped_reported_and_never_read(
+    tmp_path: Path, identity: Any, problem: str
+) -> None:
+    """Any node of the domain writes the record: a claim identity another node wrote wrong (for this
+    node or not) is dropped with a problem naming it, the entry's gang and holders are kept, no GET is
+    made with its text, and this node's hold, now with no identity to check, is kept (never given back
+    on a guess)."""
+
+    entry = {"gang": "team-a/train", "nodes": ["n-0", "n-1"], "claims": identity}
+    holders, problems, broken = parse_record({"channel-1": json.dumps(entry)})
+    assert holders == {1: Holder("team-a/train", ("n-0", "n-1"))}
+    assert broken == set()
+    assert any(problem in p and p.startswith("channel-1: ") for p in problems), problems
+
+    api, claims = FakeConfigMaps(), Claims()
+    p = channel_preparer(tmp_path, claims, api, node="n-0")
+    assert p.channels is not None
+    path = f"{configmaps('gpu-system')}/{record_name(DOMAIN)}"
+    api.objects[path] = {"metadata": {"resourceVersion": "1"}, "data": {"channel-1": json.dumps(entry)}}
+    gets: list[tuple[str, str]] = []
+    p.channels._claim_get = claim_get(claims, gets)
+    assert p.channels.reconcile(held=[]) == []
+    assert gets == []
+    assert parse_record(next(iter(api.objects.values()))["data"])[0] == holders

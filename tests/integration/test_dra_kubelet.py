@@ -490,14 +490,17 @@ def test_imex_channel_holds_a_lost_checkpoint_left_are_given_back_once_the_drive
     """Issue 31: an agent that starts with its checkpoint gone gives back the holds the domain's record
     keeps for its node that no claim accounts for any more; other nodes' holds stay."""
     from deviceplugin.dra.channelbook import KubeChannelBook
-    from deviceplugin.dra.channels import ChannelRequest, parse_record
+    from deviceplugin.dra.channels import ChannelRequest, ClaimIdentity, parse_record
     from deviceplugin.dra.imexchannel import ImexChannels
     from tests.deviceplugin.test_dra_channels import DOMAIN, FakeConfigMaps
 
     api = FakeConfigMaps()
     book = KubeChannelBook(api, namespace="gpu-system")  # type: ignore[arg-type]
-    book.acquire(DOMAIN, ChannelRequest(gang="team-a/gone"), NODE)
-    book.acquire(DOMAIN, ChannelRequest(gang="team-b/runs"), "node-b")
+    gone = ClaimIdentity("team-a", "w-0", "uid-w0")
+    book.acquire(DOMAIN, ChannelRequest(gang="team-a/gone", claim=gone), NODE)
+    book.acquire(
+        DOMAIN, ChannelRequest(gang="team-b/runs", claim=ClaimIdentity("team-b", "r-0", "u")), "node-b"
+    )
     proc = short_dir / "proc-devices"
     proc.write_text("Character devices:\n510 nvidia-caps-imex-channels\n")
     channels = ImexChannels(
@@ -509,7 +512,7 @@ def test_imex_channel_holds_a_lost_checkpoint_left_are_given_back_once_the_drive
         proc_devices=proc,
         cdi_dir=short_dir / "cdi",
         allow_stand_in=True,
-        claims_in=lambda namespace: [],  # no claim of either gang exists on this node
+        claim_get=lambda namespace, name: None,  # the claim the record names for this node is gone
     )
     store = InventoryStore(sim_node("gb200-nvl72").discover())
     config = DraConfig(
@@ -530,3 +533,57 @@ def test_imex_channel_holds_a_lost_checkpoint_left_are_given_back_once_the_drive
             assert api.writes == writes
 
     run(body())
+
+
+def test_a_failed_reconcile_gives_nothing_back_and_is_tried_again_with_a_doubling_back_off(
+    short_dir: Path,
+) -> None:
+    """A GET of a claim the record names that fails (not a 404: the API down, or RBAC) releases nothing;
+    the driver tries again after 1 s, then 2 s (its back-off), and releases once a GET says the claim is
+    gone."""
+    from deviceplugin.dra.channelbook import KubeChannelBook
+    from deviceplugin.dra.channels import ChannelRequest, ClaimIdentity, parse_record
+    from deviceplugin.dra.imexchannel import ImexChannels
+    from tests.deviceplugin.test_dra_channels import DOMAIN, FakeConfigMaps
+    from topology.kube import KubeError
+
+    api = FakeConfigMaps()
+    book = KubeChannelBook(api, namespace="gpu-system")  # type: ignore[arg-type]
+    book.acquire(DOMAIN, ChannelRequest(gang="team-a/gone", claim=ClaimIdentity("team-a", "w-0", "u0")), NODE)
+    gets: list[str] = []
+
+    def claim_get(namespace: str, name: str) -> Any:
+        gets.append(name)
+        if len(gets) < 3:
+            raise KubeError(503, "the API server is unavailable")
+        return None
+
+    proc = short_dir / "proc-devices"
+    proc.write_text("Character devices:\n510 nvidia-caps-imex-channels\n")
+    channels = ImexChannels(
+        book=book,
+        node_name=NODE,
+        driver=DRIVER,
+        domain=lambda: DOMAIN,
+        dev_root=short_dir / "dev",
+        proc_devices=proc,
+        cdi_dir=short_dir / "cdi",
+        allow_stand_in=True,
+        claim_get=claim_get,
+    )
+    now = [0.0]
+    store = InventoryStore(sim_node("gb200-nvl72").discover())
+    config = DraConfig(
+        enabled=True, plugin_dir=str(short_dir / "plugins"), registry_dir=str(short_dir / "registry")
+    )
+    driver = _driver(short_dir, store, Claims(), Slices(), config, channels=channels, clock=lambda: now[0])
+
+    def held() -> set[int]:
+        return set(parse_record(next(iter(api.objects.values()))["data"])[0])
+
+    seen = []
+    for t in (0.0, 0.5, 1.0, 2.9, 3.0, 10.0):
+        now[0] = t
+        asyncio.run(driver._reconcile())
+        seen.append((len(gets), held()))
+    assert seen == [(1, {1}), (1, {1}), (2, {1}), (2, {1}), (3, set()), (3, set())]

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler_plugin.claims import MAX_RESULTS, Ask, ClaimBook, claim_ask, pool_of
+from scheduler_plugin.claims import MAX_RESULTS, Ask, ClaimBook, book_of, claim_ask, pool_of
+from scheduler_plugin.cluster import snapshot_from_objects
 from scheduler_plugin.extender import ClusterState, gpus_of
 from tests.integration.fakekube import hypernode, node, pod
 
@@ -291,6 +292,109 @@ def test_a_gang_of_claim_pods_is_planned_with_each_pods_claim_gpus() -> None:
     assert placed["w0"][:2] == placed["w1"][:2]
     assert placed["w2"][:2] == placed["w3"][:2]
     assert sum(h["nvidia.com/gpu"] for h in s.reservations["default/g"].held.values()) == 16
+
+
+def test_a_gang_pods_claim_allocated_on_its_planned_node_before_bind_counts_once() -> None:
+    """kube-scheduler writes a gang pod's claim allocation (PreBind) before our bind barrier binds the
+    pod: the allocation counts its GPUs as used, so the gang's hold on that node lets them go; the
+    bind then takes off only the rest, and an allocation withdrawn puts them back on the hold."""
+    annotations = {"gpuagent.dev/gang": "g", "gpuagent.dev/gang-size": "2"}
+    pods = [
+        dra_pod(f"w{i}", template_name="two", annotations={**annotations, "gpuagent.dev/rank": str(i)})
+        for i in range(2)
+    ]
+    s = dra_state(templates=[template("two", 2)], pods=pods)
+    placed = {}
+    for p in pods:
+        out = s.filter(s.pods[f"default/{p['metadata']['name']}"], NODES, 0.0)
+        assert len(out.passed) == 1, (out.failed, out.unresolvable)
+        placed[p["metadata"]["name"]] = out.passed[0]
+    here = placed["w0"]
+    before = s.free_gpus(here)
+    held = s._holds()[here]["nvidia.com/gpu"]
+    # the claim made from w0's template, then its allocation on w0's planned node
+    made = dict(pods[0], status={"resourceClaimStatuses": [{"name": "gpus", "resourceClaimName": "w0-gpus"}]})
+    s.apply("pods", "MODIFIED", made)
+    s.apply("resourceclaims", "ADDED", claim("w0-gpus", 2))
+    assert s.free_gpus(here) == before
+    s.apply("resourceclaims", "MODIFIED", claim("w0-gpus", 2, on=here, devices=("gpu-0", "gpu-1")))
+    assert s.free_gpus(here) == before  # counted once: by the allocation, no longer by the hold
+    assert s._holds().get(here, {}).get("nvidia.com/gpu", 0) == held - 2
+    # the allocation withdrawn (kube-scheduler's binding failed): the hold has them again
+    s.apply("resourceclaims", "MODIFIED", claim("w0-gpus", 2))
+    assert s._holds()[here]["nvidia.com/gpu"] == held
+    assert s.free_gpus(here) == before
+    # allocated again, then the pod deleted before it bound: its slot is held in full again
+    s.apply("resourceclaims", "MODIFIED", claim("w0-gpus", 2, on=here, devices=("gpu-0", "gpu-1")))
+    assert s._holds().get(here, {}).get("nvidia.com/gpu", 0) == held - 2
+    s.apply("pods", "DELETED", made)
+    assert s._holds()[here]["nvidia.com/gpu"] == held
+    s.apply("pods", "ADDED", made)
+    assert s._holds().get(here, {}).get("nvidia.com/gpu", 0) == held - 2  # made again, read again
+    # allocated again, then bound: the bind takes off nothing more than what is left of its share
+    s.apply("resourceclaims", "MODIFIED", claim("w0-gpus", 2, on=here, devices=("gpu-0", "gpu-1")))
+    s.apply("pods", "MODIFIED", dict(made, spec={**made["spec"], "nodeName": here}))
+    assert s.free_gpus(here) == before
+    assert s._holds().get(here, {}).get("nvidia.com/gpu", 0) == held - 2
+
+
+def test_a_claim_allocated_on_another_node_than_planned_leaves_the_hold() -> None:
+    annotations = {"gpuagent.dev/gang": "g", "gpuagent.dev/gang-size": "2"}
+    pods = [
+        dra_pod(f"w{i}", claim_name=f"c{i}", annotations={**annotations, "gpuagent.dev/rank": str(i)})
+        for i in range(2)
+    ]
+    s = dra_state(claims=[claim("c0", 2), claim("c1", 2)], pods=pods)
+    for p in pods:
+        assert len(s.filter(s.pods[f"default/{p['metadata']['name']}"], NODES, 0.0).passed) == 1
+    holds = s._holds()
+    res = s.reservations["default/g"]
+    planned = res.nodes[res.spec.members["default/w0"]]
+    other = next(n for n in NODES if n != planned)
+    s.apply("resourceclaims", "MODIFIED", claim("c0", 2, on=other, devices=("gpu-0", "gpu-1")))
+    assert s._holds() == holds  # not the pod's planned node: its share stays held there
+    assert res.allocated == {}
+
+
+def test_a_snapshot_from_listed_objects_counts_claims_as_the_extender_does() -> None:
+    """``plan --from-cluster`` (``snapshot_from_objects`` with a book of the listed DRA objects) and the
+    extender's state see the same GPUs and free GPUs on every node: pools' GPUs besides allocatable,
+    allocations used (a shared GPU once), a bound claim pod's ask not counted again, a bound pod's
+    mapped extended resource counted as GPUs, a pending pod nothing."""
+    claims = [
+        claim("held", 3, on="r0-t0", devices=("gpu-0", "gpu-1", "gpu-2")),
+        claim("shared-a", 1, on="r1-t1", devices=("gpu-3",)),
+        claim("shared-b", 1, on="r1-t1", devices=("gpu-3",)),
+        claim("p-gpus-x", 2, on="r0-t1", devices=("gpu-0", "gpu-1")),
+    ]
+    made = dra_pod("made", template_name="two", node_name="r0-t1")
+    made["status"] = {"resourceClaimStatuses": [{"name": "gpus", "resourceClaimName": "p-gpus-x"}]}
+    extended = pod("ext", 0, node_name="r1-t0")
+    extended["spec"]["containers"][0]["resources"] = {
+        "requests": {"deviceclass.resource.kubernetes.io/gpu.gpuagent.dev": "2"}
+    }
+    pods = [
+        dra_pod("runs", claim_name="held", node_name="r0-t0"),
+        made,
+        extended,
+        pod("plain", 1, node_name="r1-t0"),
+        dra_pod("waits", template_name="two"),
+    ]
+    templates = [template("two", 2)]
+    s = dra_state(pods=pods, claims=claims, templates=templates)
+    nodes = [node(n, 0) for n in NODES]
+    hypernodes = [hypernode(f"nvl-{r}", 1, "nvlink", [f"r{r}-t0", f"r{r}-t1"]) for r in range(2)]
+    book = book_of(
+        {
+            "resourceslices": [gpu_slice(n, 4) for n in NODES],
+            "resourceclaims": claims,
+            "resourceclaimtemplates": templates,
+        }
+    )
+    listed = snapshot_from_objects(nodes, pods, hypernodes, claims=book)
+    view = {n.name: (n.gpus, n.free) for n in s.snapshot().nodes}
+    assert {n.name: (n.gpus, n.free) for n in listed.nodes} == view
+    assert view == {"r0-t0": (4, 1), "r0-t1": (4, 2), "r1-t0": (4, 1), "r1-t1": (4, 3)}
 
 
 # -- the book's incremental counts equal a fresh count -------------------------------------------
