@@ -14,14 +14,19 @@ Four sources, all plain dicts as the API serves them. A pod's gang is the first 
   places by its tiers, not by arbitrary labels). The role is named after ``workloadRef.templateName``; a
   ``Workload`` the extender knows must have that template. Pods of different requests in one group
   become roles ``<template>-0``, ``-1``, ... planned whole, with ``minCount`` as the barrier's minimum.
-  A CompositePodGroup parent (v1alpha3) is not read: each PodGroup is its own gang.
+  A CompositePodGroup parent (v1alpha3) is not read: each PodGroup is its own gang. The API has no
+  subgroup field: the PodGroup's annotations ``gpuagent.dev/subgroup-size: auto`` (only ``auto``) and
+  ``gpuagent.dev/subgroup-size-min`` size its one role ``auto`` (one pod shape, ``minCount`` = its pods).
 - **Volcano PodGroup** (``scheduling.volcano.sh/v1beta1``), joined to pods by the pod annotation
   ``scheduling.k8s.io/group-name`` (same namespace). ``minMember`` is the gang minimum;
   ``networkTopology{mode, highestTierAllowed | highestTierName}`` bounds the whole gang;
   each ``subGroupPolicy`` entry becomes a role: its pods (by ``labelSelector``) are cut into
   subgroups of ``subGroupSize`` (instances by ``matchLabelKeys`` values when given, else
   consecutive ranks), with ``minSubGroups`` and its own ``networkTopology``. Pods no policy selects
-  form the role ``default``.
+  form the role ``default``. ``subGroupSize`` is an integer, so the PodGroup annotation
+  ``gpuagent.dev/subgroup-size-auto: <policy name>`` sizes that entry ``auto`` (with the PodGroup's
+  ``gpuagent.dev/subgroup-size-min``); the entry keeps ``subGroupSize`` 1 and no ``minSubGroups`` nor
+  ``matchLabelKeys``.
 - **Annotations** on each pod: ``gpuagent.dev/gang`` (name, namespaced), ``gpuagent.dev/gang-size``,
   optional ``gpuagent.dev/subgroup-size``, ``gpuagent.dev/subgroup-tier``, ``gpuagent.dev/gang-tier``,
   ``gpuagent.dev/min-subgroups``, ``gpuagent.dev/topology-mode`` (``hard``/``soft``) and
@@ -35,7 +40,8 @@ Four sources, all plain dicts as the API serves them. A pod's gang is the first 
   topology as annotations: on a worker group's pod template (``metadata.annotations``, which KubeRay
   copies to the pods), else on the RayCluster for every worker group, ``gpuagent.dev/subgroup-tier``
   (each subgroup inside one domain of that tier) and ``gpuagent.dev/subgroup-size`` (pods per
-  subgroup; with a tier and no size the whole worker group is one subgroup); on the RayCluster,
+  subgroup, or ``auto`` with ``gpuagent.dev/subgroup-size-min``, never with the autoscaler's minimum
+  below the replicas; with a tier and no size the whole worker group is one subgroup); on the RayCluster,
   ``gpuagent.dev/gang-tier`` and ``gpuagent.dev/topology-mode`` for the whole cluster. Minimum: every
   desired pod (KubeRay's own Volcano ``minMember``); with ``enableInTreeAutoscaling: true`` the head and
   ``minReplicas`` x ``numOfHosts`` per worker group, in whole subgroups (size 1 without a subgroup
