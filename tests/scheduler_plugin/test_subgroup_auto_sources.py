@@ -237,3 +237,18 @@ def test_native_podgroup_auto_value_is_read_stripped_and_only_auto(size: str) ->
     else:
         spec = gang_from_workload_podgroup(_native({"gpuagent.dev/subgroup-size": size}), pods, TIERS)
         assert spec.gang.roles[0].subgroup_auto_min == 1
+
+
+def test_state_sizes_a_volcano_auto_policy_from_the_ready_trays() -> None:
+    """A Volcano PodGroup of 6 workers whose policy ``gpuagent.dev/subgroup-size-auto`` names: size 3,
+    one subgroup on each rack's 3 ready trays."""
+    s = _state()
+    pg = volcano_pg({"gpuagent.dev/subgroup-size-auto": "workers", "gpuagent.dev/subgroup-size-min": "2"})
+    pg["spec"]["minMember"] = 6
+    pods = [_ours(_vpod(f"w{i}", "w")) for i in range(6)]
+    s.replace("pods", pods)
+    s.replace("podgroups", [pg])
+    placed, annotations = _bind_all(s, pods)
+    assert sorted(n[:2] for n in placed.values()) == ["r0"] * 3 + ["r1"] * 3
+    assert not any(n.endswith("t3") for n in placed.values())
+    assert annotations == {f"{NS}/w{i}": {state_module.SUBGROUP_SIZE_CHOSEN: "3"} for i in range(6)}
