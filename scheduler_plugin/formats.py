@@ -16,6 +16,7 @@ from typing import Any
 
 from scheduler_plugin.snapshot import (
     MAX_GANG_PODS,
+    MNNVL_MODES,
     ClusterSnapshot,
     Gang,
     Infeasible,
@@ -46,7 +47,7 @@ _ROLE_KEYS = {
     "min_subgroups",
     "resources",
 }
-_GANG_KEYS = {"name", "tier", "mode", "soft", "roles"}
+_GANG_KEYS = {"name", "tier", "mode", "soft", "mnnvl", "roles"}
 
 
 class FormatError(ValueError):
@@ -188,6 +189,12 @@ def gang_from_data(data: Any, tiers: tuple[str, ...] | None = None, path: str = 
     soft = doc.get("soft", mode == "soft")
     if not isinstance(soft, bool):
         raise FormatError(f"{path}.soft: expected true or false")
+    mnnvl = doc.get("mnnvl", "off")
+    if not isinstance(mnnvl, str) or mnnvl not in MNNVL_MODES:
+        shown = repr(mnnvl)[:60] if isinstance(mnnvl, (str, int, float, bool)) else type(mnnvl).__name__
+        raise FormatError(
+            f"{path}.mnnvl: expected {', '.join(MNNVL_MODES[:-1])} or {MNNVL_MODES[-1]}, got {shown}"
+        )
     roles: list[Role] = []
     names: set[str] = set()
     total_pods = 0
@@ -250,7 +257,7 @@ def gang_from_data(data: Any, tiers: tuple[str, ...] | None = None, path: str = 
             f"{path}.roles[{autos[1]}].subgroup_size: auto in two roles ({roles[autos[0]].name!r} and "
             f"{roles[autos[1]].name!r}); at most one role of a gang may choose its size"
         )
-    return Gang(name=name, roles=tuple(roles), tier=tier, soft=soft)
+    return Gang(name=name, roles=tuple(roles), tier=tier, soft=soft, mnnvl=mnnvl)
 
 
 def _subgroup_size(r: Mapping[str, Any], rpath: str, pods: int) -> tuple[int | None, int | None]:

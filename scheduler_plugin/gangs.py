@@ -14,14 +14,19 @@ Four sources, all plain dicts as the API serves them. A pod's gang is the first 
   places by its tiers, not by arbitrary labels). The role is named after ``workloadRef.templateName``; a
   ``Workload`` the extender knows must have that template. Pods of different requests in one group
   become roles ``<template>-0``, ``-1``, ... planned whole, with ``minCount`` as the barrier's minimum.
-  A CompositePodGroup parent (v1alpha3) is not read: each PodGroup is its own gang.
+  A CompositePodGroup parent (v1alpha3) is not read: each PodGroup is its own gang. The API has no
+  subgroup field: the PodGroup's annotations ``gpuagent.dev/subgroup-size: auto`` (only ``auto``) and
+  ``gpuagent.dev/subgroup-size-min`` size its one role ``auto`` (one pod shape, ``minCount`` = its pods).
 - **Volcano PodGroup** (``scheduling.volcano.sh/v1beta1``), joined to pods by the pod annotation
   ``scheduling.k8s.io/group-name`` (same namespace). ``minMember`` is the gang minimum;
   ``networkTopology{mode, highestTierAllowed | highestTierName}`` bounds the whole gang;
   each ``subGroupPolicy`` entry becomes a role: its pods (by ``labelSelector``) are cut into
   subgroups of ``subGroupSize`` (instances by ``matchLabelKeys`` values when given, else
   consecutive ranks), with ``minSubGroups`` and its own ``networkTopology``. Pods no policy selects
-  form the role ``default``.
+  form the role ``default``. ``subGroupSize`` is an integer, so the PodGroup annotation
+  ``gpuagent.dev/subgroup-size-auto: <policy name>`` sizes that entry ``auto`` (with the PodGroup's
+  ``gpuagent.dev/subgroup-size-min``); the entry keeps ``subGroupSize`` 1 and no ``minSubGroups`` nor
+  ``matchLabelKeys``.
 - **Annotations** on each pod: ``gpuagent.dev/gang`` (name, namespaced), ``gpuagent.dev/gang-size``,
   optional ``gpuagent.dev/subgroup-size``, ``gpuagent.dev/subgroup-tier``, ``gpuagent.dev/gang-tier``,
   ``gpuagent.dev/min-subgroups``, ``gpuagent.dev/topology-mode`` (``hard``/``soft``) and
@@ -35,7 +40,8 @@ Four sources, all plain dicts as the API serves them. A pod's gang is the first 
   topology as annotations: on a worker group's pod template (``metadata.annotations``, which KubeRay
   copies to the pods), else on the RayCluster for every worker group, ``gpuagent.dev/subgroup-tier``
   (each subgroup inside one domain of that tier) and ``gpuagent.dev/subgroup-size`` (pods per
-  subgroup; with a tier and no size the whole worker group is one subgroup); on the RayCluster,
+  subgroup, or ``auto`` with ``gpuagent.dev/subgroup-size-min``, never with the autoscaler's minimum
+  below the replicas; with a tier and no size the whole worker group is one subgroup); on the RayCluster,
   ``gpuagent.dev/gang-tier`` and ``gpuagent.dev/topology-mode`` for the whole cluster. Minimum: every
   desired pod (KubeRay's own Volcano ``minMember``); with ``enableInTreeAutoscaling: true`` the head and
   ``minReplicas`` x ``numOfHosts`` per worker group, in whole subgroups (size 1 without a subgroup
@@ -78,6 +84,8 @@ ANN_GANG_SIZE = "gpuagent.dev/gang-size"
 ANN_SUBGROUP_SIZE = "gpuagent.dev/subgroup-size"
 ANN_SUBGROUP_SIZE_MIN = "gpuagent.dev/subgroup-size-min"  # with subgroup-size: auto (default 1)
 AUTO = "auto"  # gpuagent.dev/subgroup-size: auto — the planner chooses the size from ready trays
+# on a Volcano PodGroup (whose subGroupSize is an integer): the subGroupPolicy sized ``auto``, by name
+ANN_SUBGROUP_SIZE_AUTO = "gpuagent.dev/subgroup-size-auto"
 ANN_SUBGROUP_TIER = "gpuagent.dev/subgroup-tier"
 ANN_GANG_TIER = "gpuagent.dev/gang-tier"
 ANN_MIN_SUBGROUPS = "gpuagent.dev/min-subgroups"
@@ -369,12 +377,7 @@ def gang_from_annotations(key: str, pods: Sequence[Mapping[str, Any]], tiers: Se
         )
         for idx, pod in _order(rpods, role_size, where):
             members[pod_key(pod)] = PodSlot(rname, idx)
-    autos = [r.name for r in roles if r.subgroup_auto_min is not None]
-    if len(autos) > 1:
-        raise GangError(
-            f"gang {key}: roles {autos[0]} and {autos[1]} both have {ANN_SUBGROUP_SIZE}: {AUTO}; "
-            "at most one role of a gang may"
-        )
+    _one_auto(roles, f"gang {key}")
     _bounded(roles, f"gang {key}")
     gang = Gang(name=key, roles=tuple(roles), tier=gang_tier, soft=mode == "soft")
     return GangSpec(key=key, gang=gang, members=members, min_member=_min_member(gang), source="annotations")
@@ -385,19 +388,39 @@ def _annotated_size(
 ) -> tuple[int | None, int | None]:
     """``(subgroup size, auto minimum)`` of a role from ``gpuagent.dev/subgroup-size`` (a count, or
     ``auto`` with ``gpuagent.dev/subgroup-size-min``, default 1, at most the role's pods)."""
-    sg_raw = _agree(rpods, ANN_SUBGROUP_SIZE, key)
-    min_raw = _agree(rpods, ANN_SUBGROUP_SIZE_MIN, key)
-    if sg_raw is None or sg_raw.strip() != AUTO:
+    return _size_or_auto(
+        _agree(rpods, ANN_SUBGROUP_SIZE, key),
+        _agree(rpods, ANN_SUBGROUP_SIZE_MIN, key),
+        f"{where}: {ANN_SUBGROUP_SIZE}",
+        f"{where}: {ANN_SUBGROUP_SIZE_MIN}",
+        role_size,
+    )
+
+
+def _size_or_auto(
+    size_raw: str | None, min_raw: str | None, size_field: str, min_field: str, role_size: int
+) -> tuple[int | None, int | None]:
+    """``(subgroup size, auto minimum)`` from a subgroup-size value (a count, ``auto`` or absent) and a
+    subgroup-size-min value (read only with ``auto``: at least 1, default 1, at most ``role_size``).
+    Every source that carries ``gpuagent.dev/subgroup-size`` reads it here, so the messages agree."""
+    if size_raw is None or size_raw.strip() != AUTO:
         if min_raw is not None:
-            raise GangError(f"{where}: {ANN_SUBGROUP_SIZE_MIN} is read only with {ANN_SUBGROUP_SIZE}: {AUTO}")
-        sg = _int(sg_raw, f"{where}: {ANN_SUBGROUP_SIZE}", minimum=1) if sg_raw is not None else None
-        return sg, None
-    minimum = _int(min_raw, f"{where}: {ANN_SUBGROUP_SIZE_MIN}", minimum=1) if min_raw is not None else 1
+            raise GangError(f"{min_field} is read only with {ANN_SUBGROUP_SIZE}: {AUTO}")
+        return (_int(size_raw, size_field, minimum=1) if size_raw is not None else None), None
+    minimum = _int(min_raw, min_field, minimum=1) if min_raw is not None else 1
     if minimum > role_size:
-        raise GangError(
-            f"{where}: {ANN_SUBGROUP_SIZE_MIN} {minimum} is more than the role's {role_size} pods"
-        )
+        raise GangError(f"{min_field} {minimum} is more than the role's {role_size} pods")
     return None, minimum
+
+
+def _one_auto(roles: Sequence[Role], where: str) -> None:
+    """At most one role of a gang is sized ``auto`` (the planner sizes one role per plan)."""
+    autos = [r.name for r in roles if r.subgroup_auto_min is not None]
+    if len(autos) > 1:
+        raise GangError(
+            f"{where}: roles {autos[0]} and {autos[1]} both have {ANN_SUBGROUP_SIZE}: {AUTO}; "
+            "at most one role of a gang may"
+        )
 
 
 def _bounded(roles: Sequence[Role], where: str, total: int | None = None) -> None:
@@ -586,6 +609,30 @@ def _keyed_members(  # noqa: PLR0917 -- private helper of ``gang_from_podgroup``
     return count
 
 
+def _volcano_auto(
+    podgroup: Mapping[str, Any], policies: Sequence[Any], where: str
+) -> tuple[str | None, str | None]:
+    """The Volcano PodGroup's policy sized ``auto`` (``gpuagent.dev/subgroup-size-auto``, naming one
+    ``subGroupPolicy`` entry) and its ``gpuagent.dev/subgroup-size-min``, both raw."""
+    ann = _annotations(podgroup)
+    named, min_raw = ann.get(ANN_SUBGROUP_SIZE_AUTO), ann.get(ANN_SUBGROUP_SIZE_MIN)
+    field = f"{where}: metadata.annotations[{ANN_SUBGROUP_SIZE_AUTO}]"
+    if named is None:
+        if min_raw is not None:
+            raise GangError(
+                f"{where}: metadata.annotations[{ANN_SUBGROUP_SIZE_MIN}] is read only with "
+                f"{ANN_SUBGROUP_SIZE_AUTO} (the subGroupPolicy sized {AUTO})"
+            )
+        return None, None
+    names = [
+        (p.get("name") or f"subgroup-{i}") if isinstance(p, Mapping) else None for i, p in enumerate(policies)
+    ]
+    if not isinstance(named, str) or named not in names:
+        known = ", ".join(_repr(n) for n in names[:10] if isinstance(n, str)) or "none"
+        raise GangError(f"{field}: {_repr(named)} names no subGroupPolicy entry (they are: {known})")
+    return named, (str(min_raw) if min_raw is not None else None)
+
+
 def gang_from_podgroup(
     podgroup: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], tiers: Sequence[str]
 ) -> GangSpec:
@@ -605,6 +652,7 @@ def gang_from_podgroup(
         raise _over_roles(f"{where}: spec.subGroupPolicy", f"{len(policies)} entries")
     if len(pods) > MAX_GANG_PODS:  # before matching them: each would take a place of its own
         raise _over(where, f"its {len(pods)} pods")
+    auto_policy, auto_min_raw = _volcano_auto(podgroup, policies, where)
     pod_labels = [(pod, _labels(pod)) for pod in pods]
     assigned: dict[str, str] = {}
     roles: list[Role] = []
@@ -639,6 +687,21 @@ def gang_from_podgroup(
         min_sg = _int(pol.get("minSubGroups", 0), f"{pwhere}.minSubGroups", minimum=0)
         sub_tier, sub_soft = _network_topology(pol.get("networkTopology"), tiers, f"{pwhere}.networkTopology")
         soft = soft or sub_soft
+        auto_min = None
+        if name == auto_policy:
+            awhere = f"{where}: metadata.annotations[{ANN_SUBGROUP_SIZE_AUTO}] ({name})"
+            if size != 1 or min_sg or keys:
+                raise GangError(
+                    f"{awhere}: the policy sized {AUTO} must leave {pwhere}.subGroupSize at 1 (Volcano's "
+                    "default) and set no minSubGroups nor matchLabelKeys: the plan chooses its subgroups"
+                )
+            _, auto_min = _size_or_auto(
+                AUTO,
+                auto_min_raw,
+                awhere,
+                f"{where}: metadata.annotations[{ANN_SUBGROUP_SIZE_MIN}]",
+                MAX_GANG_PODS,  # against the role's pods once all exist (below)
+            )
         if not chosen:
             continue
         if keys:
@@ -657,10 +720,11 @@ def gang_from_podgroup(
                 name=name,
                 pods=count,
                 gpus_per_pod=gpus,
-                subgroup_size=size,
+                subgroup_size=None if auto_min is not None else size,
                 subgroup_tier=sub_tier,
                 min_subgroups=min_sg or None,
                 resources_per_pod=res,
+                subgroup_auto_min=auto_min,
             )
         )
     rest = [p for p in pods if pod_key(p) not in assigned]
@@ -691,6 +755,12 @@ def gang_from_podgroup(
         raise GangIncompleteError(
             f"{where}: spec.minMember {min_member} is more than the {total} pods its policies describe so far"
         )
+    for r in roles:
+        if r.subgroup_auto_min is not None and r.subgroup_auto_min > r.pods:
+            raise GangError(
+                f"{where}: metadata.annotations[{ANN_SUBGROUP_SIZE_MIN}] {r.subgroup_auto_min} is more than "
+                f"the {r.pods} pods of subGroupPolicy {r.name!r}"
+            )
     return GangSpec(
         key=key,
         gang=gang,
@@ -898,10 +968,17 @@ def gang_from_raycluster(
         tier_raw, tier_field = _ray_setting(template, raycluster, ANN_SUBGROUP_TIER, gwhere, where)
         sub_tier = tier_of(tier_raw, tiers, tier_field) if tier_raw else None
         size_raw, size_field = _ray_setting(template, raycluster, ANN_SUBGROUP_SIZE, gwhere, where)
-        size = _int(size_raw, size_field, minimum=1) if size_raw is not None else None
-        if sub_tier is not None and size is None:
+        min_raw, min_field = _ray_setting(template, raycluster, ANN_SUBGROUP_SIZE_MIN, gwhere, where)
+        size, auto_min = _size_or_auto(size_raw, min_raw, size_field, min_field, count)
+        if sub_tier is not None and size is None and auto_min is None:
             size = count  # the whole worker group inside one domain
         min_sg = None
+        if auto_min is not None and auto and minimum < count:
+            raise GangError(
+                f"{size_field}: {AUTO} cannot be combined with spec.enableInTreeAutoscaling and "
+                f"{gwhere}.minReplicas below its replicas (the subgroups' size is chosen by the plan, so "
+                "the group starts whole); set minReplicas to replicas or give a subgroup size"
+            )
         if auto and minimum < count:  # the autoscaler's minimum: the rest start when they fit
             size = size or 1
             if size < count:
@@ -916,10 +993,12 @@ def gang_from_raycluster(
                 subgroup_tier=sub_tier,
                 min_subgroups=min_sg,
                 resources_per_pod=res,
+                subgroup_auto_min=auto_min,
             )
         )
         total += count
         _bounded(roles, where, total)
+        _one_auto(roles, where)
         for idx, pod in _order(gpods, count, rwhere, rank=_ray_rank(hosts)):
             members[pod_key(pod)] = PodSlot(name, idx)
     for group_name, stray in sorted(by_group.items()):
@@ -1045,6 +1124,7 @@ def gang_from_workload_podgroup(
     roles: list[Role] = []
     members: dict[str, PodSlot] = {}
     shapes = sorted(by_shape, key=lambda s: (-s[0], s[1]))
+    auto_min = _native_auto(podgroup, where, len(shapes), minimum, len(pods))
     for k, shape in enumerate(shapes):
         rpods = by_shape[shape]
         name = role_name if len(shapes) == 1 else f"{role_name}-{k}"
@@ -1057,12 +1137,41 @@ def gang_from_workload_podgroup(
                 subgroup_size=1 if elastic else None,
                 min_subgroups=minimum if elastic else None,
                 resources_per_pod=dict(shape[1]),
+                subgroup_auto_min=auto_min,
             )
         )
         for idx, pod in _order(rpods, len(rpods), f"{where} role {name}"):
             members[pod_key(pod)] = PodSlot(name, idx)
     gang = Gang(name=key, roles=tuple(roles), tier=tier)
     return GangSpec(key=key, gang=gang, members=members, min_member=minimum, source="workload")
+
+
+def _native_auto(podgroup: Mapping[str, Any], where: str, shapes: int, minimum: int, pods: int) -> int | None:
+    """The auto minimum of a native PodGroup annotated ``gpuagent.dev/subgroup-size: auto`` (with
+    ``gpuagent.dev/subgroup-size-min``, default 1), else None. The API has no subgroup field, so the
+    group's own annotations carry it; only ``auto`` is read there (a fixed size is a Volcano
+    ``subGroupSize`` or our pod annotations), on a group of one pod shape that starts whole."""
+    ann = _annotations(podgroup)
+    size_raw, min_raw = ann.get(ANN_SUBGROUP_SIZE), ann.get(ANN_SUBGROUP_SIZE_MIN)
+    size_field = f"{where}: metadata.annotations[{ANN_SUBGROUP_SIZE}]"
+    min_field = f"{where}: metadata.annotations[{ANN_SUBGROUP_SIZE_MIN}]"
+    if size_raw is not None and (not isinstance(size_raw, str) or size_raw.strip() != AUTO):
+        raise GangError(f"{size_field}: only {AUTO!r} is read on a PodGroup, got {_repr(size_raw)}")
+    _, auto_min = _size_or_auto(
+        size_raw, None if min_raw is None else str(min_raw), size_field, min_field, pods
+    )
+    if auto_min is None:
+        return None
+    if shapes > 1:
+        raise GangError(
+            f"{size_field}: {AUTO} needs every pod of the group to request the same (it has {shapes} shapes)"
+        )
+    if minimum < pods:
+        raise GangError(
+            f"{size_field}: {AUTO} cannot be elastic: spec.schedulingPolicy.gang.minCount {minimum} is below "
+            f"its {pods} pods (the subgroups' size is chosen by the plan, so the group starts whole)"
+        )
+    return auto_min
 
 
 # -- which source ----------------------------------------------------------------------------------

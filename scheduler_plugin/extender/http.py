@@ -496,6 +496,7 @@ class Extender:
 
         results = await asyncio.gather(*(one(*p) for p in decision.pods))
         errors = {k: e for k, e in results if e}
+        self._record([e for e in decision.bound_events if pod_key(e.pod) not in errors])
         if errors:
             await self._locked(self.state.bind_failed, decision.gang, errors)
             log.warning("bind_failed", gang=decision.gang, errors=errors)

@@ -33,6 +33,8 @@ deadline, until every chosen tray's ``gpuagent.dev/imex`` is ready (``cluster.im
 the watched Node labels, the one readiness rule of ``cluster.node_ready``). A running gang's unbound
 pods are planned with each subgroup's replacements pinned to the domain the rest of it runs in
 (``extender.repair``); after ``repair_wait_s`` of waiting, ``gpuagent.dev/repair: any`` lifts the pin.
+A waiting replacement's Event is ``GangRepairWaiting``; one bound inside its domain gets ``GangRepaired``
+(``BindDecision.bound_events``, recorded once its binding succeeded).
 
 Pods on their own pass filter wherever the GPUs not reserved for a gang cover their request, and get
 a fragmentation-aware priority (0..10, kube-scheduler's extender range; it scales by weight x 10):
@@ -190,6 +192,30 @@ class Reservation:
         return len(self.nodes)
 
 
+def _repaired(
+    res: Reservation, pods: Sequence[tuple[str, str, str]], known: Mapping[str, Mapping[str, Any]]
+) -> tuple[EventRecord, ...]:
+    """A ``GangRepaired`` Event for each pod of ``pods`` that is a repair's replacement pinned to the
+    NVLink domain the rest of its subgroup runs in (``Role.domain``, set by ``extender.repair``; a
+    replacement let go to another domain has none)."""
+    roles = {r.name: r for r in res.spec.gang.roles}
+    out = []
+    for key, _, node in pods:
+        role = roles.get(res.spec.members[key].role)
+        if role is None or role.domain is None or key not in known:
+            continue
+        out.append(
+            EventRecord(
+                pod=known[key],
+                reason="GangRepaired",
+                message=f"gang {res.spec.key}: replacement pod {key} bound on {node}, a ready tray of NVLink "
+                f"domain {role.domain} where the rest of its subgroup runs; no other pod of the gang moved",
+                warning=False,
+            )
+        )
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class Eviction:
     """A pod to evict for a preemption, or (``reason`` ``TimeLimitExceeded``) for running past its
@@ -233,6 +259,8 @@ class BindDecision:
     error: str = ""
     events: tuple[EventRecord, ...] = ()
     annotations: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # pod key -> on its Binding
+    # recorded for each pod once its binding succeeded (``GangRepaired``), not before
+    bound_events: tuple[EventRecord, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -1995,10 +2023,14 @@ class ClusterState:
             self._pending_events = []
             started = self.reservations.get(gang_name)
             if started is None or key not in started.spec.members:
-                reason = self._why_waits(spec, now) + self._repair_notes.get(gang_name, "")
+                repair = self._repair_notes.get(gang_name)
+                reason = self._why_waits(spec, now) + (repair or "")
                 msg = f"gang {gang_name} does not fit: {reason}; {self.queue_position(gang_name)}"
                 out.failed = dict.fromkeys(node_names, msg)
-                out.events += self._event_once(pod, "GangUnschedulable", msg)
+                # a running gang's replacement waiting for its domain has a reason of its own
+                out.events += self._event_once(
+                    pod, "GangRepairWaiting" if repair else "GangUnschedulable", msg
+                )
                 return out
             res = started
         if not res.announced:  # on the first pod filtered, whichever pass started the gang
@@ -2329,7 +2361,13 @@ class ClusterState:
             for k, _, _ in pods
             if res.spec.members[k].role in sizes
         }
-        return BindDecision(action="bind", pods=pods, gang=gang_name, annotations=annotations)
+        return BindDecision(
+            action="bind",
+            pods=pods,
+            gang=gang_name,
+            annotations=annotations,
+            bound_events=_repaired(res, pods, self.pods),
+        )
 
     def _assume_bound(self, key: str, node: str) -> None:
         pod = self.pods.get(key)

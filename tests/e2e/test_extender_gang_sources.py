@@ -635,3 +635,107 @@ def test_native_workload_podgroup_read_by_our_extender(setup: Setup, ns: str) ->
     planned = [e for e in events(setup, ns, "GangPlanned") if f"gang {ns}/train-workers" in e.message]
     assert planned
     assert_running_with_devices(setup, ns, {"busy": busy, **placement})
+
+
+def test_native_podgroup_of_subgroup_size_auto(setup: Setup, ns: str) -> None:
+    """A native PodGroup annotated ``gpuagent.dev/subgroup-size: auto`` (issue 29 follow-up): our extender
+    chooses the size from the ready trays -- 2, both pods in one rack's 2 trays -- says so in a
+    ``SubgroupSizeChosen`` Event and the API server copies ``gpuagent.dev/subgroup-size-chosen`` from the
+    Bindings onto the pods."""
+    if setup.native:
+        pytest.skip(setup.native)
+    from kubernetes import client
+
+    core = client.CoreV1Api(setup.api)
+    custom = client.CustomObjectsApi(setup.api)
+    custom.create_namespaced_custom_object(
+        *NATIVE_PODGROUPS[:2],
+        ns,
+        NATIVE_PODGROUPS[2],
+        {
+            "apiVersion": "scheduling.k8s.io/v1beta1",
+            "kind": "PodGroup",
+            "metadata": {
+                "name": "auto",
+                "annotations": {"gpuagent.dev/subgroup-size": "auto", "gpuagent.dev/subgroup-size-min": "1"},
+            },
+            "spec": {"schedulingPolicy": {"gang": {"minCount": TRAYS}}},
+        },
+    )
+    for i in range(TRAYS):
+        core.create_namespaced_pod(
+            ns,
+            {
+                "metadata": {"name": f"a-{i}"},
+                "spec": {
+                    "schedulerName": SCHEDULER,
+                    "schedulingGroup": {"podGroupName": "auto"},
+                    "nodeSelector": {"gpuagent.dev/e2e-test": LABEL},
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "registry.k8s.io/pause:3.10",
+                            "resources": {"limits": {GPU: "4"}},
+                        }
+                    ],
+                },
+            },
+        )
+
+    def pods() -> list[Any]:
+        return [p for p in core.list_namespaced_pod(ns).items if p.spec.node_name]
+
+    cluster.wait_until(
+        lambda: len(pods()) == TRAYS, what=f"{TRAYS} pods of the auto PodGroup bound", timeout_s=WAIT_S
+    )
+    placement = {p.metadata.name: p.spec.node_name for p in pods()}
+    assert set(placement.values()) in ({*setup.names(0)}, {*setup.names(1)}), placement
+    for p in pods():
+        assert (p.metadata.annotations or {}).get("gpuagent.dev/subgroup-size-chosen") == str(TRAYS), (
+            p.metadata
+        )
+    cluster.wait_until(
+        lambda: any(
+            f"gang {ns}/auto: role default runs in subgroups of {TRAYS} pod(s)" in (e.message or "")
+            for e in events(setup, ns, "SubgroupSizeChosen")
+        ),
+        what="a SubgroupSizeChosen Event",
+        timeout_s=WAIT_S,
+    )
+    assert_running_with_devices(setup, ns, placement)
+
+
+def test_raycluster_worker_group_of_subgroup_size_auto(
+    setup: Setup, ns: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A RayCluster whose worker group's template says ``gpuagent.dev/subgroup-size: auto`` (issue 29
+    follow-up), 4 workers on 2 racks of 2 ready trays: our extender chooses subgroups of 2, one per rack,
+    and the API server copies ``gpuagent.dev/subgroup-size-chosen`` from the Bindings onto the workers."""
+    maker = "the KubeRay operator" if setup.operator else "this test, as KubeRay v1.5 makes them"
+    with capsys.disabled():
+        print(f"\n[gang sources] auto RayCluster pods made by {maker}")
+    rc = raycluster("auto", {"gpu": 2 * TRAYS})
+    worker_ann = rc["spec"]["workerGroupSpecs"][0]["template"]["metadata"]["annotations"]
+    worker_ann.clear()
+    worker_ann.update({"gpuagent.dev/subgroup-size": "auto", "gpuagent.dev/subgroup-size-min": "1"})
+    create_raycluster(setup, ns, rc)
+    want = 1 + 2 * TRAYS
+    cluster.wait_until(
+        lambda: sum(1 for p in ray_pods(setup, ns, "auto") if p.spec.node_name) == want,
+        what=f"all {want} pods of RayCluster auto bound",
+        timeout_s=UNSCHEDULABLE_FLUSH_S,
+    )
+    workers = [p for p in ray_pods(setup, ns, "auto") if p.metadata.labels["ray.io/node-type"] == "worker"]
+    racks = sorted(rack_of(setup, p.spec.node_name) for p in workers)
+    assert racks == [0] * TRAYS + [1] * TRAYS, racks
+    for p in workers:
+        assert (p.metadata.annotations or {}).get("gpuagent.dev/subgroup-size-chosen") == str(TRAYS)
+    cluster.wait_until(
+        lambda: any(
+            f"gang {ns}/auto: role gpu runs in subgroups of {TRAYS} pod(s)" in (e.message or "")
+            for e in events(setup, ns, "SubgroupSizeChosen")
+        ),
+        what="a SubgroupSizeChosen Event",
+        timeout_s=WAIT_S,
+    )

@@ -249,6 +249,14 @@ def test_a_failed_trays_replacement_goes_to_the_spare_tray_of_the_same_rack(
             what="the replacement bound",
             timeout_s=WAIT_S,
         )
+        cluster.wait_until(
+            lambda: any(
+                f"/{victim} bound on" in (e.message or "")
+                for e in events(api_client, namespace, "GangRepaired")
+            ),
+            what="a GangRepaired Event for the replacement",
+            timeout_s=WAIT_S,
+        )
         after = bound(api_client, namespace, "rp")
         assert after[victim] == spare.name  # the same rack's spare, not the other rack's (first by name)
         assert {p: n for p, n in after.items() if p != victim} == {

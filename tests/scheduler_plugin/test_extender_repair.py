@@ -4,9 +4,14 @@ moves to another domain after the wait only where ``gpuagent.dev/repair: any`` a
 
 from __future__ import annotations
 
+import asyncio
+import json
+from collections.abc import Mapping
 from typing import Any
 
-from scheduler_plugin.extender import ClusterState
+import pytest
+
+from scheduler_plugin.extender import ClusterState, Extender
 from tests.integration.fakekube import hypernode, node, pod
 
 NODES = [f"r{r}-t{t}" for r in range(2) for t in range(4)]
@@ -76,6 +81,13 @@ def test_the_replacement_goes_to_a_spare_tray_of_its_subgroups_domain() -> None:
     d = s.bind("default", "w1", "uid-default-w1", "r1-t3", 1.0)
     assert d.action == "bind"
     assert d.pods == (("default/w1", "uid-default-w1", "r1-t3"),)
+    assert not d.events  # recorded only once the binding succeeded
+    ((ev),) = d.bound_events
+    assert (ev.pod["metadata"]["name"], ev.reason, ev.warning) == ("w1", "GangRepaired", False)
+    assert (
+        "bound on r1-t3, a ready tray of NVLink domain nvl-1 where the rest of its subgroup runs"
+        in ev.message
+    )
 
 
 def test_with_no_spare_tray_in_the_domain_it_waits_and_says_so() -> None:
@@ -88,7 +100,8 @@ def test_with_no_spare_tray_in_the_domain_it_waits_and_says_so() -> None:
     assert "repair" in msg
     assert "no other pod of the gang moves" in msg
     assert "gpuagent.dev/repair=same-domain: it keeps waiting there" in msg
-    assert "GangUnschedulable" in [e.reason for e in out.events]
+    assert [e.reason for e in out.events] == ["GangRepairWaiting"]  # not GangUnschedulable
+    assert out.events[0].message == msg
 
 
 def test_a_tray_that_frees_in_the_domain_takes_the_waiting_replacement() -> None:
@@ -99,6 +112,8 @@ def test_a_tray_that_frees_in_the_domain_takes_the_waiting_replacement() -> None
     s.apply("pods", "DELETED", busy)
     s.queue_pass(1.0, 1.0)
     assert s.filter(pods[1], NODES, 1.0).passed == ["r1-t3"]
+    d = s.bind("default", "w1", "uid-default-w1", "r1-t3", 2.0)
+    assert [e.reason for e in d.bound_events] == ["GangRepaired"]
 
 
 def test_after_the_wait_any_lets_it_go_to_another_domain() -> None:
@@ -111,6 +126,9 @@ def test_after_the_wait_any_lets_it_go_to_another_domain() -> None:
     assert not s.filter(pods[1], NODES, 50.0).passed
     s.queue_pass(101.0, 101.0)
     assert s.filter(pods[1], NODES, 101.0).passed == ["r0-t3"]
+    d = s.bind("default", "w1", "uid-default-w1", "r0-t3", 102.0)
+    assert d.action == "bind"
+    assert d.bound_events == ()  # another domain: not a repair inside the domain
 
 
 def test_after_the_wait_same_domain_keeps_waiting() -> None:
@@ -121,6 +139,7 @@ def test_after_the_wait_same_domain_keeps_waiting() -> None:
     out = s.filter(pods[1], NODES, 101.0)
     assert not out.passed
     assert "keeps waiting there (its wait is over)" in next(iter(out.failed.values()))
+    assert [e.reason for e in out.events] == ["GangRepairWaiting"]
 
 
 def test_a_replacement_is_not_put_on_an_unready_tray_of_its_domain() -> None:
@@ -197,3 +216,44 @@ def test_an_auto_sized_replacement_binds_with_the_size_its_gang_runs_at() -> Non
     d = s.bind("default", "w1", "uid-default-w1", "r1-t3", 1.0)
     assert d.action == "bind"
     assert d.annotations == {"default/w1": {"gpuagent.dev/subgroup-size-chosen": "2"}}
+
+
+class _Cluster:
+    """The API as the extender's bind path sees it: bindings (one may fail) and Events."""
+
+    def __init__(self, fail: bool) -> None:
+        self.fail = fail
+        self.events: list[tuple[str, str]] = []
+
+    async def bind(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None
+    ) -> None:
+        if self.fail:
+            raise RuntimeError("injected API failure")
+
+    def event(self, pod: Mapping[str, Any], *, reason: str, message: str, warning: bool) -> None:
+        self.events.append((pod["metadata"]["name"], reason))
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["bound", "binding-failed"])
+def test_gang_repaired_is_recorded_only_after_the_binding_succeeded(fail: bool) -> None:
+    pods = running_gang()
+    s = make_state(pods, failed="r1-t1")
+    assert s.filter(pods[1], NODES, 0.0).passed == ["r1-t3"]
+    cluster = _Cluster(fail)
+    ext = Extender(state=s, cluster=cluster, clock=lambda: 1.0)
+    args = {"PodName": "w1", "PodNamespace": "default", "PodUID": "uid-default-w1", "Node": "r1-t3"}
+
+    async def bind() -> Any:
+        out = await ext.dispatch("POST", "/bind", json.dumps(args).encode())
+        await ext.drain()
+        return out
+
+    status, out = asyncio.run(bind())
+    assert status == 200
+    if fail:
+        assert "injected API failure" in out["Error"]
+        assert ("w1", "GangRepaired") not in cluster.events
+    else:
+        assert out == {"Error": ""}
+        assert cluster.events.count(("w1", "GangRepaired")) == 1
