@@ -121,6 +121,8 @@ EVICTION_MEMORY = 10_000  # gangs whose evictions are remembered (max_evictions)
 FIT_MEMORY = 16  # requested GPU counts whose fitting nodes filter keeps per usage state
 ADMITTED_MEMORY = 1_000  # (nodeSelector, tolerations) sets whose admitted nodes are kept
 BLOCKED_RETRY_S = 60.0  # victims whose evictions the API would refuse are no victims for this long
+# a planned node missing from kube-scheduler's candidates this long is ruled out (before: its cache may lag)
+EXCLUDE_CONFIRM_S = 5.0
 # work still running past its declared limit is expected to end soon (its controller ends it, as Slurm's
 # OverTimeLimit or a Job's activeDeadlineSeconds do): within as long as it has run over, at least 1 s and
 # at most this. Counting it as never ending instead would move a reservation away from the nodes about to
@@ -185,6 +187,8 @@ class Reservation:
     # pod key -> GPUs its claims are allocated on its planned node before it bound: taken off ``held``
     # (the allocation counts them as used already; ``ClusterState._claims_allocated``)
     allocated: dict[str, int] = field(default_factory=dict)
+    # planned node -> when a filter call first came without it (``EXCLUDE_CONFIRM_S``)
+    missed: dict[str, float] = field(default_factory=dict)
 
     @property
     def target(self) -> int:
@@ -2066,17 +2070,23 @@ class ClusterState:
             )
             return out
         if node not in node_names:
-            # kube-scheduler ruled the planned node out (a taint, a port, its own view of the node):
-            # unless pods already wait at bind, drop the plan and plan again without that node
+            # kube-scheduler ruled the planned node out (a taint, a port, its own view of the node). Its
+            # view lags the API's (a pod deleted a moment ago may still count there), so the plan stands
+            # until the node has been missing for ``EXCLUDE_CONFIRM_S``; then, unless pods already wait at
+            # bind, the plan is given up (its nodes held until the queue decides) and made without it
+            first = res.missed.setdefault(node, now)
             msg = f"planned node {node} of gang {gang_name} was not among the scheduler's candidates"
+            if now - first < EXCLUDE_CONFIRM_S:
+                out.failed = dict.fromkeys(node_names, f"{msg}; the plan stands while that may be a lag")
+                return out
             out.failed = dict.fromkeys(node_names, msg)
             out.events += self._event_once(pod, "GangNodeFiltered", msg)
             if not res.arrived:
                 self._excluded.setdefault(gang_name, set()).add(node)
                 self._inputs_gen += 1
-                self._version += 1
-                self.reservations.pop(gang_name, None)
+                self._give_up(gang_name)
             return out
+        res.missed.pop(node, None)
         res.expires_at = max(res.expires_at, now + self.reservation_ttl_s)
         for n in node_names:
             if n == node:

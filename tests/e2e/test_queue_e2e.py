@@ -197,6 +197,18 @@ class JobController:
                 self.ended.append(p.metadata.name)
 
 
+def timeline(api: Any, ns: str) -> str:
+    """The namespace's Events in the order they were last seen, one line each (for a failure's message)."""
+    rows = sorted(
+        core(api).list_namespaced_event(ns).items,
+        key=lambda e: str(e.last_timestamp or e.event_time or e.metadata.creation_timestamp),
+    )
+    return "\n".join(
+        f"{e.last_timestamp or e.event_time} {e.involved_object.name} {e.reason} x{e.count}: {e.message}"
+        for e in rows
+    )
+
+
 def node_reserved_for(api: Any, names: list[str]) -> dict[str, str]:
     out = {}
     for n in names:
@@ -271,7 +283,9 @@ def test_rack_gang_behind_small_jobs_starts_within_its_reservation(
             got = bound(api_client, ns, "big")
         for name in stream:
             node = core(api_client).read_namespaced_pod(name, ns).spec.node_name
-            assert node is None or node in rack1, f"{name} (limit past the reserved start) on {node}"
+            assert node is None or node in rack1, (
+                f"{name} (limit past the reserved start) on {node}; Events:\n{timeline(api_client, ns)}"
+            )
         if got:
             started_at = first_bound
             assert set(got.values()) == set(rack0)

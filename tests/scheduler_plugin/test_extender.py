@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from scheduler_plugin.cluster import snapshot_from_objects
 from scheduler_plugin.extender import ClusterState, Extender, json_depth
 from scheduler_plugin.extender import state as state_module
+from scheduler_plugin.extender.state import EXCLUDE_CONFIRM_S
 from scheduler_plugin.planner import SnapshotCache
 from scheduler_plugin.snapshot import ClusterSnapshot, Gang, PlanResult, PodSlot, changed_nodes
 from tests.integration.fakekube import hypernode, node, pod
@@ -388,11 +389,20 @@ def test_a_planned_node_the_scheduler_rules_out_is_replanned_around() -> None:
     s = make_state(pods=pods)
     first = planned_node(s, pods[0], 0.0)
     without = [n for n in NODES if n != first]
+    # kube-scheduler's view may lag: the plan stands for EXCLUDE_CONFIRM_S, and a call that has the node
+    # again forgets the miss
     out = s.filter(pods[0], without, 1.0)
+    assert out.passed == []
+    assert out.events == []
+    assert "may be a lag" in next(iter(out.failed.values()))
+    assert s.filter(pods[0], NODES, 2.0).passed == [first]
+    s.filter(pods[0], without, 3.0)
+    assert s.filter(pods[0], without, 3.0 + EXCLUDE_CONFIRM_S - 0.1).events == []
+    out = s.filter(pods[0], without, 3.0 + EXCLUDE_CONFIRM_S)
     assert out.passed == []
     assert [e.reason for e in out.events] == ["GangNodeFiltered"]
     assert s.reservations == {}
-    again = s.filter(pods[0], without, 2.0)
+    again = s.filter(pods[0], without, 9.0)
     assert len(again.passed) == 1
     assert again.passed[0] != first
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from scheduler_plugin.extender import ClusterState
+from scheduler_plugin.extender.state import EXCLUDE_CONFIRM_S
 from scheduler_plugin.gangs import (
     GangError,
     GangIncompleteError,
@@ -766,7 +767,8 @@ def test_a_call_narrowed_to_another_domain_keeps_the_plan() -> None:
     assert out.events == []
     assert s.reservations["ml/pg"] is res
     assert s.filter(pods[0], [n for n in RACK_NODES if n.startswith(rack + "-")], now=3.0).passed == [first]
-    out = s.filter(pods[0], [n for n in RACK_NODES if n != first], now=4.0)
+    s.filter(pods[0], [n for n in RACK_NODES if n != first], now=4.0)
+    out = s.filter(pods[0], [n for n in RACK_NODES if n != first], now=4.0 + EXCLUDE_CONFIRM_S)
     assert [e.reason for e in out.events] == ["GangNodeFiltered"]
     assert "ml/pg" not in s.reservations
 
