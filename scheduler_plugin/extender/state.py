@@ -22,9 +22,12 @@ reservations are rebuilt from the pods and the node annotations (``queue.rebuild
 
 Bind waits at a barrier until every planned pod has arrived, then all are bound together; on
 ``barrier_timeout_s`` the pods bind only if at least the gang minimum arrived, otherwise nothing
-binds and the reservation is released. A reservation no pod has reached bind for in
-``reservation_ttl_s`` expires. A restart rebuilds everything from the API: bound pods count as
-used; plans are made afresh.
+binds and the plan is given up. A plan no pod has reached bind for in ``reservation_ttl_s``
+expires. A plan given up (those two, a failed bind, a changed gang, a planned node kube-scheduler keeps
+ruling out for ``EXCLUDE_CONFIRM_S``) and a start the queue loop left out keep their nodes held for the
+gang until the next queue pass decides again (``_give_up``): a pod on its own filtered in between would
+otherwise take the nodes the gang was about to get. A restart rebuilds everything from the API: bound
+pods count as used; plans are made afresh.
 
 Readiness and repair (issue 29): a gang's ``gpuagent.dev/mnnvl`` mode (``extender.policy``; by default
 ``required`` for NVLink subgroups on fabric-attached nodes) goes into its ``Gang`` and the planner
