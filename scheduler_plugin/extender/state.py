@@ -48,6 +48,7 @@ import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import filterfalse, repeat
 from typing import Any, NamedTuple, TypeVar
 
 from scheduler_plugin.claims import KINDS as CLAIM_KINDS
@@ -368,9 +369,10 @@ class ClusterState:
         self._inputs_gen = 0
         # the nodes whose usage changed (a pod bound or gone, a node changed), in order: filter's verdicts
         # per requested GPU count (with the log position and holds they are up to date with) and
-        # prioritize's ranks follow them node by node (``_fits``, ``_ranks``)
+        # prioritize's ranks follow them node by node (``_fits``, ``_ranks``); with the verdicts, the
+        # known nodes such a pod fits on, so filter answers with set look-ups in C (``_filter_alone``)
         self._usage_log: list[str] = []
-        self._fit: dict[int, tuple[dict[str, str], int, dict[str, int]]] = {}
+        self._fit: dict[int, tuple[dict[str, str], int, dict[str, int], set[str]]] = {}
         self._state_log: list[str] = []
         self._state_names: list[str] | None = None  # ``_states``' names in order, while none comes or goes
         self._rank_cache: dict[int, tuple[dict[str, tuple[int, int]], int]] = {}
@@ -1876,20 +1878,7 @@ class ClusterState:
             need = gpus_of(self._info[key])
             held = self.held_gpus()
             caps = self._queue_caps(pod, wall) if need else {}
-            fails, nodes, passed, failed = self._fits(need, held), self.nodes, out.passed, out.failed
-            for n in node_names:  # the hot loop of the extender: plain dict look-ups only
-                verdict = fails.get(n)
-                if verdict is not None:
-                    failed[n] = verdict
-                elif n not in nodes:
-                    failed[n] = "node unknown to the extender (informer not synced yet)"
-                elif n in caps and caps[n] < need:
-                    failed[n] = (
-                        f"{need} GPU(s) requested; reserved for queued gang(s) starting before this pod's "
-                        f"time limit ends ({RESERVED_FOR}); {max(caps[n], 0)} usable"
-                    )
-                else:
-                    passed.append(n)
+            passed = self._filter_alone(need, held, caps, node_names, out)
             if passed:  # the decision bind asks for
                 self._filtered[key] = (_uid(pod), now + self.reservation_ttl_s)
             return out
@@ -1900,6 +1889,43 @@ class ClusterState:
         else:  # kube-scheduler keeps it among its unschedulable pods: nudged when its gang starts
             self._refused[key] = found[1]
         return out
+
+    def _filter_alone(
+        self,
+        need: int,
+        held: Mapping[str, int],
+        caps: Mapping[str, int],
+        node_names: Sequence[str],
+        out: FilterOutcome,
+    ) -> list[str]:
+        """Filter's answer for a pod on its own, into ``out``: the hot path of the extender (kube-scheduler
+        sends every candidate, ~10,000 names). The nodes the pod fits on are a set kept with ``_fits``'
+        verdicts, so the candidates that pass, and those that fail with their verdicts, are found by set
+        and dict look-ups run in C; only a candidate without a verdict there (a node the extender does
+        not know, one whose GPUs the queue holds back) gets its message in Python. The same answer as
+        asking ``_fit_verdict``, ``nodes`` and ``caps`` node by node (``tests/scheduler_plugin``)."""
+        fails = self._fits(need, held)
+        ok = self._fit[need][3]
+        capped = {n: c for n, c in caps.items() if c < need}
+        if capped:
+            ok = ok.difference(capped)
+        passed = out.passed
+        passed.extend(filter(ok.__contains__, node_names))
+        if len(passed) == len(node_names):
+            return passed
+        rest = list(filterfalse(ok.__contains__, node_names))
+        failed = out.failed
+        failed.update(zip(rest, map(fails.get, rest), strict=True))
+        if None in failed.values():  # unknown or held back: the few without a verdict
+            for n in [n for n, v in failed.items() if v is None]:
+                if n not in self.nodes:
+                    failed[n] = "node unknown to the extender (informer not synced yet)"
+                else:
+                    failed[n] = (
+                        f"{need} GPU(s) requested; reserved for queued gang(s) starting before this pod's "
+                        f"time limit ends ({RESERVED_FOR}); {max(capped[n], 0)} usable"
+                    )
+        return passed
 
     def _filter_gang(
         self,
@@ -2000,11 +2026,9 @@ class ClusterState:
                 self.reservations.pop(gang_name, None)
             return out
         res.expires_at = max(res.expires_at, now + self.reservation_ttl_s)
-        for n in node_names:
-            if n == node:
-                out.passed.append(n)
-            else:
-                out.failed[n] = f"gang {gang_name} planned this pod on {node}"
+        out.passed.extend(repeat(node, node_names.count(node)))
+        out.failed.update(dict.fromkeys(node_names, f"gang {gang_name} planned this pod on {node}"))
+        del out.failed[node]
         return out
 
     def _fits(self, need: int, held: Mapping[str, int]) -> dict[str, str]:
@@ -2014,8 +2038,9 @@ class ClusterState:
         cached = self._fit.get(need)
         if cached is None:
             found = {n: why for n in self.nodes if (why := self._fit_verdict(n, need, held)) is not None}
+            ok = self.nodes.keys() - found.keys()
         else:
-            found, seen, was_held = cached
+            found, seen, was_held, ok = cached
             for n in {
                 *self._usage_log[seen:],
                 *(n for n in {*held, *was_held} if held.get(n) != was_held.get(n)),
@@ -2025,9 +2050,13 @@ class ClusterState:
                     found.pop(n, None)
                 else:
                     found[n] = why
+                if why is None and n in self.nodes:
+                    ok.add(n)
+                else:
+                    ok.discard(n)
         if cached is None and len(self._fit) >= FIT_MEMORY:
             self._fit.clear()
-        self._fit[need] = (found, len(self._usage_log), dict(held))
+        self._fit[need] = (found, len(self._usage_log), dict(held), ok)
         return found
 
     def _usage_changed(self, node: str) -> None:
@@ -2095,16 +2124,15 @@ class ClusterState:
             res = self.reservations.get(info.gang[1])
             planned = res.spec.members.get(info.key) if res else None
             node = res.nodes.get(planned) if res and planned is not None else None
-            return [(n, MAX_PRIORITY if n == node else 0) for n in node_names]
+            return list(zip(node_names, map({node: MAX_PRIORITY}.get, node_names, repeat(0)), strict=True))
         need = gpus_of(info)
         ranks = self._ranks(need)
-        keys = [ranks.get(n) for n in node_names]
-        order = {k: i for i, k in enumerate(sorted({k for k in keys if k is not None}))}
-        span = max(1, len(order) - 1)
-        return [
-            (n, 0 if k is None else MAX_PRIORITY - (MAX_PRIORITY - 1) * order[k] // span)
-            for n, k in zip(node_names, keys, strict=True)
-        ]
+        keys = list(map(ranks.get, node_names))  # per candidate in C; the scores per distinct rank (a few)
+        distinct = set(keys)
+        distinct.discard(None)
+        span = max(1, len(distinct) - 1)
+        score = {k: MAX_PRIORITY - (MAX_PRIORITY - 1) * i // span for i, k in enumerate(sorted(distinct))}
+        return list(zip(node_names, map(score.get, keys, repeat(0)), strict=True))
 
     def _ranks(self, need: int) -> dict[str, tuple[int, int]]:
         """``_rank_key`` of every node a pod of ``need`` GPUs fits on: kept per requested count (a few)
