@@ -376,6 +376,7 @@ class ClusterState:
         self._state_log: list[str] = []
         self._state_names: list[str] | None = None  # ``_states``' names in order, while none comes or goes
         self._rank_cache: dict[int, tuple[dict[str, tuple[int, int]], int]] = {}
+        self._rank_places: dict[int, tuple[object, dict[str, int]]] = {}  # ``_rank_order``, per entry
         self._ranks_index: _DomainIndex | None = None  # the domains the ranks were worked out on
         self._room: dict[tuple[str, int], tuple[int, int, int]] = {}
         self._limit_cache: dict[str, Limits | str] = {}
@@ -2127,8 +2128,8 @@ class ClusterState:
             return list(zip(node_names, map({node: MAX_PRIORITY}.get, node_names, repeat(0)), strict=True))
         need = gpus_of(info)
         ranks = self._ranks(need)
-        keys = list(map(ranks.get, node_names))  # per candidate in C; the scores per distinct rank (a few)
-        distinct = set(keys)
+        keys = list(map(self._rank_order(need, ranks).get, node_names))  # per candidate in C
+        distinct = set(keys)  # the scores: per distinct rank among the candidates (a few)
         distinct.discard(None)
         span = max(1, len(distinct) - 1)
         score = {k: MAX_PRIORITY - (MAX_PRIORITY - 1) * i // span for i, k in enumerate(sorted(distinct))}
@@ -2164,6 +2165,21 @@ class ClusterState:
         if cached is None and len(self._rank_cache) >= FIT_MEMORY:
             self._rank_cache.clear()
         self._rank_cache[need] = (found, len(self._state_log))
+        return found
+
+    def _rank_order(self, need: int, ranks: Mapping[str, tuple[int, int]]) -> dict[str, int]:
+        """Each ranked node's place among the distinct ``_ranks`` keys (the same order, small ints
+        that hash at once), kept while ``_ranks`` answers from the same cache entry."""
+        entry = self._rank_cache.get(need)
+        kept = self._rank_places.get(need)
+        if kept is not None and entry is not None and kept[0] is entry:
+            return kept[1]
+        place = {k: i for i, k in enumerate(sorted(set(ranks.values())))}
+        found = dict(zip(ranks, map(place.__getitem__, ranks.values()), strict=True))
+        if entry is not None:
+            if len(self._rank_places) >= FIT_MEMORY:
+                self._rank_places.clear()
+            self._rank_places[need] = (entry, found)
         return found
 
     def _rank_key(self, node: str, need: int) -> tuple[int, int] | None:
