@@ -48,7 +48,7 @@ import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from itertools import filterfalse, repeat
+from itertools import repeat
 from typing import Any, NamedTuple, TypeVar
 
 from scheduler_plugin.claims import KINDS as CLAIM_KINDS
@@ -369,10 +369,10 @@ class ClusterState:
         self._inputs_gen = 0
         # the nodes whose usage changed (a pod bound or gone, a node changed), in order: filter's verdicts
         # per requested GPU count (with the log position and holds they are up to date with) and
-        # prioritize's ranks follow them node by node (``_fits``, ``_ranks``); with the verdicts, the
-        # known nodes such a pod fits on, so filter answers with set look-ups in C (``_filter_alone``)
+        # prioritize's ranks follow them node by node (``_fits``, ``_ranks``)
         self._usage_log: list[str] = []
-        self._fit: dict[int, tuple[dict[str, str], int, dict[str, int], set[str]]] = {}
+        self._fit: dict[int, tuple[dict[str, str], int, dict[str, int]]] = {}
+        self._fit_answers: dict[int, tuple[Any, ...]] = {}  # ``_filter_alone``'s last answer per count
         self._state_log: list[str] = []
         self._state_names: list[str] | None = None  # ``_states``' names in order, while none comes or goes
         self._rank_cache: dict[int, tuple[dict[str, tuple[int, int]], int]] = {}
@@ -1900,32 +1900,48 @@ class ClusterState:
         out: FilterOutcome,
     ) -> list[str]:
         """Filter's answer for a pod on its own, into ``out``: the hot path of the extender (kube-scheduler
-        sends every candidate, ~10,000 names). The nodes the pod fits on are a set kept with ``_fits``'
-        verdicts, so the candidates that pass, and those that fail with their verdicts, are found by set
-        and dict look-ups run in C; only a candidate without a verdict there (a node the extender does
-        not know, one whose GPUs the queue holds back) gets its message in Python. The same answer as
-        asking ``_fit_verdict``, ``nodes`` and ``caps`` node by node (``tests/scheduler_plugin``)."""
+        sends every candidate, ~10,000 names). The last answer per requested count is kept with what it
+        was worked out from (``_fits``' verdicts and their log position, the holds, the queue's caps, the
+        candidates): the same call again is answered by copying it (C-level compares and copies), any
+        other by the loop over the candidates, plain dict look-ups only."""
         fails = self._fits(need, held)
-        ok = self._fit[need][3]
-        capped = {n: c for n, c in caps.items() if c < need}
-        if capped:
-            ok = ok.difference(capped)
-        passed = out.passed
-        passed.extend(filter(ok.__contains__, node_names))
-        if len(passed) == len(node_names):
-            return passed
-        rest = list(filterfalse(ok.__contains__, node_names))
-        failed = out.failed
-        failed.update(zip(rest, map(fails.get, rest), strict=True))
-        if None in failed.values():  # unknown or held back: the few without a verdict
-            for n in [n for n, v in failed.items() if v is None]:
-                if n not in self.nodes:
-                    failed[n] = "node unknown to the extender (informer not synced yet)"
-                else:
-                    failed[n] = (
-                        f"{need} GPU(s) requested; reserved for queued gang(s) starting before this pod's "
-                        f"time limit ends ({RESERVED_FOR}); {max(capped[n], 0)} usable"
-                    )
+        kept = self._fit_answers.get(need)
+        if (
+            kept is not None
+            and kept[0] is fails
+            and kept[1] == len(self._usage_log)
+            and kept[2] == held
+            and kept[3] == caps
+            and kept[4] == node_names
+        ):
+            out.passed.extend(kept[5])
+            out.failed.update(kept[6])
+            return out.passed
+        nodes, passed, failed = self.nodes, out.passed, out.failed
+        for n in node_names:  # plain dict look-ups only
+            verdict = fails.get(n)
+            if verdict is not None:
+                failed[n] = verdict
+            elif n not in nodes:
+                failed[n] = "node unknown to the extender (informer not synced yet)"
+            elif n in caps and caps[n] < need:
+                failed[n] = (
+                    f"{need} GPU(s) requested; reserved for queued gang(s) starting before this pod's "
+                    f"time limit ends ({RESERVED_FOR}); {max(caps[n], 0)} usable"
+                )
+            else:
+                passed.append(n)
+        if len(self._fit_answers) >= FIT_MEMORY and need not in self._fit_answers:
+            self._fit_answers.clear()
+        self._fit_answers[need] = (
+            fails,
+            len(self._usage_log),
+            dict(held),
+            dict(caps),
+            list(node_names),
+            list(passed),
+            dict(failed),
+        )
         return passed
 
     def _filter_gang(
@@ -2039,9 +2055,8 @@ class ClusterState:
         cached = self._fit.get(need)
         if cached is None:
             found = {n: why for n in self.nodes if (why := self._fit_verdict(n, need, held)) is not None}
-            ok = self.nodes.keys() - found.keys()
         else:
-            found, seen, was_held, ok = cached
+            found, seen, was_held = cached
             for n in {
                 *self._usage_log[seen:],
                 *(n for n in {*held, *was_held} if held.get(n) != was_held.get(n)),
@@ -2051,13 +2066,9 @@ class ClusterState:
                     found.pop(n, None)
                 else:
                     found[n] = why
-                if why is None and n in self.nodes:
-                    ok.add(n)
-                else:
-                    ok.discard(n)
         if cached is None and len(self._fit) >= FIT_MEMORY:
             self._fit.clear()
-        self._fit[need] = (found, len(self._usage_log), dict(held), ok)
+        self._fit[need] = (found, len(self._usage_log), dict(held))
         return found
 
     def _usage_changed(self, node: str) -> None:

@@ -1,7 +1,7 @@
-"""Filter and prioritize answer ~10,000 candidates per call from kept sets and dicts (``_filter_alone``,
-``_rank_order``): these properties pin those answers to the plain loop over the candidates, node by node,
-while informer events change the cluster between calls (so the kept pieces are brought up to date, not
-built afresh)."""
+"""Filter and prioritize answer ~10,000 candidates per call from kept pieces (``_filter_alone``'s last
+answer per requested count, ``_rank_order``'s place per ranked node): these properties pin those answers
+to the plain loop over the candidates, node by node, while informer events change the cluster between
+calls (so a kept piece is used only while what it was worked out from is unchanged)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,10 @@ steps = st.lists(
         st.tuples(st.just("drop"), st.sampled_from(NAMES), st.just(0)),
         st.tuples(
             st.just("check"),
-            st.lists(st.sampled_from(CANDIDATES), max_size=12),  # duplicates and unknown names included
+            st.one_of(  # the same candidates again (a kept answer), or others; duplicates and unknowns
+                st.sampled_from([CANDIDATES, NAMES, NAMES[:2]]),
+                st.lists(st.sampled_from(CANDIDATES), max_size=12),
+            ),
             st.integers(0, 6),
         ),
     ),
@@ -53,6 +56,18 @@ def plain_filter(
         else:
             out.passed.append(n)
     return out
+
+
+def same_as_plain(
+    s: ClusterState, need: int, held: dict[str, int], caps: dict[str, int], names: list[str]
+) -> None:
+    want = plain_filter(s, need, held, caps, names)
+    got = FilterOutcome()
+    s._filter_alone(need, held, caps, names, got)
+    assert (got.passed, got.failed) == (want.passed, want.failed)
+    assert list(got.failed) == list(want.failed)  # the same order in the answer
+    got.passed.append("changed by the caller")  # never the kept answer itself
+    got.failed.clear()
 
 
 def plain_scores(s: ClusterState, need: int, names: list[str]) -> list[tuple[str, int]]:
@@ -98,14 +113,16 @@ def test_filter_and_prioritize_answer_as_the_plain_loop(
             s.apply("nodes", "ADDED", node(a, b))
         elif what == "drop":
             s.apply("nodes", "DELETED", node(a, 0))
-        elif what == "check":
+        if what != "check":  # after each change: a kept answer from before it is not used
+            same_as_plain(s, 2, held, caps, CANDIDATES)
+        if what == "check":
             names, need = a, b
             # the fast path itself, with holds and the queue's caps drawn freely
-            got = FilterOutcome()
-            s._filter_alone(need, held, caps, names, got)
-            want = plain_filter(s, need, held, caps, names)
-            assert (got.passed, got.failed) == (want.passed, want.failed)
-            assert list(got.failed) == list(want.failed)  # the same order in the answer
+            # worked out, the kept answer, then other holds, caps or candidates (never the kept answer)
+            for h, c, n in ((held, caps, names), (held, caps, names), ({}, caps, names), (held, {}, names)):
+                same_as_plain(s, need, h, c, n)
+            same_as_plain(s, need, held, caps, NAMES)
+            same_as_plain(s, need, held, caps, CANDIDATES)
             # the verbs, for a pod the informer knows
             solo = pod(f"solo-{i}", need)
             s.apply("pods", "ADDED", solo)
