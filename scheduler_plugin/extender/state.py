@@ -2139,9 +2139,9 @@ class ClusterState:
             return list(zip(node_names, map({node: MAX_PRIORITY}.get, node_names, repeat(0)), strict=True))
         need = gpus_of(info)
         ranks = self._ranks(need)
-        keys = list(map(self._rank_order(need, ranks).get, node_names))  # per candidate in C
+        keys = list(map(self._rank_order(need, ranks).get, node_names, repeat(-1)))  # -1: no fit; in C
         distinct = set(keys)  # the scores: per distinct rank among the candidates (a few)
-        distinct.discard(None)
+        distinct.discard(-1)
         span = max(1, len(distinct) - 1)
         score = {k: MAX_PRIORITY - (MAX_PRIORITY - 1) * i // span for i, k in enumerate(sorted(distinct))}
         return list(zip(node_names, map(score.get, keys, repeat(0)), strict=True))
