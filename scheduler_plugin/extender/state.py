@@ -53,6 +53,7 @@ import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import repeat
 from typing import Any, NamedTuple, TypeVar
 
 from scheduler_plugin.claims import KINDS as CLAIM_KINDS
@@ -409,9 +410,11 @@ class ClusterState:
         # prioritize's ranks follow them node by node (``_fits``, ``_ranks``)
         self._usage_log: list[str] = []
         self._fit: dict[int, tuple[dict[str, str], int, dict[str, int]]] = {}
+        self._fit_answers: dict[int, tuple[Any, ...]] = {}  # ``_filter_alone``'s last answer per count
         self._state_log: list[str] = []
         self._state_names: list[str] | None = None  # ``_states``' names in order, while none comes or goes
         self._rank_cache: dict[int, tuple[dict[str, tuple[int, int]], int]] = {}
+        self._rank_places: dict[int, tuple[object, dict[str, int]]] = {}  # ``_rank_order``, per entry
         self._ranks_index: _DomainIndex | None = None  # the domains the ranks were worked out on
         self._room: dict[tuple[str, int], tuple[int, int, int]] = {}
         self._limit_cache: dict[str, Limits | str] = {}
@@ -1958,20 +1961,7 @@ class ClusterState:
             need = gpus_of(self._info[key])
             held = self.held_gpus()
             caps = self._queue_caps(pod, wall) if need else {}
-            fails, nodes, passed, failed = self._fits(need, held), self.nodes, out.passed, out.failed
-            for n in node_names:  # the hot loop of the extender: plain dict look-ups only
-                verdict = fails.get(n)
-                if verdict is not None:
-                    failed[n] = verdict
-                elif n not in nodes:
-                    failed[n] = "node unknown to the extender (informer not synced yet)"
-                elif n in caps and caps[n] < need:
-                    failed[n] = (
-                        f"{need} GPU(s) requested; reserved for queued gang(s) starting before this pod's "
-                        f"time limit ends ({RESERVED_FOR}); {max(caps[n], 0)} usable"
-                    )
-                else:
-                    passed.append(n)
+            passed = self._filter_alone(need, held, caps, node_names, out)
             if passed:  # the decision bind asks for
                 self._filtered[key] = (_uid(pod), now + self.reservation_ttl_s)
             return out
@@ -1982,6 +1972,59 @@ class ClusterState:
         else:  # kube-scheduler keeps it among its unschedulable pods: nudged when its gang starts
             self._refused[key] = found[1]
         return out
+
+    def _filter_alone(
+        self,
+        need: int,
+        held: Mapping[str, int],
+        caps: Mapping[str, int],
+        node_names: Sequence[str],
+        out: FilterOutcome,
+    ) -> list[str]:
+        """Filter's answer for a pod on its own, into ``out``: the hot path of the extender (kube-scheduler
+        sends every candidate, ~10,000 names). The last answer per requested count is kept with what it
+        was worked out from (``_fits``' verdicts and their log position, the holds, the queue's caps, the
+        candidates): the same call again is answered by copying it (C-level compares and copies), any
+        other by the loop over the candidates, plain dict look-ups only."""
+        fails = self._fits(need, held)
+        kept = self._fit_answers.get(need)
+        if (
+            kept is not None
+            and kept[0] is fails
+            and kept[1] == len(self._usage_log)
+            and kept[2] == held
+            and kept[3] == caps
+            and kept[4] == node_names
+        ):
+            out.passed.extend(kept[5])
+            out.failed.update(kept[6])
+            return out.passed
+        nodes, passed, failed = self.nodes, out.passed, out.failed
+        for n in node_names:  # plain dict look-ups only
+            verdict = fails.get(n)
+            if verdict is not None:
+                failed[n] = verdict
+            elif n not in nodes:
+                failed[n] = "node unknown to the extender (informer not synced yet)"
+            elif n in caps and caps[n] < need:
+                failed[n] = (
+                    f"{need} GPU(s) requested; reserved for queued gang(s) starting before this pod's "
+                    f"time limit ends ({RESERVED_FOR}); {max(caps[n], 0)} usable"
+                )
+            else:
+                passed.append(n)
+        if len(self._fit_answers) >= FIT_MEMORY and need not in self._fit_answers:
+            self._fit_answers.clear()
+        self._fit_answers[need] = (
+            fails,
+            len(self._usage_log),
+            dict(held),
+            dict(caps),
+            list(node_names),
+            list(passed),
+            dict(failed),
+        )
+        return passed
 
     def _filter_gang(
         self,
@@ -2091,11 +2134,9 @@ class ClusterState:
             return out
         res.missed.pop(node, None)
         res.expires_at = max(res.expires_at, now + self.reservation_ttl_s)
-        for n in node_names:
-            if n == node:
-                out.passed.append(n)
-            else:
-                out.failed[n] = f"gang {gang_name} planned this pod on {node}"
+        out.passed.extend(repeat(node, node_names.count(node)))
+        out.failed.update(dict.fromkeys(node_names, f"gang {gang_name} planned this pod on {node}"))
+        del out.failed[node]
         return out
 
     def _fits(self, need: int, held: Mapping[str, int]) -> dict[str, str]:
@@ -2186,16 +2227,15 @@ class ClusterState:
             res = self.reservations.get(info.gang[1])
             planned = res.spec.members.get(info.key) if res else None
             node = res.nodes.get(planned) if res and planned is not None else None
-            return [(n, MAX_PRIORITY if n == node else 0) for n in node_names]
+            return list(zip(node_names, map({node: MAX_PRIORITY}.get, node_names, repeat(0)), strict=True))
         need = gpus_of(info)
         ranks = self._ranks(need)
-        keys = [ranks.get(n) for n in node_names]
-        order = {k: i for i, k in enumerate(sorted({k for k in keys if k is not None}))}
-        span = max(1, len(order) - 1)
-        return [
-            (n, 0 if k is None else MAX_PRIORITY - (MAX_PRIORITY - 1) * order[k] // span)
-            for n, k in zip(node_names, keys, strict=True)
-        ]
+        keys = list(map(self._rank_order(need, ranks).get, node_names, repeat(-1)))  # -1: no fit; in C
+        distinct = set(keys)  # the scores: per distinct rank among the candidates (a few)
+        distinct.discard(-1)
+        span = max(1, len(distinct) - 1)
+        score = {k: MAX_PRIORITY - (MAX_PRIORITY - 1) * i // span for i, k in enumerate(sorted(distinct))}
+        return list(zip(node_names, map(score.get, keys, repeat(0)), strict=True))
 
     def _ranks(self, need: int) -> dict[str, tuple[int, int]]:
         """``_rank_key`` of every node a pod of ``need`` GPUs fits on: kept per requested count (a few)
@@ -2227,6 +2267,21 @@ class ClusterState:
         if cached is None and len(self._rank_cache) >= FIT_MEMORY:
             self._rank_cache.clear()
         self._rank_cache[need] = (found, len(self._state_log))
+        return found
+
+    def _rank_order(self, need: int, ranks: Mapping[str, tuple[int, int]]) -> dict[str, int]:
+        """Each ranked node's place among the distinct ``_ranks`` keys (the same order, small ints
+        that hash at once), kept while ``_ranks`` answers from the same cache entry."""
+        entry = self._rank_cache.get(need)
+        kept = self._rank_places.get(need)
+        if kept is not None and entry is not None and kept[0] is entry:
+            return kept[1]
+        place = {k: i for i, k in enumerate(sorted(set(ranks.values())))}
+        found = dict(zip(ranks, map(place.__getitem__, ranks.values()), strict=True))
+        if entry is not None:
+            if len(self._rank_places) >= FIT_MEMORY:
+                self._rank_places.clear()
+            self._rank_places[need] = (entry, found)
         return found
 
     def _rank_key(self, node: str, need: int) -> tuple[int, int] | None:
