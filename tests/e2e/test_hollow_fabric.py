@@ -29,6 +29,7 @@ from tests.e2e.test_hollow_scheduling import (
     _stop_and_delete,
     bound,
     create,
+    extender_behind_scheduler,
     gang,
     gpu_pod,
 )
@@ -113,26 +114,15 @@ def extender(
     trays: list[list[cluster.HollowGpuNode]],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[RunningExtender]:
-    _require(counterparts, "kube-scheduler")
-    ext = RunningExtender(str(control_plane.apiserver.kubeconfig))
-    sched: cluster.Scheduler | None = None
-    try:
-        names = {n.name for rack in trays for n in rack}
-        cluster.wait_until(
-            lambda: ext.state(lambda s: names <= set(s.nodes)), what="the extender sees every tray"
-        )
-        sched = cluster.start_kube_scheduler(
-            counterparts,
-            tmp_path_factory.mktemp("sched-fabric"),
-            apiserver=control_plane.apiserver,
-            scheduler_name=SCHEDULER,
-            extenders=[cluster.extender_entry(ext.url, managed_resource=GPU)],
-        )
+    names = {n.name for rack in trays for n in rack}
+    with extender_behind_scheduler(
+        counterparts,
+        control_plane,
+        tmp_path_factory.mktemp("sched-fabric"),
+        lambda s: names <= set(s.nodes),
+        what="the extender sees every tray",
+    ) as ext:
         yield ext
-    finally:
-        if sched is not None:
-            sched.stop()
-        ext.stop()
 
 
 def _last_create(node: cluster.HollowGpuNode, namespace: str, pod: str) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from tests.e2e.test_hollow_scheduling import (
     bound,
     create,
     events,
+    extender_behind_scheduler,
     gang,
     gpu_pod,
     held,
@@ -124,26 +125,15 @@ def extender(
     trays: list[list[cluster.HollowGpuNode]],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[RunningExtender]:
-    _require(counterparts, "kube-scheduler")
-    ext = RunningExtender(str(control_plane.apiserver.kubeconfig))
-    sched: cluster.Scheduler | None = None
-    try:
-        names = {n.name for rack in trays for n in rack}
-        cluster.wait_until(
-            lambda: ext.state(lambda s: names <= set(s.nodes)), what="the extender sees every tray"
-        )
-        sched = cluster.start_kube_scheduler(
-            counterparts,
-            tmp_path_factory.mktemp("sched-repair"),
-            apiserver=control_plane.apiserver,
-            scheduler_name=SCHEDULER,
-            extenders=[cluster.extender_entry(ext.url, managed_resource=GPU)],
-        )
+    names = {n.name for rack in trays for n in rack}
+    with extender_behind_scheduler(
+        counterparts,
+        control_plane,
+        tmp_path_factory.mktemp("sched-repair"),
+        lambda s: names <= set(s.nodes),
+        what="the extender sees every tray",
+    ) as ext:
         yield ext
-    finally:
-        if sched is not None:
-            sched.stop()
-        ext.stop()
 
 
 def _occupy(api_client: Any, namespace: str, name: str, node: cluster.HollowGpuNode) -> None:

@@ -30,6 +30,7 @@ PodGroup source, ``plan --from-cluster``) and cost a fraction of this.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import shutil
@@ -225,29 +226,25 @@ def _nvlink_domains(kube: Kube) -> dict[str, set[str]]:
     }
 
 
-@pytest.fixture(scope="module")
-def extender(
+@contextlib.contextmanager
+def extender_behind_scheduler(
     counterparts: cluster.Counterparts,
     control_plane: cluster.ControlPlane,
-    racks: Racks,
-    domains: dict[str, set[str]],
-    tmp_path_factory: pytest.TempPathFactory,
+    sched_dir: Path,
+    sees: Callable[[Any], bool],
+    *,
+    what: str,
 ) -> Iterator[RunningExtender]:
-    """``gpu-node-agent extender`` behind a kube-scheduler named ``gpu-topology-scheduler``, once it has
-    every tray and every nvlink HyperNode in its view."""
+    """``gpu-node-agent extender`` behind a kube-scheduler named ``gpu-topology-scheduler``, started once
+    the extender's state ``sees`` what the test needs (``what`` names it); both stopped after."""
     _require(counterparts, "kube-scheduler")
     ext = RunningExtender(str(control_plane.apiserver.kubeconfig))
     sched: cluster.Scheduler | None = None
     try:
-        names = set(racks.by_name())
-        cluster.wait_until(
-            lambda: ext.state(lambda s: names <= set(s.nodes) and set(domains) <= set(s.hypernodes)),
-            what="the extender sees every tray and HyperNode",
-            timeout_s=WAIT_S,
-        )
+        cluster.wait_until(lambda: ext.state(sees), what=what, timeout_s=WAIT_S)
         sched = cluster.start_kube_scheduler(
             counterparts,
-            tmp_path_factory.mktemp("sched-ext"),
+            sched_dir,
             apiserver=control_plane.apiserver,
             scheduler_name=SCHEDULER,
             extenders=[cluster.extender_entry(ext.url, managed_resource=GPU)],
@@ -257,6 +254,26 @@ def extender(
         if sched is not None:
             sched.stop()
         ext.stop()
+
+
+@pytest.fixture(scope="module")
+def extender(
+    counterparts: cluster.Counterparts,
+    control_plane: cluster.ControlPlane,
+    racks: Racks,
+    domains: dict[str, set[str]],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[RunningExtender]:
+    """The extender behind its kube-scheduler, once it has every tray and every nvlink HyperNode."""
+    names = set(racks.by_name())
+    with extender_behind_scheduler(
+        counterparts,
+        control_plane,
+        tmp_path_factory.mktemp("sched-ext"),
+        lambda s: names <= set(s.nodes) and set(domains) <= set(s.hypernodes),
+        what="the extender sees every tray and HyperNode",
+    ) as ext:
+        yield ext
 
 
 @pytest.fixture(autouse=True)
