@@ -541,19 +541,13 @@ class Extender:
             await asyncio.wait(list(self._background), timeout=5)
 
     # -- HTTP dispatch -------------------------------------------------------------------------
-    def _health(self, route: str) -> tuple[int, Any]:
-        if route == "readyz":
-            ok = self.ready()
-            return (200 if ok else 503), {"status": "ok" if ok else "informers not synced"}
-        return 200, {"status": "ok"}
-
     async def dispatch_health(
         self, method: str, path: str, body: bytes, content_type: str = ""
     ) -> tuple[int, Any]:
         """The health listener: ``GET /healthz``, ``/livez``, ``/readyz`` and nothing else."""
         route = path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
         if method == "GET" and route in HEALTH_ROUTES:
-            return self._health(route)
+            return _health(route, self.ready)
         if method == "GET" and route == "metrics":
             body = await self._locked(self.state.metrics_text)
             return 200, Text("text/plain; version=0.0.4; charset=utf-8", body)
@@ -566,7 +560,7 @@ class Extender:
     ) -> tuple[int, Any]:
         route = path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
         if method == "GET" and route in HEALTH_ROUTES:
-            return self._health(route)
+            return _health(route, self.ready)
         handlers = {
             "filter": self.filter,
             "prioritize": self.prioritize,
@@ -599,6 +593,14 @@ class Extender:
         except Exception as exc:  # a bug answers this request, never stops the server
             log.exception("handler_failed", verb=route)
             return 500, {"Error": f"{route}: internal error: {_short(exc)}"}
+
+
+def _health(route: str, ready: Callable[[], bool]) -> tuple[int, Any]:
+    """A health route's answer: ``readyz`` is ready once ``ready()`` (the informers synced)."""
+    if route == "readyz":
+        ok = ready()
+        return (200 if ok else 503), {"status": "ok" if ok else "informers not synced"}
+    return 200, {"status": "ok"}
 
 
 def _pod_ref(pod: Mapping[str, Any]) -> tuple[str, str, str]:
