@@ -244,14 +244,9 @@ class PreparedSnapshot:
                     if kids is not None:  # from its tier-1 domains
                         cached[d] = all(bits[k][0] for k in kids) and any(bits[k][1] for k in kids)
                     else:
-                        cached[d] = self._whole_bit(self.members[tier][d]) == (True, True)
+                        cached[d] = _whole_bit(self, self.members[tier][d]) == (True, True)
             self._whole[tier] = cached
         return cached
-
-    def _whole_bit(self, nodes: list[int]) -> tuple[bool, bool]:
-        """(every schedulable node has all its GPUs free, some schedulable node has a free GPU)."""
-        live = [i for i in nodes if self.schedulable[i]]
-        return all(self.free[i] == self.gpus[i] for i in live), any(self.free[i] > 0 for i in live)
 
     def _whole_bits(self) -> dict[str, tuple[bool, bool]]:
         """``_whole_bit`` per tier-1 domain: a higher domain made of tier-1 domains is wholly free
@@ -263,7 +258,7 @@ class PreparedSnapshot:
             todo: Iterable[str] = o.dirty_dom[0] if prev is not None else self.members[0]
             cached = dict(prev) if prev is not None else {}
             for d in todo:
-                cached[d] = self._whole_bit(self.members[0][d])
+                cached[d] = _whole_bit(self, self.members[0][d])
             self._bits = cached
         return cached
 
@@ -511,6 +506,14 @@ class PreparedSnapshot:
             cached = sorted(sort_key(i) for i in self.scope_nodes(scope) if fit[i] > 0)
         self._order_keys[ck] = cached
         return cached
+
+
+def _whole_bit(p: PreparedSnapshot, nodes: list[int]) -> tuple[bool, bool]:
+    """Over ``nodes`` of ``p``: (every schedulable node has all its GPUs free, some schedulable node
+    has a free GPU). A fact of the node arrays alone, so not one of the snapshot's cached views."""
+    schedulable, free, gpus = p.schedulable, p.free, p.gpus
+    live = [i for i in nodes if schedulable[i]]
+    return all(free[i] == gpus[i] for i in live), any(free[i] > 0 for i in live)
 
 
 def prepare(snapshot: ClusterSnapshot, like: PreparedSnapshot | None = None) -> PreparedSnapshot:
