@@ -51,6 +51,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -524,6 +525,14 @@ def simulate_failures(
     return _FailureRun(cluster, jobs, policy, cfg, schedule).run()
 
 
+def paired_mean(diffs: list[float]) -> tuple[float, float | None]:
+    """The mean of paired differences and its standard error (None with fewer than two pairs)."""
+    mean = sum(diffs) / len(diffs)
+    if len(diffs) < 2:
+        return mean, None
+    return mean, statistics.stdev(diffs) / math.sqrt(len(diffs))
+
+
 def report(
     rows: Mapping[str, list[dict[str, float]]],
     *,
@@ -577,7 +586,8 @@ def report(
         )
     lines += [
         "",
-        "Paired by seed, ours minus the anchor (lost + waiting GPU-h; negative: ours loses less):",
+        "Paired by seed, ours minus the anchor (lost + waiting GPU-h; negative: ours loses less; ± the "
+        "standard error of the mean difference; 'within noise' where the mean lies inside two of them):",
         "",
     ]
     fewest = True
@@ -588,8 +598,12 @@ def report(
         wins = sum(1 for d in diffs if d <= 0)
         fewest = fewest and sum(diffs) <= 0
         shown = ", ".join(f"{d:+.0f}" for d in diffs)
+        mean_diff, error = paired_mean(diffs)
+        noise = " (within noise)" if error is not None and abs(mean_diff) < 2 * error else ""
         lines.append(
-            f"- {name}: mean {sum(diffs) / len(diffs):+.0f} ({shown}); ours no worse in {wins}/{len(diffs)}"
+            f"- {name}: mean {mean_diff:+.0f}"
+            + (f" ± {error:.0f}{noise}" if error is not None else "")
+            + f" ({shown}); ours no worse in {wins}/{len(diffs)}"
         )
     across = sum(r["grouped_jobs"] - r["grouped_in_domain"] for r in rows["ours"])
     lines += [
