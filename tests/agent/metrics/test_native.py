@@ -1,9 +1,9 @@
 from __future__ import annotations
 
-from agent.metrics.native import ScrapeStats, render_native
-from agent.metrics.snapshot import AgentStats
 import pytest
 
+from agent.metrics.native import ScrapeStats, render_native
+from agent.metrics.snapshot import AgentStats
 from tests.agent.metrics.builders import GIB, gpu_uuid, mig_uuid
 from tests.agent.metrics.render_helpers import promtool, samples, to_text, value
 from tests.agent.metrics.scenario import scenario
