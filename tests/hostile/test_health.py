@@ -29,6 +29,11 @@ def _append(path: Path, *events: dict[str, object]) -> None:
             fh.write(json.dumps(event) + "\n")
 
 
+# how long a step may take on a loaded CI machine: a bound for the harness, not a figure under test (the
+# 2 s bound is the next test's)
+SLACK_S = 30.0
+
+
 def test_a_gpu_lost_without_any_event_is_withdrawn_alone_and_returns(short_dir: Path) -> None:
     """No Xid, no GPU_LOST from the event wait: only queries answer GPU_IS_LOST. The health probe sees it;
     the other GPUs stay Healthy and their events keep coming."""
@@ -37,10 +42,10 @@ def test_a_gpu_lost_without_any_event_is_withdrawn_alone_and_returns(short_dir: 
 
     async def body() -> None:
         async with running_kubelet(short_dir) as kubelet, agent(short_dir, faults=faults) as a:
-            await kubelet.wait_for(all_healthy(kubelet, GPU, 8))
+            await kubelet.wait_for(all_healthy(kubelet, GPU, 8), SLACK_S)
             lost = a.store.inventory.gpu(2).uuid
             _append(faults, {"event": "gpu_lost_silent", "gpu": 2})
-            await kubelet.wait_for(lambda: kubelet.devices[GPU][lost] == "Unhealthy")
+            await kubelet.wait_for(lambda: kubelet.devices[GPU][lost] == "Unhealthy", SLACK_S)
             assert {u: h for u, h in kubelet.devices[GPU].items() if u != lost} == {
                 u: "Healthy" for u in kubelet.devices[GPU] if u != lost
             }
@@ -53,7 +58,7 @@ def test_a_gpu_lost_without_any_event_is_withdrawn_alone_and_returns(short_dir: 
             await asyncio.sleep(0.5)  # longer than the quiet period: still out while it does not answer
             assert kubelet.devices[GPU][lost] == "Unhealthy"
             _append(faults, {"event": "reset", "gpu": 2})
-            await kubelet.wait_for(all_healthy(kubelet, GPU, 8))
+            await kubelet.wait_for(all_healthy(kubelet, GPU, 8), SLACK_S)
 
     run(body())
 
