@@ -496,7 +496,9 @@ def load_settings(args: argparse.Namespace, env: Mapping[str, str]) -> RunSettin
 
     plugin_data: dict[str, Any] = {k: data[k] for k in PLUGIN_SECTIONS if k in data}
     for flag, var, path in PLUGIN_OVERRIDES:
-        override = getattr(args, flag.lstrip("-").replace("-", "_"), None) or env.get(var)
+        override = getattr(args, flag.lstrip("-").replace("-", "_"), None)
+        if override is None:  # an empty flag (``--imex-channel-ids ''``) still wins over the env
+            override = env.get(var)
         if override is not None:
             section = dict(plugin_data.get(path[0]) or {})
             section[path[1]] = override

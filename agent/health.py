@@ -6,7 +6,9 @@ NVML's event wait blocks, so it runs in a worker thread (``asyncio.to_thread``) 
 and each event is handed back to the loop. A failing wait is logged and retried with a back-off; it
 never marks devices unhealthy by itself (only events and probes about a GPU do). A GPU_IS_LOST answer to
 any other call (the metrics refresh, discovery, preferred allocation's PCIe levels) comes back from the
-backend as a GPU_LOST event on the next wait (``agent.nvml.real``), within one wait timeout.
+backend as a GPU_LOST event on the next wait (``agent.nvml.real``), within one wait timeout; while waits
+fail and back off (up to ``MAX_WAIT_BACKOFF_S``), the monitor takes those reports every wait timeout
+without waiting (``take_lost_reports``), so the back-off never delays a lost GPU.
 
 Every GPU is probed every ``probe_interval_s``: one identity query and one bulk read of its volatile
 ECC counts, row-remap and retirement flags (:meth:`~agent.nvml.protocol.NvmlBackend.health_reading`),
@@ -90,13 +92,29 @@ class HealthMonitor:
                     retry_in_s=backoff,
                     hint="device health still follows probes; check the driver if this repeats",
                 )
-                if await sleep_until(stop, backoff):
+                if await self._back_off(stop, backoff):
                     return
                 backoff = min(backoff * 2, MAX_WAIT_BACKOFF_S)
                 continue
             backoff = 0.1
             if event is not None:
                 self.handle_event(event, reading)
+
+    async def _back_off(self, stop: asyncio.Event, seconds: float) -> bool:
+        """Sleep ``seconds`` after a failed wait (``True`` when stopped), taking the GPU_LOST reports
+        other calls queue meanwhile every wait timeout: the back-off delays the next wait, never a lost
+        GPU."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + seconds
+        step = max(self._wait_ms, 1) / 1000
+        while True:
+            for event in self._nvml.take_lost_reports():
+                self.handle_event(event)
+            left = end - loop.time()
+            if left <= 0:
+                return False
+            if await sleep_until(stop, min(step, left)):
+                return True
 
     def _wait_and_read(self) -> tuple[NvmlEvent | None, HealthReading | None]:
         """In a worker thread: the next event and, for an error event, the GPU's counters read right

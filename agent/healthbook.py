@@ -65,6 +65,14 @@ LOST_XIDS: frozenset[int] = frozenset({79})
 # effect at the next reset; 74 as NVIDIA's NVLink workflow most often ends. The rest of the catalog
 # (application faults 13, 31, 32, 43, 45, 68, 69; 8, 38, 92, 94 contained ECC, 121, 154 …) clears after
 # the quiet period.
+# - 92 (high single-bit ECC error rate) is self-clearing: the catalog's resolution is IGNORE, then
+#   CONTACT_SUPPORT (hardware.md §12). reference/gb200-imex.md lists 92 under "reset GPU"; the catalog does
+#   not bear that out, and nothing is lost by following it: single-bit errors are corrected, and what
+#   would need a reset (a row remap pending or failed, uncorrectable ECC rising, Xid 48/63/64) marks the
+#   GPU reset-class through its own event or the probe.
+# - 109 (context-switch timeout) is reset-class by the catalog (RESET_GPU) and also in
+#   DEFAULT_IGNORED_XIDS, as in NVIDIA's device plugin (usually an application's doing): by default it
+#   marks nothing; taken out of the ignore list it needs a reset.
 RESET_XIDS: Mapping[int, str] = MappingProxyType(
     {
         46: "GPU stopped processing",

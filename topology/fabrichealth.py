@@ -12,7 +12,9 @@ they show; a :class:`FabricPolicy` sorts the conditions into two levels:
   progress, summary ``LIMITED_CAPACITY``): still schedulable; the node is labelled ``degraded`` and the
   planner ranks it after clean nodes of the same domain.
 
-A condition in neither set is reported (metrics, ``GPUNode``) and changes nothing. The node's level
+A condition in neither set is reported (metrics, ``GPUNode``) and changes nothing. The mask's partition
+flag (``FabricHealth.partition_assigned``) is no condition: it is information, exported as the metric
+``gpuagent_fabric_partition_assigned`` and never judged. The node's level
 (label ``gpuagent.dev/fabric-health``) is its worst GPU's; a node without multi-node fabric info has
 none.
 """

@@ -258,101 +258,121 @@ def _decoder(tp: Any) -> Decoder:
     return out
 
 
-def _build_decoder(tp: Any) -> Decoder:
-    origin = typing.get_origin(tp)
-    if origin is tuple:
-        args = typing.get_args(tp)
-        if len(args) == 2 and args[1] is Ellipsis:
-            item = _decoder(args[0])
+def _decode_float(data: Any, path: str) -> Any:
+    if isinstance(data, int | float) and not isinstance(data, bool):
+        if isinstance(data, int) and not INT64_MIN <= data <= INT64_MAX:
+            raise ValueError(f"{path}: {_digits(data)}-digit number outside int64 (the limit)")
+        if not math.isfinite(data):
+            raise ValueError(f"{path}: {data} is not a finite number")
+        return float(data)
+    raise ValueError(f"{path}: expected a number, got {type(data).__name__}")
 
-            def decode_seq(data: Any, path: str) -> Any:
-                if not isinstance(data, list | tuple):
-                    raise ValueError(f"{path}: expected a list, got {type(data).__name__}")
-                return tuple(item(v, f"{path}[{i}]") for i, v in enumerate(data))
 
-            return decode_seq
-        items = [_decoder(a) for a in args]
+def _decode_int(data: Any, path: str) -> Any:
+    if not isinstance(data, int) or isinstance(data, bool):
+        raise ValueError(f"{path}: expected int, got {type(data).__name__}")
+    if not INT64_MIN <= data <= INT64_MAX:
+        raise ValueError(f"{path}: {_digits(data)}-digit integer outside int64 (the limit)")
+    return data
 
-        def decode_fixed(data: Any, path: str) -> Any:
-            if not isinstance(data, list | tuple):
-                raise ValueError(f"{path}: expected a list, got {type(data).__name__}")
-            if len(data) != len(items):
-                raise ValueError(f"{path}: expected {len(items)} items, got {len(data)}")
-            return tuple(d(v, f"{path}[{i}]") for i, (d, v) in enumerate(zip(items, data, strict=True)))
 
-        return decode_fixed
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        hints = typing.get_type_hints(tp)
-        fields: list[tuple[str, Decoder, str]] = []
-        for f in dataclasses.fields(tp):
-            no_default = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-            optional = _strip_optional(hints[f.name])[1]
-            # when absent: "missing" is an error, "none" reads as None, "default" takes the default
-            absent = ("none" if optional else "missing") if no_default else "default"
-            fields.append((f.name, _decoder(hints[f.name]), absent))
-        names = {name for name, _, _ in fields}
-        cls = tp
-
-        def decode_dataclass(data: Any, path: str) -> Any:
-            if not isinstance(data, Mapping):
-                raise ValueError(f"{path}: expected an object, got {type(data).__name__}")
-            unknown = set(data) - names
-            if unknown:
-                raise ValueError(f"{path}: unknown field(s) {', '.join(sorted(map(str, unknown)))}")
-            kwargs = {}
-            for name, decode, absent in fields:
-                if name in data:
-                    kwargs[name] = decode(data[name], f"{path}.{name}")
-                elif absent == "none":
-                    kwargs[name] = None
-                elif absent == "missing":
-                    raise ValueError(f"{path}.{name}: missing")
-            return cls(**kwargs)
-
-        return decode_dataclass
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        enum_type = tp
-
-        def decode_enum(data: Any, path: str) -> Any:
-            try:
-                return enum_type(data)
-            except ValueError:
-                valid = ", ".join(str(m.value) for m in enum_type)
-                raise ValueError(f"{path}: {data!r} is not one of {valid}") from None
-
-        return decode_enum
-    if tp is float:
-
-        def decode_float(data: Any, path: str) -> Any:
-            if isinstance(data, int | float) and not isinstance(data, bool):
-                if isinstance(data, int) and not INT64_MIN <= data <= INT64_MAX:
-                    raise ValueError(f"{path}: {_digits(data)}-digit number outside int64 (the limit)")
-                if not math.isfinite(data):
-                    raise ValueError(f"{path}: {data} is not a finite number")
-                return float(data)
-            raise ValueError(f"{path}: expected a number, got {type(data).__name__}")
-
-        return decode_float
-    if tp is int:
-
-        def decode_int(data: Any, path: str) -> Any:
-            if not isinstance(data, int) or isinstance(data, bool):
-                raise ValueError(f"{path}: expected int, got {type(data).__name__}")
-            if not INT64_MIN <= data <= INT64_MAX:
-                raise ValueError(f"{path}: {_digits(data)}-digit integer outside int64 (the limit)")
+def _scalar_decoder(scalar: type) -> Decoder:
+    def decode_scalar(data: Any, path: str) -> Any:
+        if isinstance(data, scalar):
             return data
+        raise ValueError(f"{path}: expected {scalar.__name__}, got {type(data).__name__}")
 
-        return decode_int
-    if tp in (str, bool):
-        scalar = tp
+    return decode_scalar
 
-        def decode_scalar(data: Any, path: str) -> Any:
-            if isinstance(data, scalar):
-                return data
-            raise ValueError(f"{path}: expected {scalar.__name__}, got {type(data).__name__}")
 
-        return decode_scalar
-    raise TypeError(f"no decoder for {tp!r}")
+# the leaf types of the model, each with its decoder; everything else is built from them
+_SCALAR_DECODERS: dict[Any, Decoder] = {
+    float: _decode_float,
+    int: _decode_int,
+    str: _scalar_decoder(str),
+    bool: _scalar_decoder(bool),
+}
+
+
+def _list_of(data: Any, path: str) -> list[Any] | tuple[Any, ...]:
+    if not isinstance(data, list | tuple):
+        raise ValueError(f"{path}: expected a list, got {type(data).__name__}")
+    return data
+
+
+def _tuple_decoder(args: tuple[Any, ...]) -> Decoder:
+    """``tuple[X, ...]`` (any length) or ``tuple[X, Y, ...]`` (that many items, each its type)."""
+    if len(args) == 2 and args[1] is Ellipsis:
+        item = _decoder(args[0])
+
+        def decode_seq(data: Any, path: str) -> Any:
+            return tuple(item(v, f"{path}[{i}]") for i, v in enumerate(_list_of(data, path)))
+
+        return decode_seq
+    items = [_decoder(a) for a in args]
+
+    def decode_fixed(data: Any, path: str) -> Any:
+        data = _list_of(data, path)
+        if len(data) != len(items):
+            raise ValueError(f"{path}: expected {len(items)} items, got {len(data)}")
+        return tuple(d(v, f"{path}[{i}]") for i, (d, v) in enumerate(zip(items, data, strict=True)))
+
+    return decode_fixed
+
+
+def _dataclass_decoder(cls: Any) -> Decoder:
+    """A model dataclass from an object: unknown fields refused, each field by its type's decoder."""
+    hints = typing.get_type_hints(cls)
+    fields: list[tuple[str, Decoder, str]] = []
+    for f in dataclasses.fields(cls):
+        no_default = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        optional = _strip_optional(hints[f.name])[1]
+        # when absent: "missing" is an error, "none" reads as None, "default" takes the default
+        absent = ("none" if optional else "missing") if no_default else "default"
+        fields.append((f.name, _decoder(hints[f.name]), absent))
+    names = {name for name, _, _ in fields}
+
+    def decode_dataclass(data: Any, path: str) -> Any:
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{path}: expected an object, got {type(data).__name__}")
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"{path}: unknown field(s) {', '.join(sorted(map(str, unknown)))}")
+        kwargs = {}
+        for name, decode, absent in fields:
+            if name in data:
+                kwargs[name] = decode(data[name], f"{path}.{name}")
+            elif absent == "none":
+                kwargs[name] = None
+            elif absent == "missing":
+                raise ValueError(f"{path}.{name}: missing")
+        return cls(**kwargs)
+
+    return decode_dataclass
+
+
+def _enum_decoder(enum_type: type[enum.Enum]) -> Decoder:
+    def decode_enum(data: Any, path: str) -> Any:
+        try:
+            return enum_type(data)
+        except ValueError:
+            valid = ", ".join(str(m.value) for m in enum_type)
+            raise ValueError(f"{path}: {data!r} is not one of {valid}") from None
+
+    return decode_enum
+
+
+def _build_decoder(tp: Any) -> Decoder:
+    if typing.get_origin(tp) is tuple:
+        return _tuple_decoder(typing.get_args(tp))
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return _dataclass_decoder(tp)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return _enum_decoder(tp)
+    scalar = _SCALAR_DECODERS.get(tp)
+    if scalar is None:
+        raise TypeError(f"no decoder for {tp!r}")
+    return scalar
 
 
 def _strip_optional(tp: Any) -> tuple[Any, bool]:

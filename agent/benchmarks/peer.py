@@ -39,6 +39,7 @@ import os
 import random
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -50,6 +51,7 @@ import grpc
 
 from agent import localcluster as cluster
 from agent import peer
+from agent.benchmarks import floorplugin
 from agent.benchmarks.machine import machine_summary, percentile
 from agent.fakekubelet import FakeKubelet
 from agent.simnode import open_simulated_node
@@ -387,6 +389,68 @@ async def _measure(
     return out
 
 
+async def _measure_floor(work: Path, args: argparse.Namespace, uuids: list[str]) -> dict[str, Any]:
+    """The least a Python plugin can be (``agent.benchmarks.floorplugin``), measured as the sides are:
+    process start -> ``Register``, RSS and CPU at idle, ``Allocate``."""
+    directory = work / "floor"
+    directory.mkdir()
+    kubelet = FakeKubelet(directory)
+    await kubelet.start()
+    argv = [sys.executable, "-m", "agent.benchmarks.floorplugin", str(directory), GPU, *uuids]
+    process = cluster.ManagedProcess("floor", argv, work / "floor.log", dict(os.environ))
+    cpu_at_register: list[float] = []
+
+    def first_registration(_: object) -> None:
+        if not cpu_at_register:
+            cpu_at_register.append(group_cpu_s(process.pid))
+
+    kubelet.on_register.append(first_registration)
+    out: dict[str, Any] = {}
+    try:
+        t0 = time.perf_counter()
+        process.start()
+        await kubelet.wait_for(lambda: len(kubelet.devices.get(GPU, {})) == len(uuids), START_TIMEOUT_S)
+        out["registration_ms"] = (kubelet.registrations[0].at - t0) * 1000
+        out["registration_cpu_ms"] = cpu_at_register[0] * 1000 if cpu_at_register else None
+        rss, cpu = await _usage(process.pid, args.idle_s)
+        out["idle"] = {"rss_bytes": rss, "cpu_ratio": cpu}
+        rng = random.Random(11)
+        allocs = [
+            pb.AllocateRequest(
+                container_requests=[
+                    pb.ContainerAllocateRequest(
+                        devices_ids=rng.sample(uuids, rng.randint(1, min(8, len(uuids))))
+                    )
+                ]
+            )
+            for _ in range(args.allocations)
+        ]
+        times, _ = await asyncio.to_thread(_timed_calls, directory / floorplugin.ENDPOINT, allocs, "Allocate")
+        out["allocate"] = _summary(times)
+    except TimeoutError:
+        raise RuntimeError(f"the floor plugin did not register; its log:\n{process.log_tail(20)}") from None
+    finally:
+        process.stop()
+        await kubelet.stop()
+    return out
+
+
+def floor_rows(figures: dict[str, dict[str, Any]]) -> list[Row]:
+    """The floor beside ours: what of each figure is the runtime's (the floor's) and what is ours."""
+    ours, floor = figures["ours"], figures["floor"]
+    return [
+        Row("registration (start -> Register)", _ms(ours["registration_ms"]), _ms(floor["registration_ms"])),
+        Row(
+            "  CPU used until Register",
+            _ms(ours.get("registration_cpu_ms")),
+            _ms(floor.get("registration_cpu_ms")),
+        ),
+        Row("Allocate p50", _ms(ours["allocate"]["p50_ms"]), _ms(floor["allocate"]["p50_ms"])),
+        Row("Allocate p99", _ms(ours["allocate"]["p99_ms"]), _ms(floor["allocate"]["p99_ms"])),
+        Row("RSS at idle", _mib(ours["idle"]["rss_bytes"]), _mib(floor["idle"]["rss_bytes"])),
+    ]
+
+
 # --------------------------------------------------------------------------------------------- report
 
 
@@ -518,8 +582,7 @@ def verdicts(figures: dict[str, dict[str, Any]]) -> tuple[list[Row], dict[str, b
     return rows, aims
 
 
-def render(rows: Sequence[Row]) -> str:
-    header = Row("", "ours", "NVIDIA's", "aim")
+def render(rows: Sequence[Row], header: Row = Row("", "ours", "NVIDIA's", "aim")) -> str:
     table = [header, *rows]
     widths = [max(len(getattr(r, f)) for r in table) for f in ("label", "ours", "theirs", "verdict")]
     lines = []
@@ -593,7 +656,10 @@ async def _run(args: argparse.Namespace, binary: Path, library: Path, work: Path
             work,
         ),
     }
-    return {name: await _measure(sides[name], args, uuids, topology) for name in SIDES}
+    figures = {name: await _measure(sides[name], args, uuids, topology) for name in SIDES}
+    if args.floor:
+        figures["floor"] = await _measure_floor(work, args, uuids)
+    return figures
 
 
 def main(argv: list[str]) -> int:
@@ -619,6 +685,12 @@ def main(argv: list[str]) -> int:
         type=float,
         default=0.5,
         help="ours' health.probeIntervalSeconds (default 0.5; 5 in production): how soon a reset GPU returns",
+    )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also measure the least a Python plugin can be (agent.benchmarks.floorplugin: interpreter, "
+        "grpc and the stubs only): registration, Allocate and RSS beside ours",
     )
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     args = parser.parse_args(argv)
@@ -674,4 +746,7 @@ def main(argv: list[str]) -> int:
         f"aims met: {sum(aims.values())}/{len(aims)}"
         + "".join(f"; MISSED {k}" for k, v in aims.items() if not v)
     )
+    if "floor" in figures:
+        print("\nthe floor of a Python plugin (interpreter, grpc, the stubs; nothing else), same run:")
+        print(render(floor_rows(figures), Row("", "ours", "floor")))
     return 0

@@ -198,75 +198,149 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+# the queue flags, applied to QueueConfig() in this order: (flag, QueueConfig field, argparse dest)
+_QUEUE_FLAGS: tuple[tuple[str, str, str], ...] = (
+    ("--preempt-after", "preempt_after_s", "preempt_after"),
+    ("--reserve-after", "reserve_after_s", "reserve_after"),
+    ("--reserve-after-limits", "reserve_after_limits", "reserve_after_limits"),
+)
+
+
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    names = [n.strip() for n in args.policies.split(",") if n.strip()]
+    names = _policy_names(args.policies)
+    if names is None:
+        return 2
+    config = _queue_config(args)
+    if config is None:
+        return 2
+    if args.frontier is not None:
+        return _frontier(args, names, config)
+    if args.tray_failures:
+        return _tray_failures(args, names)
+    return _tables(args, names, config)
+
+
+def _policy_names(policies: str) -> list[str] | None:
+    """The ``--policies`` asked for, or None (said on stderr) when one is unknown or none is given."""
+    names = [n.strip() for n in policies.split(",") if n.strip()]
     unknown = [n for n in names if n not in POLICIES]
     if unknown or not names:
         print(
             f"bench placement: --policies: unknown {unknown or names}; valid: {', '.join(POLICIES)}",
             file=sys.stderr,
         )
-        return 2
-    try:
-        config = QueueConfig(preempt_after_s=args.preempt_after)
-    except QueueError as err:
-        print(f"bench placement: --preempt-after: {err}", file=sys.stderr)
-        return 2
-    try:
-        config = dataclasses.replace(config, reserve_after_s=args.reserve_after)
-    except QueueError as err:
-        print(f"bench placement: --reserve-after: {err}", file=sys.stderr)
-        return 2
-    try:
-        config = dataclasses.replace(config, reserve_after_limits=args.reserve_after_limits)
-    except QueueError as err:
-        print(f"bench placement: --reserve-after-limits: {err}", file=sys.stderr)
-        return 2
-    if args.frontier is not None:
-        return _frontier(args, names, config)
-    if args.tray_failures:
-        return _tray_failures(args, names)
-    racks = args.racks if args.racks is not None else (16 if args.quick else 64)
-    count = (
-        args.jobs if args.jobs is not None else (QUICK_JOBS if args.quick else DEFAULT_JOBS)[args.workload]
-    )
-    instances = args.optimum_instances if args.optimum_instances is not None else (3 if args.quick else 12)
-    n_seeds = args.seeds if args.seeds is not None else (1 if args.quick else DEFAULT_SEEDS[args.workload])
+        return None
+    return names
+
+
+def _queue_config(args: argparse.Namespace) -> QueueConfig | None:
+    """Our queue's settings from its flags (``_QUEUE_FLAGS``, in order), or None (the first bad flag
+    said on stderr)."""
+    config = QueueConfig()
+    for flag, name, dest in _QUEUE_FLAGS:
+        try:
+            config = dataclasses.replace(config, **{name: getattr(args, dest)})
+        except QueueError as err:
+            print(f"bench placement: {flag}: {err}", file=sys.stderr)
+            return None
+    return config
+
+
+@dataclasses.dataclass(frozen=True)
+class _TableRun:
+    """The sizes of a tables run, each from its flag or the (quick) default."""
+
+    racks: int
+    count: int  # jobs per stream (0: the whole Philly trace)
+    instances: int  # small instances against the optimum
+    seeds: list[int]
+    workers: int
+    tables: list[str]
+
+
+def _table_run(args: argparse.Namespace) -> _TableRun | None:
+    """The run's sizes, or None (said on stderr) when one is out of range."""
+    quick = args.quick
+    n_seeds = args.seeds if args.seeds is not None else (1 if quick else DEFAULT_SEEDS[args.workload])
     workers = args.workers if args.workers is not None else min(2, _usable_cpus())
     if n_seeds < 1 or workers < 1:
         print("bench placement: --seeds and --workers must be >= 1", file=sys.stderr)
-        return 2
-    seeds = list(range(args.seed, args.seed + n_seeds))
+        return None
     tables = [t.strip() for t in args.tables.split(",") if t.strip()]
     if not tables or any(t not in TABLES for t in tables) or len(set(tables)) != len(tables):
         print(f"bench placement: --tables: {args.tables!r}; give own, like or own,like", file=sys.stderr)
+        return None
+    return _TableRun(
+        racks=args.racks if args.racks is not None else (16 if quick else 64),
+        count=args.jobs if args.jobs is not None else (QUICK_JOBS if quick else DEFAULT_JOBS)[args.workload],
+        instances=args.optimum_instances if args.optimum_instances is not None else (3 if quick else 12),
+        seeds=list(range(args.seed, args.seed + n_seeds)),
+        workers=workers,
+        tables=tables,
+    )
+
+
+def _streams(
+    args: argparse.Namespace, run: _TableRun
+) -> tuple[clusters.Cluster, dict[int, list[workloads.Job]]]:
+    """The cluster and each seed's job stream (ValueError, OSError: a bad size or missing data)."""
+    cluster = clusters.build(args.cluster, run.racks)
+    philly = workloads.load_philly(args.data_dir) if args.workload != "nvl72" else None
+    count = run.count
+    streams = {
+        seed: workloads.build(
+            args.workload,
+            count=count if count > 0 else len(philly.jobs) if philly else 0,
+            seed=seed,
+            load=args.load,
+            capacity=cluster.total_gpus,
+            nvlink_domain_gpus=cluster.tier1_domain_gpus(),
+            tier_gpus=cluster.largest_domain_gpus(),
+            fits=cluster.fits_empty,
+            philly=philly,
+            high_priority=args.high_priority,
+        )
+        for seed in run.seeds
+    }
+    return cluster, streams
+
+
+def _tables(args: argparse.Namespace, names: list[str], config: QueueConfig) -> int:
+    """The tables: each policy with its own queue and/or one queue for all, then the small study."""
+    run = _table_run(args)
+    if run is None:
         return 2
     try:
-        cluster = clusters.build(args.cluster, racks)
-        philly = workloads.load_philly(args.data_dir) if args.workload != "nvl72" else None
-        streams = {
-            seed: workloads.build(
-                args.workload,
-                count=count if count > 0 else len(philly.jobs) if philly else 0,
-                seed=seed,
-                load=args.load,
-                capacity=cluster.total_gpus,
-                nvlink_domain_gpus=cluster.tier1_domain_gpus(),
-                tier_gpus=cluster.largest_domain_gpus(),
-                fits=cluster.fits_empty,
-                philly=philly,
-                high_priority=args.high_priority,
-            )
-            for seed in seeds
-        }
+        cluster, streams = _streams(args, run)
     except (ValueError, OSError) as err:
         print(f"bench placement: {err}", file=sys.stderr)
         return 2
-
     machine = machine_summary()
     print(machine, file=sys.stderr)
-    jobs = streams[seeds[0]]
+    doc = _tables_doc(args, run, machine, cluster, streams[run.seeds[0]])
+    try:
+        done = _simulate_all(args, run, names=names, config=config, cluster=cluster, streams=streams)
+    except SimulationError as err:
+        print(f"bench placement: {err}", file=sys.stderr)
+        return 1
+    timelines = _fill_tables(doc, args, run, names, done)
+    if run.instances > 0:
+        _small_study(doc, names, run.instances, args.optimum_time_limit, args.seed)
+    md = report.markdown(doc)
+    print(md)
+    if args.json:
+        args.json.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    if args.markdown:
+        args.markdown.write_text(md, encoding="utf-8")
+    if args.plot:
+        report.plot(doc, timelines, args.plot)
+    return 0
+
+
+def _tables_notes(args: argparse.Namespace, run: _TableRun, jobs: list[workloads.Job]) -> list[str]:
+    """What the tables' reader needs to know: the queues, the window, the seeds, the workload."""
+    tables, seeds, workers = run.tables, run.seeds, run.workers
     span_h = jobs[-1].arrival_s / 3600
     longest_h = max(j.runtime_s for j in jobs) / 3600
     queue_note = {
@@ -318,13 +392,24 @@ def main(argv: list[str]) -> int:
         )
     if args.workload in ("nvl72", "mixed"):
         notes.append("NVL72 mix: synthetic, parameters in scheduler_plugin/placement/workloads.py")
-    doc: dict[str, Any] = {
+    return notes
+
+
+def _tables_doc(
+    args: argparse.Namespace,
+    run: _TableRun,
+    machine: str,
+    cluster: clusters.Cluster,
+    jobs: list[workloads.Job],
+) -> dict[str, Any]:
+    """The tables' JSON document before the figures (``jobs``: the first seed's stream)."""
+    return {
         "benchmark": "placement",
         "machine": machine,
         "workload": args.workload,
         "cluster": {
             "shape": cluster.shape,
-            "racks": racks,
+            "racks": run.racks,
             "nodes": len(cluster.nodes),
             "gpus": cluster.total_gpus,
             "tier1_domains": len(cluster.domains(cluster.tiers[0])),
@@ -332,46 +417,67 @@ def main(argv: list[str]) -> int:
         "jobs": len(jobs),
         "load": args.load,
         "backfill": args.backfill,
-        "tables": tables,
+        "tables": run.tables,
         "high_priority": args.high_priority,
         "preempt_after_s": args.preempt_after,
         "reserve_after_s": args.reserve_after,
         "reserve_after_limits": args.reserve_after_limits,
         "no_tiers": args.no_tiers,
         "seed": args.seed,
-        "seeds": seeds,
+        "seeds": run.seeds,
         "quick": args.quick,
-        "notes": notes,
+        "notes": _tables_notes(args, run, jobs),
         "policies": {},
     }
 
-    def queue_of(table: str, name: str) -> tuple[str, str]:
-        return OWN_QUEUE[name] if table == "own" else (args.backfill, "none")
 
-    tasks = [(table, name, seed) for table in tables for seed in seeds for name in names]
-    done: dict[tuple[str, str, int], tuple[dict[str, Any], Any]] = {}
-    run = partial(_simulate_one, no_tiers=args.no_tiers, config=config)
-    try:
-        if workers == 1:
-            for table, name, seed in tasks:
-                done[(table, name, seed)] = run(cluster, streams[seed], name, seed, *queue_of(table, name))
-        else:
-            with ProcessPoolExecutor(
-                max_workers=workers, mp_context=multiprocessing.get_context("spawn")
-            ) as pool:
-                futures = {
-                    pool.submit(run, cluster, streams[seed], name, seed, *queue_of(table, name)): (
-                        table,
-                        name,
-                        seed,
-                    )
-                    for table, name, seed in tasks
-                }
-                for fut, key in futures.items():
-                    done[key] = fut.result()
-    except SimulationError as err:
-        print(f"bench placement: {err}", file=sys.stderr)
-        return 1
+def _queue_of(args: argparse.Namespace, table: str, name: str) -> tuple[str, str]:
+    """(queue, preemption) of a policy in a table: its own, or the like-for-like ``--backfill``."""
+    return OWN_QUEUE[name] if table == "own" else (args.backfill, "none")
+
+
+_Done = dict[tuple[str, str, int], tuple[dict[str, Any], Any]]  # (table, policy, seed) -> (figures, timeline)
+
+
+def _simulate_all(
+    args: argparse.Namespace,
+    run: _TableRun,
+    *,
+    names: list[str],
+    config: QueueConfig,
+    cluster: clusters.Cluster,
+    streams: dict[int, list[workloads.Job]],
+) -> _Done:
+    """Every (table, policy, seed), in worker processes unless there is one worker."""
+    tasks = [(table, name, seed) for table in run.tables for seed in run.seeds for name in names]
+    one = partial(_simulate_one, no_tiers=args.no_tiers, config=config)
+    done: _Done = {}
+    if run.workers == 1:
+        for table, name, seed in tasks:
+            done[(table, name, seed)] = one(cluster, streams[seed], name, seed, *_queue_of(args, table, name))
+        return done
+    with ProcessPoolExecutor(
+        max_workers=run.workers, mp_context=multiprocessing.get_context("spawn")
+    ) as pool:
+        futures = {
+            pool.submit(one, cluster, streams[seed], name, seed, *_queue_of(args, table, name)): (
+                table,
+                name,
+                seed,
+            )
+            for table, name, seed in tasks
+        }
+        for fut, key in futures.items():
+            done[key] = fut.result()
+    return done
+
+
+def _fill_tables(
+    doc: dict[str, Any], args: argparse.Namespace, run: _TableRun, names: list[str], done: _Done
+) -> dict[str, Any]:
+    """Put each table's means, per-seed figures and pairings into ``doc``; the first table's
+    timelines (first seed) per policy."""
+    tables, seeds = run.tables, run.seeds
     timelines: dict[str, Any] = {}
     anchors = [n for n in names if n != "ours" and POLICIES[n]().gang]
     for table in tables:
@@ -380,7 +486,7 @@ def main(argv: list[str]) -> int:
             runs = [done[(table, name, seed)][0] for seed in seeds]
             part["policies"][name] = {
                 **_mean(runs),
-                "queue": "/".join(queue_of(table, name)),
+                "queue": "/".join(_queue_of(args, table, name)),
                 "per_seed": [{"seed": s, **r} for s, r in zip(seeds, runs, strict=True)],
             }
             if table == tables[0]:
@@ -395,19 +501,7 @@ def main(argv: list[str]) -> int:
                 doc["paired"] = part["paired"]
         else:
             doc["like_for_like"] = part
-
-    if instances > 0:
-        _small_study(doc, names, instances, args.optimum_time_limit, args.seed)
-
-    md = report.markdown(doc)
-    print(md)
-    if args.json:
-        args.json.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n", encoding="utf-8")
-    if args.markdown:
-        args.markdown.write_text(md, encoding="utf-8")
-    if args.plot:
-        report.plot(doc, timelines, args.plot)
-    return 0
+    return timelines
 
 
 def _frontier(args: argparse.Namespace, names: list[str], config: QueueConfig) -> int:

@@ -168,6 +168,14 @@ def _gpu(f: Families, view: GpuView, driver_version: str | None) -> None:
                 )
         if fab.health_mask is not None:
             f.gauge(P + "fabric_health_mask", "NVML's raw fabric healthMask.", base, fab.health_mask)
+        if fab.health.partition_assigned is not None:
+            f.gauge(
+                P + "fabric_partition_assigned",
+                "1 while the fabric health mask reports the GPU assigned to an NVLink partition, 0 while "
+                "it reports it unassigned; informational (no fabric condition, never unhealthy or degraded).",
+                base,
+                float(fab.health.partition_assigned),
+            )
     if g.power_limit_watts is not None:
         f.gauge(P + "gpu_power_limit_watts", "Enforced power limit.", lb, g.power_limit_watts)
     s = view.sample

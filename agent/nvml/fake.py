@@ -1031,6 +1031,9 @@ class SimulatedNvml:
     def wait_event(self, timeout_ms: int) -> NvmlEvent | None:
         return self._backend.wait_event(timeout_ms)
 
+    def take_lost_reports(self) -> tuple[NvmlEvent, ...]:
+        return self._backend.take_lost_reports()
+
     def counters(self) -> NvmlCounters:
         return self._backend.counters()
 

@@ -192,4 +192,10 @@ class NvmlBackend(Protocol):
         """Next event, or ``None`` on timeout. A GPU lost while waiting yields a GPU_LOST event."""
         ...
 
+    def take_lost_reports(self) -> tuple[NvmlEvent, ...]:
+        """The GPU_LOST events other calls queued for the next wait (a GPU_IS_LOST answer to the metrics
+        refresh, discovery, ...), taken now without waiting and without calling NVML, so a caller
+        whose waits fail still learns of them; the next wait returns none of these."""
+        ...
+
     def counters(self) -> NvmlCounters: ...

@@ -1102,6 +1102,15 @@ class RealNvml:
             compute_instance_id=None if ci == _NO_INSTANCE else ci,
         )
 
+    def take_lost_reports(self) -> tuple[NvmlEvent, ...]:
+        taken: list[NvmlEvent] = []
+        while self._pending:  # popleft is atomic: reporters append under the lock, takers pop without it
+            try:
+                taken.append(self._pending.popleft())
+            except IndexError:  # the waiting thread took the last one
+                break
+        return tuple(taken)
+
     def _after_lost_wait(self, code: int, timeout_ms: int) -> NvmlEvent | None:
         """The set answered GPU_IS_LOST. Newly lost GPUs are reported (once each) and the set kept, so
         the healthy GPUs' events queued on it still come; when it answers GPU_IS_LOST with nothing newly

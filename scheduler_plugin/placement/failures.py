@@ -51,11 +51,12 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections.abc import Mapping
+import statistics
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from scheduler_plugin.placement.policies.base import Policy
-from scheduler_plugin.placement.shapes import Cluster
+from scheduler_plugin.placement.shapes import Cluster, NodeSpec
 from scheduler_plugin.placement.workloads import Job
 from scheduler_plugin.snapshot import ClusterSnapshot, Infeasible, NodeState, PodSlot
 
@@ -172,7 +173,343 @@ class _Outages:
         return self.rng[k].expovariate(1.0 / (self.cfg.repair_h * 3600))
 
 
-def simulate_failures(  # noqa: C901 - one event loop; to be split with sim.simulate
+class _Trays:
+    """The trays' side of a run: free GPUs, which trays are down, and the snapshot policies see."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.nodes = cluster.nodes
+        self.index = {n.name: i for i, n in enumerate(self.nodes)}
+        self.free = [n.gpus for n in self.nodes]
+        self.down = [False] * len(self.nodes)
+        self.states = [
+            NodeState(name=n.name, gpus=n.gpus, free=n.gpus, domains=n.domains) for n in self.nodes
+        ]
+        self.on_node: list[set[int]] = [set() for _ in self.nodes]  # jobs holding pods there
+        self._snapshot: ClusterSnapshot | None = None
+
+    def set_free(self, k: int, value: int) -> None:
+        node = self.nodes[k]
+        self.free[k] = value
+        self.states[k] = NodeState(
+            name=node.name, gpus=node.gpus, free=value, domains=node.domains, schedulable=not self.down[k]
+        )
+        self._snapshot = None
+
+    def snapshot(self) -> ClusterSnapshot:
+        if self._snapshot is None:
+            self._snapshot = ClusterSnapshot(tiers=self.cluster.tiers, nodes=tuple(self.states))
+        return self._snapshot
+
+    def best_fit(self, need: int, allowed: set[int] | None) -> int | None:
+        """The up tray among ``allowed`` (None: any) with the fewest free GPUs that still hold
+        ``need``, then by name."""
+        free, down, nodes = self.free, self.down, self.nodes
+        fits = [
+            (free[k], nodes[k].name, k)
+            for k in (allowed if allowed is not None else range(len(nodes)))
+            if not down[k] and free[k] >= need
+        ]
+        return min(fits)[2] if fits else None
+
+    def free_up(self) -> int:
+        """Free GPUs on the trays that are up."""
+        return sum(f for f, d in zip(self.free, self.down, strict=True) if not d)
+
+
+def _split(lj: _Job, nodes: Sequence[NodeSpec], tier1: str) -> bool:
+    """Whether some tier-1 subgroup of the job has pods in more than one tier-1 domain now."""
+    for role in lj.job.gang.roles:
+        if role.subgroup_tier != tier1 or not role.subgroup_size:
+            continue
+        blocks: dict[int, set[str]] = {}
+        for pod, k in lj.pods.items():
+            if pod.role == role.name:
+                blocks.setdefault(pod.index // role.subgroup_size, set()).add(nodes[k].domains[tier1])
+        if any(len(d) > 1 for d in blocks.values()):
+            return True
+    return False
+
+
+class _FailureRun:
+    """One run of ``simulate_failures``: the event loop, one handler per event kind, and what each
+    system does when a tray fails under a running job (``BEHAVIOUR``)."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        jobs: list[Job],
+        policy: Policy,
+        cfg: FailureConfig,
+        schedule: Mapping[int, tuple[float, float]] | None,
+    ) -> None:
+        self.policy = policy
+        self.cfg = cfg
+        self.schedule = schedule
+        self.tier1 = cluster.tiers[0]
+        self.trays = _Trays(cluster)
+        self.outages = _Outages(len(cluster.nodes), cfg)
+        self.events: list[tuple[float, int, int, str, int]] = []  # (time, order, seq, kind, node or job)
+        self.counter = 0
+        self.domain_nodes = cluster.domains(self.tier1)
+        self.gang_nodes = {tier: cluster.domains(tier) for tier in cluster.tiers}
+        self.live: list[_Job] = []
+        self.queue: list[int] = []  # waiting to be placed, in arrival order
+        self.waiting: list[int] = []  # ours: holding pods, waiting for a tray in their domain
+        self.running: dict[int, _Job] = {}
+        self.lost_domain: dict[int, dict[PodSlot, str]] = {}  # per job: each lost pod's tier-1 domain
+        self.t = 0.0
+        self.count_outages = 0
+        self.remaining = len(jobs)
+        for job in jobs:
+            subgroups = sum(
+                -(-r.pods // r.subgroup_size)
+                for r in job.gang.roles
+                if r.subgroup_tier == self.tier1 and r.subgroup_size
+            )
+            self.live.append(_Job(job=job, record=FailureRecord(job.name, job.gpus, subgroups)))
+            self.push(job.arrival_s, "arrive", len(self.live) - 1)
+        for k in range(len(cluster.nodes)):
+            if schedule is None:
+                self.push(self.outages.up_for(k), "fail", k)
+            elif k in schedule:
+                self.push(schedule[k][0], "fail", k)
+        self.per_pod = [{r.name: r.gpus_per_pod for r in lj.job.gang.roles} for lj in self.live]
+
+    def push(self, at: float, kind: str, what: int, seq: int = 0) -> None:
+        self.counter += 1
+        heapq.heappush(self.events, (at, self.counter, seq, kind, what))
+
+    def run(self) -> FailureResult:
+        handlers: dict[str, Callable[[int, int], bool]] = {
+            "arrive": self._on_arrive,
+            "end": self._on_end,
+            "fail": self._on_fail,
+            "repair": self._on_repair,
+            "give up": lambda _j, _seq: True,  # ours: the bounded wait is over (``_serve_waiting``)
+        }
+        live, per_pod = self.live, self.per_pod
+        while self.events and self.remaining:
+            at, _, seq, kind, what = heapq.heappop(self.events)
+            for j in self.waiting:  # their own GPUs sat idle since the last event
+                live[j].record.held_idle_gpu_s += sum(per_pod[j][p.role] for p in live[j].pods) * (
+                    at - self.t
+                )
+            self.t = at
+            if handlers[kind](what, seq):
+                self._serve_waiting(self.t)
+                self._place_queue(self.t)
+        return FailureResult(
+            policy=self.policy.name,
+            records=tuple(lj.record for lj in live),
+            outages=self.count_outages,
+            end_s=self.t,
+        )
+
+    # -- events: whether the queue gets a pass after them ---------------------------------------
+    def _on_arrive(self, j: int, _seq: int) -> bool:
+        self.queue.append(j)
+        return True
+
+    def _on_end(self, j: int, seq: int) -> bool:
+        lj = self.live[j]
+        if j not in self.running or lj.seq != seq:
+            return False  # a stale entry: the job stopped since
+        del self.running[j]
+        self._release(j)
+        lj.record.end_s = self.t
+        self.remaining -= 1
+        return True
+
+    def _on_fail(self, k: int, _seq: int) -> bool:
+        t, trays = self.t, self.trays
+        self.count_outages += 1
+        trays.down[k] = True
+        trays.set_free(k, 0)
+        for j in sorted(trays.on_node[k]):
+            self._strike(j, k, t)
+        back = self.schedule[k][1] if self.schedule is not None else t + self.outages.down_for(k)
+        self.push(max(t, back), "repair", k)
+        return True
+
+    def _on_repair(self, k: int, _seq: int) -> bool:
+        trays = self.trays
+        trays.down[k] = False
+        trays.set_free(k, trays.nodes[k].gpus)  # its pods left it when it failed
+        if self.schedule is None:
+            self.push(self.t + self.outages.up_for(k), "fail", k)
+        return True
+
+    # -- jobs ------------------------------------------------------------------------------------
+    def _start(self, j: int, now: float) -> None:
+        lj = self.live[j]
+        lj.since = now
+        lj.record.started = True
+        lj.record.split = lj.record.split or _split(lj, self.trays.nodes, self.tier1)
+        lj.seq += 1
+        self.running[j] = lj
+        self.push(now + lj.job.runtime_s - lj.done_s, "end", j, lj.seq)
+
+    def _resumed(self, j: int, now: float) -> None:
+        """The job runs again after a failure stopped it (none of its pods is lost any more)."""
+        self.lost_domain.pop(j, None)
+        lj = self.live[j]
+        lj.record.waiting_gpu_s += lj.record.gpus * (now - lj.stopped_at)
+        self._start(j, now)
+
+    def _take(self, j: int, pod: PodSlot, k: int) -> None:
+        trays = self.trays
+        trays.set_free(k, trays.free[k] - self.per_pod[j][pod.role])
+        self.live[j].pods[pod] = k
+        trays.on_node[k].add(j)
+
+    def _release(self, j: int) -> None:
+        lj, trays = self.live[j], self.trays
+        for pod, k in lj.pods.items():
+            trays.on_node[k].discard(j)
+            if not trays.down[k]:
+                trays.set_free(k, trays.free[k] + self.per_pod[j][pod.role])
+        lj.pods.clear()
+
+    def _replace(self, j: int, allowed_of: Mapping[PodSlot, set[int] | None]) -> bool:
+        """Place the job's lost pods, each within its allowed nodes; all or none."""
+        lj, trays = self.live[j], self.trays
+        chosen: list[tuple[PodSlot, int]] = []
+        for pod in lj.lost:
+            k = trays.best_fit(self.per_pod[j][pod.role], allowed_of[pod])
+            if k is None:
+                for p, kk in chosen:  # undo
+                    trays.set_free(kk, trays.free[kk] + self.per_pod[j][p.role])
+                    del lj.pods[p]
+                    trays.on_node[kk].discard(j)
+                return False
+            self._take(j, pod, k)
+            chosen.append((pod, k))
+        lj.lost.clear()
+        return True
+
+    def _in_domain(self, j: int) -> dict[PodSlot, set[int] | None]:
+        """Each lost pod's allowed trays for ours: those of the tier-1 domain it was lost from."""
+        lost = self.lost_domain[j]
+        return {pod: set(self.domain_nodes[lost[pod]]) for pod in self.live[j].lost}
+
+    def _requeue(self, j: int) -> None:
+        lj = self.live[j]
+        self._release(j)
+        lj.lost.clear()
+        self.lost_domain.pop(j, None)
+        self.queue.append(j)
+        self.queue.sort(key=lambda q: (self.live[q].job.arrival_s, self.live[q].job.name))
+
+    # -- a tray fails under a job -----------------------------------------------------------------
+    def _strike(self, j: int, k: int, now: float) -> None:
+        """Tray ``k`` failed under job ``j``: roll it back if it ran, mark its pods there lost, and
+        do what its system does (``BEHAVIOUR``)."""
+        lj = self.live[j]
+        if j in self.running:
+            self._stop(j, now)
+        domain = self.trays.nodes[k].domains[self.tier1]
+        for pod in [pod for pod, node in lj.pods.items() if node == k]:
+            del lj.pods[pod]
+            lj.lost.append(pod)
+            self.lost_domain.setdefault(j, {})[pod] = domain
+        self.trays.on_node[k].discard(j)
+        if self.policy.name == "ours":
+            self._ours_struck(j, now)
+        elif self.policy.name == "kueue":
+            self._kueue_struck(j, k, now)
+        else:
+            self._requeue(j)
+
+    def _stop(self, j: int, now: float) -> None:
+        """Stop a running job: the progress since its last checkpoint is lost."""
+        lj, checkpoint = self.live[j], self.cfg.checkpoint_s
+        del self.running[j]
+        assert lj.since is not None
+        ran = now - lj.since
+        kept = math.floor(ran / checkpoint) * checkpoint
+        lj.record.lost_gpu_s += lj.record.gpus * (ran - kept)
+        lj.done_s += kept
+        lj.since = None
+        lj.stopped_at = now
+        lj.record.hits += 1
+
+    def _ours_struck(self, j: int, now: float) -> None:
+        """Ours: repair inside the domain at once, else wait for a tray there (bounded), or (no wait,
+        afresh) be placed afresh."""
+        cfg = self.cfg
+        if self._replace(j, self._in_domain(j)):
+            self._resumed(j, now)
+        elif cfg.ours_wait_h == 0 and cfg.ours_after_wait == "afresh":
+            self._requeue(j)
+        elif j not in self.waiting:
+            self.waiting.append(j)
+            if cfg.ours_wait_h is not None and cfg.ours_after_wait != "wait":
+                self.push(now + cfg.ours_wait_h * 3600, "give up", j)
+
+    def _kueue_struck(self, j: int, k: int, now: float) -> None:
+        """Kueue: the lost pods to free trays inside the podset's required domain, else requeue."""
+        lj, nodes = self.live[j], self.trays.nodes
+        tier = lj.job.gang.tier
+        scope: set[int] | None = None
+        if tier is not None:
+            here = next(iter(lj.pods.values()), k)
+            scope = set(self.gang_nodes[tier][nodes[here].domains[tier]])
+        if self._replace(j, dict.fromkeys(lj.lost, scope)):
+            self._resumed(j, now)
+        else:
+            self._requeue(j)
+
+    # -- the queue ---------------------------------------------------------------------------------
+    def _serve_waiting(self, now: float) -> None:
+        """Ours: the first tray that frees in a waiting job's domain is its; a job whose wait is over
+        goes on as ``ours_after_wait`` says."""
+        cfg = self.cfg
+        for j in list(self.waiting):
+            if self._replace(j, self._in_domain(j)):
+                self.waiting.remove(j)
+                self._resumed(j, now)
+            elif (
+                cfg.ours_wait_h is not None
+                and cfg.ours_after_wait != "wait"
+                and now >= self.live[j].stopped_at + cfg.ours_wait_h * 3600
+            ):
+                if cfg.ours_after_wait == "any":  # gpuagent.dev/repair: any — any domain, best fit
+                    if self._replace(j, dict.fromkeys(self.live[j].lost)):
+                        self.waiting.remove(j)
+                        self._resumed(j, now)
+                    continue
+                self.waiting.remove(j)
+                self._requeue(j)
+
+    def _place_queue(self, now: float) -> None:
+        """Jobs in arrival order, each placed by the policy if it can be now."""
+        failed: set[object] = set()
+        total_free = self.trays.free_up()
+        for j in list(self.queue):
+            lj = self.live[j]
+            shape = (
+                lj.job.gpus,
+                lj.job.gang.tier,
+                tuple((r.pods, r.subgroup_size) for r in lj.job.gang.roles),
+            )
+            if shape in failed or lj.job.gpus > total_free:
+                continue
+            result = self.policy.place(self.trays.snapshot(), lj.job.gang)
+            if isinstance(result, Infeasible):
+                failed.add(shape)
+                continue
+            for pod, node_name in sorted(result.placement.items()):
+                self._take(j, pod, self.trays.index[node_name])
+            total_free -= lj.job.gpus
+            self.queue.remove(j)
+            if lj.record.hits:
+                self._resumed(j, now)
+            else:
+                self._start(j, now)
+
+
+def simulate_failures(
     cluster: Cluster,
     jobs: list[Job],
     policy: Policy,
@@ -185,262 +522,15 @@ def simulate_failures(  # noqa: C901 - one event loop; to be split with sim.simu
     (down at, up at), once each)."""
     if policy.name not in BEHAVIOUR:
         raise ValueError(f"no failure behaviour for policy {policy.name!r}; valid: {', '.join(BEHAVIOUR)}")
-    tier1 = cluster.tiers[0]
-    nodes = cluster.nodes
-    index = {n.name: i for i, n in enumerate(nodes)}
-    free = [n.gpus for n in nodes]
-    down = [False] * len(nodes)
-    states = [NodeState(name=n.name, gpus=n.gpus, free=n.gpus, domains=n.domains) for n in nodes]
-    cached: list[ClusterSnapshot | None] = [None]
-    outages = _Outages(len(nodes), cfg)
-    events: list[tuple[float, int, int, str, int]] = []  # (time, order, seq, kind, node or job)
-    counter = 0
+    return _FailureRun(cluster, jobs, policy, cfg, schedule).run()
 
-    def push(at: float, kind: str, what: int, seq: int = 0) -> None:
-        nonlocal counter
-        counter += 1
-        heapq.heappush(events, (at, counter, seq, kind, what))
 
-    def set_free(k: int, value: int) -> None:
-        free[k] = value
-        states[k] = NodeState(
-            name=nodes[k].name,
-            gpus=nodes[k].gpus,
-            free=value,
-            domains=nodes[k].domains,
-            schedulable=not down[k],
-        )
-        cached[0] = None
-
-    def snapshot() -> ClusterSnapshot:
-        snap = cached[0]
-        if snap is None:
-            snap = cached[0] = ClusterSnapshot(tiers=cluster.tiers, nodes=tuple(states))
-        return snap
-
-    live: list[_Job] = []
-    for job in jobs:
-        subgroups = sum(
-            -(-r.pods // r.subgroup_size)
-            for r in job.gang.roles
-            if r.subgroup_tier == tier1 and r.subgroup_size
-        )
-        live.append(_Job(job=job, record=FailureRecord(job.name, job.gpus, subgroups)))
-        push(job.arrival_s, "arrive", len(live) - 1)
-    for k in range(len(nodes)):
-        if schedule is None:
-            push(outages.up_for(k), "fail", k)
-        elif k in schedule:
-            push(schedule[k][0], "fail", k)
-    queue: list[int] = []  # waiting to be placed, in arrival order
-    waiting: list[int] = []  # ours: holding pods, waiting for a tray in their domain
-    running: dict[int, _Job] = {}
-    on_node: list[set[int]] = [set() for _ in nodes]
-    per_pod = [{r.name: r.gpus_per_pod for r in lj.job.gang.roles} for lj in live]
-    t = 0.0
-    count_outages = 0
-    remaining = len(jobs)
-
-    def split(j: int) -> bool:
-        lj = live[j]
-        for role in lj.job.gang.roles:
-            if role.subgroup_tier != tier1 or not role.subgroup_size:
-                continue
-            blocks: dict[int, set[str]] = {}
-            for pod, k in lj.pods.items():
-                if pod.role == role.name:
-                    blocks.setdefault(pod.index // role.subgroup_size, set()).add(nodes[k].domains[tier1])
-            if any(len(d) > 1 for d in blocks.values()):
-                return True
-        return False
-
-    def run(j: int, now: float) -> None:
-        lj = live[j]
-        lj.since = now
-        lj.record.started = True
-        lj.record.split = lj.record.split or split(j)
-        lj.seq += 1
-        running[j] = lj
-        push(now + lj.job.runtime_s - lj.done_s, "end", j, lj.seq)
-
-    def take(j: int, pod: PodSlot, k: int) -> None:
-        set_free(k, free[k] - per_pod[j][pod.role])
-        live[j].pods[pod] = k
-        on_node[k].add(j)
-
-    def release(j: int) -> None:
-        lj = live[j]
-        for pod, k in lj.pods.items():
-            on_node[k].discard(j)
-            if not down[k]:
-                set_free(k, free[k] + per_pod[j][pod.role])
-        lj.pods.clear()
-
-    def resumed(j: int, now: float) -> None:
-        lj = live[j]
-        gpus = lj.record.gpus
-        lj.record.waiting_gpu_s += gpus * (now - lj.stopped_at)
-        run(j, now)
-
-    def best_fit(need: int, allowed: set[int] | None) -> int | None:
-        fits = [
-            (free[k], nodes[k].name, k)
-            for k in (allowed if allowed is not None else range(len(nodes)))
-            if not down[k] and free[k] >= need
-        ]
-        return min(fits)[2] if fits else None
-
-    def replace(j: int, allowed_of: Mapping[PodSlot, set[int] | None]) -> bool:
-        """Place the job's lost pods, each within its allowed nodes; all or none."""
-        lj = live[j]
-        chosen: list[tuple[PodSlot, int]] = []
-        for pod in lj.lost:
-            k = best_fit(per_pod[j][pod.role], allowed_of[pod])
-            if k is None:
-                for p, kk in chosen:  # undo
-                    set_free(kk, free[kk] + per_pod[j][p.role])
-                    del lj.pods[p]
-                    on_node[kk].discard(j)
-                return False
-            take(j, pod, k)
-            chosen.append((pod, k))
-        lj.lost.clear()
-        return True
-
-    domain_nodes = cluster.domains(tier1)
-    gang_nodes = {tier: cluster.domains(tier) for tier in cluster.tiers}
-
-    lost_domain: dict[int, dict[PodSlot, str]] = {}
-
-    def strike(k: int, now: float) -> None:
-        for j in sorted(on_node[k]):
-            lj = live[j]
-            if j in running:
-                del running[j]
-                assert lj.since is not None
-                ran = now - lj.since
-                kept = math.floor(ran / cfg.checkpoint_s) * cfg.checkpoint_s
-                lj.record.lost_gpu_s += lj.record.gpus * (ran - kept)
-                lj.done_s += kept
-                lj.since = None
-                lj.stopped_at = now
-                lj.record.hits += 1
-            mine = [pod for pod, node in lj.pods.items() if node == k]
-            for pod in mine:
-                del lj.pods[pod]
-                lj.lost.append(pod)
-                lost_domain.setdefault(j, {})[pod] = nodes[k].domains[tier1]
-            on_node[k].discard(j)
-            name = policy.name
-            if name == "ours":
-                allowed = {pod: set(domain_nodes[lost_domain[j][pod]]) for pod in lj.lost}
-                if replace(j, allowed):
-                    lost_domain.pop(j, None)
-                    resumed(j, now)
-                elif cfg.ours_wait_h == 0 and cfg.ours_after_wait == "afresh":
-                    requeue(j)
-                elif j not in waiting:
-                    waiting.append(j)
-                    if cfg.ours_wait_h is not None and cfg.ours_after_wait != "wait":
-                        push(now + cfg.ours_wait_h * 3600, "give up", j)
-            elif name == "kueue":
-                tier = lj.job.gang.tier
-                scope: set[int] | None = None
-                if tier is not None:
-                    here = next(iter(lj.pods.values()), k)
-                    scope = set(gang_nodes[tier][nodes[here].domains[tier]])
-                if replace(j, dict.fromkeys(lj.lost, scope)):
-                    lost_domain.pop(j, None)
-                    resumed(j, now)
-                else:
-                    requeue(j)
-            else:
-                requeue(j)
-
-    def requeue(j: int) -> None:
-        lj = live[j]
-        release(j)
-        lj.lost.clear()
-        lost_domain.pop(j, None)
-        queue.append(j)
-        queue.sort(key=lambda q: (live[q].job.arrival_s, live[q].job.name))
-
-    def place_queued(now: float) -> None:
-        for j in list(waiting):  # ours: the first tray that frees in the domain is theirs
-            allowed = {pod: set(domain_nodes[lost_domain[j][pod]]) for pod in live[j].lost}
-            if replace(j, allowed):
-                waiting.remove(j)
-                lost_domain.pop(j, None)
-                resumed(j, now)
-            elif (
-                cfg.ours_wait_h is not None
-                and cfg.ours_after_wait != "wait"
-                and now >= live[j].stopped_at + cfg.ours_wait_h * 3600
-            ):
-                if cfg.ours_after_wait == "any":  # gpuagent.dev/repair: any — any domain, best fit
-                    if replace(j, dict.fromkeys(live[j].lost)):
-                        waiting.remove(j)
-                        lost_domain.pop(j, None)
-                        resumed(j, now)
-                    continue
-                waiting.remove(j)
-                requeue(j)
-        failed: set[object] = set()
-        total_free = sum(f for f, d in zip(free, down, strict=True) if not d)
-        for j in list(queue):
-            lj = live[j]
-            shape = (
-                lj.job.gpus,
-                lj.job.gang.tier,
-                tuple((r.pods, r.subgroup_size) for r in lj.job.gang.roles),
-            )
-            if shape in failed or lj.job.gpus > total_free:
-                continue
-            result = policy.place(snapshot(), lj.job.gang)
-            if isinstance(result, Infeasible):
-                failed.add(shape)
-                continue
-            for pod, node_name in sorted(result.placement.items()):
-                take(j, pod, index[node_name])
-            total_free -= lj.job.gpus
-            queue.remove(j)
-            if lj.record.hits:
-                resumed(j, now)
-            else:
-                run(j, now)
-
-    while events and remaining:
-        at, _, seq, kind, what = heapq.heappop(events)
-        for j in waiting:  # their own GPUs sat idle since the last event
-            live[j].record.held_idle_gpu_s += sum(per_pod[j][p.role] for p in live[j].pods) * (at - t)
-        t = at
-        if kind == "arrive":
-            queue.append(what)
-        elif kind == "end":
-            lj = live[what]
-            if what not in running or lj.seq != seq:
-                continue
-            del running[what]
-            release(what)
-            lj.record.end_s = t
-            remaining -= 1
-        elif kind == "fail":
-            count_outages += 1
-            down[what] = True
-            set_free(what, 0)
-            strike(what, t)
-            back = schedule[what][1] if schedule is not None else t + outages.down_for(what)
-            push(max(t, back), "repair", what)
-        elif kind == "repair":
-            down[what] = False
-            set_free(what, nodes[what].gpus)  # its pods left it when it failed
-            if schedule is None:
-                push(t + outages.up_for(what), "fail", what)
-        if kind in ("arrive", "end", "repair", "fail", "give up"):
-            place_queued(t)
-    return FailureResult(
-        policy=policy.name, records=tuple(lj.record for lj in live), outages=count_outages, end_s=t
-    )
+def paired_mean(diffs: list[float]) -> tuple[float, float | None]:
+    """The mean of paired differences and its standard error (None with fewer than two pairs)."""
+    mean = sum(diffs) / len(diffs)
+    if len(diffs) < 2:
+        return mean, None
+    return mean, statistics.stdev(diffs) / math.sqrt(len(diffs))
 
 
 def report(
@@ -496,7 +586,8 @@ def report(
         )
     lines += [
         "",
-        "Paired by seed, ours minus the anchor (lost + waiting GPU-h; negative: ours loses less):",
+        "Paired by seed, ours minus the anchor (lost + waiting GPU-h; negative: ours loses less; ± the "
+        "standard error of the mean difference; 'within noise' where the mean lies inside two of them):",
         "",
     ]
     fewest = True
@@ -507,8 +598,12 @@ def report(
         wins = sum(1 for d in diffs if d <= 0)
         fewest = fewest and sum(diffs) <= 0
         shown = ", ".join(f"{d:+.0f}" for d in diffs)
+        mean_diff, error = paired_mean(diffs)
+        noise = " (within noise)" if error is not None and abs(mean_diff) < 2 * error else ""
         lines.append(
-            f"- {name}: mean {sum(diffs) / len(diffs):+.0f} ({shown}); ours no worse in {wins}/{len(diffs)}"
+            f"- {name}: mean {mean_diff:+.0f}"
+            + (f" ± {error:.0f}{noise}" if error is not None else "")
+            + f" ({shown}); ours no worse in {wins}/{len(diffs)}"
         )
     across = sum(r["grouped_jobs"] - r["grouped_in_domain"] for r in rows["ours"])
     lines += [

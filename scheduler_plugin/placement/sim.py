@@ -179,6 +179,15 @@ class _Cluster:
             self._snapshot = ClusterSnapshot(tiers=self.spec.tiers, nodes=tuple(self.states))
         return self._snapshot
 
+    def with_free(self, free: list[int]) -> ClusterSnapshot:
+        """The current snapshot with other free GPUs; nodes whose count is unchanged keep their
+        ``NodeState`` object, so planners that diff snapshots see only the nodes that differ."""
+        nodes = tuple(
+            o if o.free == f else NodeState(name=o.name, gpus=o.gpus, free=f, domains=o.domains)
+            for o, f in zip(self.states, free, strict=True)
+        )
+        return ClusterSnapshot(tiers=self.spec.tiers, nodes=nodes)
+
     def change(self, i: int, delta: int) -> None:
         """Free GPUs of node ``i`` change by ``delta`` (negative: taken)."""
         new = self.free[i] + delta
@@ -217,7 +226,7 @@ class _Cluster:
         return out
 
 
-def simulate(  # noqa: C901 -- 99 branches in closures sharing the run state; to become a class (issue 28)
+def simulate(
     cluster: Cluster,
     jobs: list[Job],
     policy: Policy,
@@ -236,6 +245,17 @@ def simulate(  # noqa: C901 -- 99 branches in closures sharing the run state; to
     Time-weighted figures cover [``warmup`` x last arrival, last arrival]: the cluster starts empty,
     and the first part of the window measures the ramp, not the policy.
     """
+    mode = _queue_mode(policy, warmup=warmup, backfill=backfill, queue=queue, preempt=preempt)
+    config = queue_config or gang_queue.QueueConfig()
+    if preempt != "core":
+        config = replace(config, preempt_after_s=None)
+    run = _Run(cluster, jobs, policy, clock=clock, mode=mode, preempt=preempt, config=config, warmup=warmup)
+    run.run(progress)
+    return run.result(timeline_points)
+
+
+def _queue_mode(policy: Policy, *, warmup: float, backfill: str, queue: str | None, preempt: str) -> str:
+    """The queue the run uses (one of ``QUEUES``), after checking the arguments that choose it."""
     if not 0 <= warmup < 1:
         raise ValueError(f"warmup must be in [0, 1), got {warmup}")
     if backfill not in BACKFILL:
@@ -249,68 +269,95 @@ def simulate(  # noqa: C901 -- 99 branches in closures sharing the run state; to
         raise ValueError("preempt='core' is the core queue's own preemption: it needs queue='core'")
     if mode == "core" and not policy.gang:
         raise ValueError(f"queue 'core' plans whole gangs; policy {policy.name} places pods")
-    topological = mode == "reserve" and policy.gang
-    greedy = mode == "greedy"
-    config = queue_config or gang_queue.QueueConfig()
-    if preempt != "core":
-        config = replace(config, preempt_after_s=None)
-    state = _Cluster(cluster)
-    tier1 = cluster.tiers[0]
-    window_end = jobs[-1].arrival_s if jobs else 0.0
-    window_start = warmup * window_end
-    window = window_end - window_start
-    records: list[JobRecord] = []
-    pending: list[_Live] = []
-    running: list[tuple[float, int, _Live]] = []
-    plan_times: list[float] = []
-    seq = 0
-    acc = {"alloc": 0.0, "sat": 0.0, "sat_s": 0.0, "stranded": 0.0, "free_dom": 0.0}
-    timeline: list[tuple[float, int, int]] = []
-    max_alloc = 0
-    stranded_now = 0
-    t = 0.0
-    next_arrival = 0
-    finished = 0
-    deadlocked = False
-    free_domains_at_start = state.free_domains
-    upper_acc: dict[str, float] = {}
-    waiting_by_name: dict[str, _Live] = {}
-    running_by_name: dict[str, _Live] = {}
-    core_running: dict[str, gang_queue.Running] = {}
-    core_waiting: dict[str, gang_queue.Waiting] = {}
-    core_resv: Mapping[str, gang_queue.Reservation] = {}
-    wake = math.inf
+    return mode
 
-    def rank(live: _Live) -> tuple[float, float, str]:
-        return (-live.job.priority, live.job.arrival_s, live.job.name)
 
-    def enqueue(live: _Live) -> None:
+def _rank(live: _Live) -> tuple[float, float, str]:
+    return (-live.job.priority, live.job.arrival_s, live.job.name)
+
+
+def _remaining_gang(live: _Live) -> Gang:
+    """The pods of the job not placed yet, as a gang (the job's own gang when none is)."""
+    if all(live.left[r.name] == r.pods for r in live.job.gang.roles):
+        return live.job.gang
+    roles = tuple(
+        Role(name=r.name, pods=live.left[r.name], gpus_per_pod=r.gpus_per_pod)
+        for r in live.job.gang.roles
+        if live.left[r.name] > 0
+    )
+    return Gang(name=live.job.gang.name, roles=roles)
+
+
+class _Jobs:
+    """The jobs of one run and what they hold: the queue in priority order (then arrival), the
+    running heap in end order, and the core queue's view of both."""
+
+    def __init__(self, state: _Cluster, policy: Policy, *, core: bool) -> None:
+        self.state = state
+        self.policy = policy
+        self.core = core  # keep the core queue's view (queue "core")
+        self.pending: list[_Live] = []
+        self.running: list[tuple[float, int, _Live]] = []  # (end, seq, job): a heap
+        self.seq = 0
+        self.waiting_by_name: dict[str, _Live] = {}
+        self.running_by_name: dict[str, _Live] = {}
+        self.core_running: dict[str, gang_queue.Running] = {}
+        self.core_waiting: dict[str, gang_queue.Waiting] = {}
+
+    def enqueue(self, live: _Live) -> None:
         """Into the queue in priority order (then arrival), and into the core queue's view."""
-        bisect.insort(pending, live, key=rank)
-        waiting_by_name[live.job.name] = live
-        if mode == "core":
+        bisect.insort(self.pending, live, key=_rank)
+        self.waiting_by_name[live.job.name] = live
+        if self.core:
             job = live.job
-            core_waiting[job.name] = gang_queue.Waiting(
+            self.core_waiting[job.name] = gang_queue.Waiting(
                 job.name, job.gang, job.priority, job.arrival_s, job.runtime_s
             )
 
-    def release(live: _Live) -> None:
+    def release(self, live: _Live) -> None:
         for node, g in live.held:
-            state.change(node, g)
+            self.state.change(node, g)
         live.held.clear()
 
-    def start(live: _Live, now: float) -> None:
-        nonlocal seq
+    def apply(self, live: _Live, placement: Mapping[PodSlot, str]) -> int:
+        """Take the GPUs of a plan's pods (in pod order); returns pods placed."""
+        per = {r.name: r.gpus_per_pod for r in live.job.gang.roles}
+        name = self.policy.name
+        placed = 0
+        for pod, node_name in sorted(placement.items(), key=itemgetter(0)):
+            role = pod.role
+            if role not in per or live.left.get(role, 0) <= 0:
+                raise SimulationError(
+                    f"{name}: plan for {live.job.name} names unknown or extra pod {str(pod)!r}"
+                )
+            node = self.state.index.get(node_name)
+            if node is None:
+                raise SimulationError(f"{name}: plan for {live.job.name} names unknown node {node_name!r}")
+            self.state.change(node, -per[role])
+            live.held.append((node, per[role]))
+            live.nodes_by_role.setdefault(role, []).append(node)
+            live.left[role] -= 1
+            placed += 1
+        return placed
+
+    def start_whole(self, live: _Live, placement: Mapping[PodSlot, str], now: float, what: str) -> None:
+        """Apply a plan that places every pod left (the queue's ``what``) and start the job."""
+        self.apply(live, placement)
+        if sum(live.left.values()):
+            raise SimulationError(f"{self.policy.name}: {what} left pods unplaced")
+        self.start(live, now)
+
+    def start(self, live: _Live, now: float) -> None:
         live.record.start_s = now
-        waiting_by_name.pop(live.job.name, None)
-        running_by_name[live.job.name] = live
-        if mode == "core":
-            core_waiting.pop(live.job.name, None)
+        self.waiting_by_name.pop(live.job.name, None)
+        self.running_by_name[live.job.name] = live
+        if self.core:
+            self.core_waiting.pop(live.job.name, None)
             claims: dict[str, int] = {}
             for node, g in live.held:
-                name = state.spec.nodes[node].name
+                name = self.state.spec.nodes[node].name
                 claims[name] = claims.get(name, 0) + g
-            core_running[live.job.name] = gang_queue.Running(
+            self.core_running[live.job.name] = gang_queue.Running(
                 live.job.name,
                 live.job.priority,
                 now,
@@ -318,7 +365,15 @@ def simulate(  # noqa: C901 -- 99 branches in closures sharing the run state; to
                 claims,
                 evictions=live.record.preemptions,
             )
-        rec = live.record
+        self._count_local(live)
+        end = now + live.job.runtime_s
+        self.seq += 1
+        live.seq = self.seq
+        heapq.heappush(self.running, (end, self.seq, live))
+
+    def _count_local(self, live: _Live) -> None:
+        """Record the job's tier-1 subgroups, and those placed inside one tier-1 domain."""
+        rec, tier1 = live.record, self.state.spec.tiers[0]
         for role in live.job.gang.roles:
             if role.subgroup_tier != tier1 or not role.subgroup_size:
                 continue
@@ -326,19 +381,15 @@ def simulate(  # noqa: C901 -- 99 branches in closures sharing the run state; to
             for first in range(0, role.pods, role.subgroup_size):
                 chunk = placed[first : first + role.subgroup_size]
                 rec.tier1_subgroups += 1
-                if len({state.domain[n] for n in chunk}) == 1:
+                if len({self.state.domain[n] for n in chunk}) == 1:
                     rec.tier1_local += 1
-        end = now + live.job.runtime_s
-        seq += 1
-        live.seq = seq
-        heapq.heappush(running, (end, seq, live))
 
-    def finish(live: _Live) -> None:
-        running_by_name.pop(live.job.name, None)
-        core_running.pop(live.job.name, None)
+    def finish(self, live: _Live) -> None:
+        self.running_by_name.pop(live.job.name, None)
+        self.core_running.pop(live.job.name, None)
         live.seq = -1
 
-    def evict(live: _Live, now: float) -> None:
+    def evict(self, live: _Live, now: float) -> None:
         """Evict every pod of a running job (a whole gang) and queue it again under its arrival time."""
         rec = live.record
         held_pods = len(live.held)
@@ -346,50 +397,37 @@ def simulate(  # noqa: C901 -- 99 branches in closures sharing the run state; to
         rec.preemptions += 1
         rec.preempted_gpu_s += sum(g for _, g in live.held) * max(0.0, now - (rec.start_s or now))
         rec.half_preempted = rec.half_preempted or 0 < held_pods < all_pods
-        release(live)
-        finish(live)  # its heap entry is skipped when it comes up
+        self.release(live)
+        self.finish(live)  # its heap entry is skipped when it comes up
         rec.start_s = None
         live.left = {r.name: r.pods for r in live.job.gang.roles}
         live.nodes_by_role.clear()
-        enqueue(live)
+        self.enqueue(live)
 
-    def apply(live: _Live, placement: Mapping[PodSlot, str]) -> int:
-        """Take the GPUs of a plan's pods (in pod order); returns pods placed."""
-        per = {r.name: r.gpus_per_pod for r in live.job.gang.roles}
-        placed = 0
-        for pod, node_name in sorted(placement.items(), key=itemgetter(0)):
-            role = pod.role
-            if role not in per or live.left.get(role, 0) <= 0:
-                raise SimulationError(
-                    f"{policy.name}: plan for {live.job.name} names unknown or extra pod {str(pod)!r}"
-                )
-            node = state.index.get(node_name)
-            if node is None:
-                raise SimulationError(
-                    f"{policy.name}: plan for {live.job.name} names unknown node {node_name!r}"
-                )
-            state.change(node, -per[role])
-            live.held.append((node, per[role]))
-            live.nodes_by_role.setdefault(role, []).append(node)
-            live.left[role] -= 1
-            placed += 1
-        return placed
+    def drop_started(self) -> None:
+        """Take the jobs that started out of the queue."""
+        self.pending[:] = [lv for lv in self.pending if lv.job.name in self.waiting_by_name]
 
-    def remaining_gang(live: _Live) -> Gang:
-        if all(live.left[r.name] == r.pods for r in live.job.gang.roles):
-            return live.job.gang
-        roles = tuple(
-            Role(name=r.name, pods=live.left[r.name], gpus_per_pod=r.gpus_per_pod)
-            for r in live.job.gang.roles
-            if live.left[r.name] > 0
-        )
-        return Gang(name=live.job.gang.name, roles=roles)
 
-    def shadow(head: _Live, now: float) -> tuple[float, int]:
+class _Reservations:
+    """The head's reservation under the FIFO queues: its shadow time by GPU count, or (``reserve``)
+    its policy's own plan at the first completion time it exists, and the cluster held back for it."""
+
+    def __init__(self, jobs: _Jobs) -> None:
+        self.jobs = jobs
+        self.state = jobs.state
+        self.policy = jobs.policy
+        self.cached: dict[str, Reservation | None] = {}
+        self.view: list[tuple[Reservation, ClusterSnapshot, ClusterSnapshot]] = []  # (resv, from, view)
+
+    def shadow(self, head: _Live, now: float) -> tuple[float, int]:
+        """(the earliest completion after which enough GPUs are free for the head, the GPUs free
+        then beyond its need)."""
         need = head.gpus_left
-        free = state.free_total
+        free = self.state.free_total
         if free >= need:
             return now, free - need
+        running = self.jobs.running
         # walk the running heap in end order lazily: a frontier heap of positions in it
         frontier = [(running[0][0], running[0][1], 0)] if running else []
         while frontier:
@@ -402,26 +440,13 @@ def simulate(  # noqa: C901 -- 99 branches in closures sharing the run state; to
                     heapq.heappush(frontier, (running[child][0], running[child][1], child))
         return math.inf, 0
 
-    reservations: dict[str, Reservation | None] = {}
-
-    def with_free(free: list[int]) -> ClusterSnapshot:
-        """The current snapshot with other free GPUs; nodes whose count is unchanged keep their
-        ``NodeState`` object, so planners that diff snapshots see only the nodes that differ."""
-        nodes = tuple(
-            o if o.free == f else NodeState(name=o.name, gpus=o.gpus, free=f, domains=o.domains)
-            for o, f in zip(state.states, free, strict=True)
-        )
-        return ClusterSnapshot(tiers=cluster.tiers, nodes=nodes)
-
-    def reserve(head: _Live, now: float) -> Reservation | None:
-        """The head's reservation: its policy's plan at the first completion time it exists."""
-        cached = reservations.get(head.job.name)
-        if cached is not None and cached[0] > now:
-            return cached
-        points: list[tuple[float, list[int]]] = []  # (completion time, free GPUs per node after it)
-        free = list(state.free)
-        total = state.free_total
-        ends = sorted(running)
+    def _completions(self, need: int) -> list[tuple[float, list[int]]]:
+        """(completion time, free GPUs per node after it) of each completion after which at least
+        ``need`` GPUs are free, in time order."""
+        points: list[tuple[float, list[int]]] = []
+        free = list(self.state.free)
+        total = self.state.free_total
+        ends = sorted(self.jobs.running)
         k = 0
         while k < len(ends):
             at = ends[k][0]
@@ -430,37 +455,47 @@ def simulate(  # noqa: C901 -- 99 branches in closures sharing the run state; to
                     free[node] += g
                     total += g
                 k += 1
-            if total >= head.gpus_left:
+            if total >= need:
                 points.append((at, list(free)))
-        gang = remaining_gang(head)
+        return points
+
+    def reserve(self, head: _Live, now: float) -> Reservation | None:
+        """The head's reservation: its policy's plan at the first completion time it exists."""
+        cached = self.cached.get(head.job.name)
+        if cached is not None and cached[0] > now:
+            return cached
+        points = self._completions(head.gpus_left)
+        gang = _remaining_gang(head)
         per = {r.name: r.gpus_per_pod for r in gang.roles}
         lo, hi = 0, len(points)
         found: Reservation | None = None
         while lo < hi:
             mid = (lo + hi) // 2
             at, after = points[mid]
-            result = policy.place(with_free(after), gang)
+            result = self.policy.place(self.state.with_free(after), gang)
             if isinstance(result, Infeasible):
                 lo = mid + 1
                 continue
             claims: dict[int, int] = {}
             for pod, node_name in result.placement.items():
-                node = state.index[node_name]
+                node = self.state.index[node_name]
                 claims[node] = claims.get(node, 0) + per[pod.role]
             found, hi = (at, claims), mid
-        reservations[head.job.name] = found
+        self.cached[head.job.name] = found
         return found
 
-    held_view: list[tuple[Reservation, ClusterSnapshot, ClusterSnapshot]] = []  # (reservation, from, view)
+    def forget(self, name: str) -> None:
+        self.cached.pop(name, None)
 
-    def held_back(resv: Reservation) -> ClusterSnapshot:
+    def held_back(self, resv: Reservation) -> ClusterSnapshot:
         """The cluster as a job running past the reservation time may use it (one view per state)."""
+        state = self.state
         current = state.snapshot()
-        if held_view and held_view[0][0] is resv and held_view[0][1] is current:
-            return held_view[0][2]
+        if self.view and self.view[0][0] is resv and self.view[0][1] is current:
+            return self.view[0][2]
         at, claims = resv
         busy_then = dict.fromkeys(claims, 0)
-        for end, _, live in running:
+        for end, _, live in self.jobs.running:
             if end > at:
                 for node, g in live.held:
                     if node in busy_then:
@@ -470,187 +505,109 @@ def simulate(  # noqa: C901 -- 99 branches in closures sharing the run state; to
             free[node] = gang_queue.held_back_gpus(
                 state.capacity[node], busy_then[node], claim, free=free[node]
             )
-        view = with_free(free)
-        held_view[:] = [(resv, current, view)]
+        view = state.with_free(free)
+        self.view[:] = [(resv, current, view)]
         return view
 
-    def schedule(now: float, fresh: set[str] | None) -> None:
-        """One pass; ``fresh`` None tries every queued job, else only those names."""
-        failed: set[tuple[object, ...]] = set()
-        shadow_t, spare = math.inf, 0
-        head_seen = False
-        resv: Reservation | None = None
-        kept: list[_Live] = []
-        for live in pending:
-            tried = fresh is None or live.job.name in fresh
-            started = False
-            need = live.gpus_left
-            min_pod = min(r.gpus_per_pod for r in live.job.gang.roles if live.left[r.name] > 0)
-            held: Reservation | None = None  # the reservation this job must leave alone
-            shape_key: tuple[object, ...] = live.shape
-            if greedy:
-                allowed = True
-            elif resv is not None:
-                allowed = True
-                if now + live.job.runtime_s > resv[0]:
-                    held = resv
-                    shape_key = (live.shape, "held back")
-            else:
-                allowed = not head_seen or now + live.job.runtime_s <= shadow_t or need <= spare
-            enough = state.free_total >= (need if policy.gang else min_pod)
-            if tried and allowed and enough and shape_key not in failed:
-                snapshot = held_back(held) if held is not None else state.snapshot()
-                t0 = clock()
-                result = policy.place(snapshot, remaining_gang(live))
-                plan_times.append(max(0.0, clock() - t0))
-                if isinstance(result, Infeasible):
-                    failed.add(shape_key)
-                else:
-                    placed = apply(live, result.placement)
-                    if placed == 0:
-                        failed.add(shape_key)
-                    if sum(live.left.values()) == 0:
-                        start(live, now)
-                        started = True
-                        if head_seen and now + live.job.runtime_s > shadow_t:
-                            spare -= need
-                        reservations.pop(live.job.name, None)
-                    elif not policy.gang:
-                        live.record.partial = live.record.partial or placed > 0
-                    else:
-                        raise SimulationError(
-                            f"{policy.name}: gang plan for {live.job.name} left pods unplaced"
-                        )
-            if not started:
-                kept.append(live)
-                if not head_seen and not greedy:
-                    head_seen = True
-                    shadow_t, spare = shadow(live, now)
-                    if topological and running:
-                        resv = reserve(live, now)
-        pending[:] = kept
 
-    def timed_place(snapshot: ClusterSnapshot, gang: Gang) -> PlanResult:
-        t0 = clock()
-        result = policy.place(snapshot, gang)
-        plan_times.append(max(0.0, clock() - t0))
-        return result
+@dataclass(slots=True)
+class _Pass:
+    """One pass of the FIFO and greedy queues: the shapes that failed in it, and the head (the first
+    job that did not start) with its shadow time, spare GPUs and reservation once it is seen."""
 
-    def schedule_core(now: float, fresh: set[str] | None) -> None:
-        """One pass of the extender's queue (``scheduler_plugin.queue.decide``), applied here."""
-        nonlocal core_resv, wake
-        decision = gang_queue.decide(
-            now,
-            state.snapshot(),
-            core_running,
-            core_waiting.values(),
-            core_resv,
-            place=timed_place,
-            config=config,
-            only=fresh,
-        )
-        core_resv = decision.reservations
-        wake = decision.wake_s
-        for st in decision.starts:
-            live = waiting_by_name[st.gang]
-            apply(live, st.plan.placement)
-            if sum(live.left.values()):
-                raise SimulationError(f"{policy.name}: queue start of {st.gang} left pods unplaced")
-            start(live, now)
-        for pre in decision.preemptions:
-            for victim in pre.victims:
-                evict(running_by_name[victim], now)
-            live = waiting_by_name[pre.gang]
-            apply(live, pre.plan.placement)
-            if sum(live.left.values()):
-                raise SimulationError(f"{policy.name}: preemption plan of {pre.gang} left pods unplaced")
-            start(live, now)
-        if decision.starts or decision.preemptions:
-            pending[:] = [lv for lv in pending if lv.job.name in waiting_by_name]
+    failed: set[tuple[object, ...]] = field(default_factory=set)
+    head_seen: bool = False
+    shadow_t: float = math.inf
+    spare: int = 0
+    resv: Reservation | None = None
 
-    def preempt_kai(now: float) -> None:
-        """KAI's preempt action (module docstring): for each waiting job in order, whole lower-priority
-        jobs, lowest priority and latest started first, until its policy places it."""
-        failed: set[tuple[object, ...]] = set()  # shapes no eviction placed in this pass
-        for live in list(pending):
-            if live.job.name not in waiting_by_name or (live.shape, live.job.priority) in failed:
-                continue
-            prio = live.job.priority
-            victims = sorted(
-                (v for v in running_by_name.values() if v.job.priority < prio),
-                key=lambda v: (v.job.priority, -(v.record.start_s or 0.0), v.job.name),
-            )
-            if not victims:
-                continue
-            free = list(state.free)
-            total = state.free_total
-            need = live.gpus_left
-            chosen: list[_Live] = []
-            tries = 0
-            for v in victims:
-                chosen.append(v)
-                for node, g in v.held:
-                    free[node] += g
-                    total += g
-                if total < need:
-                    continue
-                tries += 1
-                if tries > KAI_PREEMPT_TRIES:
-                    break
-                result = policy.place(with_free(free), remaining_gang(live))
-                if isinstance(result, Infeasible):
-                    continue
-                for victim in chosen:
-                    evict(victim, now)
-                apply(live, result.placement)
-                if sum(live.left.values()):
-                    raise SimulationError(f"{policy.name}: preemption plan of {live.job.name} left pods")
-                start(live, now)
+
+class _Run:
+    """One simulation: the event loop over arrivals, completions and the core queue's wake-ups, one
+    scheduling pass per instant, and the time-weighted figures."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        jobs: list[Job],
+        policy: Policy,
+        *,
+        clock: Callable[[], float],
+        mode: str,
+        preempt: str,
+        config: gang_queue.QueueConfig,
+        warmup: float,
+    ) -> None:
+        self.jobs_in = jobs
+        self.policy = policy
+        self.clock = clock
+        self.mode = mode
+        self.preempt = preempt
+        self.config = config
+        self.topological = mode == "reserve" and policy.gang
+        self.greedy = mode == "greedy"
+        self.state = _Cluster(cluster)
+        self.jobs = _Jobs(self.state, policy, core=mode == "core")
+        self.resv = _Reservations(self.jobs)
+        self.window_end = jobs[-1].arrival_s if jobs else 0.0
+        self.window_start = warmup * self.window_end
+        self.records: list[JobRecord] = []
+        self.plan_times: list[float] = []
+        self.acc = {"alloc": 0.0, "sat": 0.0, "sat_s": 0.0, "stranded": 0.0, "free_dom": 0.0}
+        self.upper_acc: dict[str, float] = {}
+        self.timeline: list[tuple[float, int, int]] = []
+        self.max_alloc = 0
+        self.stranded_now = 0
+        self.t = 0.0
+        self.next_arrival = 0
+        self.finished = 0
+        self.deadlocked = False
+        self.free_domains_at_start = self.state.free_domains
+        self.core_resv: Mapping[str, gang_queue.Reservation] = {}
+        self.wake = math.inf
+
+    def run(self, progress: Callable[[int, int], None] | None) -> None:
+        jobs, pending = self.jobs_in, self.jobs.pending
+        while True:
+            t_arr = jobs[self.next_arrival].arrival_s if self.next_arrival < len(jobs) else math.inf
+            t_end = self.jobs.running[0][0] if self.jobs.running else math.inf
+            t_next = min(t_arr, t_end, self.wake)
+            if t_next == math.inf:
+                self.deadlocked = bool(pending)
                 break
-            else:
-                failed.add((live.shape, prio))
-        pending[:] = [lv for lv in pending if lv.job.name in waiting_by_name]
+            self.account(t_next)
+            self.t = t_next
+            woken = self.t >= self.wake
+            self.wake = math.inf
+            released = self._complete() or woken
+            fresh = self._arrive()
+            self._pass(None if released else fresh)
+            self._observe()
+            if progress is not None:
+                progress(self.finished, len(jobs))
+        for live in pending:  # deadlock: give back what partial gangs held
+            self.jobs.release(live)
 
-    def account(until: float) -> None:
-        nonlocal max_alloc
-        lo, hi = max(t, window_start), min(until, window_end)
-        allocated = state.total - state.free_total
-        max_alloc = max(max_alloc, allocated)
-        if hi > lo:
-            dt = hi - lo
-            acc["alloc"] += allocated * dt
-            acc["free_dom"] += state.free_domains * dt
-            for tier, count in state.upper_free.items():
-                upper_acc[tier] = upper_acc.get(tier, 0.0) + count * dt
-            if pending:
-                acc["sat"] += allocated * dt
-                acc["sat_s"] += dt
-                acc["stranded"] += stranded_now * dt
-
-    while True:
-        t_arr = jobs[next_arrival].arrival_s if next_arrival < len(jobs) else math.inf
-        t_end = running[0][0] if running else math.inf
-        t_next = min(t_arr, t_end, wake)
-        if t_next == math.inf:
-            deadlocked = bool(pending)
-            break
-        account(t_next)
-        t = t_next
-        released = t >= wake
-        wake = math.inf
-        while running and running[0][0] <= t:
+    def _complete(self) -> bool:
+        """End the jobs due by now; whether any did (their GPUs came back)."""
+        running, released = self.jobs.running, False
+        while running and running[0][0] <= self.t:
             _, entry, live = heapq.heappop(running)
             if live.seq != entry:
                 continue  # evicted: its GPUs went back then
-            finish(live)
-            release(live)
-            live.record.end_s = t
-            finished += 1
+            self.jobs.finish(live)
+            self.jobs.release(live)
+            live.record.end_s = self.t
+            self.finished += 1
             released = True
-        fresh: set[str] = set()
-        while next_arrival < len(jobs) and jobs[next_arrival].arrival_s <= t:
-            job = jobs[next_arrival]
-            next_arrival += 1
+        return released
+
+    def _arrive(self) -> set[str]:
+        """Queue the jobs that arrived by now; their names."""
+        jobs, fresh = self.jobs_in, set()
+        while self.next_arrival < len(jobs) and jobs[self.next_arrival].arrival_s <= self.t:
+            job = jobs[self.next_arrival]
+            self.next_arrival += 1
             rec = JobRecord(
                 name=job.name,
                 source=job.source,
@@ -658,10 +615,9 @@ def simulate(  # noqa: C901 -- 99 branches in closures sharing the run state; to
                 arrival_s=job.arrival_s,
                 priority=job.priority,
             )
-            records.append(rec)
-            unit_list = units(job.gang)
-            smallest = min(unit_list, key=lambda u: (u.gpus, u.pods))
-            enqueue(
+            self.records.append(rec)
+            smallest = min(units(job.gang), key=lambda u: (u.gpus, u.pods))
+            self.jobs.enqueue(
                 _Live(
                     job=job,
                     record=rec,
@@ -671,43 +627,202 @@ def simulate(  # noqa: C901 -- 99 branches in closures sharing the run state; to
                 )
             )
             fresh.add(job.name)
-        if mode == "core":
-            schedule_core(t, None if released else fresh)
-        else:
-            schedule(t, None if released else fresh)
-            if preempt == "kai" and pending:
-                preempt_kai(t)
+        return fresh
+
+    def _pass(self, fresh: set[str] | None) -> None:
+        """The scheduling pass of the run's queue (``fresh`` None: every queued job)."""
+        if self.mode == "core":
+            self.schedule_core(self.t, fresh)
+            return
+        self.schedule(self.t, fresh)
+        if self.preempt == "kai" and self.jobs.pending:
+            self.preempt_kai(self.t)
+
+    def _observe(self) -> None:
+        """The state after the pass: stranded GPUs (for the smallest waiting unit), the timeline."""
+        state, pending = self.state, self.jobs.pending
         if pending:
             unit = min((lv.min_unit for lv in pending), key=lambda u: (u[0] * u[1], u[0]))
-            stranded_now = state.stranded(unit)
+            self.stranded_now = state.stranded(unit)
         else:
-            stranded_now = 0
-        max_alloc = max(max_alloc, state.total - state.free_total)
-        timeline.append((t, state.total - state.free_total, state.free_domains))
-        if progress is not None:
-            progress(finished, len(jobs))
-    for live in pending:  # deadlock: give back what partial gangs held
-        release(live)
-    released_all = state.free == state.capacity and state.free_total == state.total
-    if len(timeline) > timeline_points:
-        step = len(timeline) / timeline_points
-        timeline = [timeline[int(k * step)] for k in range(timeline_points)] + [timeline[-1]]
-    return SimResult(
-        policy=policy.name,
-        total_gpus=state.total,
-        window_s=window,
-        end_s=t,
-        records=tuple(records),
-        plan_times_s=tuple(plan_times),
-        allocated_gpu_s=acc["alloc"],
-        saturated_gpu_s=acc["sat"],
-        saturated_s=acc["sat_s"],
-        stranded_gpu_s=acc["stranded"],
-        free_domain_s=acc["free_dom"],
-        timeline=tuple(timeline),
-        max_allocated=max_alloc,
-        released_all=released_all,
-        deadlocked=deadlocked,
-        free_domains_at_start=free_domains_at_start,
-        free_upper_domain_s=upper_acc,
-    )
+            self.stranded_now = 0
+        self.max_alloc = max(self.max_alloc, state.total - state.free_total)
+        self.timeline.append((self.t, state.total - state.free_total, state.free_domains))
+
+    def timed_place(self, snapshot: ClusterSnapshot, gang: Gang) -> PlanResult:
+        t0 = self.clock()
+        result = self.policy.place(snapshot, gang)
+        self.plan_times.append(max(0.0, self.clock() - t0))
+        return result
+
+    def schedule(self, now: float, fresh: set[str] | None) -> None:
+        """One pass; ``fresh`` None tries every queued job, else only those names."""
+        ps = _Pass()
+        kept: list[_Live] = []
+        for live in self.jobs.pending:
+            tried = fresh is None or live.job.name in fresh
+            if tried and self._offer(live, now, ps):
+                continue
+            kept.append(live)
+            if not ps.head_seen and not self.greedy:
+                ps.head_seen = True
+                ps.shadow_t, ps.spare = self.resv.shadow(live, now)
+                if self.topological and self.jobs.running:
+                    ps.resv = self.resv.reserve(live, now)
+        self.jobs.pending[:] = kept
+
+    def _rule(self, live: _Live, now: float, ps: _Pass) -> tuple[bool, Reservation | None]:
+        """(whether the queue lets the job start now, the reservation it must leave alone if so)."""
+        if self.greedy:
+            return True, None
+        ends = now + live.job.runtime_s
+        if ps.resv is not None:
+            return True, (ps.resv if ends > ps.resv[0] else None)
+        return not ps.head_seen or ends <= ps.shadow_t or live.gpus_left <= ps.spare, None
+
+    def _offer(self, live: _Live, now: float, ps: _Pass) -> bool:
+        """Offer one queued job to the policy if the pass's rules allow; whether it started."""
+        need = live.gpus_left
+        min_pod = min(r.gpus_per_pod for r in live.job.gang.roles if live.left[r.name] > 0)
+        allowed, held = self._rule(live, now, ps)
+        shape_key: tuple[object, ...] = live.shape if held is None else (live.shape, "held back")
+        enough = self.state.free_total >= (need if self.policy.gang else min_pod)
+        if not (allowed and enough and shape_key not in ps.failed):
+            return False
+        snapshot = self.resv.held_back(held) if held is not None else self.state.snapshot()
+        result = self.timed_place(snapshot, _remaining_gang(live))
+        if isinstance(result, Infeasible):
+            ps.failed.add(shape_key)
+            return False
+        placed = self.jobs.apply(live, result.placement)
+        if placed == 0:
+            ps.failed.add(shape_key)
+        if sum(live.left.values()) == 0:
+            self.jobs.start(live, now)
+            if ps.head_seen and now + live.job.runtime_s > ps.shadow_t:
+                ps.spare -= need
+            self.resv.forget(live.job.name)
+            return True
+        if not self.policy.gang:
+            live.record.partial = live.record.partial or placed > 0
+            return False
+        raise SimulationError(f"{self.policy.name}: gang plan for {live.job.name} left pods unplaced")
+
+    def schedule_core(self, now: float, fresh: set[str] | None) -> None:
+        """One pass of the extender's queue (``scheduler_plugin.queue.decide``), applied here."""
+        jobs = self.jobs
+        decision = gang_queue.decide(
+            now,
+            self.state.snapshot(),
+            jobs.core_running,
+            jobs.core_waiting.values(),
+            self.core_resv,
+            place=self.timed_place,
+            config=self.config,
+            only=fresh,
+        )
+        self.core_resv = decision.reservations
+        self.wake = decision.wake_s
+        for st in decision.starts:
+            jobs.start_whole(
+                jobs.waiting_by_name[st.gang], st.plan.placement, now, f"queue start of {st.gang}"
+            )
+        for pre in decision.preemptions:
+            for victim in pre.victims:
+                jobs.evict(jobs.running_by_name[victim], now)
+            live = jobs.waiting_by_name[pre.gang]
+            jobs.start_whole(live, pre.plan.placement, now, f"preemption plan of {pre.gang}")
+        if decision.starts or decision.preemptions:
+            jobs.drop_started()
+
+    def preempt_kai(self, now: float) -> None:
+        """KAI's preempt action (module docstring): for each waiting job in order, whole lower-priority
+        jobs, lowest priority and latest started first, until its policy places it."""
+        jobs = self.jobs
+        failed: set[tuple[object, ...]] = set()  # shapes no eviction placed in this pass
+        for live in list(jobs.pending):
+            prio = live.job.priority
+            if live.job.name not in jobs.waiting_by_name or (live.shape, prio) in failed:
+                continue
+            victims = sorted(
+                (v for v in jobs.running_by_name.values() if v.job.priority < prio),
+                key=lambda v: (v.job.priority, -(v.record.start_s or 0.0), v.job.name),
+            )
+            if victims and not self._kai_preempt_for(live, victims, now):
+                failed.add((live.shape, prio))
+        jobs.drop_started()
+
+    def _kai_preempt_for(self, live: _Live, victims: list[_Live], now: float) -> bool:
+        """Add victims in order until the policy places ``live`` on what they free, then evict them
+        and start it. False when every victim was added without a plan (up to ``KAI_PREEMPT_TRIES``
+        planner calls: then True, the shape not marked as failed)."""
+        free = list(self.state.free)
+        total = self.state.free_total
+        need = live.gpus_left
+        chosen: list[_Live] = []
+        tries = 0
+        for v in victims:
+            chosen.append(v)
+            for node, g in v.held:
+                free[node] += g
+                total += g
+            if total < need:
+                continue
+            tries += 1
+            if tries > KAI_PREEMPT_TRIES:
+                return True
+            result = self.policy.place(self.state.with_free(free), _remaining_gang(live))
+            if isinstance(result, Infeasible):
+                continue
+            for victim in chosen:
+                self.jobs.evict(victim, now)
+            self.jobs.apply(live, result.placement)
+            if sum(live.left.values()):
+                raise SimulationError(f"{self.policy.name}: preemption plan of {live.job.name} left pods")
+            self.jobs.start(live, now)
+            return True
+        return False
+
+    def account(self, until: float) -> None:
+        """Add the state since the last event, up to ``until``, to the time-weighted figures."""
+        state, acc = self.state, self.acc
+        lo, hi = max(self.t, self.window_start), min(until, self.window_end)
+        allocated = state.total - state.free_total
+        self.max_alloc = max(self.max_alloc, allocated)
+        if hi <= lo:
+            return
+        dt = hi - lo
+        acc["alloc"] += allocated * dt
+        acc["free_dom"] += state.free_domains * dt
+        for tier, count in state.upper_free.items():
+            self.upper_acc[tier] = self.upper_acc.get(tier, 0.0) + count * dt
+        if self.jobs.pending:
+            acc["sat"] += allocated * dt
+            acc["sat_s"] += dt
+            acc["stranded"] += self.stranded_now * dt
+
+    def result(self, timeline_points: int) -> SimResult:
+        state, acc, timeline = self.state, self.acc, self.timeline
+        released_all = state.free == state.capacity and state.free_total == state.total
+        if len(timeline) > timeline_points:
+            step = len(timeline) / timeline_points
+            timeline = [timeline[int(k * step)] for k in range(timeline_points)] + [timeline[-1]]
+        return SimResult(
+            policy=self.policy.name,
+            total_gpus=state.total,
+            window_s=self.window_end - self.window_start,
+            end_s=self.t,
+            records=tuple(self.records),
+            plan_times_s=tuple(self.plan_times),
+            allocated_gpu_s=acc["alloc"],
+            saturated_gpu_s=acc["sat"],
+            saturated_s=acc["sat_s"],
+            stranded_gpu_s=acc["stranded"],
+            free_domain_s=acc["free_dom"],
+            timeline=tuple(timeline),
+            max_allocated=self.max_alloc,
+            released_all=released_all,
+            deadlocked=self.deadlocked,
+            free_domains_at_start=self.free_domains_at_start,
+            free_upper_domain_s=self.upper_acc,
+        )

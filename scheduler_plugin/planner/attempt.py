@@ -117,34 +117,43 @@ def _fill(
     return pod >= stop
 
 
-def _place_tiered(  # noqa: C901 -- planner (29), split with its owner (issue 28)
-    p: PreparedSnapshot, st: _State, role: Role, key: RoleKey, *, scope: ScopeKey, tier: int, shortcuts: bool
-) -> Failure | None:
-    """Assign the role's blocks to domains of ``tier`` jointly (DP), then fill nodes in name order."""
-    size, full, rem = role_subgroups(role)
-    total = full + (1 if rem else 0)
-    need = min_blocks(role)
-    tier_name = p.snapshot.tiers[tier]
+@dataclass(frozen=True)
+class _TierRoom:
+    """The domains of one tier inside the scope as the blocks of one role see them, after what the
+    gang has taken so far: those that can hold its smallest block, and the roomiest of all."""
+
+    caps: list[tuple[int, int, int]]  # (group index, pods, free gpus) where the smallest block fits
+    cleans: list[int | None]  # per caps entry: room on clean nodes (None: no degraded node there)
+    opens_at: list[int]  # per caps entry: cost of opening it (0 unless the gang breaks a free one)
+    most: tuple[int, int] | None  # (pods, -group index) of the roomiest group, for the reason
+
+
+def _touched(p: PreparedSnapshot, st: _State, groups: list[tuple[str, list[int]]], tier: int) -> set[int]:
+    """Indices of ``groups`` (domains of ``tier``) holding a node the gang uses already."""
+    if not st.used_gpus:
+        return set()
+    gidx = {d: k for k, (d, _) in enumerate(groups)}
+    dom_t = p.dom[tier]
+    return {k for i in st.used_gpus if (d := dom_t[i]) is not None and (k := gidx.get(d)) is not None}
+
+
+def _tier_room(
+    p: PreparedSnapshot,
+    st: _State,
+    key: RoleKey,
+    *,
+    scope: ScopeKey,
+    tier: int,
+    smallest: int,
+    base: list[int],
+) -> _TierRoom:
     groups = p.groups(scope, tier)
-    base_caps = p.group_caps(key, scope, tier)
-    base = p.base_fit(key)
-    g = key[0]
-    touched: dict[int, int] = {}
-    if st.used_gpus:
-        gidx = {d: k for k, (d, _) in enumerate(groups)}
-        dom_t = p.dom[tier]
-        for i in st.used_gpus:
-            d = dom_t[i]
-            k2 = gidx.get(d) if d is not None else None
-            if k2 is not None:
-                touched[k2] = 0
+    touched = _touched(p, st, groups, tier)
     whole = p.whole(tier)
-    useful = useful_block(role)
-    caps: list[tuple[int, int, int]] = []  # (group index, pods, free gpus)
-    most: tuple[int, int] | None = None  # (pods, -group index) of the roomiest group, for the reason
-    smallest = rem if rem else size
-    cleans: list[int | None] = []  # per caps entry: room on clean nodes (None: no degraded node there)
-    for k, (cap0, free0) in enumerate(base_caps):
+    caps: list[tuple[int, int, int]] = []
+    cleans: list[int | None] = []
+    most: tuple[int, int] | None = None
+    for k, (cap0, free0) in enumerate(p.group_caps(key, scope, tier)):
         cap, freeg = cap0, free0
         if k in touched:
             nodes = groups[k][1]
@@ -159,113 +168,170 @@ def _place_tiered(  # noqa: C901 -- planner (29), split with its owner (issue 28
                 cleans.append(p.clean_room(key, groups[k][1], fit_k))
             else:
                 cleans.append(None)
-
-    def failure(count: int) -> Failure:
-        where = (
-            f"; most room: {min(most[0], role.pods)} pods in {tier_name} domain {groups[-most[1]][0]}"
-            if most is not None
-            else f"; no node of the scope has a {tier_name} domain"
-        )
-        return Failure(
-            role.name,
-            need,
-            count,
-            f"role {role.name!r} needs {need} subgroup(s) of {size} pod(s) x {g} GPU(s), each inside one "
-            f"{tier_name} domain; only {count} fit{where}",
-        )
-
-    # full blocks are alike, so at most this many fit; when that is short of both all the blocks and
-    # the minimum, the programme below would find exactly this count and fail
-    most_full = min(full, sum(cap // size for _, cap, _ in caps))
-    if shortcuts and most_full < full and most_full < need:
-        return failure(most_full)
-    has_rem = 1 if rem else 0
-    # each candidate domain's cost of being opened (0 unless the gang would break a wholly free one)
     opens_at = [
         open_cost(p.upper_opened(tier, groups[k][0])) if k not in touched and whole[groups[k][0]] else 0
         for k, _, _ in caps
     ]
+    return _TierRoom(caps=caps, cleans=cleans, opens_at=opens_at, most=most)
+
+
+def _place_tiered(
+    p: PreparedSnapshot, st: _State, role: Role, key: RoleKey, *, scope: ScopeKey, tier: int, shortcuts: bool
+) -> Failure | None:
+    """Assign the role's blocks to domains of ``tier`` jointly (DP), then fill nodes in name order."""
+    size, full, rem = role_subgroups(role)
+    need = min_blocks(role)
+    groups = p.groups(scope, tier)
+    base = p.base_fit(key)
+    room = _tier_room(p, st, key, scope=scope, tier=tier, smallest=rem if rem else size, base=base)
+    caps = room.caps
+    # full blocks are alike, so at most this many fit; when that is short of both all the blocks and
+    # the minimum, the programme below would find exactly this count and fail
+    most_full = min(full, sum(cap // size for _, cap, _ in caps))
+    if shortcuts and most_full < full and most_full < need:
+        return _tiered_failure(p, role, key, tier=tier, groups=groups, most=room.most, count=most_full)
+    prices = _BlockPrices(room, size=size, rem=rem, g=key[0], useful=useful_block(role))
     if (
         shortcuts
-        and not has_rem
+        and not rem
         and most_full == full
         and (full == 1 or all(cap < 2 * size for _, cap, _ in caps))
     ):
         # one block, or every domain holds at most one block and the blocks are alike: a domain's
         # cost does not depend on the others, so the programme below picks the cheapest ``full``
         # domains, the earlier on ties
+        per_group, count = prices.cheapest(full), full
+    else:
+        chosen = prices.programme(full)
+        if chosen is None or chosen[1] < need or (chosen[1] == 0 and need > 0):
+            count = chosen[1] if chosen is not None else 0
+            return _tiered_failure(p, role, key, tier=tier, groups=groups, most=room.most, count=count)
+        per_group, count = chosen
+    return _fill_blocks(
+        p, st, role, key, groups=groups, caps=caps, per_group=per_group, count=count, base=base, need=need
+    )
+
+
+def _tiered_failure(
+    p: PreparedSnapshot,
+    role: Role,
+    key: RoleKey,
+    *,
+    tier: int,
+    groups: list[tuple[str, list[int]]],
+    most: tuple[int, int] | None,
+    count: int,
+) -> Failure:
+    tier_name = p.snapshot.tiers[tier]
+    size, need = role_subgroups(role)[0], min_blocks(role)
+    where = (
+        f"; most room: {min(most[0], role.pods)} pods in {tier_name} domain {groups[-most[1]][0]}"
+        if most is not None
+        else f"; no node of the scope has a {tier_name} domain"
+    )
+    return Failure(
+        role.name,
+        need,
+        count,
+        f"role {role.name!r} needs {need} subgroup(s) of {size} pod(s) x {key[0]} GPU(s), each inside one "
+        f"{tier_name} domain; only {count} fit{where}",
+    )
+
+
+@dataclass(frozen=True)
+class _BlockPrices:
+    """What it costs to put a role's blocks (``size`` pods each, and a short one of ``rem`` pods) in
+    the domains of a ``_TierRoom``: each domain's ``objective.price``, summed over domains."""
+
+    room: _TierRoom
+    size: int
+    rem: int
+    g: int  # GPUs per pod
+    useful: int
+
+    def price(self, gi: int, used: int) -> int:
+        _, cap, freeg = self.room.caps[gi]
+        return price(
+            self.room.opens_at[gi], cap, freeg, used, g=self.g, useful=self.useful, clean=self.room.cleans[gi]
+        )
+
+    def cheapest(self, full: int) -> list[tuple[int, int]]:
+        """One full block in each of the ``full`` cheapest domains that hold one, the earlier on ties."""
+        caps = self.room.caps
         priced = sorted(
-            (price(opens_at[gi], cap, freeg, size, g=g, useful=useful, clean=cleans[gi]), gi)
-            for gi, (_, cap, freeg) in enumerate(caps)
-            if cap >= size
+            (self.price(gi, self.size), gi) for gi, (_, cap, _) in enumerate(caps) if cap >= self.size
         )
         per_group: list[tuple[int, int]] = [(0, 0)] * len(caps)
         for _, gi in priced[:full]:
             per_group[gi] = (1, 0)
-        return _fill_blocks(
-            p, st, role, key, groups=groups, caps=caps, per_group=per_group, count=full, base=base, need=need
-        )
-    # DP over groups; state = a * 2 + b (a full blocks, b short block placed)
-    n_states = (full + 1) * 2
-    inf = None
-    cost: list[int | None] = [inf] * n_states
-    cost[0] = 0
-    choices: list[list[tuple[int, int] | None]] = []
-    for gi, (_, cap, freeg) in enumerate(caps):
-        new = list(cost)
-        choice: list[tuple[int, int] | None] = [None] * n_states
-        max_x = min(full, cap // size)
-        # this domain's cost of holding x full blocks and y short ones, the same from every state
+        return per_group
+
+    def _row_prices(self, gi: int, full: int) -> list[list[int]]:
+        """This domain's cost of holding x full blocks and y short ones, the same from every state."""
+        cap, has_rem = self.room.caps[gi][1], 1 if self.rem else 0
+        max_x = min(full, cap // self.size)
         priced_xy: list[list[int]] = []
         for y in range(has_rem + 1):
             row: list[int] = []
             for x in range(max_x + 1):
-                used = x * size + y * rem
+                used = x * self.size + y * self.rem
                 if used > cap:
                     break
-                row.append(price(opens_at[gi], cap, freeg, used, g=g, useful=useful, clean=cleans[gi]))
+                row.append(self.price(gi, used))
             priced_xy.append(row)
-        for s_idx in range(n_states):
-            c0 = cost[s_idx]
-            if c0 is None:
-                continue
-            a, b = divmod(s_idx, 2)
-            for y in range(0, (1 - b) * has_rem + 1):
-                row = priced_xy[y]
-                for x in range(0, min(len(row) - 1, full - a) + 1):
-                    if x == 0 and y == 0:
-                        continue
-                    c = c0 + row[x]
-                    t_idx = (a + x) * 2 + b + y
-                    cur = new[t_idx]
-                    if cur is None or c < cur:
-                        new[t_idx] = c
-                        choice[t_idx] = (x, y)
-        cost = new
-        choices.append(choice)
-    # best count: all blocks, else the most full blocks down to the minimum
-    final: int | None = None
-    count = 0
-    if has_rem and cost[full * 2 + 1] is not None:
-        final, count = full * 2 + 1, total
-    else:
-        for a in range(full, -1, -1):
-            if cost[a * 2] is not None:
-                final, count = a * 2, a
-                break
-    if final is None or count < need or (count == 0 and need > 0):
-        return failure(count if final is not None else 0)
-    # walk back the choices
-    per_group = [(0, 0)] * len(caps)
+        return priced_xy
+
+    def programme(self, full: int) -> tuple[list[tuple[int, int]], int] | None:
+        """The dynamic programme over domains (state = a * 2 + b: a full blocks, b short block
+        placed): (full blocks, short block) per domain and the blocks placed, for all the blocks at
+        least cost, else the most full blocks; None when no block fits."""
+        has_rem = 1 if self.rem else 0
+        n_states = (full + 1) * 2
+        cost: list[int | None] = [None] * n_states
+        cost[0] = 0
+        choices: list[list[tuple[int, int] | None]] = []
+        for gi in range(len(self.room.caps)):
+            priced_xy = self._row_prices(gi, full)
+            new = list(cost)
+            choice: list[tuple[int, int] | None] = [None] * n_states
+            for s_idx, c0 in enumerate(cost):
+                if c0 is None:
+                    continue
+                a, b = divmod(s_idx, 2)
+                for y in range(0, (1 - b) * has_rem + 1):
+                    row = priced_xy[y]
+                    for x in range(0, min(len(row) - 1, full - a) + 1):
+                        if x == 0 and y == 0:
+                            continue
+                        c = c0 + row[x]
+                        t_idx = (a + x) * 2 + b + y
+                        cur = new[t_idx]
+                        if cur is None or c < cur:
+                            new[t_idx] = c
+                            choice[t_idx] = (x, y)
+            cost = new
+            choices.append(choice)
+        # best count: all blocks, else the most full blocks down to the minimum
+        if has_rem and cost[full * 2 + 1] is not None:
+            final, count = full * 2 + 1, full + 1
+        else:
+            found = next((a for a in range(full, -1, -1) if cost[a * 2] is not None), None)
+            if found is None:
+                return None
+            final, count = found * 2, found
+        return _walk_back(choices, final), count
+
+
+def _walk_back(choices: list[list[tuple[int, int] | None]], final: int) -> list[tuple[int, int]]:
+    """The programme's choice per domain, read back from its final state."""
+    per_group = [(0, 0)] * len(choices)
     s_idx = final
-    for gi in range(len(caps) - 1, -1, -1):
+    for gi in range(len(choices) - 1, -1, -1):
         ch = choices[gi][s_idx]
         if ch is not None:
             per_group[gi] = ch
             s_idx -= ch[0] * 2 + ch[1]
-    return _fill_blocks(
-        p, st, role, key, groups=groups, caps=caps, per_group=per_group, count=count, base=base, need=need
-    )
+    return per_group
 
 
 def _fill_blocks(

@@ -508,10 +508,12 @@ class PreparedSnapshot:
         return cached
 
 
-def _whole_bit(prep: PreparedSnapshot, nodes: list[int]) -> tuple[bool, bool]:
-    """Of ``nodes``: (every schedulable node has all its GPUs free, some schedulable node has a free GPU)."""
-    live = [i for i in nodes if prep.schedulable[i]]
-    return all(prep.free[i] == prep.gpus[i] for i in live), any(prep.free[i] > 0 for i in live)
+def _whole_bit(p: PreparedSnapshot, nodes: list[int]) -> tuple[bool, bool]:
+    """Over ``nodes`` of ``p``: (every schedulable node has all its GPUs free, some schedulable node
+    has a free GPU). A fact of the node arrays alone, so not one of the snapshot's cached views."""
+    schedulable, free, gpus = p.schedulable, p.free, p.gpus
+    live = [i for i in nodes if schedulable[i]]
+    return all(free[i] == gpus[i] for i in live), any(free[i] > 0 for i in live)
 
 
 def prepare(snapshot: ClusterSnapshot, like: PreparedSnapshot | None = None) -> PreparedSnapshot:

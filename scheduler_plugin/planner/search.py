@@ -25,6 +25,7 @@ disappears (``relaxed_tiers`` in the score). Pure.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from scheduler_plugin.planner.attempt import Candidate, Failure, attempt, place_deferred, role_order
 from scheduler_plugin.planner.autosize import auto_role, plan_auto
@@ -170,153 +171,255 @@ def _sub_tier(role: Role, p: PreparedSnapshot, relax: int) -> int | None:
     return t if t < len(p.snapshot.tiers) else None
 
 
-def _plan_once(  # noqa: C901 -- planner (28), split with its owner (issue 28)
-    p: PreparedSnapshot, gang: Gang, relax: int, *, shortcuts: bool
-) -> Candidate | Failure | str:
-    sub_tiers = {r.name: _sub_tier(r, p, relax) for r in gang.roles}
-    gang_tier: int | None = None
-    if gang.tier is not None:
-        gang_tier = p.tier_index[gang.tier] + relax
-        if gang_tier >= len(p.snapshot.tiers):
-            gang_tier = None
-    one_block = len(gang.roles) == 1 and _blocks(gang.roles[0]) == 1
-    measure = measuring_tier(len(p.snapshot.tiers), sub_tiers.values(), gang_tier, one_block=one_block)
-    if gang_tier is not None and one_block:
-        # one role whose pods form one block: "the gang in one domain of T" is "the block in one
-        # domain of T", which the subgroup search answers in a single pass over the domains
-        only = gang.roles[0]
-        t = sub_tiers[only.name]
-        sub_tiers[only.name] = gang_tier if t is None else min(t, gang_tier)  # domains nest
-        gang_tier = None
-    roles = role_order(gang, sub_tiers)
-    main = roles[0]
-    main_key = role_key(main)
-    main_need = sum(len(r) for r in block_ranges(main, min_blocks(main)))
-
-    def scopes_at(ti: int) -> list[ScopeKey]:
-        if shortcuts and main_key[0] > 0 and main_need * main_key[0] > p.most_gpus(ti):
-            return []  # no domain of the tier has that many GPUs at all
-        caps = p.tier_capacity(main_key, ti)
-        return [(ti, d) for d in p.members[ti] if caps[d] >= main_need]
-
-    def try_scope(scope: ScopeKey) -> Candidate | Failure:
-        return attempt(
-            p, roles, sub_tiers=sub_tiers, scope=scope, measure=measure, main=main, shortcuts=shortcuts
-        )
-
-    top: list[ScopeKey]
-    if gang_tier is None:
-        top = [None]
-        top_name = "the cluster"
-    else:
-        top = scopes_at(gang_tier)
-        top_name = f"one {p.snapshot.tiers[gang_tier]} domain"
-        if not top:
-            cap = max(
-                ((p.scope_capacity(main_key, (gang_tier, d)), d) for d in p.members[gang_tier]),
-                key=lambda c: (c[0], c[1]),
-                default=None,
-            )
-            most = f"; most room: {cap[0]} pods in {cap[1]}" if cap else ""
-            return (
-                f"gang {gang.name!r} must fit inside {top_name}: role {main.name!r} needs {main_need} pod(s) "
-                f"of {main.gpus_per_pod} GPU(s) there{most}"
-            )
-    best: Candidate | None = None
-    fail: Failure | None = None
-    all_pods = sum(r.pods for r in gang.roles)
-    for scope in top:
-        if (
-            shortcuts
-            and best is not None
-            # its plans open at least this many wholly free domains: below best unless they place more
-            and at_least(
-                placed=all_pods, opened=_opened_at_least(p, main, sub_tiers[main.name], scope, measure)
-            )
-            > best.figures.key()
-        ):
-            continue
-        res = try_scope(scope)
-        if isinstance(res, Failure):
-            if fail is None or res.got > fail.got:
-                fail = res
-            continue
-        if best is None or res.rank() < best.rank():
-            best = res
-    if best is None:
-        assert fail is not None
-        if gang_tier is not None:
-            return f"gang {gang.name!r} must fit inside {top_name}: best try: {fail.message}"
-        return fail
+def _plan_once(p: PreparedSnapshot, gang: Gang, relax: int, *, shortcuts: bool) -> Candidate | Failure | str:
+    search = _Search.at(p, gang, relax, shortcuts=shortcuts)
+    best = search.best_on_top()
+    if not isinstance(best, Candidate):
+        return best
     # a tighter scope may do better: try lower tiers, the first tier with a better plan wins
-    upper = len(p.snapshot.tiers) if gang_tier is None else gang_tier
-    gang_gpus = sum(r.pods * r.gpus_per_pod for r in gang.roles)
-    bf = best.figures
-    best_key = bf.key()
-    # the tier whose plans all span it: set when no single domain of the tier below (the measuring
-    # tier) can do as well as best, so a plan that fits in one of them is rejected anyway
-    span_floor: int | None = None
-    for ti in range(min(upper, bf.span)):
-        found: Candidate | None = None
-        applies, quick = _one_domain_choice(p, roles, bf, ti, measure) if shortcuts else (False, None)
-        if quick is not None:
-            res = try_scope(quick)
-            if isinstance(res, Candidate) and res.rank() < best.rank():
-                return res
-        if applies:
-            span_floor = ti + 1
-            continue  # no domain of this tier does better than best
-        useful = useful_block(main)
-        room = (
-            _partial_room(p, main_key, measure, ti, useful)
-            if shortcuts and bf.opened == 0 and measure is not None and bf.placed == all_pods
-            else None
+    return search.tighter(best)
+
+
+@dataclass(frozen=True)
+class _Search:
+    """One pass of the search at one relaxation: the tiers it works with, and its main role (the
+    most constrained, placed first), whose capacity decides which scopes are worth an attempt."""
+
+    p: PreparedSnapshot
+    gang: Gang
+    shortcuts: bool
+    sub_tiers: dict[str, int | None]
+    gang_tier: int | None
+    measure: int | None
+    roles: list[Role]
+    main_key: RoleKey
+    main_need: int  # pods of the main role any plan places: its minimum blocks'
+    all_pods: int
+
+    @classmethod
+    def at(cls, p: PreparedSnapshot, gang: Gang, relax: int, *, shortcuts: bool) -> _Search:
+        sub_tiers = {r.name: _sub_tier(r, p, relax) for r in gang.roles}
+        gang_tier: int | None = None
+        if gang.tier is not None:
+            gang_tier = p.tier_index[gang.tier] + relax
+            if gang_tier >= len(p.snapshot.tiers):
+                gang_tier = None
+        one_block = len(gang.roles) == 1 and _blocks(gang.roles[0]) == 1
+        measure = measuring_tier(len(p.snapshot.tiers), sub_tiers.values(), gang_tier, one_block=one_block)
+        if gang_tier is not None and one_block:
+            # one role whose pods form one block: "the gang in one domain of T" is "the block in one
+            # domain of T", which the subgroup search answers in a single pass over the domains
+            only = gang.roles[0]
+            t = sub_tiers[only.name]
+            sub_tiers[only.name] = gang_tier if t is None else min(t, gang_tier)  # domains nest
+            gang_tier = None
+        roles = role_order(gang, sub_tiers)
+        main = roles[0]
+        return cls(
+            p=p,
+            gang=gang,
+            shortcuts=shortcuts,
+            sub_tiers=sub_tiers,
+            gang_tier=gang_tier,
+            measure=measure,
+            roles=roles,
+            main_key=role_key(main),
+            main_need=sum(len(r) for r in block_ranges(main, min_blocks(main))),
+            all_pods=sum(r.pods for r in gang.roles),
         )
-        # one GPU-only role placed whole: a plan that opens nothing loses at least the blocks its pods
-        # need beyond the room left over after whole blocks
-        whole_role = len(roles) == 1 and main_key[0] > 0 and not main_key[1] and bf.placed == main.pods
-        for scope in scopes_at(ti):
-            if room is not None:
-                partly, left_over, stranded_now = room.get(scope[1], (0, 0, 0))  # type: ignore[index]
-                # a plan there opens a wholly free domain unless the partly used ones hold the main
-                # role; it un-strands at most the stranded GPUs there, and at most the gang's GPUs
-                can_fill = min(stranded_now, gang_gpus)
-                bound = at_least(
-                    placed=all_pods,
-                    opened=0 if partly >= main_need else 1,
-                    upper=0,
-                    stranded=-can_fill,
-                    **({"lost": -(-(main.pods - left_over) // useful)} if whole_role else {}),
-                )
-                if bound > best_key:
-                    continue  # every plan there ranks below best
-                if (
-                    found is not None
-                    and span_floor == ti
-                    and scope[1] > found.scope_name  # type: ignore[index]
-                    and found.figures.key()
-                    <= at_least(
-                        placed=all_pods,
-                        opened=0,
-                        upper=0,
-                        stranded=-can_fill,
-                        lost=0,
-                        leftover=0,
-                        span=ti,
-                        degraded=0,
-                    )
-                ):
-                    continue  # its best conceivable plan ties with found, whose scope name is first
-            res = try_scope(scope)
-            if isinstance(res, Failure):
+
+    @property
+    def main(self) -> Role:
+        return self.roles[0]
+
+    def scopes_at(self, ti: int) -> list[ScopeKey]:
+        """The domains of tier ``ti`` with room for the main role's minimum."""
+        p, key, need = self.p, self.main_key, self.main_need
+        if self.shortcuts and key[0] > 0 and need * key[0] > p.most_gpus(ti):
+            return []  # no domain of the tier has that many GPUs at all
+        caps = p.tier_capacity(key, ti)
+        return [(ti, d) for d in p.members[ti] if caps[d] >= need]
+
+    def try_scope(self, scope: ScopeKey) -> Candidate | Failure:
+        return attempt(
+            self.p,
+            self.roles,
+            sub_tiers=self.sub_tiers,
+            scope=scope,
+            measure=self.measure,
+            main=self.main,
+            shortcuts=self.shortcuts,
+        )
+
+    def _top_name(self) -> str:
+        return (
+            "the cluster" if self.gang_tier is None else f"one {self.p.snapshot.tiers[self.gang_tier]} domain"
+        )
+
+    def _no_top_scope(self, gang_tier: int) -> str:
+        """Why no domain of the gang tier is worth an attempt: the main role's room in the roomiest."""
+        p, main = self.p, self.main
+        cap = max(
+            ((p.scope_capacity(self.main_key, (gang_tier, d)), d) for d in p.members[gang_tier]),
+            key=lambda c: (c[0], c[1]),
+            default=None,
+        )
+        most = f"; most room: {cap[0]} pods in {cap[1]}" if cap else ""
+        return (
+            f"gang {self.gang.name!r} must fit inside {self._top_name()}: role {main.name!r} needs "
+            f"{self.main_need} pod(s) of {main.gpus_per_pod} GPU(s) there{most}"
+        )
+
+    def best_on_top(self) -> Candidate | Failure | str:
+        """The best plan in the scopes the gang tier allows (the cluster without one), or why none."""
+        top: list[ScopeKey] = [None]
+        if self.gang_tier is not None:
+            top = self.scopes_at(self.gang_tier)
+            if not top:
+                return self._no_top_scope(self.gang_tier)
+        best: Candidate | None = None
+        fail: Failure | None = None
+        for scope in top:
+            if best is not None and self._opens_too_many(scope, best):
                 continue
-            if res.rank() >= best.rank():
+            res = self.try_scope(scope)
+            if isinstance(res, Failure):
+                if fail is None or res.got > fail.got:
+                    fail = res
+            elif best is None or res.rank() < best.rank():
+                best = res
+        if best is not None:
+            return best
+        assert fail is not None
+        if self.gang_tier is not None:
+            return f"gang {self.gang.name!r} must fit inside {self._top_name()}: best try: {fail.message}"
+        return fail
+
+    def _opens_too_many(self, scope: ScopeKey, best: Candidate) -> bool:
+        """Whether every plan in ``scope`` opens so many wholly free domains that it ranks below
+        ``best`` (unless it places more)."""
+        if not self.shortcuts:
+            return False
+        main = self.main
+        opened = _opened_at_least(self.p, main, self.sub_tiers[main.name], scope, self.measure)
+        return at_least(placed=self.all_pods, opened=opened) > best.figures.key()
+
+    def tighter(self, best: Candidate) -> Candidate:
+        """A plan in a domain of a tier below the gang tier (the first such tier, from tier 1 up,
+        with a plan that ranks above ``best``), else ``best``."""
+        p = self.p
+        upper = len(p.snapshot.tiers) if self.gang_tier is None else self.gang_tier
+        # the tier whose plans all span it: set when no single domain of the tier below (the measuring
+        # tier) can do as well as best, so a plan that fits in one of them is rejected anyway
+        span_floor: int | None = None
+        for ti in range(min(upper, best.figures.span)):
+            applies, quick = (
+                _one_domain_choice(p, self.roles, best.figures, ti, self.measure)
+                if self.shortcuts
+                else (False, None)
+            )
+            if quick is not None:
+                res = self.try_scope(quick)
+                if isinstance(res, Candidate) and res.rank() < best.rank():
+                    return res
+            if applies:
+                span_floor = ti + 1
+                continue  # no domain of this tier does better than best
+            found = self._best_in_tier(ti, best, span_floor)
+            if found is not None:
+                return found
+        return best
+
+    def _best_in_tier(self, ti: int, best: Candidate, span_floor: int | None) -> Candidate | None:
+        """The best plan in one domain of tier ``ti`` that ranks above ``best``, if any."""
+        bounds = _TierBounds.of(self, ti, best)
+        found: Candidate | None = None
+        for scope in self.scopes_at(ti):
+            if bounds is not None and bounds.skip(scope, found, tied_floor=span_floor == ti):
+                continue
+            res = self.try_scope(scope)
+            if isinstance(res, Failure) or res.rank() >= best.rank():
                 continue
             if found is None or res.rank() < found.rank():
                 found = res
-        if found is not None:
-            return found
-    return best
+        return found
+
+
+@dataclass(frozen=True)
+class _TierBounds:
+    """Bounds on the plans in each domain of one tier above the measuring tier, against a best plan
+    that places every pod and opens nothing: a domain none of whose plans can rank above it (or
+    above the plan found in an earlier-named domain) is skipped."""
+
+    ti: int
+    best_key: tuple[int, ...]
+    room: dict[str, tuple[int, int, int]]  # as ``_partial_room``
+    all_pods: int
+    main_need: int
+    gang_gpus: int
+    # one GPU-only role placed whole: (its pods, pods of a useful block); a plan that opens nothing
+    # loses at least the blocks its pods need beyond the room left over after whole blocks
+    whole_role: tuple[int, int] | None
+
+    @classmethod
+    def of(cls, search: _Search, ti: int, best: Candidate) -> _TierBounds | None:
+        bf, main, measure = best.figures, search.main, search.measure
+        if not search.shortcuts or bf.opened != 0 or measure is None or bf.placed != search.all_pods:
+            return None
+        useful = useful_block(main)
+        key = search.main_key
+        room = _partial_room(search.p, key, measure, ti, useful)
+        if room is None:
+            return None
+        whole = len(search.roles) == 1 and key[0] > 0 and not key[1] and bf.placed == main.pods
+        return cls(
+            ti=ti,
+            best_key=bf.key(),
+            room=room,
+            all_pods=search.all_pods,
+            main_need=search.main_need,
+            gang_gpus=sum(r.pods * r.gpus_per_pod for r in search.gang.roles),
+            whole_role=(main.pods, useful) if whole else None,
+        )
+
+    def skip(self, scope: ScopeKey, found: Candidate | None, *, tied_floor: bool) -> bool:
+        """Whether ``scope`` can be left out: every plan there ranks below best, or (``tied_floor``:
+        every plan in the tier spans it) its best conceivable plan only ties with ``found``, whose
+        scope name comes first."""
+        name = scope[1]  # type: ignore[index]
+        partly, left_over, stranded_now = self.room.get(name, (0, 0, 0))
+        # a plan there opens a wholly free domain unless the partly used ones hold the main
+        # role; it un-strands at most the stranded GPUs there, and at most the gang's GPUs
+        can_fill = min(stranded_now, self.gang_gpus)
+        lost: dict[str, int] = {}
+        if self.whole_role is not None:
+            pods, useful = self.whole_role
+            lost = {"lost": -(-(pods - left_over) // useful)}
+        bound = at_least(
+            placed=self.all_pods,
+            opened=0 if partly >= self.main_need else 1,
+            upper=0,
+            stranded=-can_fill,
+            **lost,
+        )
+        if bound > self.best_key:
+            return True  # every plan there ranks below best
+        return (
+            found is not None
+            and tied_floor
+            and name > found.scope_name
+            and found.figures.key()
+            <= at_least(
+                placed=self.all_pods,
+                opened=0,
+                upper=0,
+                stranded=-can_fill,
+                lost=0,
+                leftover=0,
+                span=self.ti,
+                degraded=0,
+            )
+        )
 
 
 def _blocks(role: Role) -> int:

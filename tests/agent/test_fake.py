@@ -741,6 +741,29 @@ def test_a_lost_answer_to_any_call_is_reported_once_as_gpu_lost(call: str) -> No
     assert (event.kind, event.gpu_index) == (EventKind.ECC_SBE, 3)
 
 
+def test_lost_reports_are_taken_without_a_wait_and_only_once() -> None:
+    """While event waits fail, the health monitor takes the lost reports other calls queued without
+    waiting; the next wait then returns none of them, and a new loss is reported again."""
+    sim = started("dgx-h100")
+    sim.register_events(tuple(range(8)))
+    assert sim.take_lost_reports() == ()
+    sim.inject_error(999, call="nvmlEventSetWait_v2")  # every wait fails from now on
+    sim.lose_gpu_silently(3)
+    sim.lose_gpu_silently(5)
+    for index in (3, 5, 3):
+        with pytest.raises(errors.NVMLError_GpuIsLost):
+            sim.sample(index)
+    taken = sim.take_lost_reports()
+    assert [(e.kind, e.gpu_index, e.gpu_uuid) for e in taken] == [
+        (EventKind.GPU_LOST, i, sim.machine.gpus[i].uuid) for i in (3, 5)
+    ]
+    with pytest.raises(errors.NVMLError_GpuIsLost):
+        sim.sample(3)  # still lost: reported once, not again
+    assert sim.take_lost_reports() == ()
+    with pytest.raises(errors.NVMLError):
+        sim.wait_event(0)  # the failing wait has nothing queued to return first
+
+
 def test_health_reading_follows_ecc_remap_and_reset() -> None:
     sim = started("dgx-h100")
     clean = sim.health_reading(2)

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agent.healthbook import RESET_XIDS, FaultClass, HealthBook, HealthConfig
+from agent.healthbook import (
+    DEFAULT_IGNORED_XIDS,
+    RESET_XIDS,
+    SELF_CLEARING_XIDS,
+    FaultClass,
+    HealthBook,
+    HealthConfig,
+)
 from agent.nvml.protocol import EventKind, HealthReading, NvmlEvent
 from tests.deviceplugin.helpers import inventory
 from topology.fabrichealth import FabricCondition, FabricLevel, GpuFabricVerdict
@@ -166,6 +175,49 @@ def test_a_reset_class_xid_never_clears_by_quiet_alone(mig_inventory: NodeInvent
         answers(b, gpu, now)
     assert not b.status(gpu.uuid).healthy
     assert b.needs_reset(gpu.uuid)
+
+
+def test_xid_92_clears_after_the_quiet_period_without_a_reset(mig_inventory: NodeInventory) -> None:
+    """Xid 92 (high single-bit ECC rate) is self-clearing: NVIDIA's catalog resolves it IGNORE (see the
+    table's comment for the reference that says otherwise, and why it is not followed)."""
+    gpu = mig_inventory.gpus[2]
+    b = book(mig_inventory)
+    answers(b, gpu, 0.0, cor=5)
+    assert b.on_event(xid(gpu, 92), 1.0).changed == {gpu.uuid}
+    assert not b.needs_reset(gpu.uuid)
+    answers(b, gpu, 5.0, cor=900)  # corrected errors keep coming: no reason to keep it out
+    assert not b.status(gpu.uuid).healthy
+    answers(b, gpu, 11.0, cor=1000)
+    assert b.status(gpu.uuid).healthy
+
+
+def test_the_xid_classes_are_disjoint_and_a_reset_class_ignored_xid_is_only_109() -> None:
+    assert not set(RESET_XIDS) & set(SELF_CLEARING_XIDS)
+    assert 92 in SELF_CLEARING_XIDS
+    assert DEFAULT_IGNORED_XIDS & set(RESET_XIDS) == {109}
+
+
+def _device_health_section() -> str:
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    start = text.index("### Device health")
+    return " ".join(text[start : text.index("\n### ", start + 1)].split())
+
+
+def test_the_readme_states_the_xid_table_as_the_code_has_it() -> None:
+    """The README's Device health lists exactly the reset-class Xids, and says what the code does with
+    Xid 92 (self-clearing) and with each Xid that is both reset-class and ignored by default (109)."""
+    section = _device_health_section()
+    listed = re.search(r"a lost GPU; Xids ([\d, ]+) \(NVIDIA's Xid catalog", section)
+    assert listed is not None
+    assert [int(x) for x in listed.group(1).split(",")] == sorted(RESET_XIDS)
+    assert re.search(r"Every other Xid clears after the quiet period; among them Xid 92\b", section)
+    for value in sorted(DEFAULT_IGNORED_XIDS & set(RESET_XIDS)):
+        sentence = re.search(
+            rf"Xid {value} \([^)]*\) is reset-class by the catalog and also in the default "
+            r"ignore list",
+            section,
+        )
+        assert sentence is not None, f"the README does not say Xid {value} is reset-class and ignored"
 
 
 def test_xid_79_with_rising_ecc_stays_out_and_returns_after_a_reset(mig_inventory: NodeInventory) -> None:

@@ -200,3 +200,73 @@ def test_fabric_policy_section_from_the_file(tmp_path: Path) -> None:
     assert err.value.problems[0].startswith(
         f"{typo}: fabric.degradedConditions: 'slow' is not a fabric condition"
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "file_imex", "want"),
+    [
+        pytest.param([], {"IMEX_CHANNEL_IDS": "0"}, None, ((0,), False), id="env-channel"),
+        pytest.param(
+            [], {"IMEX_CHANNEL_IDS": "0", "IMEX_REQUIRED": "true"}, None, ((0,), True), id="env-required"
+        ),
+        pytest.param(
+            [],
+            {"IMEX_CHANNEL_IDS": "0"},
+            "{channelIDs: [], required: false}",
+            ((0,), False),
+            id="env-over-file",
+        ),
+        pytest.param(
+            [],
+            {"IMEX_REQUIRED": "false"},
+            "{channelIDs: [0], required: true}",
+            ((0,), False),
+            id="env-false-over-file",
+        ),
+        pytest.param(
+            [], {"IMEX_CHANNEL_IDS": ""}, "{channelIDs: [0]}", ((), False), id="env-empty-over-file"
+        ),
+        pytest.param(
+            ["--imex-channel-ids", ""], {"IMEX_CHANNEL_IDS": "0"}, None, ((), False), id="cli-empty-wins"
+        ),
+        pytest.param(
+            ["--imex-channel-ids", "0", "--imex-required"],
+            {"IMEX_CHANNEL_IDS": ""},
+            None,
+            ((0,), True),
+            id="cli-wins",
+        ),
+    ],
+)
+def test_imex_channel_ids_and_required_from_the_environment(
+    tmp_path: Path, argv: list[str], env: dict[str, str], file_imex: str | None, want: tuple[Any, ...]
+) -> None:
+    """NVIDIA's device plugin's env names (the Helm chart and the kustomize component set them) reach the
+    plugin config, over the file and under the flags."""
+    path = write(tmp_path, "version: v1\n" + (f"imex: {file_imex}\n" if file_imex else ""))
+    imex = parse([*argv, "--config", str(path)], env).plugin.imex
+    assert (imex.channel_ids, imex.required) == want
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        pytest.param({"IMEX_CHANNEL_IDS": "1"}, "imex.channelIDs: '1' is not [] or [0]", id="bad-channel"),
+        pytest.param(
+            {"IMEX_REQUIRED": "true"}, "imex.required: true needs imex.channelIDs [0]", id="required"
+        ),
+        pytest.param({"IMEX_CHANNEL_IDS": "0", "IMEX_REQUIRED": "maybe"}, "imex.required", id="bad-required"),
+    ],
+)
+def test_run_reads_imex_settings_from_its_environment(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: str
+) -> None:
+    """``run`` itself reads the process environment: a bad value there stops it with one line naming it."""
+    for var in ("GPU_NODE_AGENT_CONFIG", "IMEX_CHANNEL_IDS", "IMEX_REQUIRED"):
+        monkeypatch.delenv(var, raising=False)
+    for var, text in env.items():
+        monkeypatch.setenv(var, text)
+    assert run_command.main(["--node-name", "n", "--no-kube"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert expected in err

@@ -1,6 +1,6 @@
-"""The scheduler plugin's shape (issue 28): no class in ``scheduler_plugin`` has more than
-``MAX_METHODS`` methods (each ``def``/``async def`` in its body, properties included), so no class grows
-back into one that owns the informer store, the holds, the queue and the verbs at once."""
+"""The scheduler plugin's shape (issue 28): no class in ``scheduler_plugin``, its extender included, has
+more than ``MAX_METHODS`` methods (each ``def``/``async def`` in its body, properties included), so no
+class grows back into one that owns the informer store, the holds, the queue and the verbs at once."""
 
 from __future__ import annotations
 
@@ -50,11 +50,13 @@ def test_the_count_sees_methods_properties_and_nested_classes() -> None:
 
 def test_no_class_in_scheduler_plugin_has_more_than_20_methods() -> None:
     files = sorted(ROOT.rglob("*.py"))
-    assert ROOT / "extender" / "state.py" in files
-    over = {
+    counts = {
         f"{path.relative_to(ROOT.parent)}:{name}": n
         for path in files
         for name, n in methods_per_class(path.read_text(encoding="utf-8")).items()
-        if n > MAX_METHODS
     }
+    # the scan sees the extender's parts and the planner's classes
+    assert counts["scheduler_plugin/extender/cache.py:Cache"] > 10
+    assert counts["scheduler_plugin/planner/prepared.py:PreparedSnapshot"] > 10
+    over = {name: n for name, n in counts.items() if n > MAX_METHODS}
     assert over == {}, f"classes over {MAX_METHODS} methods (split them by what they own): {over}"

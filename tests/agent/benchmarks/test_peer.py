@@ -3,14 +3,21 @@ NVLink optimum, the verdicts and the table. The run itself is ``tests/e2e/test_p
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import sys
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
-from agent.benchmarks import deviceplugin, peer
+from agent import localcluster
+from agent.benchmarks import deviceplugin, floorplugin, peer
+from agent.fakekubelet import FakeKubelet
 from agent.simnode import open_simulated_node
+from deviceplugin.api import deviceplugin_pb2 as pb
+from deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
 from deviceplugin.preferred import Topology, topology_from_inventory
 
 
@@ -125,3 +132,49 @@ def test_a_package_whose_bytecode_cannot_be_written_is_reported(
     folder = _package(tmp_path, "peerbench_pkg_ro")
     (folder / "__pycache__").write_text("not a folder")  # where the bytecode would go
     assert not peer.compile_bytecode(("peerbench_pkg_ro",))
+
+
+def test_the_floor_plugin_registers_lists_and_allocates(tmp_path: Path) -> None:
+    """The floor side of ``--floor`` is a working plugin: the kubelet harness sees it register and list
+    its devices, and Allocate answers what it was asked (measured only once it works)."""
+    ids = ["GPU-a", "GPU-b", "GPU-c"]
+
+    async def run() -> pb.AllocateResponse:
+        kubelet = FakeKubelet(tmp_path)
+        await kubelet.start()
+        argv = [sys.executable, "-m", "agent.benchmarks.floorplugin", str(tmp_path), peer.GPU, *ids]
+        process = localcluster.ManagedProcess("floor", argv, tmp_path / "floor.log").start()
+        try:
+            await kubelet.wait_for(lambda: len(kubelet.devices.get(peer.GPU, {})) == len(ids), 30)
+            assert kubelet.registrations[0].resource_name == peer.GPU
+            assert set(kubelet.devices[peer.GPU].values()) == {"Healthy"}
+
+            def allocate() -> pb.AllocateResponse:
+                with grpc.insecure_channel(f"unix://{tmp_path / floorplugin.ENDPOINT}") as channel:
+                    request = pb.ContainerAllocateRequest(devices_ids=ids[:2])
+                    return pb_grpc.DevicePluginStub(channel).Allocate(
+                        pb.AllocateRequest(container_requests=[request]), timeout=10
+                    )
+
+            return await asyncio.to_thread(allocate)
+        finally:
+            process.stop()
+            await kubelet.stop()
+
+    reply = asyncio.run(run())
+    assert reply.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-a,GPU-b"
+
+
+def test_the_floor_rows_put_ours_beside_the_floor() -> None:
+    side = {
+        "registration_ms": 250.0,
+        "registration_cpu_ms": 200.0,
+        "allocate": {"p50_ms": 0.9, "p99_ms": 1.5},
+        "idle": {"rss_bytes": 45 * 2**20},
+    }
+    floor = {**side, "registration_ms": 120.0, "idle": {"rss_bytes": 30 * 2**20}}
+    rows = peer.floor_rows({"ours": side, "floor": floor})
+    assert rows[0].label == "registration (start -> Register)"
+    assert (rows[0].ours, rows[0].theirs) == ("250.00 ms", "120.00 ms")
+    assert rows[-1].theirs == "30.0 MiB"
+    assert "floor" in peer.render(rows, peer.Row("", "ours", "floor"))

@@ -30,7 +30,7 @@ PODRESOURCES = PodResourcesSnapshot(
 )
 
 
-def scenario(*, pids_visible: bool = True) -> MetricsSnapshot:
+def scenario(*, pids_visible: bool = True, fabric_mask: int = 0x1A6) -> MetricsSnapshot:
     """GPU 0 held by one pod, with fabric and XIDs; GPU 1 shared by two pods (4 replicas); GPU 2's read
     failed and it is unhealthy; GPU 3 in MIG mode with one MIG device held by a pod."""
     shared_procs = (
@@ -53,8 +53,8 @@ def scenario(*, pids_visible: bool = True) -> MetricsSnapshot:
                 clique_id=7,
                 state=FabricState.COMPLETED,
                 status="SUCCESS",
-                health_mask=0x1A6,  # a route recovery in progress, nothing else
-                health=decode_health_mask(0x1A6),
+                health_mask=fabric_mask,  # by default a route recovery in progress, nothing else
+                health=decode_health_mask(fabric_mask),
                 health_summary=FabricHealthSummary.HEALTHY,
             )
         },

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import pytest
+
 from agent.metrics.native import ScrapeStats, render_native
 from agent.metrics.snapshot import AgentStats
 from tests.agent.metrics.builders import GIB, gpu_uuid, mig_uuid
@@ -48,6 +50,34 @@ def test_base_units_and_values_of_a_gpu() -> None:
     assert value(text, "gpuagent_fabric_condition", condition="route_unhealthy", **g0) == 0
     assert value(text, "gpuagent_fabric_condition", condition="not_completed", **g0) == 0
     assert value(text, "gpuagent_fabric_health_mask", **g0) == 0x1A6
+
+
+@pytest.mark.parametrize(
+    ("mask", "assigned"),
+    [
+        pytest.param(0x11A6, 1, id="assigned"),
+        pytest.param(0x21A6, 0, id="not-assigned"),
+        pytest.param(0x1A6, None, id="not-reported"),
+    ],
+)
+def test_partition_assigned_is_exported_as_information_only(mask: int, assigned: int | None) -> None:
+    """The health mask's partition flag (bits 12-13) is its own gauge, absent where the driver does not
+    report it; it is no fabric condition, so it moves neither the conditions nor the GPU's level."""
+    text = to_text(render_native(scenario(fabric_mask=mask), AGENT, ScrapeStats(5, 0.01), "1.2.3"))
+    g0 = {"gpu": "0", "uuid": gpu_uuid(0)}
+    got = [v for name, labels, v in samples(text) if name == "gpuagent_fabric_partition_assigned"]
+    if assigned is None:
+        assert got == []
+    else:
+        assert value(text, "gpuagent_fabric_partition_assigned", **g0) == assigned
+        assert len(got) == 1  # only GPU 0 has fabric info
+    conditions = {
+        labels["condition"]: v
+        for name, labels, v in samples(text)
+        if name == "gpuagent_fabric_condition" and labels["gpu"] == "0"
+    }
+    assert "partition_assigned" not in conditions
+    assert {c for c, v in conditions.items() if v} == {"route_recovery"}  # as without the flag
 
 
 def test_info_metric_carries_the_static_facts() -> None:

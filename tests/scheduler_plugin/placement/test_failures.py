@@ -3,10 +3,18 @@ failure under a running gang, the accounting of what it loses, and determinism."
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from scheduler_plugin.placement import shapes, workloads
-from scheduler_plugin.placement.failures import BEHAVIOUR, FailureConfig, report, simulate_failures
+from scheduler_plugin.placement.failures import (
+    BEHAVIOUR,
+    FailureConfig,
+    paired_mean,
+    report,
+    simulate_failures,
+)
 from scheduler_plugin.placement.policies import POLICIES
 from scheduler_plugin.placement.workloads import Job
 from scheduler_plugin.snapshot import Gang, Role
@@ -137,3 +145,10 @@ def test_a_policy_without_a_failure_behaviour_is_refused() -> None:
 def test_an_unknown_after_wait_names_the_field() -> None:
     with pytest.raises(ValueError, match="ours_after_wait"):
         FailureConfig(ours_after_wait="later")
+
+
+def test_paired_differences_carry_their_standard_error() -> None:
+    assert paired_mean([4.0]) == (4.0, None)
+    mean, error = paired_mean([1.0, 3.0, 5.0, 7.0])
+    assert mean == 4.0
+    assert error == pytest.approx(statistics.stdev([1.0, 3.0, 5.0, 7.0]) / 2)
