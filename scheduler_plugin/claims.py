@@ -32,7 +32,7 @@ of its pool's newest ResourceSlices without a ``NoSchedule``/``NoExecute`` taint
 Between kube-scheduler writing a claim's allocation (PreBind) and the pod's binding arriving, the
 allocation already counts as used on the node: a gang pod planned there no longer counts in its gang's
 hold for what its claims are allocated on its planned node (``ClaimBook.allocated_on``; the extender's
-``ClusterState`` takes it off the hold), so its GPUs count once.
+``Holds.claims_allocated`` takes it off the hold), so its GPUs count once.
 
 Pure: no client, no clock. ``ClaimBook`` keeps the projected objects' facts and says what changed.
 """

@@ -54,7 +54,7 @@ from typing import Any, cast
 from agent.benchmarks.machine import machine_summary, percentile
 from agent.benchmarks.topology import synthetic_input, tray_inventory
 from agent.heap import HeapKeeper
-from scheduler_plugin.extender import SCHEDULER_NAME, ClusterState, Extender
+from scheduler_plugin.extender import SCHEDULER_NAME, Extender, ExtenderState
 from scheduler_plugin.queue import RESERVED_FOR, QueueConfig
 from topology.builder import TopologyInput, build_tree, desired_objects
 from topology.labels import node_labels
@@ -173,7 +173,7 @@ class StateAdapter:
 
     def __init__(self, *, on_annotate: Callable[[str, str | None], None]) -> None:
         self.lock = TimedLock()
-        self.state = ClusterState(queue=QueueConfig())
+        self.state = ExtenderState(queue=QueueConfig())
         self.api = _NoApi(on_annotate)
         self.extender = Extender(
             state=self.state,
@@ -186,34 +186,34 @@ class StateAdapter:
     # informer side (``_StateFeed``): one kind listed, one watch event, under the state lock
     def replace(self, kind: str, items: list[dict[str, Any]]) -> None:
         with self.lock:
-            self.state.replace(kind, items)
+            self.state.cache.replace(kind, items)
 
     def apply(self, kind: str, event_type: str, obj: dict[str, Any]) -> None:
         with self.lock:
-            self.state.apply(kind, event_type, obj)
+            self.state.cache.apply(kind, event_type, obj)
 
     # the queue
     def passes(self) -> int:
-        return self.state.queue_metrics.passes
+        return self.state.queue.metrics.passes
 
     def pass_now(self) -> Mapping[str, str | None]:
         """One full pass of the queue now, whatever changed; the node annotations it wants."""
         with self.lock:
-            self.state.queue_pass(time.monotonic(), time.time())
-            return dict(self.state.take_actions().annotate)
+            self.state.queue.run_pass(time.monotonic(), time.time())
+            return dict(self.state.queue.take_actions().annotate)
 
     def tick(self) -> Mapping[str, str | None]:
         """The queue loop's periodic tick (a pass only when its driver finds one due)."""
         with self.lock:
-            return dict(self.state.queue_tick(time.monotonic(), time.time()).annotate)
+            return dict(self.state.queue.tick(time.monotonic(), time.time()).annotate)
 
     def waited_for(self) -> set[str]:
         """The running work the queue's reservations wait for (queue names: ``pod:<ns>/<name>`` for a
         pod on its own)."""
-        return {name for r in self.state.queue_reservations.values() for name in r.waits_for}
+        return {name for r in self.state.holds.queue_reservations.values() for name in r.waits_for}
 
     def waiting_gangs(self) -> int:
-        for line in self.state.metrics_text().decode().splitlines():
+        for line in self.state.queue.metrics_text().decode().splitlines():
             if line.startswith("gpuagent_extender_waiting_gangs "):
                 return int(float(line.split()[1]))
         return 0

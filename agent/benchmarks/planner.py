@@ -135,9 +135,9 @@ def bench_1000(runs: int) -> None:
 
 def bench_extender(requests: int, clients: int, nodes: int) -> None:
     from scheduler_plugin.extender import (  # noqa: PLC0415 - only this part needs it
-        ClusterState,
         Extender,
         ExtenderServer,
+        ExtenderState,
     )
 
     class NoCluster:
@@ -149,9 +149,9 @@ def bench_extender(requests: int, clients: int, nodes: int) -> None:
         def event(self, pod: Mapping[str, Any], *, reason: str, message: str, warning: bool) -> None:
             return None
 
-    state = ClusterState()
+    state = ExtenderState()
     names = [f"node{i:05d}" for i in range(nodes)]
-    state.replace(
+    state.cache.replace(
         "nodes",
         [
             {
@@ -175,7 +175,7 @@ def bench_extender(requests: int, clients: int, nodes: int) -> None:
             "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "2"}}}],
         },
     }
-    state.replace("pods", [pod])  # the extender decides only for pods its informer knows
+    state.cache.replace("pods", [pod])  # the extender decides only for pods its informer knows
     body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode()
     per_client = requests // clients
     # clients run in their own processes so that they do not share the server's interpreter lock

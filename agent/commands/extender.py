@@ -3,14 +3,14 @@
 The composition root: builds the API client and the one Kubernetes adapter (``topology.kube``), an
 informer per kind the extender reads (Nodes, Pods, Volcano HyperNodes and PodGroups, KubeRay
 RayClusters, ``scheduling.k8s.io`` Workloads and PodGroups, and DRA's ResourceClaims, ResourceClaimTemplates,
-DeviceClasses and ResourceSlices for the GPUs pods get through claims) feeding the pure ``ClusterState``, the
+DeviceClasses and ResourceSlices for the GPUs pods get through claims) feeding the pure ``ExtenderState``, the
 handlers (bindings and Events through the adapter) and the HTTP server once, and configures
 ``topology.logs``; then runs until SIGTERM/SIGINT. Shutdown order: stop accepting, answer waiting
 binds, stop informers. Every kind but Nodes and Pods is optional: an API that is not served (404, a CRD
 not installed, ``scheduling.k8s.io/v1beta1`` off) or forbidden (403, RBAC without it) is that source
 off, logged once (``source_off`` / ``source_forbidden``), counted as empty and looked for again.
 
-The queue (``scheduler_plugin.queue`` through ``ClusterState``): gangs that do not fit wait in
+The queue (``scheduler_plugin.queue`` through ``ExtenderState``): gangs that do not fit wait in
 PriorityClass-then-creation order; the head's nodes are held for it and carry the annotation
 ``gpuagent.dev/reserved-for: <namespace>/<gang>`` (merge-patched here, removed on release, read back
 after a restart); a gang of higher priority that has waited ``--preempt-after`` seconds evicts whole
@@ -53,9 +53,9 @@ from scheduler_plugin.extender import (
     DEFAULT_REPAIR_WAIT_S,
     GANG_PLANNED,
     SCHEDULER_NAME,
-    ClusterState,
     Extender,
     ExtenderServer,
+    ExtenderState,
     ServerLimits,
     server_tls_context,
 )
@@ -83,7 +83,7 @@ WORKLOAD_PODGROUPS = "/apis/scheduling.k8s.io/v1beta1/podgroups"
 JOBS = "/apis/batch/v1/jobs"  # a Job's activeDeadlineSeconds is its pods' time limit
 PDBS = "/apis/policy/v1/poddisruptionbudgets"  # budgets a preemption's evictions must keep
 DRA = "/apis/resource.k8s.io/v1/"  # GPUs pods get through claims (scheduler_plugin.claims)
-SOURCES = (  # (ClusterState kind, collection, optional: an API that may not be served)
+SOURCES = (  # (the cache's kind, collection, optional: an API that may not be served)
     ("nodes", NODES, False),
     ("pods", PODS, False),
     ("hypernodes", HYPERNODES, True),
@@ -488,19 +488,19 @@ class KubeCluster(ClusterVerbs):
 
 @dataclass(frozen=True)
 class _StateFeed:
-    """An informer's sink: one kind of the extender's ``ClusterState``, updated under the shared lock."""
+    """An informer's sink: one kind of the extender's ``ExtenderState``, updated under the shared lock."""
 
     kind: str
-    state: ClusterState
+    state: ExtenderState
     lock: threading.Lock
 
     def replace(self, items: list[dict[str, Any]]) -> None:
         with self.lock:
-            self.state.replace(self.kind, items)
+            self.state.cache.replace(self.kind, items)
 
     def apply(self, event_type: str, obj: dict[str, Any]) -> None:
         with self.lock:
-            self.state.apply(self.kind, event_type, obj)
+            self.state.cache.apply(self.kind, event_type, obj)
 
 
 class Service:
@@ -518,7 +518,7 @@ class Service:
         self.settings = settings
         self.lock = threading.Lock()
         self.kube = Kube(api_client)
-        self.state = ClusterState(
+        self.state = ExtenderState(
             reservation_ttl_s=settings.reservation_ttl_s,
             barrier_timeout_s=settings.barrier_timeout_s,
             scheduler_name=settings.scheduler_name,
@@ -528,7 +528,7 @@ class Service:
             time_limit_grace_s=settings.time_limit_grace_s,
             repair_wait_s=settings.repair_wait_s,
         )
-        self.state.synced = False  # the queue rebuilds its reservations once every informer has listed
+        self.state.cache.synced = False  # the queue rebuilds its reservations once every informer has listed
 
         def reporter(kind: str) -> Callable[[BaseException], None]:
             def report(exc: BaseException) -> None:

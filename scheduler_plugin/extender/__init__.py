@@ -1,13 +1,19 @@
 """The kube-scheduler extender, in the shape of scheduler-plugins' ``noderesourcetopology``: a cache
-apart, the decisions over it, the HTTP face.
+apart, one module per extension point, the HTTP face.
 
 - ``cache``: the one table of watched kinds (``KINDS``, DRA's among them), what is kept of each object
   (``project``: a projection per kind; a pod's with what it asks through DRA claims written in, by
-  ``scheduler_plugin.claims``), the per-pod facts parsed once per event (``PodInfo``, ``gpus_of``);
-- ``state``: ``ClusterState``, fed by the informers through the cache, with the indexes the queue reads
-  (gang members, running work per name, node usage, the nodes each selector and toleration set
-  admits), the verbs' decisions (filter, prioritize, bind with the barrier, preempt) and the queue
-  driver (a pass runs only when the cluster changed or a wait ended);
+  ``scheduler_plugin.claims``), the per-pod facts parsed once per event (``PodInfo``, ``gpus_of``), and
+  the informer store (``Cache``) with the indexes the queue and the verbs read (gang members, running
+  work per name, node usage, the nodes each selector and toleration set admits), the one free-GPU
+  formula and the planner's snapshot;
+- ``holds``: what is held for gangs (started plans, the queue's head, plans given up) and for how long;
+- ``outbox``: the Events, evictions and nudges the decisions leave the caller;
+- ``inputs``: the queue's inputs (a gang's plan inputs, waiting and running work, time limits, repairs,
+  the backfill caps);
+- ``queue_driver``: the queue's passes (a pass runs only when the cluster changed or a wait ended);
+- ``filter``, ``prioritize``, ``bind`` (with the barrier), ``preempt``: the verbs, one module each;
+- ``state``: ``ExtenderState``, the parts wired together;
 - ``policy``: a gang's ``gpuagent.dev/mnnvl`` and ``gpuagent.dev/repair`` annotations and its mode;
 - ``repair``: the part of a running gang left to place, replacements pinned to their subgroup's domain;
 - ``http``: the extender API over it (``Extender``, ``ExtenderServer``).
@@ -16,7 +22,9 @@ Pure but for ``http`` (an import-linter contract): decisions come back as values
 ``agent.commands.extender`` carries out through ``topology.kube``'s verbs.
 """
 
-from scheduler_plugin.extender.cache import KINDS, PodInfo, gpus_of, project
+from scheduler_plugin.extender.bind import BindDecision
+from scheduler_plugin.extender.cache import KINDS, SCHEDULER_NAME, PodInfo, gpus_of, project
+from scheduler_plugin.extender.filter import FilterOutcome
 from scheduler_plugin.extender.http import (
     DEFAULT_MAX_BODY_BYTES,
     MAX_JSON_DEPTH,
@@ -31,18 +39,10 @@ from scheduler_plugin.extender.http import (
     json_depth,
     server_tls_context,
 )
-from scheduler_plugin.extender.state import (
-    DEFAULT_REPAIR_WAIT_S,
-    ENFORCE_MODES,
-    GANG_PLANNED,
-    SCHEDULER_NAME,
-    BindDecision,
-    ClusterState,
-    EventRecord,
-    Eviction,
-    FilterOutcome,
-    QueueActions,
-)
+from scheduler_plugin.extender.inputs import DEFAULT_REPAIR_WAIT_S, ENFORCE_MODES
+from scheduler_plugin.extender.outbox import EventRecord, Eviction, QueueActions
+from scheduler_plugin.extender.queue_driver import GANG_PLANNED
+from scheduler_plugin.extender.state import ExtenderState
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -56,11 +56,11 @@ __all__ = [
     "BadRequestError",
     "BindDecision",
     "Cluster",
-    "ClusterState",
     "EventRecord",
     "Eviction",
     "Extender",
     "ExtenderServer",
+    "ExtenderState",
     "FilterOutcome",
     "PodInfo",
     "QueueActions",

@@ -1,4 +1,4 @@
-"""The kube-scheduler extender HTTP API over the pure ``ClusterState``: filter, prioritize, bind.
+"""The kube-scheduler extender HTTP API over the pure ``ExtenderState``: filter, prioritize, bind.
 
 Wire format (kube-scheduler ``extender/v1``; the Go structs have no JSON tags, so keys are the Go
 field names): ``ExtenderArgs{Pod, Nodes, NodeNames}`` in, ``ExtenderFilterResult{Nodes, NodeNames,
@@ -9,8 +9,8 @@ FailedNodes, FailedAndUnresolvableNodes, Error}`` out; ``[{"Host", "Score"}]`` f
 take whole gangs; none for a gang's pod, whose preemption is the queue's).
 
 The queue also runs on its own every ``queue_interval_s`` (its inputs taken under the state lock,
-``ClusterState.queue_begin``; the decision made outside it; the result committed under it,
-``queue_commit``, against the cluster's version): what it
+``QueueDriver.begin``; the decision made outside it; the result committed under it,
+``QueueDriver.commit``, against the cluster's version): what it
 decides outside a request (node annotations ``gpuagent.dev/reserved-for``, evictions of whole gangs
 through the Eviction API, Events) is carried out through ``QueueCluster``. The health listener serves
 the queue's metrics at ``GET /metrics``.
@@ -27,7 +27,7 @@ that requires a client certificate signed by a given CA, kube-scheduler's extend
 the barrier (an open request each) until the gang completes or its deadline passes; a connection
 answering a request is never evicted, so neither is a bind waiting there.
 
-Nothing here blocks the event loop: a touch of ``ClusterState`` runs on the loop only when the state
+Nothing here blocks the event loop: a touch of ``ExtenderState`` runs on the loop only when the state
 lock is free at once and the call is bounded by the request (no gang to plan); otherwise (planning a
 gang can take seconds) in a worker thread under the lock. Large bodies are decoded in one too.
 """
@@ -48,7 +48,9 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from scheduler_plugin.cluster import pod_key
-from scheduler_plugin.extender.state import BindDecision, ClusterState, EventRecord, Eviction, QueueActions
+from scheduler_plugin.extender.bind import BindDecision
+from scheduler_plugin.extender.outbox import EventRecord, Eviction, QueueActions
+from scheduler_plugin.extender.state import ExtenderState
 from scheduler_plugin.queueing import VictimsError, parse_victims
 from topology import logs
 from topology.httpserver import ConnectionStats, HttpServer, Limits, Request, Response
@@ -214,7 +216,7 @@ class Extender:
     def __init__(
         self,
         *,
-        state: ClusterState,
+        state: ExtenderState,
         cluster: Cluster,
         lock: threading.Lock | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -257,8 +259,8 @@ class Extender:
     # -- verbs ---------------------------------------------------------------------------------
     def _note_synced(self) -> None:
         """The queue reads the cluster (and rebuilds its reservations) once every informer has listed."""
-        if not self.state.synced and self.ready():
-            self.state.synced = True
+        if not self.state.cache.synced and self.ready():
+            self.state.cache.synced = True
 
     async def filter(self, args: Mapping[str, Any]) -> dict[str, Any]:
         pod = _pod(args)
@@ -266,7 +268,7 @@ class Extender:
         self._note_synced()
 
         def quick() -> bool:
-            return not self.state.may_plan(pod)
+            return not self.state.filter.may_plan(pod)
 
         out = await self._locked(self.state.filter, pod, names, self.clock(), self.wall(), quick=quick)
         # kube-scheduler may name a pod a moment before the extender's informer reports it: ask again
@@ -299,7 +301,7 @@ class Extender:
         pod = _pod(args)
         names, _ = _node_names(args)
         scores = await self._locked(
-            self.state.prioritize, pod, names, self.clock(), quick=self.state.domains_known
+            self.state.prioritize, pod, names, self.clock(), quick=self.state.cache.domains_known
         )
         return [{"Host": h, "Score": s} for h, s in scores]
 
@@ -344,25 +346,25 @@ class Extender:
     async def queue_once(self) -> QueueActions:
         """One tick of the queue (a pass when due) and what it decided carried out."""
         started = time.perf_counter()
-        job = await self._locked(self.state.queue_begin, self.clock(), self.wall(), quick=lambda: False)
+        job = await self._locked(self.state.queue.begin, self.clock(), self.wall(), quick=lambda: False)
         if job is None:
-            actions = await self._locked(self.state.take_actions, quick=lambda: False)
+            actions = await self._locked(self.state.queue.take_actions, quick=lambda: False)
         else:  # the decision on the pass's immutable inputs, outside the lock: the verbs go on meanwhile
             decision = await asyncio.to_thread(job.decide)
-            actions = await self._locked(self.state.queue_commit, job, decision, quick=lambda: False)
+            actions = await self._locked(self.state.queue.commit, job, decision, quick=lambda: False)
             # passes on changes: a quarter of the time at most
-            self.state.queue_min_gap_s = QUEUE_PASS_SHARE * (time.perf_counter() - started)
+            self.state.queue.min_gap_s = QUEUE_PASS_SHARE * (time.perf_counter() - started)
         await self.carry_out_queue(actions)
         return actions
 
     async def run_queue(self, stop: asyncio.Event, interval_s: float = 1.0) -> None:
         """Tick the queue every ``interval_s`` until ``stop``, once the informers are synced (a restart
         rebuilds the reservations from what they list). While it runs, filters leave the cluster's
-        changes to it (``ClusterState.queue_due``)."""
-        self.state.queue_loop = True
+        changes to it (``QueueDriver.due``)."""
+        self.state.queue.loop = True
         while not stop.is_set():
             self._note_synced()
-            if self.state.synced:
+            if self.state.cache.synced:
                 try:
                     await self.queue_once()
                 except Exception:  # a bug in one tick is logged; the next tick runs
@@ -402,7 +404,7 @@ class Extender:
     async def _evictions_allowed(self, qc: QueueCluster, preemptor: str, evictions: list[Eviction]) -> bool:
         """Whether the API would make every eviction of a preemption (each tried as a dry run first): a
         refusal of one means none is made, so no victim is left half-evicted; its victims sit out a
-        while (``ClusterState.preemption_blocked``) and each pod's Event says what refused it."""
+        while (``Preempt.blocked_by_api``) and each pod's Event says what refused it."""
 
         def dry_runs() -> tuple[Eviction, str] | None:
             for ev in evictions:
@@ -422,8 +424,8 @@ class Extender:
         victims = sorted({e.victim for e in evictions})
         ns, name, _ = _pod_ref(ev.pod)
         why = f"the eviction of pod {ns}/{name} ({ev.victim}) would be refused: {refused}"
-        await self._locked(self.state.preemption_blocked, preemptor, victims, self.wall(), why)
-        await self._locked(self.state.eviction_refused, pod_key(ev.pod))
+        await self._locked(self.state.preempt.blocked_by_api, preemptor, victims, self.wall(), why)
+        await self._locked(self.state.preempt.eviction_refused, pod_key(ev.pod))
         log.warning("preemption_blocked", gang=preemptor, victims=victims, pod=f"{ns}/{name}", error=refused)
         message = (
             f"not evicted: {why}; no pod of {', '.join(victims)} is evicted for {preemptor}, other victims "
@@ -440,11 +442,11 @@ class Extender:
             except Exception as exc:
                 refused = f"eviction failed: {_short(exc)}"
             if refused is None:
-                await self._locked(self.state.eviction_done, f"{ns}/{name}")
+                await self._locked(self.state.preempt.eviction_done, f"{ns}/{name}")
                 log.info("pod_evicted", pod=f"{ns}/{name}", gang=ev.victim, reason=ev.message)
                 self._record([EventRecord(pod=ev.pod, reason=ev.reason, message=ev.message)])
             else:
-                await self._locked(self.state.eviction_refused, f"{ns}/{name}")
+                await self._locked(self.state.preempt.eviction_refused, f"{ns}/{name}")
                 log.warning("eviction_refused", pod=f"{ns}/{name}", gang=ev.victim, error=refused)
                 self._record(
                     [
@@ -472,7 +474,7 @@ class Extender:
             except TimeoutError:
                 if fut.done():
                     return fut.result()
-                decision = await self._locked(self.state.barrier_timeout, decision.gang, self.clock())
+                decision = await self._locked(self.state.bind.barrier_timeout, decision.gang, self.clock())
                 if fut.done():  # another waiter's timeout or the last bind resolved it meanwhile
                     return fut.result()
                 if decision.action == "wait":
@@ -498,14 +500,14 @@ class Extender:
         errors = {k: e for k, e in results if e}
         self._record([e for e in decision.bound_events if pod_key(e.pod) not in errors])
         if errors:
-            await self._locked(self.state.bind_failed, decision.gang, errors)
+            await self._locked(self.state.bind.failed, decision.gang, errors)
             log.warning("bind_failed", gang=decision.gang, errors=errors)
         else:
             log.info("pods_bound", gang=decision.gang or None, pods=[k for k, _, _ in decision.pods])
         if not decision.gang:
             for k, _, n in decision.pods:
                 if k not in errors:
-                    await self._locked(self.state.assume_bound, k, n)
+                    await self._locked(self.state.bind.assume_bound, k, n)
         return errors
 
     def _resolve(self, gang: str, errors: Mapping[str, str], error: str) -> None:
@@ -541,21 +543,15 @@ class Extender:
             await asyncio.wait(list(self._background), timeout=5)
 
     # -- HTTP dispatch -------------------------------------------------------------------------
-    def _health(self, route: str) -> tuple[int, Any]:
-        if route == "readyz":
-            ok = self.ready()
-            return (200 if ok else 503), {"status": "ok" if ok else "informers not synced"}
-        return 200, {"status": "ok"}
-
     async def dispatch_health(
         self, method: str, path: str, body: bytes, content_type: str = ""
     ) -> tuple[int, Any]:
         """The health listener: ``GET /healthz``, ``/livez``, ``/readyz`` and nothing else."""
         route = path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
         if method == "GET" and route in HEALTH_ROUTES:
-            return self._health(route)
+            return _health(route, self.ready)
         if method == "GET" and route == "metrics":
-            body = await self._locked(self.state.metrics_text)
+            body = await self._locked(self.state.queue.metrics_text)
             return 200, Text("text/plain; version=0.0.4; charset=utf-8", body)
         return 404, {
             "Error": f"unknown path {path}; this listener serves GET healthz, livez, readyz and metrics"
@@ -566,7 +562,7 @@ class Extender:
     ) -> tuple[int, Any]:
         route = path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
         if method == "GET" and route in HEALTH_ROUTES:
-            return self._health(route)
+            return _health(route, self.ready)
         handlers = {
             "filter": self.filter,
             "prioritize": self.prioritize,
@@ -599,6 +595,14 @@ class Extender:
         except Exception as exc:  # a bug answers this request, never stops the server
             log.exception("handler_failed", verb=route)
             return 500, {"Error": f"{route}: internal error: {_short(exc)}"}
+
+
+def _health(route: str, ready: Callable[[], bool]) -> tuple[int, Any]:
+    """A health route's answer: ``readyz`` is ready once ``ready()`` (the informers synced)."""
+    if route == "readyz":
+        ok = ready()
+        return (200 if ok else 503), {"status": "ok" if ok else "informers not synced"}
+    return 200, {"status": "ok"}
 
 
 def _pod_ref(pod: Mapping[str, Any]) -> tuple[str, str, str]:

@@ -187,14 +187,17 @@ def test_time_limit_enforcement_flags_reach_the_extenders_state() -> None:
     assert (d.enforce_time_limits, d.time_limit_grace_s) == ("held", 60.0)
     s = parse_settings(["--enforce-time-limits", "all", "--time-limit-grace", "15"])
     service = Service(s, client.ApiClient(client.Configuration(host="http://127.0.0.1:9")))
-    assert (service.state.enforce_time_limits, service.state.time_limit_grace_s) == ("all", 15.0)
+    assert (service.state.inputs.enforce_time_limits, service.state.inputs.time_limit_grace_s) == (
+        "all",
+        15.0,
+    )
 
 
 def test_the_repair_wait_reaches_the_extenders_state() -> None:
     assert parse_settings([]).repair_wait_s == 1800.0
     s = parse_settings(["--repair-wait", "90"])
     service = Service(s, client.ApiClient(client.Configuration(host="http://127.0.0.1:9")))
-    assert service.state.repair_wait_s == 90.0
+    assert service.state.inputs.repair_wait_s == 90.0
 
 
 @pytest.mark.parametrize(

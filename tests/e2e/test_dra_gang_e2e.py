@@ -188,7 +188,7 @@ def test_a_2x18_pod_dra_gang_places_each_subgroup_in_one_nvlink_domain(
     )
     trays = [n for rack in dra_racks for n in rack]
     cluster.wait_until(
-        lambda: extender.state(lambda s: all(s.free_gpus(n) == GPUS for n in trays)),
+        lambda: extender.state(lambda s: all(s.cache.free_gpus(n) == GPUS for n in trays)),
         what="the extender counts every tray's pool",
     )
     pods = dra_gang(namespace, "train", RACKS * TRAYS, TRAYS, e2e_test_label)
@@ -212,7 +212,7 @@ def test_a_2x18_pod_dra_gang_places_each_subgroup_in_one_nvlink_domain(
         on[owner] = {r["pool"] for r in results}
     assert on == {p: {n} for p, n in placement.items()}
     cluster.wait_until(
-        lambda: extender.state(lambda s: all(s.free_gpus(n) == 0 for n in trays)),
+        lambda: extender.state(lambda s: all(s.cache.free_gpus(n) == 0 for n in trays)),
         what="the extender counts the allocations as used",
     )
 
@@ -314,7 +314,7 @@ def test_a_dra_gang_on_hollow_trays_runs_each_subgroup_in_one_rack_with_its_cdi_
             core.patch_node(n, {"metadata": {"labels": {"gpuagent.dev/nvlink-domain": f"dra-gang-rack-{r}"}}})
     ext = hollow_extender
     cluster.wait_until(
-        lambda: ext.state(lambda s: all(s.free_gpus(n) == GPUS for rack in names for n in rack)),
+        lambda: ext.state(lambda s: all(s.cache.free_gpus(n) == GPUS for rack in names for n in rack)),
         what="the extender counts every tray's pool",
         timeout_s=60,
     )

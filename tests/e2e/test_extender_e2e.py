@@ -227,7 +227,7 @@ def test_18_pod_gang_lands_in_one_nvl72_domain(
 ) -> None:
     occupy(api_client, namespace, racks[0][5], "busy")  # rack 0 cannot take the whole gang
     cluster.wait_until(
-        lambda: extender.state(lambda s: f"{namespace}/busy" in s.pods), what="extender sees busy pod"
+        lambda: extender.state(lambda s: f"{namespace}/busy" in s.cache.pods), what="extender sees busy pod"
     )
     create(api_client, gang_pods(namespace, "train", 18, e2e_test_label))
     cluster.wait_until(lambda: len(bound(api_client, namespace, "train")) == 18, what="all 18 pods bound")
@@ -269,7 +269,9 @@ def test_competing_gangs_never_half_bound(
     for t, n in enumerate(racks[1]):  # rack 1 is full: both gangs compete for rack 0's 18 trays
         occupy(api_client, namespace, n, f"fill-{t}")
     cluster.wait_until(
-        lambda: extender.state(lambda s: sum(k.startswith(f"{namespace}/fill-") for k in s.pods)) == TRAYS,
+        lambda: (
+            extender.state(lambda s: sum(k.startswith(f"{namespace}/fill-") for k in s.cache.pods)) == TRAYS
+        ),
         what="extender sees rack 1 full",
     )
     a = gang_pods(namespace, "ga", 10, e2e_test_label)
@@ -292,7 +294,9 @@ def test_competing_gangs_never_half_bound(
     for i in range(10):
         core.delete_namespaced_pod(f"{first}-{i}", namespace, grace_period_seconds=0)
     cluster.wait_until(
-        lambda: not extender.state(lambda s: [k for k in s.pods if k.startswith(f"{namespace}/{first}-")]),
+        lambda: (
+            not extender.state(lambda s: [k for k in s.cache.pods if k.startswith(f"{namespace}/{first}-")])
+        ),
         what="extender sees the first gang gone",
     )
     # a cluster event after that makes kube-scheduler retry the waiting pods now, not after a back-off
@@ -369,7 +373,8 @@ def test_podgroup_gang_lands_in_one_domain(
         },
     )
     cluster.wait_until(
-        lambda: extender.state(lambda s: f"{namespace}/pg" in s.podgroups), what="extender sees the PodGroup"
+        lambda: extender.state(lambda s: f"{namespace}/pg" in s.cache.podgroups),
+        what="extender sees the PodGroup",
     )
     pods = gang_pods(namespace, "pgw", 18, e2e_test_label)
     for i, p in enumerate(pods):

@@ -212,7 +212,7 @@ def setup(
         )
         ext = RunningExtender(str(plane.apiserver.kubeconfig))
         cluster.wait_until(
-            lambda: ext is not None and ext.state(lambda s: set(names) <= set(s.nodes)),
+            lambda: ext is not None and ext.state(lambda s: set(names) <= set(s.cache.nodes)),
             what="the extender sees every tray",
             timeout_s=WAIT_S,
         )
@@ -520,7 +520,7 @@ def test_raycluster_is_one_gang_each_worker_group_in_one_nvlink_domain(
         what=f"{GANG_PLANNED} on the pods refused before the gang started ({sorted(refused)})",
         timeout_s=WAIT_S,
     )
-    assert setup.ext.state(lambda s: f"{ns}/train" in s.rayclusters)
+    assert setup.ext.state(lambda s: f"{ns}/train" in s.cache.rayclusters)
     assert_running_with_devices(setup, ns, placement)
 
     # a second RayCluster cannot fit while the first runs: it waits whole
@@ -562,7 +562,9 @@ def test_native_workload_podgroup_read_by_our_extender(setup: Setup, ns: str) ->
             },
         },
     )
-    cluster.wait_until(lambda: setup.ext.state(lambda s: f"{ns}/busy" in s.pods), what="extender sees busy")
+    cluster.wait_until(
+        lambda: setup.ext.state(lambda s: f"{ns}/busy" in s.cache.pods), what="extender sees busy"
+    )
     topology = {"topology": [{"key": NVLINK_LABEL}]}
     gang = {"gang": {"minCount": TRAYS}}
     custom.create_namespaced_custom_object(
@@ -630,7 +632,7 @@ def test_native_workload_podgroup_read_by_our_extender(setup: Setup, ns: str) ->
     placement = bound()
     assert set(placement.values()) == set(setup.names(1)), placement
     assert setup.ext.state(
-        lambda s: f"{ns}/train-workers" in s.workload_podgroups and f"{ns}/train" in s.workloads
+        lambda s: f"{ns}/train-workers" in s.cache.workload_podgroups and f"{ns}/train" in s.cache.workloads
     )
     planned = [e for e in events(setup, ns, "GangPlanned") if f"gang {ns}/train-workers" in e.message]
     assert planned

@@ -119,7 +119,7 @@ def extender(
         counterparts,
         control_plane,
         tmp_path_factory.mktemp("sched-fabric"),
-        lambda s: names <= set(s.nodes),
+        lambda s: names <= set(s.cache.nodes),
         what="the extender sees every tray",
     ) as ext:
         yield ext
@@ -196,7 +196,7 @@ def test_a_route_fault_withdraws_the_clique_and_the_extender_places_nvlink_subgr
         # every GPU stays with kubelet: fabricUnhealthyMarksGpu is off by default
         assert sick.node.allocatable()[GPU] == "4"
         cluster.wait_until(
-            lambda: extender.state(lambda s: CLIQUE not in _node_labels(s.nodes.get(sick.name))),
+            lambda: extender.state(lambda s: CLIQUE not in _node_labels(s.cache.nodes.get(sick.name))),
             what="the extender sees the withdrawn label",
             timeout_s=WAIT_S,
         )

@@ -130,7 +130,7 @@ def extender(
         counterparts,
         control_plane,
         tmp_path_factory.mktemp("sched-repair"),
-        lambda s: names <= set(s.nodes),
+        lambda s: names <= set(s.cache.nodes),
         what="the extender sees every tray",
     ) as ext:
         yield ext
@@ -164,7 +164,7 @@ def test_a_gang_binds_only_once_its_racks_imex_is_ready(
         cluster.wait_until(
             lambda: extender.state(
                 lambda s: all(
-                    ((s.nodes.get(n.name) or {}).get("metadata") or {}).get("labels", {}).get(IMEX)
+                    ((s.cache.nodes.get(n.name) or {}).get("metadata") or {}).get("labels", {}).get(IMEX)
                     == "not-ready"
                     for n in flaky[:-1]
                 )

@@ -270,7 +270,7 @@ def extender(
         counterparts,
         control_plane,
         tmp_path_factory.mktemp("sched-ext"),
-        lambda s: names <= set(s.nodes) and set(domains) <= set(s.hypernodes),
+        lambda s: names <= set(s.cache.nodes) and set(domains) <= set(s.cache.hypernodes),
         what="the extender sees every tray and HyperNode",
     ) as ext:
         yield ext
@@ -437,7 +437,8 @@ def test_gang_lands_in_one_nvlink_domain_and_runs(
 ) -> None:
     occupy(api_client, namespace, racks.names(0)[racks.trays // 2], "busy")  # rack 0 cannot take it whole
     cluster.wait_until(
-        lambda: extender.state(lambda s: f"{namespace}/busy" in s.pods), what="extender sees the busy pod"
+        lambda: extender.state(lambda s: f"{namespace}/busy" in s.cache.pods),
+        what="extender sees the busy pod",
     )
     create(api_client, namespace, gang("train", racks.trays, racks.label))
     cluster.wait_until(
@@ -479,7 +480,8 @@ def test_competing_gangs_never_half_bound(
         occupy(api_client, namespace, node, pod)
     cluster.wait_until(
         lambda: (
-            extender.state(lambda s: sum(k.startswith(f"{namespace}/fill-") for k in s.pods)) == racks.trays
+            extender.state(lambda s: sum(k.startswith(f"{namespace}/fill-") for k in s.cache.pods))
+            == racks.trays
         ),
         what="extender sees rack 1 full",
     )
@@ -505,7 +507,9 @@ def test_competing_gangs_never_half_bound(
     for i in range(size):
         core.delete_namespaced_pod(f"{first}-{i}", namespace, grace_period_seconds=0)
     cluster.wait_until(
-        lambda: not extender.state(lambda s: [k for k in s.pods if k.startswith(f"{namespace}/{first}-")]),
+        lambda: (
+            not extender.state(lambda s: [k for k in s.cache.pods if k.startswith(f"{namespace}/{first}-")])
+        ),
         what="extender sees the first gang gone",
     )
     for node in racks.nodes[0]:  # its kubelets let its GPUs go (the second gang may hold them already)

@@ -151,7 +151,8 @@ def test_a_gang_its_budget_protects_keeps_every_pod_and_the_other_domain_goes(
         },
     )
     cluster.wait_until(
-        lambda: queue_extender.state(lambda s: f"{ns}/lo-b" in s.pdbs), what="the extender sees the budget"
+        lambda: queue_extender.state(lambda s: f"{ns}/lo-b" in s.cache.pdbs),
+        what="the extender sees the budget",
     )
     before = {g: bound(api_client, ns, g) for g in low}
     create(api_client, ns, gang_pods("hi", trays, label, priority_class="e2e-gpu-high"))

@@ -115,7 +115,9 @@ def queue_extender(
     try:
         names = set(racks.by_name())
         cluster.wait_until(
-            lambda: ext.state(lambda s: names <= set(s.nodes) and set(domains) <= set(s.hypernodes)),
+            lambda: ext.state(
+                lambda s: names <= set(s.cache.nodes) and set(domains) <= set(s.cache.hypernodes)
+            ),
             what="the extender sees every tray and HyperNode",
             timeout_s=WAIT_S,
         )

@@ -16,12 +16,12 @@ from tests.scheduler_plugin.test_claims import NODES, claim, dra_pod, dra_state,
 def test_a_claim_asking_a_huge_count_fits_nowhere_and_harms_no_one() -> None:
     huge = template("huge", 10**18)
     s = dra_state(templates=[huge, template("one", 1)], pods=[dra_pod("h", template_name="huge")])
-    s.apply("pods", "ADDED", dra_pod("ok", template_name="one"))
-    assert gpus_of(s._info["default/h"]) == MAX_RESULTS + 1
-    out = s.filter(s.pods["default/h"], NODES, 0.0)
+    s.cache.apply("pods", "ADDED", dra_pod("ok", template_name="one"))
+    assert gpus_of(s.cache.info["default/h"]) == MAX_RESULTS + 1
+    out = s.filter(s.cache.pods["default/h"], NODES, 0.0)
     assert out.passed == []
     assert set(out.failed) == set(NODES)
-    assert sorted(s.filter(s.pods["default/ok"], NODES, 0.0).passed) == NODES
+    assert sorted(s.filter(s.cache.pods["default/ok"], NODES, 0.0).passed) == NODES
 
 
 @pytest.mark.parametrize(
@@ -53,17 +53,17 @@ def test_a_malformed_allocation_uses_nothing(status: Any) -> None:
     bad = claim("bad", 2)
     bad["status"] = status
     s = dra_state(claims=[bad])
-    assert all(s.free_gpus(n) == 4 for n in NODES)
-    s.apply("resourceclaims", "DELETED", bad)
-    assert all(s.free_gpus(n) == 4 for n in NODES)
+    assert all(s.cache.free_gpus(n) == 4 for n in NODES)
+    s.cache.apply("resourceclaims", "DELETED", bad)
+    assert all(s.cache.free_gpus(n) == 4 for n in NODES)
 
 
 def test_an_allocation_with_thousands_of_results_counts_at_most_the_apis_bound() -> None:
     many = claim("many", on="r0-t0", devices=tuple(f"gpu-{i % 4}" for i in range(10_000)))
     big = claim("big", on="r0-t1", devices=tuple(f"dev-{i}" for i in range(10_000)))
     s = dra_state(claims=[many, big])
-    assert s.free_gpus("r0-t0") == 0
-    assert s.claims.used("r0-t1") == MAX_RESULTS
+    assert s.cache.free_gpus("r0-t0") == 0
+    assert s.cache.claims.used("r0-t1") == MAX_RESULTS
 
 
 @pytest.mark.parametrize(
@@ -92,14 +92,14 @@ def test_a_malformed_claim_spec_asks_nothing(spec: Any) -> None:
     bad = claim("c")
     bad["spec"] = spec
     s = dra_state(claims=[bad], pods=[dra_pod("p", claim_name="c")])
-    assert gpus_of(s._info["default/p"]) == 0
+    assert gpus_of(s.cache.info["default/p"]) == 0
 
 
 def test_a_claim_in_another_namespace_neither_counts_for_nor_moves_a_pod_here() -> None:
     s = dra_state(templates=[template("t", 2)], pods=[dra_pod("p", template_name="t")])
-    s.apply("resourceclaimtemplates", "ADDED", template("t", 4, namespace="tenant-b"))
-    s.apply("resourceclaims", "ADDED", claim("t", 4, namespace="tenant-b"))
-    assert gpus_of(s._info["default/p"]) == 2
+    s.cache.apply("resourceclaimtemplates", "ADDED", template("t", 4, namespace="tenant-b"))
+    s.cache.apply("resourceclaims", "ADDED", claim("t", 4, namespace="tenant-b"))
+    assert gpus_of(s.cache.info["default/p"]) == 2
 
 
 @pytest.mark.parametrize(
@@ -113,7 +113,7 @@ def test_malformed_claim_references_ask_nothing(refs: Any) -> None:
     p = dra_pod("p", claim_name="c")
     p["spec"]["resourceClaims"] = refs
     s = dra_state(claims=[claim("c", 2)], pods=[p])
-    assert gpus_of(s._info["default/p"]) == 0
+    assert gpus_of(s.cache.info["default/p"]) == 0
 
 
 def test_a_container_named_like_the_synthetic_one_cannot_forge_an_ask() -> None:
@@ -122,7 +122,7 @@ def test_a_container_named_like_the_synthetic_one_cannot_forge_an_ask() -> None:
         {"name": "<resource-claims>", "resources": {"requests": {"nvidia.com/gpu": "7"}}}
     )
     s = dra_state(claims=[claim("c", 1)], pods=[p])
-    assert gpus_of(s._info["default/p"]) == 1
+    assert gpus_of(s.cache.info["default/p"]) == 1
 
 
 @pytest.mark.parametrize(
@@ -143,10 +143,10 @@ def test_a_container_named_like_the_synthetic_one_cannot_forge_an_ask() -> None:
 def test_a_malformed_slice_adds_no_gpus_and_its_removal_takes_none(spec: Any) -> None:
     bad = {"metadata": {"name": "bad"}, "spec": spec}
     s = dra_state()
-    s.apply("resourceslices", "ADDED", bad)
-    assert all(s.free_gpus(n) == 4 for n in NODES)
-    s.apply("resourceslices", "DELETED", bad)
-    assert all(s.free_gpus(n) == 4 for n in NODES)
+    s.cache.apply("resourceslices", "ADDED", bad)
+    assert all(s.cache.free_gpus(n) == 4 for n in NODES)
+    s.cache.apply("resourceslices", "DELETED", bad)
+    assert all(s.cache.free_gpus(n) == 4 for n in NODES)
 
 
 def test_events_in_any_order_leave_the_book_as_a_fresh_one() -> None:

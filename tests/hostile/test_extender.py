@@ -25,13 +25,14 @@ import pytest
 from scheduler_plugin.extender import (
     MAX_JSON_DEPTH,
     MAX_NUMBER_CHARS,
-    ClusterState,
     Extender,
     ExtenderServer,
+    ExtenderState,
     ServerLimits,
     json_depth,
 )
-from scheduler_plugin.extender import state as state_module
+from scheduler_plugin.extender import filter as filter_module
+from scheduler_plugin.extender import inputs as inputs_module
 from scheduler_plugin.gangs import GangError, gang_from_podgroup
 from scheduler_plugin.snapshot import MAX_GANG_PODS, ClusterSnapshot, Gang, PlanResult
 from tests.integration.fakekube import hypernode, node, pod
@@ -44,14 +45,14 @@ DEADLINE_S = 8.0
 JSON_HEADERS = {"Content-Type": "application/json"}
 
 
-def make_state(pods: list[dict[str, Any]] = ()) -> ClusterState:  # type: ignore[assignment]
-    s = ClusterState(reservation_ttl_s=60.0, barrier_timeout_s=5.0)
-    s.replace("nodes", [node(n, 4) for n in NODES])
-    s.replace(
+def make_state(pods: list[dict[str, Any]] = ()) -> ExtenderState:  # type: ignore[assignment]
+    s = ExtenderState(reservation_ttl_s=60.0, barrier_timeout_s=5.0)
+    s.cache.replace("nodes", [node(n, 4) for n in NODES])
+    s.cache.replace(
         "hypernodes",
         [hypernode(f"nvl-{r}", 1, "nvlink", [f"r{r}-t{t}" for t in range(4)]) for r in range(2)],
     )
-    s.replace("pods", pods)
+    s.cache.replace("pods", pods)
     return s
 
 
@@ -82,7 +83,7 @@ class Recorder:
 
 
 class Served:
-    def __init__(self, server: ExtenderServer, state: ClusterState, cluster: Recorder) -> None:
+    def __init__(self, server: ExtenderServer, state: ExtenderState, cluster: Recorder) -> None:
         self.server = server
         self.state = state
         self.cluster = cluster
@@ -124,7 +125,7 @@ async def request(
 
 @asynccontextmanager
 async def serving(
-    state: ClusterState | None = None, *, limits: ServerLimits = FAST, max_body: int = 1 << 20
+    state: ExtenderState | None = None, *, limits: ServerLimits = FAST, max_body: int = 1 << 20
 ) -> AsyncIterator[Served]:
     state = state or make_state()
     cluster = Recorder()
@@ -137,7 +138,7 @@ async def serving(
         await server.stop(grace_s=1.0)
 
 
-def run(test: Callable[[Served], Awaitable[None]], state: ClusterState | None = None, **kwargs: Any) -> None:
+def run(test: Callable[[Served], Awaitable[None]], state: ExtenderState | None = None, **kwargs: Any) -> None:
     async def main() -> None:
         async with serving(state, **kwargs) as srv:
             await test(srv)
@@ -261,7 +262,7 @@ def test_forged_gang_pods_reserve_nothing_and_a_real_pod_still_fits() -> None:
             assert out["NodeNames"] == []
             assert set(out["FailedAndUnresolvableNodes"]) == set(NODES)
             assert "not known to the extender's informer" in out["FailedAndUnresolvableNodes"]["r0-t0"]
-        assert srv.state.reservations == {}
+        assert srv.state.holds.reservations == {}
         assert srv.cluster.events == []  # no API writes for a forged pod
         status, out = await srv.post("filter", {"Pod": real, "NodeNames": NODES})
         assert set(out["NodeNames"]) == set(NODES)
@@ -271,7 +272,7 @@ def test_forged_gang_pods_reserve_nothing_and_a_real_pod_still_fits() -> None:
 
 def test_many_forged_filters_leave_no_state_behind() -> None:
     async def test(srv: Served) -> None:
-        before = (dict(srv.state.pods), len(srv.state._last_event), len(srv.state._filtered))
+        before = (dict(srv.state.cache.pods), len(srv.state.outbox.last_event), len(srv.state.holds.filtered))
         ext = srv.server.extender
         for i in range(3_000):  # each a new pod name, half of them gangs
             p = gang_pod(f"forged-{i}", 0, gang=f"g{i}") if i % 2 else pod(f"forged-{i}", 1)
@@ -280,8 +281,12 @@ def test_many_forged_filters_leave_no_state_behind() -> None:
             )
             assert status == 200
             assert out["NodeNames"] == []
-        assert srv.state.reservations == {}
-        assert (dict(srv.state.pods), len(srv.state._last_event), len(srv.state._filtered)) == before
+        assert srv.state.holds.reservations == {}
+        assert (
+            dict(srv.state.cache.pods),
+            len(srv.state.outbox.last_event),
+            len(srv.state.holds.filtered),
+        ) == before
 
     run(test, make_state([pod("real", 1)]))
 
@@ -293,7 +298,7 @@ def test_a_forged_copy_of_a_real_pod_is_decided_on_the_informers_copy() -> None:
     async def test(srv: Served) -> None:
         _, out = await srv.post("filter", {"Pod": forged, "NodeNames": NODES})
         assert set(out["NodeNames"]) == set(NODES)  # the real pod on its own fits everywhere
-        assert srv.state.reservations == {}
+        assert srv.state.holds.reservations == {}
         other_uid = {**real, "metadata": {**real["metadata"], "uid": "forged-uid"}}
         _, out = await srv.post("filter", {"Pod": other_uid, "NodeNames": NODES})
         assert out["NodeNames"] == []
@@ -310,7 +315,7 @@ def test_pods_of_another_scheduler_get_no_decision() -> None:
         _, out = await srv.post("filter", {"Pod": theirs, "NodeNames": NODES})
         assert out["NodeNames"] == []
         assert "'default-scheduler'" in out["FailedAndUnresolvableNodes"]["r0-t0"]
-        assert srv.state._filtered == {}
+        assert srv.state.holds.filtered == {}
 
     run(test, make_state([theirs]))
 
@@ -409,13 +414,14 @@ def test_bind_after_filter_binds_and_only_once() -> None:
 @pytest.fixture
 def bounded_planner(monkeypatch: pytest.MonkeyPatch) -> None:
     """A regression reaches the planner with the huge gang: fail fast there instead of eating memory."""
-    real_plan = state_module.plan
+    real_plan = inputs_module.plan
 
     def guarded(snapshot: ClusterSnapshot, gang: Gang, **kwargs: Any) -> PlanResult:
         assert sum(r.pods for r in gang.roles) <= MAX_GANG_PODS, "an unbounded gang reached the planner"
         return real_plan(snapshot, gang, **kwargs)
 
-    monkeypatch.setattr(state_module, "plan", guarded)
+    monkeypatch.setattr(inputs_module, "plan", guarded)
+    monkeypatch.setattr(filter_module, "plan", guarded)
 
 
 @pytest.mark.usefixtures("bounded_planner")
@@ -449,7 +455,7 @@ def test_a_billion_pod_gang_is_an_invalid_gang_naming_the_annotation_and_limit(
         msg = out["FailedAndUnresolvableNodes"]["r0-t0"]
         assert needle in msg
         assert f"limit of {MAX_GANG_PODS} pods per gang" in msg
-        assert srv.state.reservations == {}
+        assert srv.state.holds.reservations == {}
         await asyncio.sleep(0.05)
         assert [r for _, r, _ in srv.cluster.events] == ["InvalidGang"]
 
@@ -487,13 +493,14 @@ def test_podgroup_sizes_over_the_limit_are_refused(spec: dict[str, Any], needle:
 
 
 def test_planning_runs_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_plan = state_module.plan
+    real_plan = inputs_module.plan
 
     def slow(snapshot: ClusterSnapshot, gang: Gang, **kwargs: Any) -> PlanResult:
         time.sleep(1.5)  # a long plan: the loop must keep answering meanwhile
         return real_plan(snapshot, gang, **kwargs)
 
-    monkeypatch.setattr(state_module, "plan", slow)
+    monkeypatch.setattr(inputs_module, "plan", slow)
+    monkeypatch.setattr(filter_module, "plan", slow)
     pods = [gang_pod(f"w{i}", i) for i in range(4)]
 
     async def test(srv: Served) -> None:
@@ -813,13 +820,13 @@ def test_malformed_pod_fields_are_kept_as_they_came_and_cost_no_other_pod_its_an
     bad[path[0]][path[1]] = value
     gang = [gang_pod(f"g-{i}", i) for i in range(4)]
     s = make_state([bad, *gang])
-    s.apply("pods", "MODIFIED", bad)
-    s.queue_tick(1.0, 1_800_000_000.0)
+    s.cache.apply("pods", "MODIFIED", bad)
+    s.queue.tick(1.0, 1_800_000_000.0)
     good = pod("good", 1)
-    s.apply("pods", "ADDED", good)
+    s.cache.apply("pods", "ADDED", good)
     out = s.filter(good, NODES, 1.0, 1_800_000_000.0)
     assert out.passed, out.failed
-    answered = s.filter(s.pods["default/bad"], NODES, 1.0, 1_800_000_000.0)
+    answered = s.filter(s.cache.pods["default/bad"], NODES, 1.0, 1_800_000_000.0)
     assert answered.passed or answered.failed or answered.unresolvable
-    s.apply("pods", "DELETED", bad)
-    assert "default/bad" not in s.pods
+    s.cache.apply("pods", "DELETED", bad)
+    assert "default/bad" not in s.cache.pods

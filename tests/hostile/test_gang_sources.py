@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from scheduler_plugin import gangs as gangs_module
-from scheduler_plugin.extender import ClusterState
+from scheduler_plugin.extender import ExtenderState
 from scheduler_plugin.gangs import (
     DEFAULT_ROLE,
     MAX_GANG_ROLES,
@@ -297,10 +297,12 @@ def test_ten_thousand_and_one_pods_naming_one_native_podgroup() -> None:
 # -- through the extender's state ------------------------------------------------------------------
 
 
-def _state() -> ClusterState:
-    s = ClusterState()
-    s.replace("nodes", [node(f"n{i}", 4, labels={"gpuagent.dev/nvlink-domain": "d0"}) for i in range(4)])
-    s.replace("hypernodes", [hypernode("nvl-0", 1, "nvlink", [f"n{i}" for i in range(4)])])
+def _state() -> ExtenderState:
+    s = ExtenderState()
+    s.cache.replace(
+        "nodes", [node(f"n{i}", 4, labels={"gpuagent.dev/nvlink-domain": "d0"}) for i in range(4)]
+    )
+    s.cache.replace("hypernodes", [hypernode("nvl-0", 1, "nvlink", [f"n{i}" for i in range(4)])])
     return s
 
 
@@ -342,16 +344,16 @@ def test_state_answers_hostile_sources_unresolvable_and_holds_nothing(
     kind: str, obj: dict[str, Any], pod: dict[str, Any]
 ) -> None:
     s = _state()
-    s.replace("pods", [pod])
-    s.replace(kind, [obj])
+    s.cache.replace("pods", [pod])
+    s.cache.replace(kind, [obj])
     names = [f"n{i}" for i in range(4)]
     out = s.filter(pod, names, now=1.0)
     assert not out.passed
     assert set(out.unresolvable) == set(names)
     assert next(iter(out.unresolvable.values())).startswith("invalid gang: ")
     assert [e.reason for e in out.events] == ["InvalidGang"]
-    assert s.reservations == {}
-    assert s.held_gpus() == {}
+    assert s.holds.reservations == {}
+    assert s.holds.held_gpus() == {}
     bind: Callable[[], Any] = lambda: s.bind(NS, "p", "u", "n0", now=2.0)  # noqa: E731
     assert bind().action == "error"
 
@@ -544,14 +546,14 @@ def test_unforeseen_shapes_are_that_gangs_error(monkeypatch: pytest.MonkeyPatch)
         gang_for_pod(p, [p], {"ml/pg": volcano()}, TIERS)
 
 
-def _two_namespaces(*bad_policies: Any) -> tuple[ClusterState, dict[str, Any], dict[str, Any]]:
+def _two_namespaces(*bad_policies: Any) -> tuple[ExtenderState, dict[str, Any], dict[str, Any]]:
     """A hostile PodGroup in namespace ``evil`` and a good two-pod gang in ``ml``, both pending."""
     s = _state()
     good = [grouped(f"g{i}", r="w") for i in range(2)]
     bad = grouped("b0", namespace="evil", r="w")
-    s.replace("pods", [*good, bad])
+    s.cache.replace("pods", [*good, bad])
     good_policy = worker({"matchLabels": {"r": "w"}}, subGroupSize=2)
-    s.replace(
+    s.cache.replace(
         "podgroups",
         [
             {
@@ -583,7 +585,7 @@ STATE_SELECTORS = [
 def test_a_malformed_selector_is_invalid_for_its_gang_only(selector: Any) -> None:
     s, good, bad = _two_namespaces(worker(selector))
     names = [f"n{i}" for i in range(4)]
-    s.queue_pass(1.0, 1.0)  # every gang's pass: used to raise for all namespaces
+    s.queue.run_pass(1.0, 1.0)  # every gang's pass: used to raise for all namespaces
     out = s.filter(bad, names, now=1.0)
     assert set(out.unresolvable) == set(names)
     assert "spec.subGroupPolicy[0].labelSelector" in out.unresolvable["n0"]
@@ -591,7 +593,7 @@ def test_a_malformed_selector_is_invalid_for_its_gang_only(selector: Any) -> Non
     assert s.filter(bad, names, now=1.5).events == []  # one Event, not one per filter
     ok = s.filter(good, names, now=2.0)
     assert len(ok.passed) == 1, ok
-    assert set(s.reservations) == {"ml/pg"}
+    assert set(s.holds.reservations) == {"ml/pg"}
 
 
 def test_filter_answers_200_beside_a_malformed_selector() -> None:
@@ -711,11 +713,11 @@ def test_an_over_bound_gang_is_invalid_for_itself_only_with_one_event() -> None:
     policies = [worker({"matchLabels": {"r": f"x{i}"}}, name=f"s{i}") for i in range(15_000)]
     s, good, bad = _two_namespaces(*policies)
     names = [f"n{i}" for i in range(4)]
-    s.queue_pass(1.0, 1.0)
+    s.queue.run_pass(1.0, 1.0)
     out = s.filter(bad, names, now=1.0)
     assert set(out.unresolvable) == set(names)
     assert f"15000 entries is over the {BOUND}" in out.unresolvable["n0"]
     assert [e.reason for e in out.events] == ["InvalidGang"]
     assert s.filter(bad, names, now=1.5).events == []
     assert len(s.filter(good, names, now=2.0).passed) == 1
-    assert set(s.reservations) == {"ml/pg"}
+    assert set(s.holds.reservations) == {"ml/pg"}

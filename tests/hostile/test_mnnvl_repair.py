@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from scheduler_plugin.extender import ClusterState
+from scheduler_plugin.extender import ExtenderState
 from scheduler_plugin.extender.policy import GangPolicy, gang_policy
 from scheduler_plugin.gangs import GangError
 from tests.integration.fakekube import hypernode, node
@@ -56,14 +56,14 @@ BAD = [
 
 @pytest.mark.parametrize(("annotation", "value"), BAD, ids=[f"{a}={str(v)[:12]!r}" for a, v in BAD])
 def test_a_bad_value_is_an_invalid_gang_naming_the_annotation(annotation: str, value: Any) -> None:
-    s = ClusterState()
-    s.replace("nodes", [node(n, 4, labels={"gpuagent.dev/fabric-health": "healthy"}) for n in NODES])
-    s.replace("hypernodes", [hypernode("nvl-0", 1, "nvlink", NODES)])
+    s = ExtenderState()
+    s.cache.replace("nodes", [node(n, 4, labels={"gpuagent.dev/fabric-health": "healthy"}) for n in NODES])
+    s.cache.replace("hypernodes", [hypernode("nvl-0", 1, "nvlink", NODES)])
     pods = [_pod(i, {annotation: value}) for i in range(2)]
-    s.replace("pods", pods)
+    s.cache.replace("pods", pods)
     out = s.filter(pods[0], NODES, 0.0)
     assert not out.passed
-    assert not s.reservations
+    assert not s.holds.reservations
     msg = next(iter(out.unresolvable.values()))
     assert annotation in msg
     assert len(msg) < 1000  # a huge value is cut, not echoed

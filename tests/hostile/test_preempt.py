@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from scheduler_plugin.extender import ClusterState
+from scheduler_plugin.extender import ExtenderState
 from scheduler_plugin.queueing import MAX_VICTIM_PODS
 from tests.hostile.test_extender import NODES, Served, gang_pod, make_state, run
 from tests.integration.fakekube import pod
@@ -131,7 +131,7 @@ def test_full_victims_form_is_read_and_half_a_gang_is_never_offered() -> None:
 
 
 # -- what tenants write on the work a preemption may take (issue 26, items 7-10) -------------------------
-def _victims_cluster(lone: dict[str, Any]) -> ClusterState:
+def _victims_cluster(lone: dict[str, Any]) -> ExtenderState:
     """nvl-0 runs an old 2-pod gang on two nodes; the tenant's ``lone`` pod sits on r0-t0 beside
     nothing else: a 4-GPU preemptor can take r0-t0 (if ``lone`` may go) or the old gang's pair."""
     old = [gang_pod(f"old-{i}", i, gang="old", size=2) for i in range(2)]
@@ -145,7 +145,7 @@ def _victims_cluster(lone: dict[str, Any]) -> ClusterState:
     hi = gang_pod("hi-0", 0, gang="hi", size=1)
     hi["spec"]["priority"] = 1000
     s = make_state([*old, *fill, lone, hi])
-    s.queue_config = dataclasses.replace(s.queue_config, preempt_after_s=0)
+    s.queue.config = dataclasses.replace(s.queue.config, preempt_after_s=0)
     return s
 
 
@@ -167,7 +167,7 @@ def test_garbage_owner_references_make_a_pod_on_its_own_and_the_pass_goes_on(ref
     lone = pod("lone", 4)
     lone["metadata"]["ownerReferences"] = refs
     s = _victims_cluster(lone)
-    actions = s.queue_tick(1.0, 1_900_000_000.0)
+    actions = s.queue.tick(1.0, 1_900_000_000.0)
     got = {e.pod["metadata"]["name"] for e in actions.evictions}
     assert got in ({"lone"}, {"old-0", "old-1"})  # one victim, whole; no exception
     assert all(len(e.victim) < 600 for e in actions.evictions)
@@ -185,7 +185,7 @@ def test_garbage_group_labels_are_cut_or_ignored(labels: dict[str, Any]) -> None
     lone = pod("lone", 4)
     lone["metadata"]["labels"] = labels
     s = _victims_cluster(lone)
-    actions = s.queue_tick(1.0, 1_900_000_000.0)
+    actions = s.queue.tick(1.0, 1_900_000_000.0)
     assert {e.pod["metadata"]["name"] for e in actions.evictions} in ({"lone"}, {"old-0", "old-1"})
     assert all(len(e.victim) < 600 for e in actions.evictions)
 
@@ -248,8 +248,8 @@ def test_garbage_disruption_budgets_never_stop_the_pass(budget: dict[str, Any], 
     is no selector selects nothing (the API server itself refuses such budgets)."""
     lone = pod("lone", 4, namespace="tenant", labels={"app": "lone"})
     s = _victims_cluster(lone)
-    s.replace("pdbs", [budget])
-    actions = s.queue_tick(1.0, 1_900_000_000.0)
+    s.cache.replace("pdbs", [budget])
+    actions = s.queue.tick(1.0, 1_900_000_000.0)
     got = {e.pod["metadata"]["name"] for e in actions.evictions}
     if blocks:
         assert got == {"old-0", "old-1"}  # the lone pod is protected: the old gang goes, whole

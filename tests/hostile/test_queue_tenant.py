@@ -38,16 +38,16 @@ def test_a_pod_parked_for_a_day_does_not_move_a_new_gang_ahead() -> None:
     parked = member("late", 0, at=T0 - 86_400)
     late = [parked, *(member("late", i, at=T0 + 50) for i in range(1, 4))]
     s = make_state([*busy_cluster(), *late, *fair])
-    s.queue_tick(1.0, T0 + 60)
-    assert s._queue_waiting == ["default/fair", "default/late"]
-    assert set(s.queue_reservations) == {"default/fair"}  # the head is the gang complete first
+    s.queue.tick(1.0, T0 + 60)
+    assert s.queue.waiting == ["default/fair", "default/late"]
+    assert set(s.holds.queue_reservations) == {"default/fair"}  # the head is the gang complete first
 
 
 def test_one_high_priority_pod_does_not_lift_its_gang_into_preempting() -> None:
     mixed = [member("mixed", i, at=T0 + 10) for i in range(4)]
     mixed[0]["spec"]["priority"] = 1_000_000  # one pod of a high class among low ones
     s = make_state([*preemption_cluster(), *mixed], config=QueueConfig(preempt_after_s=0))
-    actions = s.queue_tick(1.0, T0 + 1000)
+    actions = s.queue.tick(1.0, T0 + 1000)
     assert actions.evictions == ()
     assert not [e for e in actions.events if e.reason == "GangPreempting"]
 
@@ -57,8 +57,8 @@ def test_a_gang_takes_the_lowest_priority_of_its_pods_in_the_queue_order() -> No
     mixed[0]["spec"]["priority"] = 1_000_000
     steady = [member("steady", i, priority=100, at=T0 + 20) for i in range(4)]
     s = make_state([*busy_cluster(), *mixed, *steady])
-    s.queue_tick(1.0, T0 + 30)
-    assert s._queue_waiting == ["default/steady", "default/mixed"]
+    s.queue.tick(1.0, T0 + 30)
+    assert s.queue.waiting == ["default/steady", "default/mixed"]
 
 
 def test_a_head_gang_that_can_never_fit_lets_the_next_gang_be_the_head() -> None:
@@ -66,16 +66,16 @@ def test_a_head_gang_that_can_never_fit_lets_the_next_gang_be_the_head() -> None
     stayed the head with no reservation, so no gang behind it was ever reserved."""
     impossible = [member("huge", i, size=5, at=T0 + 5) for i in range(5)]
     s = make_state([*busy_cluster(), *impossible, *(member("next", i, at=T0 + 10) for i in range(4))])
-    actions = s.queue_tick(1.0, T0 + 20)
-    assert set(s.queue_reservations) == {"default/next"}  # the next gang is the head
+    actions = s.queue.tick(1.0, T0 + 20)
+    assert set(s.holds.queue_reservations) == {"default/next"}  # the next gang is the head
     said = [e for e in actions.events if e.reason == "GangNeverFits"]
     assert {e.pod["metadata"]["name"] for e in said} == {f"huge-{i}" for i in range(5)}
     assert "fits nowhere even with every node free" in said[0].message
-    assert "gpuagent_extender_never_fitting_gangs 1" in s.metrics_text().decode()
-    s._queue_dirty = True
-    again = s.queue_tick(2.0, T0 + 30)
+    assert "gpuagent_extender_never_fitting_gangs 1" in s.queue.metrics_text().decode()
+    s.cache.dirty = True
+    again = s.queue.tick(2.0, T0 + 30)
     assert not [e for e in again.events if e.reason == "GangNeverFits"]  # said once
-    assert set(s.queue_reservations) == {"default/next"}
+    assert set(s.holds.queue_reservations) == {"default/next"}
 
 
 def test_a_head_waiting_for_endless_work_still_holds_the_queue() -> None:
@@ -87,11 +87,11 @@ def test_a_head_waiting_for_endless_work_still_holds_the_queue() -> None:
         p["metadata"]["annotations"]["gpuagent.dev/gang"] = f"run{i // 2}"
         p["metadata"]["annotations"]["gpuagent.dev/rank"] = str(i % 2)
     s = make_state([*endless, *(member("head", i, at=T0 + 5) for i in range(4))])
-    s.apply("pods", "ADDED", member("next", 0, size=1, at=T0 + 10))
-    s.queue_tick(1.0, T0 + 20)
-    assert "default/head" in s._queue_waiting
-    assert s.queue_reservations == {}
-    assert "gpuagent_extender_never_fitting_gangs 0" in s.metrics_text().decode()
+    s.cache.apply("pods", "ADDED", member("next", 0, size=1, at=T0 + 10))
+    s.queue.tick(1.0, T0 + 20)
+    assert "default/head" in s.queue.waiting
+    assert s.holds.queue_reservations == {}
+    assert "gpuagent_extender_never_fitting_gangs 0" in s.queue.metrics_text().decode()
 
 
 def test_a_forged_reserved_for_does_not_reorder_the_queue_after_a_restart() -> None:
@@ -102,9 +102,9 @@ def test_a_forged_reserved_for_does_not_reorder_the_queue_after_a_restart() -> N
     second = [member("second", i, at=T0 + 20) for i in range(4)]
     annotated = dict.fromkeys(DOMAIN0, "default/second")
     s = make_state([*busy_cluster(), *first, *second], annotated=annotated)
-    actions = s.queue_tick(1.0, T0 + 30)
-    assert set(s.queue_reservations) == {"default/first"}
-    head = s.queue_reservations["default/first"]
+    actions = s.queue.tick(1.0, T0 + 30)
+    assert set(s.holds.queue_reservations) == {"default/first"}
+    head = s.holds.queue_reservations["default/first"]
     assert (sorted(head.claims), head.start_s) == (DOMAIN0, T0 + 100)  # the domain that frees first
     assert actions.annotate == dict.fromkeys(DOMAIN0, "default/first")
 
@@ -114,8 +114,8 @@ def test_a_rebuilt_hold_of_the_head_is_kept_after_a_restart() -> None:
     second = [member("second", i, at=T0 + 20) for i in range(4)]
     nvl1 = [n for n in NODES if n not in DOMAIN0]
     s = make_state([*busy_cluster(), *first, *second], annotated=dict.fromkeys(nvl1, "default/first"))
-    actions = s.queue_tick(1.0, T0 + 30)
-    held = s.queue_reservations["default/first"]
+    actions = s.queue.tick(1.0, T0 + 30)
+    held = s.holds.queue_reservations["default/first"]
     assert (sorted(held.claims), held.start_s) == (nvl1, T0 + 300)  # the head's, as the nodes say
     assert actions.annotate == {}
 
@@ -140,16 +140,16 @@ def test_a_gang_requesting_cpu_and_memory_is_reserved_on_a_full_cluster() -> Non
         tray = node(n, 4)
         tray["status"]["allocatable"].update({"cpu": "144", "memory": "1000Gi"})
         trays.append(tray)
-    s.replace("nodes", trays)
-    s.queue_tick(1.0, T0 + 20)
-    held = s.queue_reservations["default/train"]
+    s.cache.replace("nodes", trays)
+    s.queue.tick(1.0, T0 + 20)
+    held = s.holds.queue_reservations["default/train"]
     assert (sorted(held.claims), held.start_s) == (DOMAIN0, T0 + 100)
 
 
 # -- declared time limits count only where something enforces them ----------------------------------
 def _bound(s: Any, p: dict[str, Any], node_name: str, at: float) -> None:
     p = dict(p, spec={**p["spec"], "nodeName": node_name}, status={"phase": "Running", "startTime": iso(at)})
-    s.apply("pods", "MODIFIED", p)
+    s.cache.apply("pods", "MODIFIED", p)
 
 
 def test_a_pod_that_backfilled_onto_held_nodes_is_evicted_past_its_limit_and_the_start_stays() -> None:
@@ -157,17 +157,17 @@ def test_a_pod_that_backfilled_onto_held_nodes_is_evicted_past_its_limit_and_the
     ran forever, the head's expected start sliding forward on every pass. The extender now evicts it at
     its limit plus the grace (an Event says why) and counts it as gone by then, so the start holds."""
     s = make_state([*busy_cluster(), *big_gang()], grace=30)
-    s.queue_tick(1.0, T0 + 20)
-    start = s.queue_reservations["default/big"].start_s
+    s.queue.tick(1.0, T0 + 20)
+    start = s.holds.queue_reservations["default/big"].start_s
     assert start == T0 + 130  # r0-t0's job: its limit of 100 s plus the grace
     sneak = solo("sneak", 4, limit=50, at=T0 + 30)  # ends by T0+110 at the latest: before the start
-    s.apply("pods", "ADDED", sneak)
-    assert "r0-t1" in s.filter(s.pods["default/sneak"], NODES, 2.0, T0 + 30).passed
-    _bound(s, s.pods["default/sneak"], "r0-t1", T0 + 31)
+    s.cache.apply("pods", "ADDED", sneak)
+    assert "r0-t1" in s.filter(s.cache.pods["default/sneak"], NODES, 2.0, T0 + 30).passed
+    _bound(s, s.cache.pods["default/sneak"], "r0-t1", T0 + 31)
     for t in (T0 + 90, T0 + 105):  # past its limit (T0+81), within the grace: it may finish
-        s._queue_dirty = True
-        assert s.queue_tick(3.0, t).evictions == ()
-        assert s.queue_reservations["default/big"].start_s == start  # the start does not slide
+        s.cache.dirty = True
+        assert s.queue.tick(3.0, t).evictions == ()
+        assert s.holds.queue_reservations["default/big"].start_s == start  # the start does not slide
     fake = FakeQueueCluster()
     ext = Extender(state=s, cluster=fake, queue_cluster=fake, wall=lambda: T0 + 112, clock=lambda: 4.0)
 
@@ -188,34 +188,34 @@ def test_a_pod_that_backfilled_onto_held_nodes_is_evicted_past_its_limit_and_the
     assert len(said) == 1
     assert "declared time limit of 50s plus a grace of 30s" in said[0][2]
     assert "held for gang default/big" in said[0][2]
-    assert s.queue_reservations["default/big"].start_s == start
+    assert s.holds.queue_reservations["default/big"].start_s == start
 
 
 def test_a_declared_limit_off_held_nodes_is_left_alone_by_default() -> None:
     s = make_state([solo("free", 4, on="r1-t3", limit=50, at=T0)], grace=30)
-    assert s.queue_tick(1.0, T0 + 1000).evictions == ()  # no gang waits for its node
+    assert s.queue.tick(1.0, T0 + 1000).evictions == ()  # no gang waits for its node
     everywhere = make_state([solo("free", 4, on="r1-t3", limit=50, at=T0)], grace=30, enforce="all")
-    evicted = everywhere.queue_tick(1.0, T0 + 1000).evictions
+    evicted = everywhere.queue.tick(1.0, T0 + 1000).evictions
     assert [(e.pod["metadata"]["name"], e.reason) for e in evicted] == [("free", "TimeLimitExceeded")]
     # with nothing queued, a pod that starts later is still seen, and evicted when its time comes
     later = solo("later", 4, on="r0-t3", limit=50, at=T0 + 1000)
-    everywhere.apply("pods", "ADDED", later)
-    assert everywhere.queue_tick(2.0, T0 + 1001).evictions == ()
-    evicted = everywhere.queue_tick(3.0, T0 + 1080).evictions
+    everywhere.cache.apply("pods", "ADDED", later)
+    assert everywhere.queue.tick(2.0, T0 + 1001).evictions == ()
+    evicted = everywhere.queue.tick(3.0, T0 + 1080).evictions
     assert [e.pod["metadata"]["name"] for e in evicted] == ["later"]
 
 
 def test_with_enforcement_off_a_declared_limit_does_not_let_a_pod_onto_held_nodes() -> None:
     """Nothing would end it: a pod declaring a short limit counts as never ending."""
     s = make_state([*busy_cluster(), *big_gang()], enforce="off")
-    s.queue_tick(1.0, T0 + 20)
-    assert "default/big" not in s.queue_reservations  # the running jobs' annotation limits count no more
+    s.queue.tick(1.0, T0 + 20)
+    assert "default/big" not in s.holds.queue_reservations  # the running jobs' limits count no more
     s = make_state([*busy_cluster(), *big_gang()])
-    s.queue_tick(1.0, T0 + 20)
+    s.queue.tick(1.0, T0 + 20)
     sneak = solo("sneak", 4, limit=50, at=T0 + 30)
-    s.enforce_time_limits = "off"
-    s.apply("pods", "ADDED", sneak)
-    out = s.filter(s.pods["default/sneak"], NODES, 2.0, T0 + 30)
+    s.inputs.enforce_time_limits = "off"
+    s.cache.apply("pods", "ADDED", sneak)
+    out = s.filter(s.cache.pods["default/sneak"], NODES, 2.0, T0 + 30)
     assert "r0-t1" not in out.passed
     assert "r1-t1" in out.passed
 
@@ -240,12 +240,12 @@ def test_limits_others_enforce_count_and_kueues_only_where_kueue_admits() -> Non
     assert pod_limits(solo("ours", 4, limit=50, at=T0), {}) == Limits(declared=50.0)
     busy = [_deadline(solo("a", 4, on="r0-t0"), 100), _deadline(solo("b", 4, on="r1-t0"), 300)]
     s = make_state([*busy, *big_gang()], enforce="off")
-    s.queue_tick(1.0, T0 + 20)
-    assert s.queue_reservations["default/big"].start_s == T0 + 100
+    s.queue.tick(1.0, T0 + 20)
+    assert s.holds.queue_reservations["default/big"].start_s == T0 + 100
     for p, held_ok in ((deadline, True), (kueue, True), (forged, False)):
         p["metadata"]["creationTimestamp"] = iso(T0 + 30)
-        s.apply("pods", "ADDED", p)
-        passed = s.filter(s.pods[f"default/{p['metadata']['name']}"], NODES, 2.0, T0 + 30).passed
+        s.cache.apply("pods", "ADDED", p)
+        passed = s.filter(s.cache.pods[f"default/{p['metadata']['name']}"], NODES, 2.0, T0 + 30).passed
         assert ("r0-t1" in passed) is held_ok, p["metadata"]["name"]
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from agent.commands.plan import main
-from scheduler_plugin.extender import ClusterState
+from scheduler_plugin.extender import ExtenderState
 from scheduler_plugin.gangs import GangError, gang_from_annotations
 from scheduler_plugin.snapshot import MAX_GANG_PODS
 from tests.integration.fakekube import hypernode, node
@@ -111,9 +111,9 @@ def test_auto_annotations_read_into_the_role() -> None:
     assert default.gang.roles[0].subgroup_auto_min == 1
 
 
-def _state(unready: set[int] = frozenset()) -> ClusterState:  # type: ignore[assignment]
-    s = ClusterState()
-    s.replace(
+def _state(unready: set[int] = frozenset()) -> ExtenderState:  # type: ignore[assignment]
+    s = ExtenderState()
+    s.cache.replace(
         "nodes",
         [
             node(
@@ -128,7 +128,7 @@ def _state(unready: set[int] = frozenset()) -> ClusterState:  # type: ignore[ass
             for i in range(4)
         ],
     )
-    s.replace("hypernodes", [hypernode("nvl-0", 1, "nvlink", [f"n{i}" for i in range(4)])])
+    s.cache.replace("hypernodes", [hypernode("nvl-0", 1, "nvlink", [f"n{i}" for i in range(4)])])
     return s
 
 
@@ -138,15 +138,15 @@ def test_state_answers_hostile_auto_unresolvable_and_holds_nothing(
 ) -> None:
     s = _state()
     pods = _pods(4, annotations)
-    s.replace("pods", pods)
+    s.cache.replace("pods", pods)
     names = [f"n{i}" for i in range(4)]
     out = s.filter(pods[0], names, now=1.0)
     assert not out.passed
     assert set(out.unresolvable) == set(names)
     assert needle in next(iter(out.unresolvable.values()))
     assert [e.reason for e in out.events] == ["InvalidGang"]
-    assert s.reservations == {}
-    assert s.held_gpus() == {}
+    assert s.holds.reservations == {}
+    assert s.holds.held_gpus() == {}
 
 
 def test_state_says_why_no_size_divides_the_pods_and_holds_nothing() -> None:
@@ -154,13 +154,13 @@ def test_state_says_why_no_size_divides_the_pods_and_holds_nothing() -> None:
     trays hold 2 of its pods and no size from 2 to 2 divides 3, which the filter says."""
     s = _state(unready={0, 1})
     pods = _pods(3, {**AUTO, "gpuagent.dev/subgroup-size-min": "2", "gpuagent.dev/gang-size": "3"})
-    s.replace("pods", pods)
+    s.cache.replace("pods", pods)
     out = s.filter(pods[0], [f"n{i}" for i in range(4)], now=1.0)
     assert not out.passed
     msg = next(iter(out.failed.values()))
     assert "no size from 2 (subgroup_size_min) to 2" in msg
     assert "divides its 3 pods into equal subgroups; 2 node(s) not ready left out" in msg
-    assert s.held_gpus() == {}
+    assert s.holds.held_gpus() == {}
 
 
 # -- the plan file ----------------------------------------------------------------------------------

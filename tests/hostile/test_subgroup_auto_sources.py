@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from scheduler_plugin.extender import ClusterState
+from scheduler_plugin.extender import ExtenderState
 from scheduler_plugin.gangs import (
     GangError,
     gang_from_podgroup,
@@ -193,20 +193,20 @@ def test_native_auto_over_pods_of_two_shapes_is_a_gang_error() -> None:
 
 
 def test_state_answers_a_hostile_volcano_auto_unresolvable_and_holds_nothing() -> None:
-    s = ClusterState()
+    s = ExtenderState()
     names = [f"n{i}" for i in range(8)]
-    s.replace("nodes", [node(n, 4, labels={"gpuagent.dev/nvlink-domain": "d0"}) for n in names])
-    s.replace("hypernodes", [hypernode("nvl-0", 1, "nvlink", names)])
+    s.cache.replace("nodes", [node(n, 4, labels={"gpuagent.dev/nvlink-domain": "d0"}) for n in names])
+    s.cache.replace("hypernodes", [hypernode("nvl-0", 1, "nvlink", names)])
     pods = _vpods()
     for p in pods:
         p["spec"]["schedulerName"] = "gpu-topology-scheduler"
         p["metadata"]["uid"] = f"u-{p['metadata']['name']}"
-    s.replace("pods", pods)
-    s.replace("podgroups", [volcano_pg({**NAMED, MIN: HUGE})])
+    s.cache.replace("pods", pods)
+    s.cache.replace("podgroups", [volcano_pg({**NAMED, MIN: HUGE})])
     out = s.filter(pods[3], names, now=1.0)
     assert not out.passed
     assert set(out.unresolvable) == set(names)
     assert "over the limit of" in next(iter(out.unresolvable.values()))
     assert [e.reason for e in out.events] == ["InvalidGang"]
-    assert s.reservations == {}
-    assert s.held_gpus() == {}
+    assert s.holds.reservations == {}
+    assert s.holds.held_gpus() == {}

@@ -129,7 +129,7 @@ def known(fake: FakeKube, ext: Running, p: dict[str, Any]) -> dict[str, Any]:
     """Create ``p`` in the API and wait until the extender's informer has it (it decides for no other)."""
     fake.put("pods", p)
     key = f"{p['metadata']['namespace']}/{p['metadata']['name']}"
-    wait_for(lambda: ext.state(lambda s: key in s.pods), f"informer sees {key}")
+    wait_for(lambda: ext.state(lambda s: key in s.cache.pods), f"informer sees {key}")
     return p
 
 
@@ -155,7 +155,7 @@ def ext(fake: FakeKube) -> Iterator[Running]:
 
 def test_single_pod_filter_prioritize_bind(fake: FakeKube, ext: Running) -> None:
     fake.put("pods", pod("busy", 2, node_name="r0-t0"))
-    wait_for(lambda: ext.state(lambda s: "default/busy" in s.pods), "informer sees busy pod")
+    wait_for(lambda: ext.state(lambda s: "default/busy" in s.cache.pods), "informer sees busy pod")
     p = pod("solo", 4)
     fake.put("pods", p)
     out = ext.filter(p, NODES)
@@ -187,7 +187,7 @@ def test_gang_barrier_binds_all_together(fake: FakeKube, ext: Running) -> None:
     pods = [gang_pod(f"w{i}", i) for i in range(4)]
     for p in pods:
         fake.put("pods", p)
-    wait_for(lambda: ext.state(lambda s: len(s.pods) == 4), "informer sees the gang")
+    wait_for(lambda: ext.state(lambda s: len(s.cache.pods) == 4), "informer sees the gang")
     planned = {}
     for p in pods:
         out = ext.filter(p, NODES)
@@ -200,7 +200,8 @@ def test_gang_barrier_binds_all_together(fake: FakeKube, ext: Running) -> None:
             pool.submit(ext.bind, p, planned[p["metadata"]["name"]]) for p in pods[:3]
         ]
         wait_for(
-            lambda: ext.state(lambda s: len(s.reservations["default/g"].arrived) == 3), "three at the barrier"
+            lambda: ext.state(lambda s: len(s.holds.reservations["default/g"].arrived) == 3),
+            "three at the barrier",
         )
         assert fake.bindings == []  # nobody binds before the last pod arrives
         last = ext.bind(pods[3], planned["w3"])
@@ -215,7 +216,7 @@ def test_gang_barrier_timeout_binds_nothing(fake: FakeKube) -> None:
         pods = [gang_pod(f"w{i}", i) for i in range(4)]
         for p in pods:
             fake.put("pods", p)
-        wait_for(lambda: ext.state(lambda s: len(s.pods) == 4), "informer sees the gang")
+        wait_for(lambda: ext.state(lambda s: len(s.cache.pods) == 4), "informer sees the gang")
         planned = {p["metadata"]["name"]: ext.filter(p, NODES)["NodeNames"][0] for p in pods}
         with ThreadPoolExecutor(2) as pool:
             futs = [pool.submit(ext.bind, p, planned[p["metadata"]["name"]]) for p in pods[:2]]
@@ -239,7 +240,7 @@ def test_impossible_gang_binds_nothing_and_records_why(fake: FakeKube, ext: Runn
     pods = [gang_pod(f"big{i}", i, gang="big", size=5) for i in range(5)]  # 5 trays in a 4-tray rack
     for p in pods:
         fake.put("pods", p)
-    wait_for(lambda: ext.state(lambda s: len(s.pods) == 5), "informer sees the gang")
+    wait_for(lambda: ext.state(lambda s: len(s.cache.pods) == 5), "informer sees the gang")
     out = ext.filter(pods[0], NODES)
     assert out["NodeNames"] == []
     assert set(out["FailedNodes"]) == set(NODES)
@@ -267,7 +268,7 @@ def test_competing_gangs_never_half_bound(fake: FakeKube, ext: Running) -> None:
     fake.put("pods", pod("blocker", 4, node_name="r1-t0"))  # rack 1 cannot take a whole gang
     for p in a + b:
         fake.put("pods", p)
-    wait_for(lambda: ext.state(lambda s: len(s.pods) == 9), "informer sees both gangs")
+    wait_for(lambda: ext.state(lambda s: len(s.cache.pods) == 9), "informer sees both gangs")
     # interleaved: a0, b0, a1, b1, ...
     planned: dict[str, list[str]] = {}
     for pa, pb in zip(a, b, strict=True):
@@ -338,7 +339,7 @@ def test_invalid_gang_is_unresolvable_with_an_event(fake: FakeKube, ext: Running
     p1 = gang_pod("x1", 1, gang="x", size=3)  # disagrees on the gang size
     fake.put("pods", p0)
     fake.put("pods", p1)
-    wait_for(lambda: ext.state(lambda s: len(s.pods) == 2), "informer sees the pods")
+    wait_for(lambda: ext.state(lambda s: len(s.cache.pods) == 2), "informer sees the pods")
     out = ext.filter(p0, NODES)
     assert set(out["FailedAndUnresolvableNodes"]) == set(NODES)
     assert "gpuagent.dev/gang-size" in next(iter(out["FailedAndUnresolvableNodes"].values()))
@@ -359,7 +360,10 @@ def test_podgroup_gang_over_http(fake: FakeKube, ext: Running) -> None:
     ]
     for p in pods:
         fake.put("pods", p)
-    wait_for(lambda: ext.state(lambda s: len(s.pods) == 4 and s.podgroups), "informer sees the PodGroup")
+    wait_for(
+        lambda: ext.state(lambda s: len(s.cache.pods) == 4 and s.cache.podgroups),
+        "informer sees the PodGroup",
+    )
     nodes = [ext.filter(p, NODES)["NodeNames"] for p in pods]
     assert all(len(n) == 1 for n in nodes)
     assert len({n[0].split("-")[0] for n in nodes}) == 1
@@ -374,7 +378,7 @@ def test_restart_rebuilds_state_from_bound_pods(fake: FakeKube) -> None:
         pods = [gang_pod(f"w{i}", i) for i in range(4)]
         for p in pods:
             fake.put("pods", p)
-        wait_for(lambda: first.state(lambda s: len(s.pods) == 4), "informer sees the gang")
+        wait_for(lambda: first.state(lambda s: len(s.cache.pods) == 4), "informer sees the gang")
         planned = {p["metadata"]["name"]: first.filter(p, NODES)["NodeNames"][0] for p in pods}
         with ThreadPoolExecutor(4) as pool:
             assert all(
@@ -388,7 +392,7 @@ def test_restart_rebuilds_state_from_bound_pods(fake: FakeKube) -> None:
         used = set(planned.values())
         out = second.filter(known(fake, second, pod("solo", 4)), NODES)
         assert set(out["NodeNames"]) == set(NODES) - used
-        assert second.state(lambda s: s.reservations) == {}
+        assert second.state(lambda s: s.holds.reservations) == {}
     finally:
         second.stop()
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from scheduler_plugin.claims import MAX_RESULTS, Ask, ClaimBook, book_of, claim_ask, pool_of
 from scheduler_plugin.cluster import snapshot_from_objects
-from scheduler_plugin.extender import ClusterState, gpus_of
+from scheduler_plugin.extender import ExtenderState, gpus_of
 from tests.integration.fakekube import hypernode, node, pod
 
 GPU_CLASS = "gpu.gpuagent.dev"
@@ -106,15 +106,17 @@ def dra_pod(
 
 def dra_state(
     *, pods: list[dict[str, Any]] = (), claims: list[dict[str, Any]] = (), templates=()
-) -> ClusterState:  # type: ignore[assignment]
+) -> ExtenderState:  # type: ignore[assignment]
     """Four nodes whose GPUs are all served by DRA (no allocatable nvidia.com/gpu), two NVLink domains."""
-    s = ClusterState()
-    s.replace("nodes", [node(n, 0) for n in NODES])
-    s.replace("hypernodes", [hypernode(f"nvl-{r}", 1, "nvlink", [f"r{r}-t0", f"r{r}-t1"]) for r in range(2)])
-    s.replace("resourceslices", [gpu_slice(n, 4) for n in NODES])
-    s.replace("resourceclaimtemplates", list(templates))
-    s.replace("resourceclaims", list(claims))
-    s.replace("pods", list(pods))
+    s = ExtenderState()
+    s.cache.replace("nodes", [node(n, 0) for n in NODES])
+    s.cache.replace(
+        "hypernodes", [hypernode(f"nvl-{r}", 1, "nvlink", [f"r{r}-t0", f"r{r}-t1"]) for r in range(2)]
+    )
+    s.cache.replace("resourceslices", [gpu_slice(n, 4) for n in NODES])
+    s.cache.replace("resourceclaimtemplates", list(templates))
+    s.cache.replace("resourceclaims", list(claims))
+    s.cache.replace("pods", list(pods))
     return s
 
 
@@ -182,9 +184,9 @@ def test_a_gpu_shared_by_two_claims_is_used_once_and_freed_when_both_go() -> Non
 
 def test_a_dra_only_node_has_its_pools_gpus_and_a_claim_pod_asks_its_templates_count() -> None:
     s = dra_state(templates=[template("two", 2)], pods=[dra_pod("p", template_name="two")])
-    assert all(s.free_gpus(n) == 4 for n in NODES)
-    assert gpus_of(s._info["default/p"]) == 2
-    assert sorted(s.filter(s.pods["default/p"], NODES, 0.0).passed) == NODES
+    assert all(s.cache.free_gpus(n) == 4 for n in NODES)
+    assert gpus_of(s.cache.info["default/p"]) == 2
+    assert sorted(s.filter(s.cache.pods["default/p"], NODES, 0.0).passed) == NODES
 
 
 def test_allocations_use_gpus_on_their_node_and_the_filter_reads_them() -> None:
@@ -193,20 +195,20 @@ def test_allocations_use_gpus_on_their_node_and_the_filter_reads_them() -> None:
         claims=[claim("held", 3, on="r0-t0", devices=("gpu-0", "gpu-1", "gpu-2"))],
         pods=[dra_pod("runs", claim_name="held", node_name="r0-t0"), dra_pod("p", template_name="two")],
     )
-    assert s.free_gpus("r0-t0") == 1  # the allocation counts; the bound pod's ask is not counted again
-    out = s.filter(s.pods["default/p"], NODES, 0.0)
+    assert s.cache.free_gpus("r0-t0") == 1  # the allocation counts; the bound pod's ask is not counted again
+    out = s.filter(s.cache.pods["default/p"], NODES, 0.0)
     assert "r0-t0" in out.failed
     assert sorted(out.passed) == NODES[1:]
-    s.apply("resourceclaims", "DELETED", claim("held", 3))
-    assert s.free_gpus("r0-t0") == 4
+    s.cache.apply("resourceclaims", "DELETED", claim("held", 3))
+    assert s.cache.free_gpus("r0-t0") == 4
 
 
 def test_a_template_seen_after_its_pod_and_the_claim_made_from_it_update_the_pods_ask() -> None:
     p = dra_pod("p", template_name="t")
     s = dra_state(pods=[p])
-    assert gpus_of(s._info["default/p"]) == 0
-    s.apply("resourceclaimtemplates", "ADDED", template("t", 3))
-    assert gpus_of(s._info["default/p"]) == 3
+    assert gpus_of(s.cache.info["default/p"]) == 0
+    s.cache.apply("resourceclaimtemplates", "ADDED", template("t", 3))
+    assert gpus_of(s.cache.info["default/p"]) == 3
     made = dict(
         p,
         status={
@@ -214,30 +216,30 @@ def test_a_template_seen_after_its_pod_and_the_claim_made_from_it_update_the_pod
             "resourceClaimStatuses": [{"name": "gpus", "resourceClaimName": "p-gpus-x"}],
         },
     )
-    s.apply("pods", "MODIFIED", made)
-    s.apply("resourceclaims", "ADDED", claim("p-gpus-x", 1))
-    assert gpus_of(s._info["default/p"]) == 1  # the claim made from the template is what is asked
+    s.cache.apply("pods", "MODIFIED", made)
+    s.cache.apply("resourceclaims", "ADDED", claim("p-gpus-x", 1))
+    assert gpus_of(s.cache.info["default/p"]) == 1  # the claim made from the template is what is asked
 
 
 def test_a_claim_of_the_same_name_in_another_namespace_is_not_the_pods() -> None:
     s = dra_state(claims=[claim("c", 4, namespace="other")], pods=[dra_pod("p", claim_name="c")])
-    assert gpus_of(s._info["default/p"]) == 0
-    s.apply("resourceclaims", "ADDED", claim("c", 2))
-    assert gpus_of(s._info["default/p"]) == 2
+    assert gpus_of(s.cache.info["default/p"]) == 0
+    s.cache.apply("resourceclaims", "ADDED", claim("c", 2))
+    assert gpus_of(s.cache.info["default/p"]) == 2
 
 
 def test_all_devices_asks_a_whole_node_and_follows_the_largest_pool() -> None:
     s = dra_state(templates=[template("all", mode="All")], pods=[dra_pod("p", template_name="all")])
-    assert gpus_of(s._info["default/p"]) == 4
-    s.apply("resourceslices", "MODIFIED", gpu_slice("r1-t1", 8, generation=2))
-    assert gpus_of(s._info["default/p"]) == 8
-    assert s.filter(s.pods["default/p"], NODES, 0.0).passed == ["r1-t1"]
+    assert gpus_of(s.cache.info["default/p"]) == 4
+    s.cache.apply("resourceslices", "MODIFIED", gpu_slice("r1-t1", 8, generation=2))
+    assert gpus_of(s.cache.info["default/p"]) == 8
+    assert s.filter(s.cache.pods["default/p"], NODES, 0.0).passed == ["r1-t1"]
 
 
 def test_a_tainted_gpu_leaves_the_nodes_capacity() -> None:
     s = dra_state()
-    s.apply("resourceslices", "MODIFIED", gpu_slice("r0-t1", 4, generation=2, tainted=(0, 3)))
-    assert s.free_gpus("r0-t1") == 2
+    s.cache.apply("resourceslices", "MODIFIED", gpu_slice("r0-t1", 4, generation=2, tainted=(0, 3)))
+    assert s.cache.free_gpus("r0-t1") == 2
 
 
 def test_extended_resource_pods_count_their_request_not_kube_schedulers_claim() -> None:
@@ -250,7 +252,7 @@ def test_extended_resource_pods_count_their_request_not_kube_schedulers_claim() 
         annotations={"resource.kubernetes.io/extended-resource-claim": "true"},
     )
     s = dra_state(claims=[ext], pods=[p])
-    assert s.free_gpus("r1-t0") == 2
+    assert s.cache.free_gpus("r1-t0") == 2
 
 
 def test_a_mapped_extended_resource_other_than_nvidia_gpu_counts_as_gpus() -> None:
@@ -261,14 +263,14 @@ def test_a_mapped_extended_resource_other_than_nvidia_gpu_counts_as_gpus() -> No
     q = pod("named", 0)
     q["spec"]["containers"][0]["resources"] = {"limits": {"example.com/gpu": "2"}}
     s = dra_state(pods=[p, q])
-    assert gpus_of(s._info["default/imp"]) == 3
-    assert gpus_of(s._info["default/named"]) == 0
-    s.apply(
+    assert gpus_of(s.cache.info["default/imp"]) == 3
+    assert gpus_of(s.cache.info["default/named"]) == 0
+    s.cache.apply(
         "deviceclasses",
         "ADDED",
         {"metadata": {"name": GPU_CLASS}, "spec": {"extendedResourceName": "example.com/gpu"}},
     )
-    assert gpus_of(s._info["default/named"]) == 2
+    assert gpus_of(s.cache.info["default/named"]) == 2
 
 
 def test_a_gang_of_claim_pods_is_planned_with_each_pods_claim_gpus() -> None:
@@ -285,13 +287,13 @@ def test_a_gang_of_claim_pods_is_planned_with_each_pods_claim_gpus() -> None:
     s = dra_state(templates=[template("four", 4)], pods=pods)
     placed = {}
     for p in pods:
-        out = s.filter(s.pods[f"default/{p['metadata']['name']}"], NODES, 0.0)
+        out = s.filter(s.cache.pods[f"default/{p['metadata']['name']}"], NODES, 0.0)
         assert len(out.passed) == 1, (out.failed, out.unresolvable)
         placed[p["metadata"]["name"]] = out.passed[0]
     assert sorted(placed.values()) == NODES  # 4 GPUs each: one whole node per pod
     assert placed["w0"][:2] == placed["w1"][:2]
     assert placed["w2"][:2] == placed["w3"][:2]
-    assert sum(h["nvidia.com/gpu"] for h in s.reservations["default/g"].held.values()) == 16
+    assert sum(h["nvidia.com/gpu"] for h in s.holds.reservations["default/g"].held.values()) == 16
 
 
 def test_a_gang_pods_claim_allocated_on_its_planned_node_before_bind_counts_once() -> None:
@@ -306,36 +308,36 @@ def test_a_gang_pods_claim_allocated_on_its_planned_node_before_bind_counts_once
     s = dra_state(templates=[template("two", 2)], pods=pods)
     placed = {}
     for p in pods:
-        out = s.filter(s.pods[f"default/{p['metadata']['name']}"], NODES, 0.0)
+        out = s.filter(s.cache.pods[f"default/{p['metadata']['name']}"], NODES, 0.0)
         assert len(out.passed) == 1, (out.failed, out.unresolvable)
         placed[p["metadata"]["name"]] = out.passed[0]
     here = placed["w0"]
-    before = s.free_gpus(here)
-    held = s._holds()[here]["nvidia.com/gpu"]
+    before = s.cache.free_gpus(here)
+    held = s.holds.held()[here]["nvidia.com/gpu"]
     # the claim made from w0's template, then its allocation on w0's planned node
     made = dict(pods[0], status={"resourceClaimStatuses": [{"name": "gpus", "resourceClaimName": "w0-gpus"}]})
-    s.apply("pods", "MODIFIED", made)
-    s.apply("resourceclaims", "ADDED", claim("w0-gpus", 2))
-    assert s.free_gpus(here) == before
-    s.apply("resourceclaims", "MODIFIED", claim("w0-gpus", 2, on=here, devices=("gpu-0", "gpu-1")))
-    assert s.free_gpus(here) == before  # counted once: by the allocation, no longer by the hold
-    assert s._holds().get(here, {}).get("nvidia.com/gpu", 0) == held - 2
+    s.cache.apply("pods", "MODIFIED", made)
+    s.cache.apply("resourceclaims", "ADDED", claim("w0-gpus", 2))
+    assert s.cache.free_gpus(here) == before
+    s.cache.apply("resourceclaims", "MODIFIED", claim("w0-gpus", 2, on=here, devices=("gpu-0", "gpu-1")))
+    assert s.cache.free_gpus(here) == before  # counted once: by the allocation, no longer by the hold
+    assert s.holds.held().get(here, {}).get("nvidia.com/gpu", 0) == held - 2
     # the allocation withdrawn (kube-scheduler's binding failed): the hold has them again
-    s.apply("resourceclaims", "MODIFIED", claim("w0-gpus", 2))
-    assert s._holds()[here]["nvidia.com/gpu"] == held
-    assert s.free_gpus(here) == before
+    s.cache.apply("resourceclaims", "MODIFIED", claim("w0-gpus", 2))
+    assert s.holds.held()[here]["nvidia.com/gpu"] == held
+    assert s.cache.free_gpus(here) == before
     # allocated again, then the pod deleted before it bound: its slot is held in full again
-    s.apply("resourceclaims", "MODIFIED", claim("w0-gpus", 2, on=here, devices=("gpu-0", "gpu-1")))
-    assert s._holds().get(here, {}).get("nvidia.com/gpu", 0) == held - 2
-    s.apply("pods", "DELETED", made)
-    assert s._holds()[here]["nvidia.com/gpu"] == held
-    s.apply("pods", "ADDED", made)
-    assert s._holds().get(here, {}).get("nvidia.com/gpu", 0) == held - 2  # made again, read again
+    s.cache.apply("resourceclaims", "MODIFIED", claim("w0-gpus", 2, on=here, devices=("gpu-0", "gpu-1")))
+    assert s.holds.held().get(here, {}).get("nvidia.com/gpu", 0) == held - 2
+    s.cache.apply("pods", "DELETED", made)
+    assert s.holds.held()[here]["nvidia.com/gpu"] == held
+    s.cache.apply("pods", "ADDED", made)
+    assert s.holds.held().get(here, {}).get("nvidia.com/gpu", 0) == held - 2  # made again, read again
     # allocated again, then bound: the bind takes off nothing more than what is left of its share
-    s.apply("resourceclaims", "MODIFIED", claim("w0-gpus", 2, on=here, devices=("gpu-0", "gpu-1")))
-    s.apply("pods", "MODIFIED", dict(made, spec={**made["spec"], "nodeName": here}))
-    assert s.free_gpus(here) == before
-    assert s._holds().get(here, {}).get("nvidia.com/gpu", 0) == held - 2
+    s.cache.apply("resourceclaims", "MODIFIED", claim("w0-gpus", 2, on=here, devices=("gpu-0", "gpu-1")))
+    s.cache.apply("pods", "MODIFIED", dict(made, spec={**made["spec"], "nodeName": here}))
+    assert s.cache.free_gpus(here) == before
+    assert s.holds.held().get(here, {}).get("nvidia.com/gpu", 0) == held - 2
 
 
 def test_a_claim_allocated_on_another_node_than_planned_leaves_the_hold() -> None:
@@ -346,13 +348,13 @@ def test_a_claim_allocated_on_another_node_than_planned_leaves_the_hold() -> Non
     ]
     s = dra_state(claims=[claim("c0", 2), claim("c1", 2)], pods=pods)
     for p in pods:
-        assert len(s.filter(s.pods[f"default/{p['metadata']['name']}"], NODES, 0.0).passed) == 1
-    holds = s._holds()
-    res = s.reservations["default/g"]
+        assert len(s.filter(s.cache.pods[f"default/{p['metadata']['name']}"], NODES, 0.0).passed) == 1
+    holds = s.holds.held()
+    res = s.holds.reservations["default/g"]
     planned = res.nodes[res.spec.members["default/w0"]]
     other = next(n for n in NODES if n != planned)
-    s.apply("resourceclaims", "MODIFIED", claim("c0", 2, on=other, devices=("gpu-0", "gpu-1")))
-    assert s._holds() == holds  # not the pod's planned node: its share stays held there
+    s.cache.apply("resourceclaims", "MODIFIED", claim("c0", 2, on=other, devices=("gpu-0", "gpu-1")))
+    assert s.holds.held() == holds  # not the pod's planned node: its share stays held there
     assert res.allocated == {}
 
 
@@ -392,7 +394,7 @@ def test_a_snapshot_from_listed_objects_counts_claims_as_the_extender_does() -> 
         }
     )
     listed = snapshot_from_objects(nodes, pods, hypernodes, claims=book)
-    view = {n.name: (n.gpus, n.free) for n in s.snapshot().nodes}
+    view = {n.name: (n.gpus, n.free) for n in s.cache.snapshot().nodes}
     assert {n.name: (n.gpus, n.free) for n in listed.nodes} == view
     assert view == {"r0-t0": (4, 1), "r0-t1": (4, 2), "r1-t0": (4, 1), "r1-t1": (4, 3)}
 

@@ -1,5 +1,5 @@
 """The extender command's DRA wiring: informers for ResourceSlices, ResourceClaims and
-ResourceClaimTemplates feed ``ClusterState`` over real HTTP (the fake Kubernetes API server of
+ResourceClaimTemplates feed ``ExtenderState`` over real HTTP (the fake Kubernetes API server of
 ``tests/integration``), and the real ``filter`` verb counts a claim pod's GPUs against the pools'
 GPUs less the allocations."""
 
@@ -45,14 +45,16 @@ def test_a_claim_pod_is_filtered_by_the_pools_gpus_less_the_allocations(served: 
         wait_for(
             lambda: ext.state(
                 lambda s: (
-                    s.claims.used("n0") == 3 and "default/p" in s._info and gpus_of(s._info["default/p"]) == 2
+                    s.cache.claims.used("n0") == 3
+                    and "default/p" in s.cache.info
+                    and gpus_of(s.cache.info["default/p"]) == 2
                 )
             ),
             "the allocation, the template and the pod reach the state",
         )
         assert ext.filter(p, NODES)["NodeNames"] == ["n1"]
         served.delete("resourceclaims", "busy")
-        wait_for(lambda: ext.state(lambda s: s.claims.used("n0") == 0), "the claim's GPUs freed")
+        wait_for(lambda: ext.state(lambda s: s.cache.claims.used("n0") == 0), "the claim's GPUs freed")
         assert sorted(ext.filter(p, NODES)["NodeNames"]) == NODES
     finally:
         ext.stop()

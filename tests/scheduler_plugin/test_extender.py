@@ -14,9 +14,11 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from scheduler_plugin.cluster import snapshot_from_objects
-from scheduler_plugin.extender import ClusterState, Extender, json_depth
-from scheduler_plugin.extender import state as state_module
-from scheduler_plugin.extender.state import EXCLUDE_CONFIRM_S
+from scheduler_plugin.extender import Extender, ExtenderState, json_depth
+from scheduler_plugin.extender import bind as bind_module
+from scheduler_plugin.extender import filter as filter_module
+from scheduler_plugin.extender import inputs as inputs_module
+from scheduler_plugin.extender.filter import EXCLUDE_CONFIRM_S
 from scheduler_plugin.planner import SnapshotCache
 from scheduler_plugin.snapshot import ClusterSnapshot, Gang, PlanResult, PodSlot, changed_nodes
 from tests.integration.fakekube import hypernode, node, pod
@@ -39,14 +41,14 @@ def gang_pod(
     return pod(name, gpus, annotations=ann)
 
 
-def make_state(*, ttl: float = 10.0, barrier: float = 5.0, pods: list[dict[str, Any]] = ()) -> ClusterState:  # type: ignore[assignment]
-    s = ClusterState(reservation_ttl_s=ttl, barrier_timeout_s=barrier)
-    s.replace("nodes", [node(n, 4) for n in NODES])
-    s.replace(
+def make_state(*, ttl: float = 10.0, barrier: float = 5.0, pods: list[dict[str, Any]] = ()) -> ExtenderState:  # type: ignore[assignment]
+    s = ExtenderState(reservation_ttl_s=ttl, barrier_timeout_s=barrier)
+    s.cache.replace("nodes", [node(n, 4) for n in NODES])
+    s.cache.replace(
         "hypernodes",
         [hypernode(f"nvl-{r}", 1, "nvlink", [f"r{r}-t{t}" for t in range(4)]) for r in range(2)],
     )
-    s.replace("pods", pods)
+    s.cache.replace("pods", pods)
     return s
 
 
@@ -78,13 +80,13 @@ class Clock:
         return self.now
 
 
-def known(s: ClusterState, p: dict[str, Any]) -> dict[str, Any]:
+def known(s: ExtenderState, p: dict[str, Any]) -> dict[str, Any]:
     """``p`` as the informer reports it: the extender decides only for pods its informer knows."""
-    s.apply("pods", "ADDED", p)
+    s.cache.apply("pods", "ADDED", p)
     return p
 
 
-def planned_node(s: ClusterState, p: dict[str, Any], now: float) -> str:
+def planned_node(s: ExtenderState, p: dict[str, Any], now: float) -> str:
     out = s.filter(p, NODES, now)
     assert len(out.passed) == 1, (out.failed, out.unresolvable)
     return out.passed[0]
@@ -101,7 +103,7 @@ def test_gang_plan_reserves_and_filters_each_pod_to_its_node() -> None:
     # blocks of 2 (ranks 0-1, 2-3) each in one rack
     assert nodes[0][:2] == nodes[1][:2]
     assert nodes[2][:2] == nodes[3][:2]
-    res = s.reservations["default/g"]
+    res = s.holds.reservations["default/g"]
     assert sum(h["nvidia.com/gpu"] for h in res.held.values()) == 16
     # a pod on its own cannot take a reserved GPU
     solo = known(s, pod("solo", 1))
@@ -114,10 +116,10 @@ def test_reservation_expires_when_no_pod_reaches_bind() -> None:
     pods = [gang_pod(f"w{i}", i) for i in range(4)]
     s = make_state(pods=pods, ttl=10.0)
     planned_node(s, pods[0], 0.0)
-    assert s.expire(9.0) == []
-    assert s.expire(10.0) == ["default/g"]
-    assert s.reservations == {}
-    assert all(s.free_gpus(n) == 4 for n in NODES)
+    assert s.holds.expire(9.0) == []
+    assert s.holds.expire(10.0) == ["default/g"]
+    assert s.holds.reservations == {}
+    assert all(s.cache.free_gpus(n) == 4 for n in NODES)
 
 
 def test_bind_on_another_node_than_planned_is_an_error() -> None:
@@ -137,8 +139,8 @@ def test_barrier_timeout_binds_when_the_elastic_minimum_arrived() -> None:
     assert s.bind("default", "w0", "uid-default-w0", nodes["w0"], 1.0).action == "wait"
     d = s.bind("default", "w1", "uid-default-w1", nodes["w1"], 2.0)
     assert d.action == "wait"
-    assert s.barrier_timeout("default/g", 3.0).action == "wait"  # not yet
-    d = s.barrier_timeout("default/g", 6.0)
+    assert s.bind.barrier_timeout("default/g", 3.0).action == "wait"  # not yet
+    d = s.bind.barrier_timeout("default/g", 6.0)
     assert d.action == "bind"
     assert sorted(k for k, _, _ in d.pods) == ["default/w0", "default/w1"]
 
@@ -148,11 +150,11 @@ def test_barrier_timeout_below_the_minimum_releases_everything() -> None:
     s = make_state(pods=pods)
     nodes = {p["metadata"]["name"]: planned_node(s, p, 0.0) for p in pods}
     s.bind("default", "w0", "uid-default-w0", nodes["w0"], 1.0)
-    d = s.barrier_timeout("default/g", 100.0)
+    d = s.bind.barrier_timeout("default/g", 100.0)
     assert d.action == "error"
     assert "only 1 of 4" in d.error
     assert [e.reason for e in d.events] == ["GangBarrierTimeout"]
-    assert s.reservations == {}
+    assert s.holds.reservations == {}
 
 
 def test_gang_pods_prioritize_their_planned_node() -> None:
@@ -176,14 +178,14 @@ def test_solo_scores_prefer_used_domains_and_full_nodes() -> None:
 def test_informer_events_update_usage() -> None:
     s = make_state()
     p = pod("x", 4, node_name="r0-t0")
-    s.apply("pods", "ADDED", p)
-    assert s.free_gpus("r0-t0") == 0
-    s.apply("pods", "MODIFIED", {**p, "status": {"phase": "Succeeded"}})
-    assert s.free_gpus("r0-t0") == 4
-    s.apply("pods", "MODIFIED", p)
-    s.apply("pods", "DELETED", p)
-    assert s.free_gpus("r0-t0") == 4
-    s.apply("nodes", "DELETED", node("r0-t0", 4))
+    s.cache.apply("pods", "ADDED", p)
+    assert s.cache.free_gpus("r0-t0") == 0
+    s.cache.apply("pods", "MODIFIED", {**p, "status": {"phase": "Succeeded"}})
+    assert s.cache.free_gpus("r0-t0") == 4
+    s.cache.apply("pods", "MODIFIED", p)
+    s.cache.apply("pods", "DELETED", p)
+    assert s.cache.free_gpus("r0-t0") == 4
+    s.cache.apply("nodes", "DELETED", node("r0-t0", 4))
     assert "r0-t0" not in s.filter(known(s, pod("y", 1)), NODES, 0.0).passed
 
 
@@ -195,7 +197,7 @@ def test_restart_mid_gang_plans_only_the_unbound_pods() -> None:
     n2 = planned_node(s, pods[2], 0.0)
     n3 = planned_node(s, pods[3], 0.0)
     assert {n2, n3}.isdisjoint({"r1-t0", "r1-t1"})
-    assert s.reservations["default/g"].target == 2
+    assert s.holds.reservations["default/g"].target == 2
 
 
 def test_events_are_not_repeated_for_the_same_reason() -> None:
@@ -280,7 +282,7 @@ def test_handlers_report_a_failed_binding() -> None:
             "/bind",
             json.dumps({"PodName": "solo", "PodNamespace": "default", "Node": "r0-t0"}).encode(),
         )
-        assert state.free_gpus("r0-t0") == 4  # the failed bind is not counted
+        assert state.cache.free_gpus("r0-t0") == 4  # the failed bind is not counted
         return out
 
     assert "injected API failure" in asyncio.run(scenario())["Error"]
@@ -319,13 +321,13 @@ def test_a_pod_made_again_after_the_plan_takes_its_reserved_place() -> None:
     pods = [gang_pod(f"w{i}", i) for i in range(4)]
     s = make_state(pods=pods)
     planned_node(s, pods[0], 0.0)
-    res = s.reservations["default/g"]
+    res = s.holds.reservations["default/g"]
     assert res.target == 4
-    s.apply("pods", "DELETED", pods[3])
+    s.cache.apply("pods", "DELETED", pods[3])
     again = gang_pod("w3-again", 3)  # its controller makes the pod of rank 3 again, under a new name
-    s.apply("pods", "ADDED", again)
+    s.cache.apply("pods", "ADDED", again)
     n3 = planned_node(s, again, 1.0)
-    assert s.reservations["default/g"] is res  # no new plan
+    assert s.holds.reservations["default/g"] is res  # no new plan
     assert n3 == res.nodes[PodSlot("worker", 3)]
 
 
@@ -338,10 +340,10 @@ def test_an_annotation_gang_is_neither_planned_nor_held_before_its_pods_exist() 
         out = s.filter(lone, NODES, float(t))
         assert out.passed == []
         assert "1 of its 8 pods (gpuagent.dev/gang-size) exist so far" in next(iter(out.failed.values()))
-    assert s.reservations == {}
-    assert s.queue_reservations == {}
+    assert s.holds.reservations == {}
+    assert s.holds.queue_reservations == {}
     other = pod("solo", 4)
-    s.apply("pods", "ADDED", other)
+    s.cache.apply("pods", "ADDED", other)
     assert s.filter(other, NODES, 3.0).passed == NODES  # nothing is held for pods that do not exist
 
 
@@ -351,7 +353,7 @@ def test_gang_plan_honours_the_pods_node_selector() -> None:
         p["spec"]["nodeSelector"] = {"pool": "b"}
     s = make_state(pods=pods)
     nodes = [node(n, 4, labels={"pool": "b" if n.startswith("r1") else "a"}) for n in NODES]
-    s.replace("nodes", nodes)
+    s.cache.replace("nodes", nodes)
     assert {planned_node(s, p, 0.0)[:2] for p in pods} == {"r1"}
     pods[3]["spec"]["nodeSelector"] = {"pool": "a"}
     s = make_state(pods=pods)
@@ -365,12 +367,12 @@ def test_gang_plan_skips_tainted_nodes_it_does_not_tolerate() -> None:
     nodes = [node(n, 4) for n in NODES]
     for n in nodes[:4]:  # rack 0 is tainted
         n["spec"]["taints"] = [{"key": "maintenance", "value": "yes", "effect": "NoSchedule"}]
-    s.replace("nodes", nodes)
+    s.cache.replace("nodes", nodes)
     assert {planned_node(s, p, 0.0)[:2] for p in pods} == {"r1"}
     tolerant = [gang_pod(f"t{i}", i, gang="t") for i in range(4)]
     for p in tolerant:
         p["spec"]["tolerations"] = [{"key": "maintenance", "operator": "Exists"}]
-        s.apply("pods", "ADDED", p)
+        s.cache.apply("pods", "ADDED", p)
     assert {planned_node(s, p, 0.0)[:2] for p in tolerant} == {"r0"}  # r1 is held for gang g
 
 
@@ -401,7 +403,7 @@ def test_a_planned_node_the_scheduler_rules_out_is_replanned_around() -> None:
     out = s.filter(pods[0], without, 3.0 + EXCLUDE_CONFIRM_S)
     assert out.passed == []
     assert [e.reason for e in out.events] == ["GangNodeFiltered"]
-    assert s.reservations == {}
+    assert s.holds.reservations == {}
     again = s.filter(pods[0], without, 9.0)
     assert len(again.passed) == 1
     assert again.passed[0] != first
@@ -457,7 +459,7 @@ def test_interleaved_gangs_are_never_half_bound_or_over_capacity(
             bound[key] = where
             name = key.split("/", 1)[1]
             pod = next(p for g in gangs for p in g if p["metadata"]["name"] == name)
-            s.apply(
+            s.cache.apply(
                 "pods",
                 "MODIFIED",
                 {**pod, "spec": {**pod["spec"], "nodeName": where}, "status": {"phase": "Running"}},
@@ -484,7 +486,7 @@ def test_interleaved_gangs_are_never_half_bound_or_over_capacity(
                 apply(d)
         elif op == "tick":
             for w in list(waiting):
-                d = s.barrier_timeout(w, float(now))
+                d = s.bind.barrier_timeout(w, float(now))
                 if d.action == "bind":
                     apply(d)
                 elif d.action == "error":
@@ -497,7 +499,7 @@ def test_interleaved_gangs_are_never_half_bound_or_over_capacity(
         use: Counter[str] = Counter()
         for k, node_name in bound.items():
             use[node_name] += gpus[k]
-        held = s.held_gpus()
+        held = s.holds.held_gpus()
         for node_name in NODES:
             assert use[node_name] + held.get(node_name, 0) <= 4, node_name
     whole = sum(1 for gk, n in size.items() if sum(k.startswith(f"{gk}-") for k in bound) == n)
@@ -509,11 +511,11 @@ def test_a_reservation_goes_when_all_its_pods_are_deleted() -> None:
     s = make_state(pods=pods)
     planned_node(s, pods[0], 0.0)
     for p in pods[:3]:
-        s.apply("pods", "DELETED", p)
-    assert "default/g" in s.reservations
-    s.apply("pods", "DELETED", pods[3])
-    assert s.reservations == {}
-    assert all(s.free_gpus(n) == 4 for n in NODES)
+        s.cache.apply("pods", "DELETED", p)
+    assert "default/g" in s.holds.reservations
+    s.cache.apply("pods", "DELETED", pods[3])
+    assert s.holds.reservations == {}
+    assert all(s.cache.free_gpus(n) == 4 for n in NODES)
 
 
 def test_a_podgroup_waiting_for_its_pods_is_not_an_invalid_gang() -> None:
@@ -531,7 +533,7 @@ def test_a_podgroup_waiting_for_its_pods_is_not_an_invalid_gang() -> None:
         for i in range(4)
     ]
     s = make_state(pods=pods)
-    s.replace("podgroups", [pg])
+    s.cache.replace("podgroups", [pg])
     out = s.filter(pods[0], NODES, 0.0)
     assert out.unresolvable == {}
     assert "waiting for the rest of the gang" in out.failed[NODES[0]]
@@ -542,13 +544,14 @@ def test_consecutive_gang_plans_reuse_the_unchanged_nodes(monkeypatch: pytest.Mo
     # the second gang's snapshot keeps the node objects the first gang's plan did not change, so the
     # planner prepares it from the first one and recomputes only the reserved nodes
     seen: list[ClusterSnapshot] = []
-    real_plan = state_module.plan
+    real_plan = inputs_module.plan
 
     def spy(snapshot: ClusterSnapshot, gang: Gang, *, cache: SnapshotCache | None = None) -> PlanResult:
         seen.append(snapshot)
         return real_plan(snapshot, gang, cache=cache)
 
-    monkeypatch.setattr(state_module, "plan", spy)
+    monkeypatch.setattr(inputs_module, "plan", spy)  # the queue's plans
+    monkeypatch.setattr(filter_module, "plan", spy)  # a waiting gang's, for its message
     first = [gang_pod(f"a{i}", i, gang="ga", size=2) for i in range(2)]
     second = [gang_pod(f"b{i}", i, gang="gb", size=2) for i in range(2)]
     s = make_state(pods=[*first, *second])
@@ -571,8 +574,8 @@ def test_filter_of_a_pod_the_informer_does_not_know_reserves_and_keeps_nothing()
         assert set(out.unresolvable) == set(NODES)
         assert "not known to the extender's informer" in out.unresolvable["r0-t0"]
         assert out.events == []
-    assert s.reservations == {}
-    assert s.pods == {}
+    assert s.holds.reservations == {}
+    assert s.cache.pods == {}
     assert s.prioritize(forged[0], NODES, 0.0) == [(n, 0) for n in NODES]
 
 
@@ -583,13 +586,13 @@ def test_filter_decides_on_the_informers_copy_and_checks_uid_and_scheduler() -> 
     s = make_state(pods=[real, theirs])
     claims_gang = gang_pod("solo", 0)  # same key, forged annotations
     assert set(s.filter(claims_gang, NODES, 0.0).passed) == set(NODES)
-    assert s.reservations == {}
+    assert s.holds.reservations == {}
     recreated = {**real, "metadata": {**real["metadata"], "uid": "new-uid"}}
     assert "uid new-uid" in s.filter(recreated, NODES, 0.0).unresolvable["r0-t0"]
     assert "'default-scheduler'" in s.filter(theirs, NODES, 0.0).unresolvable["r0-t0"]
-    other = ClusterState(scheduler_name="mine")
-    other.replace("nodes", [node(n, 4) for n in NODES])
-    other.replace("pods", [real])
+    other = ExtenderState(scheduler_name="mine")
+    other.cache.replace("nodes", [node(n, 4) for n in NODES])
+    other.cache.replace("pods", [real])
     assert "not 'mine'" in other.filter(real, NODES, 0.0).unresolvable["r0-t0"]
 
 
@@ -620,9 +623,9 @@ def test_bind_binds_only_what_this_extender_filtered(
     if setup.startswith("filtered"):
         assert "r0-t0" in s.filter(p, NODES, 0.0).passed
     if setup == "filtered-then-full":
-        s.apply("pods", "ADDED", pod("other", 4, node_name="r0-t0"))
+        s.cache.apply("pods", "ADDED", pod("other", 4, node_name="r0-t0"))
     if setup == "filtered-long-ago":
-        now = s.reservation_ttl_s + 1
+        now = s.holds.ttl_s + 1
     d = s.bind("default", "solo", uid, node_name, now)
     assert d.action == "error"
     assert needle in d.error
@@ -644,11 +647,11 @@ def test_nothing_is_kept_for_a_pod_once_it_is_deleted() -> None:
     for p in pods:
         s.filter(p, NODES, 0.0)
     s.filter(solo, NODES, 0.0)
-    assert s._last_event
-    assert s._filtered
+    assert s.outbox.last_event
+    assert s.holds.filtered
     for p in [*pods, solo]:
-        s.apply("pods", "DELETED", p)
-    assert (s.pods, s._last_event, s._filtered, s.reservations) == ({}, {}, {}, {})
+        s.cache.apply("pods", "DELETED", p)
+    assert (s.cache.pods, s.outbox.last_event, s.holds.filtered, s.holds.reservations) == ({}, {}, {}, {})
 
 
 def test_filter_waits_briefly_for_the_informer_to_report_a_pod() -> None:
@@ -661,7 +664,7 @@ def test_filter_waits_briefly_for_the_informer_to_report_a_pod() -> None:
         call = asyncio.create_task(ext.dispatch("POST", "/filter", body))
         await asyncio.sleep(0.2)
         with ext.lock:  # the informer reports it while filter waits
-            s.apply("pods", "ADDED", p)
+            s.cache.apply("pods", "ADDED", p)
         _, out = await call
         return out
 
@@ -699,25 +702,25 @@ def test_a_node_heartbeat_keeps_the_domains_and_a_label_or_allocatable_change_is
     s = make_state()
     solo = known(s, pod("solo", 1))
     s.prioritize(solo, NODES, 0.0)
-    assert s.domains_known()
+    assert s.cache.domains_known()
     beat = node("r0-t0", 4)
     beat["status"]["conditions"] = [{"type": "Ready", "status": "True", "lastHeartbeatTime": "now"}]
-    s.apply("nodes", "MODIFIED", beat)
-    assert s.domains_known()  # nothing prioritize reads changed
+    s.cache.apply("nodes", "MODIFIED", beat)
+    assert s.cache.domains_known()  # nothing prioritize reads changed
     fewer = node("r0-t0", 2)
-    s.apply("nodes", "MODIFIED", fewer)
-    assert s.free_gpus("r0-t0") == 2
+    s.cache.apply("nodes", "MODIFIED", fewer)
+    assert s.cache.free_gpus("r0-t0") == 2
     assert dict(s.prioritize(known(s, pod("three", 3)), ["r0-t0"], 0.0)) == {"r0-t0": 0}
     moved = node("r0-t0", 4)
     moved["metadata"]["labels"] = {"gpuagent.dev/nvlink-domain": "elsewhere"}
-    s.apply("nodes", "MODIFIED", moved)
-    assert not s.domains_known()  # read again on the next call
-    s.apply("hypernodes", "MODIFIED", hypernode("nvl-0", 1, "nvlink", ["r0-t1", "r0-t2", "r0-t3"]))
+    s.cache.apply("nodes", "MODIFIED", moved)
+    assert not s.cache.domains_known()  # read again on the next call
+    s.cache.apply("hypernodes", "MODIFIED", hypernode("nvl-0", 1, "nvlink", ["r0-t1", "r0-t2", "r0-t3"]))
     scores = dict(s.prioritize(solo, NODES, 0.0))
     assert set(scores) == set(NODES)
-    s.apply("nodes", "DELETED", moved)
-    assert not s.domains_known()
-    assert s.free_gpus("r0-t0") == 0
+    s.cache.apply("nodes", "DELETED", moved)
+    assert not s.cache.domains_known()
+    assert s.cache.free_gpus("r0-t0") == 0
 
 
 def test_a_bound_pods_requests_are_read_again_only_when_its_containers_change() -> None:
@@ -725,19 +728,19 @@ def test_a_bound_pods_requests_are_read_again_only_when_its_containers_change() 
     p = pod("run", 2)
     p["spec"]["nodeName"] = "r0-t0"
     p["status"]["phase"] = "Running"
-    s.apply("pods", "ADDED", p)
-    assert s.free_gpus("r0-t0") == 2
+    s.cache.apply("pods", "ADDED", p)
+    assert s.cache.free_gpus("r0-t0") == 2
     beat = {**p, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
-    s.apply("pods", "MODIFIED", beat)
-    assert s.free_gpus("r0-t0") == 2
+    s.cache.apply("pods", "MODIFIED", beat)
+    assert s.cache.free_gpus("r0-t0") == 2
     resized = json.loads(json.dumps(beat))
     resized["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "3"
-    s.apply("pods", "MODIFIED", resized)
-    assert s.free_gpus("r0-t0") == 1
-    s.apply("pods", "DELETED", resized)
-    assert s.free_gpus("r0-t0") == 4
-    s.apply("pods", "ADDED", p)  # the same name again: counted afresh
-    assert s.free_gpus("r0-t0") == 2
+    s.cache.apply("pods", "MODIFIED", resized)
+    assert s.cache.free_gpus("r0-t0") == 1
+    s.cache.apply("pods", "DELETED", resized)
+    assert s.cache.free_gpus("r0-t0") == 4
+    s.cache.apply("pods", "ADDED", p)  # the same name again: counted afresh
+    assert s.cache.free_gpus("r0-t0") == 2
 
 
 def test_an_auto_gang_binds_with_the_chosen_subgroup_size_on_each_pod() -> None:
@@ -756,7 +759,7 @@ def test_an_auto_gang_binds_with_the_chosen_subgroup_size_on_each_pod() -> None:
     async def scenario() -> tuple[dict[str, str], Recorder]:
         s = make_state(pods=pods)
         healthy = {"gpuagent.dev/fabric-health": "healthy", "nvidia.com/gpu.clique": "c.0"}
-        s.replace(
+        s.cache.replace(
             "nodes",
             [
                 node(n, 4, labels={"gpuagent.dev/fabric-health": "healthy"} if n.endswith("t3") else healthy)
@@ -793,7 +796,7 @@ def test_an_auto_gang_binds_with_the_chosen_subgroup_size_on_each_pod() -> None:
     assert not any(n.endswith("t3") for n in nodes.values())
     assert {nodes[f"w{i}"][:2] for i in range(3)} != {nodes[f"w{i}"][:2] for i in range(3, 6)}
     assert rec.bound_annotations == {
-        f"default/w{i}": {state_module.SUBGROUP_SIZE_CHOSEN: "3"} for i in range(6)
+        f"default/w{i}": {bind_module.SUBGROUP_SIZE_CHOSEN: "3"} for i in range(6)
     }
     assert ("w0", "SubgroupSizeChosen") in rec.events
 
@@ -801,7 +804,7 @@ def test_an_auto_gang_binds_with_the_chosen_subgroup_size_on_each_pod() -> None:
 def test_a_fixed_size_gang_binds_without_annotations() -> None:
     s = make_state(pods=[gang_pod(f"w{i}", i) for i in range(4)])
     for i in range(4):
-        p = s.pods[f"default/w{i}"]
+        p = s.cache.pods[f"default/w{i}"]
         n = planned_node(s, p, 0.0)
         decision = s.bind("default", f"w{i}", f"uid-default-w{i}", n, 0.0)
     assert decision.action == "bind"

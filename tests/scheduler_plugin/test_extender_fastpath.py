@@ -10,8 +10,9 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler_plugin.extender import ClusterState
-from scheduler_plugin.extender.state import MAX_PRIORITY, FilterOutcome
+from scheduler_plugin.extender import ExtenderState
+from scheduler_plugin.extender.filter import FilterOutcome
+from scheduler_plugin.extender.prioritize import MAX_PRIORITY
 from scheduler_plugin.queue import RESERVED_FOR
 from tests.integration.fakekube import hypernode, node, pod
 
@@ -38,15 +39,15 @@ steps = st.lists(
 
 
 def plain_filter(
-    s: ClusterState, need: int, held: dict[str, int], caps: dict[str, int], names: list[str]
+    s: ExtenderState, need: int, held: dict[str, int], caps: dict[str, int], names: list[str]
 ) -> FilterOutcome:
     """Filter's answer for a pod on its own as the per-node loop gives it."""
     out = FilterOutcome()
     for n in names:
-        verdict = s._fit_verdict(n, need, held) if n in s.nodes else None
+        verdict = s.filter._verdict(n, need, held) if n in s.cache.nodes else None
         if verdict is not None:
             out.failed[n] = verdict
-        elif n not in s.nodes:
+        elif n not in s.cache.nodes:
             out.failed[n] = "node unknown to the extender (informer not synced yet)"
         elif n in caps and caps[n] < need:
             out.failed[n] = (
@@ -59,20 +60,20 @@ def plain_filter(
 
 
 def same_as_plain(
-    s: ClusterState, need: int, held: dict[str, int], caps: dict[str, int], names: list[str]
+    s: ExtenderState, need: int, held: dict[str, int], caps: dict[str, int], names: list[str]
 ) -> None:
     want = plain_filter(s, need, held, caps, names)
     got = FilterOutcome()
-    s._filter_alone(need, held, caps, names, got)
+    s.filter._alone(need, held, caps, names, got)
     assert (got.passed, got.failed) == (want.passed, want.failed)
     assert list(got.failed) == list(want.failed)  # the same order in the answer
     got.passed.append("changed by the caller")  # never the kept answer itself
     got.failed.clear()
 
 
-def plain_scores(s: ClusterState, need: int, names: list[str]) -> list[tuple[str, int]]:
+def plain_scores(s: ExtenderState, need: int, names: list[str]) -> list[tuple[str, int]]:
     """Prioritize's scores for a pod on its own as the per-node loop gives them."""
-    ranks = {n: k for n in s._states if (k := s._rank_key(n, need)) is not None}
+    ranks = {n: k for n in s.cache.states if (k := s.prioritize._rank_key(n, need)) is not None}
     keys = [ranks.get(n) for n in names]
     order = {k: i for i, k in enumerate(sorted({k for k in keys if k is not None}))}
     span = max(1, len(order) - 1)
@@ -82,10 +83,10 @@ def plain_scores(s: ClusterState, need: int, names: list[str]) -> list[tuple[str
     ]
 
 
-def fresh_state() -> ClusterState:
-    s = ClusterState()
-    s.replace("nodes", [node(n, 4) for n in NAMES])
-    s.replace(
+def fresh_state() -> ExtenderState:
+    s = ExtenderState()
+    s.cache.replace("nodes", [node(n, 4) for n in NAMES])
+    s.cache.replace(
         "hypernodes", [hypernode(f"nvl-{r}", 1, "nvlink", [f"r{r}-t{t}" for t in range(3)]) for r in range(2)]
     )
     return s
@@ -105,14 +106,14 @@ def test_filter_and_prioritize_answer_as_the_plain_loop(
         if what == "bind":
             p = pod(f"run-{i}", b, node_name=a)
             p["status"] = {"phase": "Running"}
-            s.apply("pods", "ADDED", p)
+            s.cache.apply("pods", "ADDED", p)
             bound.append(p)
         elif what == "unbind" and bound:
-            s.apply("pods", "DELETED", bound.pop(a % len(bound)))
+            s.cache.apply("pods", "DELETED", bound.pop(a % len(bound)))
         elif what == "node":
-            s.apply("nodes", "ADDED", node(a, b))
+            s.cache.apply("nodes", "ADDED", node(a, b))
         elif what == "drop":
-            s.apply("nodes", "DELETED", node(a, 0))
+            s.cache.apply("nodes", "DELETED", node(a, 0))
         if what != "check":  # after each change: a kept answer from before it is not used
             same_as_plain(s, 2, held, caps, CANDIDATES)
         if what == "check":
@@ -125,9 +126,9 @@ def test_filter_and_prioritize_answer_as_the_plain_loop(
             same_as_plain(s, need, held, caps, CANDIDATES)
             # the verbs, for a pod the informer knows
             solo = pod(f"solo-{i}", need)
-            s.apply("pods", "ADDED", solo)
+            s.cache.apply("pods", "ADDED", solo)
             out = s.filter(solo, names, 0.0)
-            want = plain_filter(s, need, s.held_gpus(), {}, names)
+            want = plain_filter(s, need, s.holds.held_gpus(), {}, names)
             assert (out.passed, out.failed, out.unresolvable) == (want.passed, want.failed, {})
             assert s.prioritize(solo, names, 0.0) == plain_scores(s, need, names)
-            s.apply("pods", "DELETED", solo)
+            s.cache.apply("pods", "DELETED", solo)

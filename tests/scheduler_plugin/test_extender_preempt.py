@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from scheduler_plugin.extender import ClusterState
+from scheduler_plugin.extender import ExtenderState
 from scheduler_plugin.queue import QueueConfig
 from scheduler_plugin.queueing import VictimSet, never_victim, victim_group
 from tests.integration.fakekube import pod
@@ -34,8 +34,8 @@ def hi_gang(name: str = "hi", at: float = T0) -> list[dict[str, Any]]:
     return [member(name, i, priority=1000, at=at) for i in range(4)]
 
 
-def evicted(s: ClusterState, wall: float, now: float = 1.0) -> set[str]:
-    return {e.pod["metadata"]["name"] for e in s.queue_tick(now, wall).evictions}
+def evicted(s: ExtenderState, wall: float, now: float = 1.0) -> set[str]:
+    return {e.pod["metadata"]["name"] for e in s.queue.tick(now, wall).evictions}
 
 
 def owned(p: dict[str, Any], kind: str, name: str, uid: str | None = None) -> dict[str, Any]:
@@ -85,9 +85,9 @@ def _lone_as(kind: str) -> tuple[list[dict[str, Any]], frozenset[str] | None]:
 def test_daemonset_static_and_not_allowed_pods_are_never_victims(kind: str) -> None:
     pods, namespaces = _lone_as(kind)
     s = make_state(pods, config=QueueConfig(preempt_after_s=0))
-    s.preempt_namespaces = namespaces
+    s.preempt.namespaces = namespaces
     for p in hi_gang():
-        s.apply("pods", "ADDED", p)
+        s.cache.apply("pods", "ADDED", p)
     got = evicted(s, T0 + 10)
     assert "lone" not in got
     # nvl-1 cannot free without the lone pod: the whole of nvl-0 goes instead
@@ -104,7 +104,7 @@ def test_kube_schedulers_own_preemption_gets_no_daemonset_or_static_victims() ->
     ds = owned(solo("ds", 4, on="r1-t3", at=T0), "DaemonSet", "gpu-burner")
     s = make_state([ds, solo("urgent", 4, at=T0 + 5)])
     victims = {"r1-t3": VictimSet((ds["metadata"]["uid"],), 0)}
-    assert s.preempt(s.pods["default/urgent"], victims, T0 + 5) == {}
+    assert s.preempt(s.cache.pods["default/urgent"], victims, T0 + 5) == {}
 
 
 def test_never_victim_reasons_name_the_owner_and_the_namespace() -> None:
@@ -149,7 +149,7 @@ def _split_workload(how: str) -> list[dict[str, Any]]:
 def test_a_workload_the_extender_does_not_know_as_a_gang_is_evicted_whole(how: str) -> None:
     hi = [member("hi", i, size=2, priority=1000, at=T0) for i in range(2)]
     s = make_state([*_split_workload(how), *hi], config=QueueConfig(preempt_after_s=0))
-    actions = s.queue_tick(1.0, T0 + 10)
+    actions = s.queue.tick(1.0, T0 + 10)
     got = {e.pod["metadata"]["name"] for e in actions.evictions}
     assert got == {f"wl-{i}" for i in range(4)}  # all four, never the two in one domain
     assert len({e.victim for e in actions.evictions}) == 1
@@ -172,7 +172,7 @@ def test_kube_schedulers_own_preemption_never_takes_part_of_a_workload() -> None
     s = make_state([*pods, solo("urgent", 4, at=T0 + 5)])
     uid = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
     half = {"r0-t0": VictimSet((uid["wl-0"],), 0)}
-    assert s.preempt(s.pods["default/urgent"], half, T0 + 5) == {}
+    assert s.preempt(s.cache.pods["default/urgent"], half, T0 + 5) == {}
 
 
 def test_victim_group_names_the_outermost_workload() -> None:
@@ -189,7 +189,7 @@ def test_victim_group_names_the_outermost_workload() -> None:
 def test_a_gang_its_budget_protects_is_no_victim() -> None:
     pods = labelled(preemption_cluster(), "lo2-", app="lo2")
     s = make_state([*pods, *hi_gang()], config=QueueConfig(preempt_after_s=0))
-    s.replace("pdbs", [pdb("lo2", {"matchLabels": {"app": "lo2"}}, 1)])  # 1 of its 3 pods at a time
+    s.cache.replace("pdbs", [pdb("lo2", {"matchLabels": {"app": "lo2"}}, 1)])  # 1 of its 3 pods at a time
     got = evicted(s, T0 + 10)
     assert not {"lo2-0", "lo2-1", "lo2-2"} & got  # never a first pod with the rest refused
     assert got == {"lo0-0", "lo0-1", "lo1-0", "lo1-1"}
@@ -212,7 +212,7 @@ def test_a_gang_its_budget_protects_is_no_victim() -> None:
 def test_budgets_are_read_as_the_eviction_api_reads_them(budget: dict[str, Any]) -> None:
     pods = labelled(preemption_cluster(), "lo2-", app="lo2")
     s = make_state([*pods, *hi_gang()], config=QueueConfig(preempt_after_s=0))
-    s.replace("pdbs", [budget])
+    s.cache.replace("pdbs", [budget])
     got = evicted(s, T0 + 10)
     assert not {"lo2-0", "lo2-1", "lo2-2"} & got
 
@@ -220,42 +220,44 @@ def test_budgets_are_read_as_the_eviction_api_reads_them(budget: dict[str, Any])
 def test_a_budget_nothing_selects_or_that_allows_enough_changes_nothing() -> None:
     pods = labelled(preemption_cluster(), "lo2-", app="lo2")
     s = make_state([*pods, *hi_gang()], config=QueueConfig(preempt_after_s=0))
-    s.replace("pdbs", [pdb("none", None, 0), pdb("roomy", {"matchLabels": {"app": "lo2"}}, 3)])
+    s.cache.replace("pdbs", [pdb("none", None, 0), pdb("roomy", {"matchLabels": {"app": "lo2"}}, 3)])
     assert evicted(s, T0 + 10) == {"lo2-0", "lo2-1", "lo2-2", "lone"}
 
 
 def test_victims_each_within_a_shared_budget_but_not_together_are_not_evicted() -> None:
     pods = labelled(labelled(preemption_cluster(), "lo2-", team="a"), "lone", team="a")
     s = make_state([*pods, *hi_gang()], config=QueueConfig(preempt_after_s=0))
-    s.replace("pdbs", [pdb("team-a", {"matchLabels": {"team": "a"}}, 3)])  # lo2 (3) or lone (1), not both
-    first = s.queue_tick(1.0, T0 + 10)
+    s.cache.replace(
+        "pdbs", [pdb("team-a", {"matchLabels": {"team": "a"}}, 3)]
+    )  # lo2 (3) or lone (1), not both
+    first = s.queue.tick(1.0, T0 + 10)
     assert first.evictions == ()
     blocked = [e for e in first.events if e.reason == "PreemptionBlocked"]
     assert {e.pod["metadata"]["name"] for e in blocked} == {f"hi-{i}" for i in range(4)}
     assert "PodDisruptionBudget default/team-a allows 3" in blocked[0].message
-    assert "default/hi" not in s.queue_reservations  # no hold for a preemption that does not happen
-    assert "gpuagent_extender_preemptions_total 0" in s.metrics_text().decode()
+    assert "default/hi" not in s.holds.queue_reservations  # no hold for a preemption that does not happen
+    assert "gpuagent_extender_preemptions_total 0" in s.queue.metrics_text().decode()
     # the next pass seeks other victims: nvl-0's gangs, whole
     assert evicted(s, T0 + 11, now=2.0) == {"lo0-0", "lo0-1", "lo1-0", "lo1-1"}
 
 
 # -- item 10: eviction counts belong to a job, not to its name -----------------------------------------
-def _evict_lo_and_rerun(s: ClusterState, *, uid: str, wall: float) -> set[str]:
+def _evict_lo_and_rerun(s: ExtenderState, *, uid: str, wall: float) -> set[str]:
     """The first preemption (hi) runs; its victims' pods go and hi ends; then the victim gangs run
     again under the same names, made by a Job of ``uid``. Returns the gangs evicted first."""
-    first = s.queue_tick(1.0, wall)
+    first = s.queue.tick(1.0, wall)
     victims = {e.victim for e in first.evictions} - {"pod:default/lone"}
     assert victims
     for e in first.evictions:
-        s.apply("pods", "DELETED", e.pod)
+        s.cache.apply("pods", "DELETED", e.pod)
     for p in hi_gang():
-        s.apply("pods", "DELETED", s.pods[f"default/{p['metadata']['name']}"])
-    s.queue_tick(2.0, wall + 5)  # a pass sees them all gone
+        s.cache.apply("pods", "DELETED", s.cache.pods[f"default/{p['metadata']['name']}"])
+    s.queue.tick(2.0, wall + 5)  # a pass sees them all gone
     for gang in victims:
         name = gang.split("/")[1]
         for p in preemption_cluster():
             if p["metadata"]["name"].startswith(f"{name}-"):
-                s.apply(
+                s.cache.apply(
                     "pods", "ADDED", owned(timed(p, created=wall + 20, started=wall + 21), "Job", name, uid)
                 )
     return victims
@@ -273,9 +275,9 @@ def test_eviction_counts_follow_the_job_that_owns_the_gang(same_job: bool, count
     s = make_state([*pods, *hi_gang()], config=QueueConfig(preempt_after_s=0, max_evictions=1))
     victims = _evict_lo_and_rerun(s, uid="uid-first" if same_job else "uid-second", wall=T0 + 20)
     for p in hi_gang("hi2", at=T0 + 40):
-        s.apply("pods", "ADDED", p)
-    second = s.queue_tick(3.0, T0 + 50)
-    assert all(s._queue_running[g].evictions == counted for g in victims)
+        s.cache.apply("pods", "ADDED", p)
+    second = s.queue.tick(3.0, T0 + 50)
+    assert all(s.inputs.last_running[g].evictions == counted for g in victims)
     again = victims & {e.victim for e in second.evictions}
     assert bool(again) is (counted == 0)  # a new job under an old name is no more immune than any
 
@@ -284,15 +286,15 @@ def test_a_count_for_a_gang_no_controller_owns_goes_with_its_last_pod() -> None:
     s = make_state(
         [*preemption_cluster(), *hi_gang()], config=QueueConfig(preempt_after_s=0, max_evictions=1)
     )
-    first = s.queue_tick(1.0, T0 + 20)
+    first = s.queue.tick(1.0, T0 + 20)
     victims = {e.victim for e in first.evictions} - {"pod:default/lone"}
     for e in first.evictions:
-        s.apply("pods", "DELETED", e.pod)
-    s.queue_tick(2.0, T0 + 25)  # all its pods gone: nothing makes them again
+        s.cache.apply("pods", "DELETED", e.pod)
+    s.queue.tick(2.0, T0 + 25)  # all its pods gone: nothing makes them again
     for gang in victims:
         name = gang.split("/")[1]
         for p in preemption_cluster():
             if p["metadata"]["name"].startswith(f"{name}-"):
-                s.apply("pods", "ADDED", timed(p, created=T0 + 30, started=T0 + 31))
-    s.queue_tick(3.0, T0 + 40)
-    assert all(s._queue_running[g].evictions == 0 for g in victims)
+                s.cache.apply("pods", "ADDED", timed(p, created=T0 + 30, started=T0 + 31))
+    s.queue.tick(3.0, T0 + 40)
+    assert all(s.inputs.last_running[g].evictions == 0 for g in victims)

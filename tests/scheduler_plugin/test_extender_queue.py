@@ -1,4 +1,4 @@
-"""The extender's queue (``ClusterState.queue_pass``/``take_actions``, the preempt verb, the queue loop's
+"""The extender's queue (``QueueDriver.run_pass``/``take_actions``, the preempt verb, the queue loop's
 actions through ``Extender``): reservations with Events, node annotations and metrics; backfill by time
 limit for gangs and pods on their own; release; rebuild after a restart; whole-gang preemption.
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from scheduler_plugin.extender import GANG_PLANNED, ClusterState, Extender
+from scheduler_plugin.extender import GANG_PLANNED, Extender, ExtenderState
 from scheduler_plugin.queue import RESERVED_FOR, QueueConfig, QueueError
 from scheduler_plugin.queueing import VictimSet, parse_victims, pod_limit, timestamp
 from tests.integration.fakekube import hypernode, node, pod
@@ -75,12 +75,12 @@ def make_state(
     annotated: dict[str, str] | None = None,
     enforce: str = "held",
     grace: float = 0.0,
-) -> ClusterState:
+) -> ExtenderState:
     """``grace``: seconds past a declared time limit before the extender evicts (0 here: a limit's end
     is the limit itself, as the times below are written)."""
     if annotated is None:
         annotated = {}
-    s = ClusterState(
+    s = ExtenderState(
         reservation_ttl_s=30.0,
         barrier_timeout_s=5.0,
         queue=config,
@@ -91,11 +91,11 @@ def make_state(
     for n in nodes:
         if n["metadata"]["name"] in annotated:
             n["metadata"]["annotations"] = {RESERVED_FOR: annotated[n["metadata"]["name"]]}
-    s.replace("nodes", nodes)
-    s.replace(
+    s.cache.replace("nodes", nodes)
+    s.cache.replace(
         "hypernodes", [hypernode(f"nvl-{r}", 1, "nvlink", [f"r{r}-t{t}" for t in range(4)]) for r in range(2)]
     )
-    s.replace("pods", pods)
+    s.cache.replace("pods", pods)
     return s
 
 
@@ -111,11 +111,11 @@ def big_gang(at: float = T0 + 10, **kw: Any) -> list[dict[str, Any]]:
 def test_the_head_gang_reserves_the_domain_that_frees_first_and_shows_it() -> None:
     s = make_state([*busy_cluster(), *big_gang()])
     now = T0 + 20
-    out = s.filter(s.pods["default/big-0"], NODES, 1.0, now)
+    out = s.filter(s.cache.pods["default/big-0"], NODES, 1.0, now)
     assert out.passed == []
     assert "does not fit" in next(iter(out.failed.values()))
     assert "next in the queue" in next(iter(out.failed.values()))
-    r = s.queue_reservations["default/big"]
+    r = s.holds.queue_reservations["default/big"]
     assert sorted(r.claims) == DOMAIN0
     assert r.start_s == T0 + 100
     assert r.domain == "nvl-0"
@@ -123,9 +123,9 @@ def test_the_head_gang_reserves_the_domain_that_frees_first_and_shows_it() -> No
     assert {e.pod["metadata"]["name"] for e in reserved} == {f"big-{i}" for i in range(4)}
     assert iso(T0 + 100) in reserved[0].message
     assert "nvl-0" in reserved[0].message
-    actions = s.take_actions()
+    actions = s.queue.take_actions()
     assert actions.annotate == dict.fromkeys(DOMAIN0, "default/big")
-    text = s.metrics_text().decode()
+    text = s.queue.metrics_text().decode()
     assert "gpuagent_extender_reservations 1" in text
     assert "gpuagent_extender_reserved_gpus 16" in text
     assert "gpuagent_extender_waiting_gangs 1" in text
@@ -133,12 +133,12 @@ def test_the_head_gang_reserves_the_domain_that_frees_first_and_shows_it() -> No
 
 def test_pods_on_their_own_use_reserved_nodes_only_when_they_end_before_its_start() -> None:
     s = make_state([*busy_cluster(), *big_gang()])
-    s.filter(s.pods["default/big-0"], NODES, 1.0, T0 + 20)
+    s.filter(s.cache.pods["default/big-0"], NODES, 1.0, T0 + 20)
     endless = solo("endless", 4, at=T0 + 30)
     short = solo("short", 4, limit=50, at=T0 + 30)  # ends at T0+80, before the start at T0+100
     long = solo("long", 4, limit=500, at=T0 + 30)
     for p in (endless, short, long):
-        s.apply("pods", "ADDED", p)
+        s.cache.apply("pods", "ADDED", p)
     for p, reserved_ok in ((endless, False), (short, True), (long, False)):
         out = s.filter(p, NODES, 2.0, T0 + 30)
         assert ("r0-t1" in out.passed) is reserved_ok, (p["metadata"]["name"], out.failed.get("r0-t1"))
@@ -149,37 +149,37 @@ def test_pods_on_their_own_use_reserved_nodes_only_when_they_end_before_its_star
 
 def test_a_gang_backfills_reserved_nodes_only_when_it_ends_before_the_start() -> None:
     s = make_state([*busy_cluster(), *big_gang()])
-    s.filter(s.pods["default/big-0"], NODES, 1.0, T0 + 20)
+    s.filter(s.cache.pods["default/big-0"], NODES, 1.0, T0 + 20)
     # a 2-pod gang without a limit may not take reserved capacity: it goes to nvl-1
     for p in [member("endless", i, size=2, at=T0 + 30) for i in range(2)]:
-        s.apply("pods", "ADDED", p)
-    out = s.filter(s.pods["default/endless-0"], NODES, 2.0, T0 + 30)
+        s.cache.apply("pods", "ADDED", p)
+    out = s.filter(s.cache.pods["default/endless-0"], NODES, 2.0, T0 + 30)
     assert out.passed
     assert out.passed[0].startswith("r1-")
     # one with a limit ending before the reservation's start is offered the reserved (idle) capacity
     for p in [member("quick", i, size=2, limit=30, at=T0 + 30) for i in range(2)]:
-        s.apply("pods", "ADDED", p)
-    out = s.filter(s.pods["default/quick-0"], NODES, 3.0, T0 + 31)
+        s.cache.apply("pods", "ADDED", p)
+    out = s.filter(s.cache.pods["default/quick-0"], NODES, 3.0, T0 + 31)
     assert out.passed
     assert out.passed[0] in DOMAIN0
-    assert s.queue_reservations["default/big"].start_s == T0 + 100  # its start is not delayed
+    assert s.holds.queue_reservations["default/big"].start_s == T0 + 100  # its start is not delayed
 
 
 def test_the_reservation_is_released_when_the_gang_starts_and_the_annotation_goes() -> None:
     s = make_state([*busy_cluster(), *big_gang()])
-    s.filter(s.pods["default/big-0"], NODES, 1.0, T0 + 20)
+    s.filter(s.cache.pods["default/big-0"], NODES, 1.0, T0 + 20)
     for n in DOMAIN0:  # the annotations as the API now shows them
-        obj = dict(s.nodes[n])
+        obj = dict(s.cache.nodes[n])
         obj["metadata"] = {**obj["metadata"], "annotations": {RESERVED_FOR: "default/big"}}
-        s.apply("nodes", "MODIFIED", obj)
-    assert s.take_actions().annotate == {}
-    s.apply("pods", "DELETED", s.pods["default/a"])  # the job on r0-t0 ended early
-    out = s.filter(s.pods["default/big-0"], NODES, 2.0, T0 + 40)
+        s.cache.apply("nodes", "MODIFIED", obj)
+    assert s.queue.take_actions().annotate == {}
+    s.cache.apply("pods", "DELETED", s.cache.pods["default/a"])  # the job on r0-t0 ended early
+    out = s.filter(s.cache.pods["default/big-0"], NODES, 2.0, T0 + 40)
     assert out.passed
     assert out.passed[0] in DOMAIN0
-    assert "default/big" not in s.queue_reservations
-    assert s.take_actions().annotate == dict.fromkeys(DOMAIN0)
-    assert "gpuagent_extender_reservations 0" in s.metrics_text().decode()
+    assert "default/big" not in s.holds.queue_reservations
+    assert s.queue.take_actions().annotate == dict.fromkeys(DOMAIN0)
+    assert "gpuagent_extender_reservations 0" in s.queue.metrics_text().decode()
 
 
 def test_a_gang_the_queue_starts_nudges_the_pods_filter_refused_and_announces_its_plan() -> None:
@@ -188,38 +188,40 @@ def test_a_gang_the_queue_starts_nudges_the_pods_filter_refused_and_announces_it
     pod moves it), and the first pod filtered afterwards gets the GangPlanned Event."""
     s = make_state([*busy_cluster(), *big_gang()])
     for i in range(4):
-        assert not s.filter(s.pods[f"default/big-{i}"], NODES, 1.0 + i, T0 + 20).passed
-    assert not s.take_actions().nudges  # still waiting: nothing to nudge
-    s.apply("pods", "DELETED", s.pods["default/a"])  # r0-t0 frees: the tick, not a filter, starts it
-    actions = s.queue_tick(10.0, T0 + 40)
-    assert "default/big" in s.reservations
+        assert not s.filter(s.cache.pods[f"default/big-{i}"], NODES, 1.0 + i, T0 + 20).passed
+    assert not s.queue.take_actions().nudges  # still waiting: nothing to nudge
+    s.cache.apply(
+        "pods", "DELETED", s.cache.pods["default/a"]
+    )  # r0-t0 frees: the tick, not a filter, starts it
+    actions = s.queue.tick(10.0, T0 + 40)
+    assert "default/big" in s.holds.reservations
     nudged = {p["metadata"]["name"]: v for p, v in actions.nudges}
     assert sorted(nudged) == [f"big-{i}" for i in range(4)]
     assert all(v.startswith("4 pod(s) on 4 node(s) at ") for v in nudged.values())
-    assert not s.take_actions().nudges  # each once
-    first = s.filter(s.pods["default/big-2"], NODES, 11.0, T0 + 41)
+    assert not s.queue.take_actions().nudges  # each once
+    first = s.filter(s.cache.pods["default/big-2"], NODES, 11.0, T0 + 41)
     assert first.passed
     assert [e.reason for e in first.events] == ["GangPlanned"]
-    second = s.filter(s.pods["default/big-0"], NODES, 12.0, T0 + 42)
+    second = s.filter(s.cache.pods["default/big-0"], NODES, 12.0, T0 + 42)
     assert second.passed
     assert not second.events  # one GangPlanned for the gang
 
 
 def test_the_pods_refused_before_are_nudged_when_a_later_filter_starts_the_gang() -> None:
     s = make_state([*busy_cluster(), *big_gang()])
-    refused = s.filter(s.pods["default/big-0"], NODES, 1.0, T0 + 20)
+    refused = s.filter(s.cache.pods["default/big-0"], NODES, 1.0, T0 + 20)
     assert "does not fit" in next(iter(refused.failed.values()))
-    s.apply("pods", "DELETED", s.pods["default/a"])
-    last = s.filter(s.pods["default/big-3"], NODES, 2.0, T0 + 21)  # its pass starts the gang
+    s.cache.apply("pods", "DELETED", s.cache.pods["default/a"])
+    last = s.filter(s.cache.pods["default/big-3"], NODES, 2.0, T0 + 21)  # its pass starts the gang
     assert last.passed
     assert [e.reason for e in last.events] == ["GangPlanned"]
-    assert [p["metadata"]["name"] for p, _ in s.take_actions().nudges] == ["big-0"]
+    assert [p["metadata"]["name"] for p, _ in s.queue.take_actions().nudges] == ["big-0"]
 
 
 def test_the_queue_loop_annotates_the_pods_it_nudges() -> None:
     s = make_state([*busy_cluster(), *big_gang()])
-    s.filter(s.pods["default/big-1"], NODES, 1.0, T0 + 20)
-    s.apply("pods", "DELETED", s.pods["default/a"])
+    s.filter(s.cache.pods["default/big-1"], NODES, 1.0, T0 + 20)
+    s.cache.apply("pods", "DELETED", s.cache.pods["default/a"])
     fake = FakeQueueCluster()
     ext = Extender(state=s, cluster=fake, queue_cluster=fake, wall=lambda: T0 + 40, clock=lambda: 10.0)
 
@@ -229,29 +231,29 @@ def test_the_queue_loop_annotates_the_pods_it_nudges() -> None:
 
     asyncio.run(run())
     assert [(name, uid) for name, uid, _ in fake.pod_annotations] == [
-        ("big-1", s.pods["default/big-1"]["metadata"]["uid"])
+        ("big-1", s.cache.pods["default/big-1"]["metadata"]["uid"])
     ]
     assert GANG_PLANNED == "gpuagent.dev/gang-planned"
 
 
 def test_the_reservation_is_released_when_the_gang_is_deleted() -> None:
     s = make_state([*busy_cluster(), *big_gang()])
-    s.filter(s.pods["default/big-0"], NODES, 1.0, T0 + 20)
-    assert s.queue_reservations
+    s.filter(s.cache.pods["default/big-0"], NODES, 1.0, T0 + 20)
+    assert s.holds.queue_reservations
     for i in range(4):
-        s.apply("pods", "DELETED", s.pods[f"default/big-{i}"])
-    assert s.queue_tick(2.0, T0 + 21).annotate == {}  # nothing was annotated yet: nothing to remove
-    assert s.queue_reservations == {}
+        s.cache.apply("pods", "DELETED", s.cache.pods[f"default/big-{i}"])
+    assert s.queue.tick(2.0, T0 + 21).annotate == {}  # nothing was annotated yet: nothing to remove
+    assert s.holds.queue_reservations == {}
 
 
 def test_a_lost_node_moves_the_reservation() -> None:
     s = make_state([*busy_cluster(), *big_gang()])
-    s.filter(s.pods["default/big-0"], NODES, 1.0, T0 + 20)
-    lost = dict(s.nodes["r0-t2"])
+    s.filter(s.cache.pods["default/big-0"], NODES, 1.0, T0 + 20)
+    lost = dict(s.cache.nodes["r0-t2"])
     lost["spec"] = {"unschedulable": True}
-    s.apply("nodes", "MODIFIED", lost)
-    s.queue_tick(2.0, T0 + 21)
-    r = s.queue_reservations["default/big"]
+    s.cache.apply("nodes", "MODIFIED", lost)
+    s.queue.tick(2.0, T0 + 21)
+    r = s.holds.queue_reservations["default/big"]
     assert r.domain == "nvl-1"
     assert r.start_s == T0 + 300
 
@@ -259,16 +261,16 @@ def test_a_lost_node_moves_the_reservation() -> None:
 def test_reservations_are_rebuilt_from_node_annotations_after_a_restart() -> None:
     pods = [*busy_cluster(), *big_gang()]
     first = make_state(pods)
-    first.filter(first.pods["default/big-0"], NODES, 1.0, T0 + 20)
-    held = first.queue_reservations["default/big"]
+    first.filter(first.cache.pods["default/big-0"], NODES, 1.0, T0 + 20)
+    held = first.holds.queue_reservations["default/big"]
     annotated = dict.fromkeys(held.claims, "default/big") | {"r1-t3": "default/gone"}
     again = make_state(pods, annotated=annotated)
-    again.synced = False
-    assert again.queue_tick(1.0, T0 + 25).annotate == {}  # informers not synced: nothing read or written
-    assert again.queue_reservations == {}
-    again.synced = True
-    actions = again.queue_tick(2.0, T0 + 26)
-    rebuilt = again.queue_reservations["default/big"]
+    again.cache.synced = False
+    assert again.queue.tick(1.0, T0 + 25).annotate == {}  # informers not synced: nothing read or written
+    assert again.holds.queue_reservations == {}
+    again.cache.synced = True
+    actions = again.queue.tick(2.0, T0 + 26)
+    rebuilt = again.holds.queue_reservations["default/big"]
     assert dict(rebuilt.claims) == dict(held.claims)
     assert rebuilt.start_s == held.start_s
     assert actions.annotate == {"r1-t3": None}  # the stale one goes, the held ones stay
@@ -286,10 +288,10 @@ def preemption_cluster() -> list[dict[str, Any]]:
 def test_a_high_priority_gang_evicts_whole_gangs_inside_one_domain() -> None:
     hi = [member("hi", i, priority=1000, at=T0 + 10) for i in range(4)]
     s = make_state([*preemption_cluster(), *hi], config=QueueConfig(preempt_after_s=30))
-    early = s.filter(s.pods["default/hi-0"], NODES, 1.0, T0 + 20)
+    early = s.filter(s.cache.pods["default/hi-0"], NODES, 1.0, T0 + 20)
     assert early.passed == []
-    assert s.take_actions().evictions == ()
-    actions = s.queue_tick(2.0, T0 + 41)  # the wait ended (wake time)
+    assert s.queue.take_actions().evictions == ()
+    actions = s.queue.tick(2.0, T0 + 41)  # the wait ended (wake time)
     evicted = sorted(e.pod["metadata"]["name"] for e in actions.evictions)
     victims = {e.victim for e in actions.evictions}
     # the least GPU-time lost inside one domain: nvl-0 (lo0 and lo1, 2 pods each, both whole) costs
@@ -300,21 +302,21 @@ def test_a_high_priority_gang_evicts_whole_gangs_inside_one_domain() -> None:
         size = 3 if name == "lo2" else 2
         assert {f"{name}-{i}" for i in range(size)} <= set(evicted)  # whole gangs only
     assert any(e.reason == "GangPreempting" for e in actions.events)
-    assert "gpuagent_extender_preemptions_total 1" in s.metrics_text().decode()
+    assert "gpuagent_extender_preemptions_total 1" in s.queue.metrics_text().decode()
     # the next tick does not ask again while the evictions are under way
-    s._queue_dirty = True
-    again = s.queue_tick(3.0, T0 + 42)
+    s.cache.dirty = True
+    again = s.queue.tick(3.0, T0 + 42)
     assert again.evictions == ()
     assert not [e for e in again.events if e.reason == "GangPreempting"]
-    assert "gpuagent_extender_preemptions_total 1" in s.metrics_text().decode()  # counted once
+    assert "gpuagent_extender_preemptions_total 1" in s.queue.metrics_text().decode()  # counted once
     # one victim gang's pods are gone, the other's still terminating: the same preemption, not a new one
     gone = next(iter(victims))
     for e in actions.evictions:
         if e.victim == gone:
-            s.apply("pods", "DELETED", e.pod)
-    later = s.queue_tick(4.0, T0 + 43)
+            s.cache.apply("pods", "DELETED", e.pod)
+    later = s.queue.tick(4.0, T0 + 43)
     assert not [e for e in later.events if e.reason == "GangPreempting"]
-    assert "gpuagent_extender_preemptions_total 1" in s.metrics_text().decode()
+    assert "gpuagent_extender_preemptions_total 1" in s.queue.metrics_text().decode()
 
 
 def test_a_gang_evicted_once_runs_again_and_is_no_victim_the_second_time() -> None:
@@ -322,23 +324,23 @@ def test_a_gang_evicted_once_runs_again_and_is_no_victim_the_second_time() -> No
     again; a later preemptor takes other gangs."""
     hi = [member("hi", i, priority=1000, at=T0 + 10) for i in range(4)]
     s = make_state([*preemption_cluster(), *hi], config=QueueConfig(preempt_after_s=0, max_evictions=1))
-    first = s.queue_tick(1.0, T0 + 20)
+    first = s.queue.tick(1.0, T0 + 20)
     victims = {e.victim for e in first.evictions} - {"pod:default/lone"}
     assert victims
     for e in first.evictions:
-        s.apply("pods", "DELETED", e.pod)
+        s.cache.apply("pods", "DELETED", e.pod)
     for p in hi:
-        s.apply("pods", "DELETED", s.pods[f"default/{p['metadata']['name']}"])
+        s.cache.apply("pods", "DELETED", s.cache.pods[f"default/{p['metadata']['name']}"])
     for gang in victims:  # made again by its controller, bound and running again
         name = gang.split("/")[1]
         for p in preemption_cluster():
             if p["metadata"]["name"].startswith(f"{name}-"):
-                s.apply("pods", "ADDED", timed(p, created=T0 + 30, started=T0 + 31))
+                s.cache.apply("pods", "ADDED", timed(p, created=T0 + 30, started=T0 + 31))
     hi2 = [member("hi2", i, priority=1000, at=T0 + 40) for i in range(4)]
     for p in hi2:
-        s.apply("pods", "ADDED", p)
-    second = s.queue_tick(2.0, T0 + 50)
-    assert all(s._queue_running[g].evictions == 1 for g in victims)
+        s.cache.apply("pods", "ADDED", p)
+    second = s.queue.tick(2.0, T0 + 50)
+    assert all(s.inputs.last_running[g].evictions == 1 for g in victims)
     assert second.evictions  # it preempts, but not the gangs evicted before
     assert not victims & {e.victim for e in second.evictions}
 
@@ -346,14 +348,14 @@ def test_a_gang_evicted_once_runs_again_and_is_no_victim_the_second_time() -> No
 def test_equal_or_lower_priority_never_preempts() -> None:
     same = [member("same", i, at=T0 + 10) for i in range(4)]
     s = make_state([*preemption_cluster(), *same], config=QueueConfig(preempt_after_s=0))
-    assert s.queue_tick(1.0, T0 + 1000).evictions == ()
+    assert s.queue.tick(1.0, T0 + 1000).evictions == ()
 
 
 # -- the preempt verb ------------------------------------------------------------------------------
 def test_preempt_keeps_only_victim_sets_that_take_whole_gangs() -> None:
     s = make_state([*preemption_cluster(), solo("urgent", 4, at=T0 + 5)])
-    urgent = s.pods["default/urgent"]
-    uid = {k.split("/")[1]: p["metadata"]["uid"] for k, p in s.pods.items()}
+    urgent = s.cache.pods["default/urgent"]
+    uid = {k.split("/")[1]: p["metadata"]["uid"] for k, p in s.cache.pods.items()}
     victims = {
         "r0-t0": VictimSet((uid["lo0-0"],), 0),  # half of gang lo0: refused
         "r1-t3": VictimSet((uid["lone"],), 0),  # a pod on its own: kept
@@ -363,7 +365,7 @@ def test_preempt_keeps_only_victim_sets_that_take_whole_gangs() -> None:
     assert kept == {"r1-t3": {"Pods": [{"UID": uid["lone"]}], "NumPDBViolations": 0}}
     # a gang pod's preemption is the queue's: kube-scheduler gets no victims for it
     hi = member("hi", 0, size=1, priority=10, at=T0)
-    s.apply("pods", "ADDED", hi)
+    s.cache.apply("pods", "ADDED", hi)
     assert s.preempt(hi, {"r1-t3": VictimSet((uid["lone"],), 0)}, T0 + 5) == {}
 
 
@@ -371,16 +373,16 @@ def test_preempt_takes_a_gang_that_lies_whole_on_the_node() -> None:
     pods = [member("pair", i, size=2, gpus=2, on="r0-t0", at=T0) for i in range(2)]
     s = make_state([*pods, solo("urgent", 4, at=T0 + 5)])
     uids = tuple(p["metadata"]["uid"] for p in pods)
-    kept = s.preempt(s.pods["default/urgent"], {"r0-t0": VictimSet(uids, 1)}, T0 + 5)
+    kept = s.preempt(s.cache.pods["default/urgent"], {"r0-t0": VictimSet(uids, 1)}, T0 + 5)
     assert kept == {"r0-t0": {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": 1}}
 
 
 def test_preempt_refuses_reserved_nodes_a_pod_without_a_limit_could_not_use() -> None:
     s = make_state([*busy_cluster(), *big_gang(), solo("c", 4, on="r0-t1", limit=50, at=T0)])
-    s.filter(s.pods["default/big-0"], NODES, 1.0, T0 + 20)
-    s.apply("pods", "ADDED", solo("urgent", 4, at=T0 + 30))
-    uid = s.pods["default/c"]["metadata"]["uid"]
-    assert s.preempt(s.pods["default/urgent"], {"r0-t1": VictimSet((uid,), 0)}, T0 + 30) == {}
+    s.filter(s.cache.pods["default/big-0"], NODES, 1.0, T0 + 20)
+    s.cache.apply("pods", "ADDED", solo("urgent", 4, at=T0 + 30))
+    uid = s.cache.pods["default/c"]["metadata"]["uid"]
+    assert s.preempt(s.cache.pods["default/urgent"], {"r0-t1": VictimSet((uid,), 0)}, T0 + 30) == {}
 
 
 def test_parse_victims_reads_both_forms() -> None:
@@ -409,13 +411,13 @@ def test_time_limits_from_annotations_the_pod_and_its_job() -> None:
 
 def test_a_bad_time_limit_is_said_on_the_pod_and_counts_as_none() -> None:
     s = make_state([*busy_cluster(), *big_gang()])
-    s.filter(s.pods["default/big-0"], NODES, 1.0, T0 + 20)
+    s.filter(s.cache.pods["default/big-0"], NODES, 1.0, T0 + 20)
     bad = solo("bad", 4, at=T0 + 30)
     bad["metadata"]["annotations"]["gpuagent.dev/time-limit"] = "soon"
-    s.apply("pods", "ADDED", bad)
+    s.cache.apply("pods", "ADDED", bad)
     out = s.filter(bad, NODES, 2.0, T0 + 30)
     assert "r0-t1" not in out.passed  # counted as never ending: not on reserved nodes
-    events = s.take_actions().events
+    events = s.queue.take_actions().events
     assert [e.reason for e in events] == ["InvalidTimeLimit"]
     assert "gpuagent.dev/time-limit" in events[0].message
 
@@ -488,7 +490,7 @@ def test_a_budget_refusing_one_eviction_evicts_none_of_the_set_and_other_victims
     said = {e[0]: e[2] for e in fake.events if e[1] == "PreemptionBlocked" and e[0].startswith("hi-")}
     assert set(said) == {f"hi-{i}" for i in range(4)}  # the waiting gang's pods say why it waits on
     assert all("pod default/lo2-1" in m and "PodDisruptionBudget" in m for m in said.values())
-    assert set(s.queue_reservations["default/hi"].claims) == set(DOMAIN0)  # it holds the nodes it freed
+    assert set(s.holds.queue_reservations["default/hi"].claims) == set(DOMAIN0)  # it holds the nodes it freed
 
 
 @pytest.mark.parametrize(
@@ -503,10 +505,10 @@ def test_health_listener_serves_metrics(path: str, status: int) -> None:
 
 def test_overdue_work_keeps_the_reservation_on_the_nodes_about_to_free() -> None:
     s = make_state([*busy_cluster(), *big_gang()])
-    s.filter(s.pods["default/big-0"], NODES, 1.0, T0 + 20)
-    assert s.queue_reservations["default/big"].domain == "nvl-0"
-    s.queue_tick(2.0, T0 + 101)  # the job on r0-t0 is past its limit and still running
-    r = s.queue_reservations["default/big"]
+    s.filter(s.cache.pods["default/big-0"], NODES, 1.0, T0 + 20)
+    assert s.holds.queue_reservations["default/big"].domain == "nvl-0"
+    s.queue.tick(2.0, T0 + 101)  # the job on r0-t0 is past its limit and still running
+    r = s.holds.queue_reservations["default/big"]
     assert r.domain == "nvl-0"  # not moved to nvl-1, which frees only at T0+300
     assert T0 + 101 < r.start_s <= T0 + 131
 
@@ -517,13 +519,13 @@ def test_a_job_a_moment_late_does_not_give_its_domain_away_to_the_stream() -> No
     pods = [solo(f"early-{i}", 4, on=f"r0-t{i}", limit=6 + i) for i in range(4)]
     pods += [solo(f"late-{i}", 4, on=f"r1-t{i}", limit=15 + i) for i in range(4)]
     s = make_state([*pods, *big_gang(at=T0 + 2)])
-    s.filter(s.pods["default/big-0"], NODES, 1.0, T0 + 3)
-    assert s.queue_reservations["default/big"].domain == "nvl-0"
+    s.filter(s.cache.pods["default/big-0"], NODES, 1.0, T0 + 3)
+    assert s.holds.queue_reservations["default/big"].domain == "nvl-0"
     stream = solo("stream-0", 4, limit=60, at=T0 + 4)
-    s.apply("pods", "ADDED", stream)
-    s.apply("pods", "DELETED", s.pods["default/early-1"])
-    s.queue_tick(2.0, T0 + 7.6)
-    assert s.queue_reservations["default/big"].domain == "nvl-0"
+    s.cache.apply("pods", "ADDED", stream)
+    s.cache.apply("pods", "DELETED", s.cache.pods["default/early-1"])
+    s.queue.tick(2.0, T0 + 7.6)
+    assert s.holds.queue_reservations["default/big"].domain == "nvl-0"
     assert "r0-t1" not in s.filter(stream, NODES, 3.0, T0 + 7.7).passed
 
 
@@ -534,23 +536,23 @@ def test_a_started_gang_whose_pods_miss_the_barrier_keeps_its_nodes_from_the_str
     start filtered in between is kept off."""
     pods = [solo(f"late-{i}", 4, on=f"r1-t{i}", limit=15 + i) for i in range(4)]
     s = make_state([*pods, *big_gang(at=T0 + 2)])
-    out = s.filter(s.pods["default/big-0"], NODES, 1.0, T0 + 3)
-    assert "default/big" in s.reservations
+    out = s.filter(s.cache.pods["default/big-0"], NODES, 1.0, T0 + 3)
+    assert "default/big" in s.holds.reservations
     assert out.passed == ["r0-t0"]
     stream = solo("stream-0", 4, limit=60, at=T0 + 4)
-    s.apply("pods", "ADDED", stream)
+    s.cache.apply("pods", "ADDED", stream)
     assert not set(s.filter(stream, NODES, 2.0, T0 + 4).passed) & set(DOMAIN0)
     assert s.bind("default", "big-0", "", "r0-t0", 2.0).action == "wait"
     if give_up == "barrier":
-        assert s.barrier_timeout("default/big", 8.0).action == "error"
+        assert s.bind.barrier_timeout("default/big", 8.0).action == "error"
     else:
-        s.bind_failed("default/big", ["default/big-0"])
-    assert "default/big" not in s.reservations
+        s.bind.failed("default/big", ["default/big-0"])
+    assert "default/big" not in s.holds.reservations
     assert not set(s.filter(stream, NODES, 8.1, T0 + 10).passed) & set(DOMAIN0)
-    s.queue_tick(9.0, T0 + 11)  # the pass starts the gang again on rack 0
-    assert sorted(s.reservations["default/big"].held) == DOMAIN0
+    s.queue.tick(9.0, T0 + 11)  # the pass starts the gang again on rack 0
+    assert sorted(s.holds.reservations["default/big"].held) == DOMAIN0
     assert not set(s.filter(stream, NODES, 9.1, T0 + 11).passed) & set(DOMAIN0)
-    assert s.filter(s.pods["default/big-1"], NODES, 9.2, T0 + 11).passed[0] in DOMAIN0
+    assert s.filter(s.cache.pods["default/big-1"], NODES, 9.2, T0 + 11).passed[0] in DOMAIN0
 
 
 def test_a_start_the_queue_loop_leaves_out_keeps_its_nodes_from_the_stream() -> None:
@@ -559,19 +561,19 @@ def test_a_start_the_queue_loop_leaves_out_keeps_its_nodes_from_the_stream() -> 
     pods = [solo(f"late-{i}", 4, on=f"r1-t{i}", limit=15 + i) for i in range(4)]
     s = make_state([*pods, *big_gang(at=T0 + 2)])
     stream = solo("stream-0", 4, limit=60, at=T0 + 2)
-    s.apply("pods", "ADDED", stream)
-    job = s.queue_begin(1.0, T0 + 3)
+    s.cache.apply("pods", "ADDED", stream)
+    job = s.queue.begin(1.0, T0 + 3)
     assert job is not None
     decision = job.decide()
     assert [st.gang for st in decision.starts] == ["default/big"]
-    changed = dict(s.pods["default/big-1"])
+    changed = dict(s.cache.pods["default/big-1"])
     changed["metadata"] = {**changed["metadata"], "labels": {"touched": "yes"}}
-    s.apply("pods", "MODIFIED", changed)  # the gang's spec is worked out again: the start is stale
-    s.queue_commit(job, decision)
-    assert "default/big" not in s.reservations
+    s.cache.apply("pods", "MODIFIED", changed)  # the gang's spec is worked out again: the start is stale
+    s.queue.commit(job, decision)
+    assert "default/big" not in s.holds.reservations
     assert not set(s.filter(stream, NODES, 1.1, T0 + 3).passed) & set(DOMAIN0)
-    s.queue_tick(2.0, T0 + 4)  # the next pass starts it
-    assert sorted(s.reservations["default/big"].held) == DOMAIN0
+    s.queue.tick(2.0, T0 + 4)  # the next pass starts it
+    assert sorted(s.holds.reservations["default/big"].held) == DOMAIN0
 
 
 class FlakyQueueCluster(FakeQueueCluster):
@@ -588,7 +590,7 @@ class FlakyQueueCluster(FakeQueueCluster):
 def test_the_queue_loop_ticks_until_stopped_and_retries_what_failed() -> None:
     hi = [member("hi", i, priority=1000, at=T0) for i in range(4)]
     s = make_state([*preemption_cluster(), *big_gang(), *hi], config=QueueConfig(preempt_after_s=0))
-    s.synced = False
+    s.cache.synced = False
     fake = FlakyQueueCluster()
     ready = [False]
     ext = Extender(state=s, cluster=fake, queue_cluster=fake, wall=lambda: T0 + 10, ready=lambda: ready[0])
@@ -597,59 +599,59 @@ def test_the_queue_loop_ticks_until_stopped_and_retries_what_failed() -> None:
         stop = asyncio.Event()
         loop = asyncio.create_task(ext.run_queue(stop, 0.01))
         await asyncio.sleep(0.1)
-        assert s.queue_metrics.passes == 0  # informers not synced: the queue waits
+        assert s.queue.metrics.passes == 0  # informers not synced: the queue waits
         ready[0] = True
         for _ in range(200):
             await asyncio.sleep(0.01)
-            if s.queue_metrics.passes >= 2:
+            if s.queue.metrics.passes >= 2:
                 break
         stop.set()
         await loop
         await ext.drain()
 
     asyncio.run(run())
-    assert s.synced
-    assert s.queue_metrics.preemptions >= 1
-    assert s.queue_metrics.evictions_refused >= 1  # the failed eviction is counted, asked again later
+    assert s.cache.synced
+    assert s.queue.metrics.preemptions >= 1
+    assert s.queue.metrics.evictions_refused >= 1  # the failed eviction is counted, asked again later
     assert any(e[1] == "PreemptionBlocked" for e in fake.events)
 
 
 def test_passes_started_by_changes_keep_the_gap_the_caller_sets() -> None:
     s = make_state([*busy_cluster(), *big_gang()])
-    s.queue_tick(1.0, T0 + 20)
-    assert s.queue_metrics.passes == 1
-    s.queue_min_gap_s = 5.0  # a pass took over a second: the verbs keep the lock most of the time
-    s.apply("pods", "ADDED", solo("new", 4, at=T0 + 21))
-    s.queue_tick(2.0, T0 + 21)
-    assert s.queue_metrics.passes == 1  # changed, but too soon
-    assert not s.queue_due("default/big", 2.0)
-    s.queue_tick(6.5, T0 + 26)
-    assert s.queue_metrics.passes == 2
+    s.queue.tick(1.0, T0 + 20)
+    assert s.queue.metrics.passes == 1
+    s.queue.min_gap_s = 5.0  # a pass took over a second: the verbs keep the lock most of the time
+    s.cache.apply("pods", "ADDED", solo("new", 4, at=T0 + 21))
+    s.queue.tick(2.0, T0 + 21)
+    assert s.queue.metrics.passes == 1  # changed, but too soon
+    assert not s.queue.due("default/big", 2.0)
+    s.queue.tick(6.5, T0 + 26)
+    assert s.queue.metrics.passes == 2
 
 
 def test_changes_start_no_pass_while_no_gang_waits_and_nothing_is_held() -> None:
     """Pods on their own come and go by the thousand on a busy cluster: with no gang waiting a pass
     decides nothing, so it is not run (it holds the state lock the verbs need)."""
     s = make_state([*busy_cluster()])
-    s.queue_tick(1.0, T0 + 1)  # the first pass after a (re)start always runs: it reads the annotations
-    assert s.queue_metrics.passes == 1
+    s.queue.tick(1.0, T0 + 1)  # the first pass after a (re)start always runs: it reads the annotations
+    assert s.queue.metrics.passes == 1
     for i in range(3):
-        s.apply("pods", "ADDED", solo(f"s{i}", 1, at=T0 + 2))
-        s.queue_tick(2.0 + i, T0 + 2 + i)
-    assert s.queue_metrics.passes == 1
+        s.cache.apply("pods", "ADDED", solo(f"s{i}", 1, at=T0 + 2))
+        s.queue.tick(2.0 + i, T0 + 2 + i)
+    assert s.queue.metrics.passes == 1
     gang = big_gang(at=T0 + 5)
     for p in gang:
-        s.apply("pods", "ADDED", p)
-    s.queue_tick(6.0, T0 + 6)
-    assert s.queue_metrics.passes == 2  # a gang waits: changes run the queue again
-    assert "default/big" in s.queue_reservations
+        s.cache.apply("pods", "ADDED", p)
+    s.queue.tick(6.0, T0 + 6)
+    assert s.queue.metrics.passes == 2  # a gang waits: changes run the queue again
+    assert "default/big" in s.holds.queue_reservations
     for i, p in enumerate(gang):  # bound: nothing waits, the hold goes with the next pass
         bound = dict(p)
         bound["spec"] = {**p["spec"], "nodeName": f"r1-t{i}"}
-        s.apply("pods", "MODIFIED", bound)
-    s.queue_tick(7.0, T0 + 7)
-    assert s.queue_metrics.passes == 3
-    assert not s.queue_reservations
-    s.apply("pods", "ADDED", solo("s9", 1, at=T0 + 8))
-    s.queue_tick(8.0, T0 + 8)
-    assert s.queue_metrics.passes == 3
+        s.cache.apply("pods", "MODIFIED", bound)
+    s.queue.tick(7.0, T0 + 7)
+    assert s.queue.metrics.passes == 3
+    assert not s.holds.queue_reservations
+    s.cache.apply("pods", "ADDED", solo("s9", 1, at=T0 + 8))
+    s.queue.tick(8.0, T0 + 8)
+    assert s.queue.metrics.passes == 3

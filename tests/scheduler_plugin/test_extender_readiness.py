@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from scheduler_plugin.extender import ClusterState
-from scheduler_plugin.extender.state import IMEX_RECHECK_S
+from scheduler_plugin.extender import ExtenderState
+from scheduler_plugin.extender.bind import IMEX_RECHECK_S
 from tests.integration.fakekube import hypernode, node, pod
 
 NODES = [f"r{r}-t{t}" for r in range(2) for t in range(4)]
@@ -37,23 +37,23 @@ def gang_pod(name: str, rank: int, *, size: int = 2, extra: dict[str, str] | Non
 
 def make_state(
     pods: list[dict[str, Any]], *, unready: tuple[str, ...] = (), fabric: bool = True
-) -> ClusterState:
-    s = ClusterState(reservation_ttl_s=60.0, barrier_timeout_s=5.0)
-    s.replace(
+) -> ExtenderState:
+    s = ExtenderState(reservation_ttl_s=60.0, barrier_timeout_s=5.0)
+    s.cache.replace(
         "nodes",
         [
             node(n, 4, labels=(labels("not-ready" if n in unready else "ready") if fabric else {}))
             for n in NODES
         ],
     )
-    s.replace(
+    s.cache.replace(
         "hypernodes", [hypernode(f"nvl-{r}", 1, "nvlink", [f"r{r}-t{t}" for t in range(4)]) for r in range(2)]
     )
-    s.replace("pods", pods)
+    s.cache.replace("pods", pods)
     return s
 
 
-def planned(s: ClusterState, pods: list[dict[str, Any]], now: float = 0.0) -> dict[str, str]:
+def planned(s: ExtenderState, pods: list[dict[str, Any]], now: float = 0.0) -> dict[str, str]:
     out: dict[str, str] = {}
     for p in pods:
         got = s.filter(p, NODES, now)
@@ -66,7 +66,7 @@ def test_a_gang_needing_multi_node_nvlink_avoids_unready_trays_by_default() -> N
     pods = [gang_pod(f"w{i}", i) for i in range(2)]
     s = make_state(pods, unready=("r0-t0",))
     assert "r0-t0" not in set(planned(s, pods).values())  # name order alone would take it first
-    assert s.reservations["default/g"].mnnvl == "required"
+    assert s.holds.reservations["default/g"].mnnvl == "required"
 
 
 def test_mnnvl_off_ignores_readiness() -> None:
@@ -79,7 +79,7 @@ def test_without_fabric_labels_the_default_is_off() -> None:
     pods = [gang_pod(f"w{i}", i) for i in range(2)]
     s = make_state(pods, fabric=False)
     planned(s, pods)
-    assert s.reservations["default/g"].mnnvl == "off"
+    assert s.holds.reservations["default/g"].mnnvl == "off"
 
 
 def test_required_waits_when_no_domain_has_enough_ready_trays() -> None:
@@ -113,7 +113,7 @@ def test_a_bad_annotation_refuses_the_gang_naming_it(annotation: str, value: str
     s = make_state(pods)
     out = s.filter(pods[0], NODES, 0.0)
     assert not out.passed
-    assert not s.reservations
+    assert not s.holds.reservations
     msg = next(iter(out.unresolvable.values()))
     assert annotation in msg
     assert repr(value) in msg
@@ -130,8 +130,8 @@ def test_pods_that_disagree_on_the_mode_refuse_the_gang() -> None:
     assert "disagree on annotation gpuagent.dev/mnnvl" in next(iter(out.unresolvable.values()))
 
 
-def set_imex(s: ClusterState, name: str, state: str) -> None:
-    s.apply("nodes", "MODIFIED", node(name, 4, labels=labels(state)))
+def set_imex(s: ExtenderState, name: str, state: str) -> None:
+    s.cache.apply("nodes", "MODIFIED", node(name, 4, labels=labels(state)))
 
 
 def test_bind_waits_for_every_chosen_trays_imex_then_binds() -> None:
@@ -143,9 +143,9 @@ def test_bind_waits_for_every_chosen_trays_imex_then_binds() -> None:
     d = s.bind("default", "w1", "uid-default-w1", at["w1"], 1.0)
     assert d.action == "wait"
     assert d.deadline == pytest.approx(1.0 + IMEX_RECHECK_S)
-    assert s.barrier_timeout("default/g", d.deadline).action == "wait"  # still not ready
+    assert s.bind.barrier_timeout("default/g", d.deadline).action == "wait"  # still not ready
     set_imex(s, at["w1"], "ready")
-    done = s.barrier_timeout("default/g", 2.0)
+    done = s.bind.barrier_timeout("default/g", 2.0)
     assert done.action == "bind"
     assert sorted(k for k, _, _ in done.pods) == ["default/w0", "default/w1"]
 
@@ -157,13 +157,13 @@ def test_an_imex_that_stays_unready_releases_the_gang_naming_the_tray() -> None:
     set_imex(s, at["w0"], "not-ready")
     s.bind("default", "w0", "uid-default-w0", at["w0"], 1.0)
     s.bind("default", "w1", "uid-default-w1", at["w1"], 1.0)
-    d = s.barrier_timeout("default/g", 6.0)  # the barrier's 5 s are over
+    d = s.bind.barrier_timeout("default/g", 6.0)  # the barrier's 5 s are over
     assert d.action == "error"
     assert at["w0"] in d.error
     assert at["w1"] not in d.error
     assert {e.reason for e in d.events} == {"GangImexNotReady"}
     assert at["w0"] in d.events[0].message
-    assert "default/g" not in s.reservations
+    assert "default/g" not in s.holds.reservations
 
 
 def test_a_preferred_gang_binds_at_the_deadline_and_says_which_tray_was_not_ready() -> None:
@@ -173,7 +173,7 @@ def test_a_preferred_gang_binds_at_the_deadline_and_says_which_tray_was_not_read
     set_imex(s, at["w1"], "not-ready")
     s.bind("default", "w0", "uid-default-w0", at["w0"], 1.0)
     assert s.bind("default", "w1", "uid-default-w1", at["w1"], 1.0).action == "wait"
-    d = s.barrier_timeout("default/g", 6.0)
+    d = s.bind.barrier_timeout("default/g", 6.0)
     assert d.action == "bind"
     assert len(d.pods) == 2
     assert [e.reason for e in d.events] == ["GangImexNotReady", "GangImexNotReady"]

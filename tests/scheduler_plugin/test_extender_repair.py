@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from scheduler_plugin.extender import ClusterState, Extender
+from scheduler_plugin.extender import Extender, ExtenderState
 from tests.integration.fakekube import hypernode, node, pod
 
 NODES = [f"r{r}-t{t}" for r in range(2) for t in range(4)]
@@ -39,8 +39,8 @@ def solo(name: str, on: str) -> dict[str, Any]:
     return pod(name, 4, node_name=on)
 
 
-def make_state(pods: list[dict[str, Any]], *, failed: str, wait_s: float = 600.0) -> ClusterState:
-    s = ClusterState(reservation_ttl_s=60.0, barrier_timeout_s=5.0, repair_wait_s=wait_s)
+def make_state(pods: list[dict[str, Any]], *, failed: str, wait_s: float = 600.0) -> ExtenderState:
+    s = ExtenderState(reservation_ttl_s=60.0, barrier_timeout_s=5.0, repair_wait_s=wait_s)
     nodes = []
     for n in NODES:
         obj = node(n, 4, labels=dict(READY))
@@ -48,11 +48,11 @@ def make_state(pods: list[dict[str, Any]], *, failed: str, wait_s: float = 600.0
             obj["metadata"]["labels"]["gpuagent.dev/fabric-health"] = "unhealthy"
             obj["spec"] = {"unschedulable": True}
         nodes.append(obj)
-    s.replace("nodes", nodes)
-    s.replace(
+    s.cache.replace("nodes", nodes)
+    s.cache.replace(
         "hypernodes", [hypernode(f"nvl-{r}", 1, "nvlink", [f"r{r}-t{t}" for t in range(4)]) for r in range(2)]
     )
-    s.replace("pods", pods)
+    s.cache.replace("pods", pods)
     return s
 
 
@@ -75,7 +75,7 @@ def test_the_replacement_goes_to_a_spare_tray_of_its_subgroups_domain() -> None:
     s = make_state(pods, failed="r1-t1")
     out = s.filter(pods[1], NODES, 0.0)
     assert out.passed == ["r1-t3"], (out.failed, out.unresolvable)
-    res = s.reservations["default/g"]
+    res = s.holds.reservations["default/g"]
     assert res.target == 1  # no other pod of the gang moves
     assert list(res.nodes.values()) == ["r1-t3"]
     d = s.bind("default", "w1", "uid-default-w1", "r1-t3", 1.0)
@@ -109,8 +109,8 @@ def test_a_tray_that_frees_in_the_domain_takes_the_waiting_replacement() -> None
     pods = [*running_gang(), busy]
     s = make_state(pods, failed="r1-t1")
     assert not s.filter(pods[1], NODES, 0.0).passed
-    s.apply("pods", "DELETED", busy)
-    s.queue_pass(1.0, 1.0)
+    s.cache.apply("pods", "DELETED", busy)
+    s.queue.run_pass(1.0, 1.0)
     assert s.filter(pods[1], NODES, 1.0).passed == ["r1-t3"]
     d = s.bind("default", "w1", "uid-default-w1", "r1-t3", 2.0)
     assert [e.reason for e in d.bound_events] == ["GangRepaired"]
@@ -122,9 +122,9 @@ def test_after_the_wait_any_lets_it_go_to_another_domain() -> None:
     out = s.filter(pods[1], NODES, 0.0)
     assert not out.passed
     assert "after 100s of waiting (gpuagent.dev/repair=any)" in next(iter(out.failed.values()))
-    s.queue_pass(50.0, 50.0)
+    s.queue.run_pass(50.0, 50.0)
     assert not s.filter(pods[1], NODES, 50.0).passed
-    s.queue_pass(101.0, 101.0)
+    s.queue.run_pass(101.0, 101.0)
     assert s.filter(pods[1], NODES, 101.0).passed == ["r0-t3"]
     d = s.bind("default", "w1", "uid-default-w1", "r0-t3", 102.0)
     assert d.action == "bind"
@@ -135,7 +135,7 @@ def test_after_the_wait_same_domain_keeps_waiting() -> None:
     pods = [*running_gang(), solo("busy-2", "r1-t3")]
     s = make_state(pods, failed="r1-t1", wait_s=100.0)
     s.filter(pods[1], NODES, 0.0)
-    s.queue_pass(101.0, 101.0)
+    s.queue.run_pass(101.0, 101.0)
     out = s.filter(pods[1], NODES, 101.0)
     assert not out.passed
     assert "keeps waiting there (its wait is over)" in next(iter(out.failed.values()))
@@ -145,7 +145,7 @@ def test_after_the_wait_same_domain_keeps_waiting() -> None:
 def test_a_replacement_is_not_put_on_an_unready_tray_of_its_domain() -> None:
     pods = running_gang()
     s = make_state(pods, failed="r1-t1")
-    s.apply("nodes", "MODIFIED", node("r1-t3", 4, labels={**READY, "gpuagent.dev/imex": "not-ready"}))
+    s.cache.apply("nodes", "MODIFIED", node("r1-t3", 4, labels={**READY, "gpuagent.dev/imex": "not-ready"}))
     assert not s.filter(pods[1], NODES, 0.0).passed
 
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from scheduler_plugin.extender import ClusterState
-from scheduler_plugin.extender.state import EXCLUDE_CONFIRM_S
+from scheduler_plugin.extender import ExtenderState
+from scheduler_plugin.extender.filter import EXCLUDE_CONFIRM_S
 from scheduler_plugin.gangs import (
     GangError,
     GangIncompleteError,
@@ -621,10 +621,10 @@ def test_gang_for_pod_reads_the_native_podgroup() -> None:
 RACK_NODES = [f"r{r}-t{t}" for r in range(3) for t in range(4)]
 
 
-def _state() -> ClusterState:
-    s = ClusterState(reservation_ttl_s=30.0, barrier_timeout_s=5.0)
-    s.replace("nodes", [node(n, 4) for n in RACK_NODES])
-    s.replace(
+def _state() -> ExtenderState:
+    s = ExtenderState(reservation_ttl_s=30.0, barrier_timeout_s=5.0)
+    s.cache.replace("nodes", [node(n, 4) for n in RACK_NODES])
+    s.cache.replace(
         "hypernodes",
         [hypernode(f"nvl-{r}", 1, "nvlink", [f"r{r}-t{t}" for t in range(4)]) for r in range(3)],
     )
@@ -637,7 +637,7 @@ def _ours(pod: dict[str, Any]) -> dict[str, Any]:
     return pod
 
 
-def _place_all(s: ClusterState, pods: list[dict[str, Any]], names: list[str] = RACK_NODES) -> dict[str, str]:
+def _place_all(s: ExtenderState, pods: list[dict[str, Any]], names: list[str] = RACK_NODES) -> dict[str, str]:
     placed: dict[str, str] = {}
     for p in pods:
         out = s.filter(p, names, now=1.0)
@@ -653,8 +653,8 @@ def _place_all(s: ClusterState, pods: list[dict[str, Any]], names: list[str] = R
 def test_state_plans_a_raycluster_each_worker_group_in_one_nvlink_domain() -> None:
     s = _state()
     pods = [_ours(p) for p in ray_pods()]
-    s.replace("pods", pods)
-    s.replace("rayclusters", [two_groups()])
+    s.cache.replace("pods", pods)
+    s.cache.replace("rayclusters", [two_groups()])
     placed = _place_all(s, pods)
     for g in ("gpu-a", "gpu-b"):
         racks = {placed[f"rc-{g}-worker-{i}"].split("-")[0] for i in range(4)}
@@ -666,24 +666,24 @@ def test_state_plans_a_raycluster_each_worker_group_in_one_nvlink_domain() -> No
 def test_state_waits_for_the_raycluster_object_then_plans() -> None:
     s = _state()
     pods = [_ours(p) for p in ray_pods()]
-    s.replace("pods", pods)
+    s.cache.replace("pods", pods)
     out = s.filter(pods[1], RACK_NODES, now=1.0)
     assert not out.passed
     assert not out.unresolvable
     assert "waiting for the rest of the gang" in next(iter(out.failed.values()))
     assert [e.reason for e in out.events] == ["GangIncomplete"]
-    s.apply("rayclusters", "ADDED", two_groups())
-    assert "ml/rc" in s.rayclusters
+    s.cache.apply("rayclusters", "ADDED", two_groups())
+    assert "ml/rc" in s.cache.rayclusters
     _place_all(s, pods)
 
 
 def test_state_invalid_raycluster_is_unresolvable_with_an_event() -> None:
     s = _state()
     pods = [_ours(p) for p in ray_pods()]
-    s.replace("pods", pods)
+    s.cache.replace("pods", pods)
     bad = two_groups()
     bad["spec"]["workerGroupSpecs"][1]["groupName"] = "gpu-a"
-    s.replace("rayclusters", [bad])
+    s.cache.replace("rayclusters", [bad])
     out = s.filter(pods[1], RACK_NODES, now=1.0)
     assert "groupName: 'gpu-a' is used twice" in next(iter(out.unresolvable.values()))
     assert [e.reason for e in out.events] == ["InvalidGang"]
@@ -691,16 +691,16 @@ def test_state_invalid_raycluster_is_unresolvable_with_an_event() -> None:
 
 def test_state_plans_a_native_podgroup_inside_one_nvlink_domain() -> None:
     s = _state()
-    s.replace("nodes", [node(n, 4, labels={"gpuagent.dev/nvlink-domain": n[:2]}) for n in RACK_NODES])
-    s.replace("hypernodes", [])  # the tier from node labels alone
+    s.cache.replace("nodes", [node(n, 4, labels={"gpuagent.dev/nvlink-domain": n[:2]}) for n in RACK_NODES])
+    s.cache.replace("hypernodes", [])  # the tier from node labels alone
     pods = [_ours(member(f"p{i}")) for i in range(4)]
-    s.replace("pods", pods)
-    s.replace("workload_podgroups", [native_pg()])
-    s.replace("workloads", [workload(["workers"])])
+    s.cache.replace("pods", pods)
+    s.cache.replace("workload_podgroups", [native_pg()])
+    s.cache.replace("workloads", [workload(["workers"])])
     placed = _place_all(s, pods)
     assert len({n.split("-")[0] for n in placed.values()}) == 1
-    s.apply("workload_podgroups", "DELETED", native_pg())
-    assert s.workload_podgroups == {}
+    s.cache.apply("workload_podgroups", "DELETED", native_pg())
+    assert s.cache.workload_podgroups == {}
 
 
 def test_native_topology_key_of_a_custom_tier_and_a_head_only_raycluster() -> None:
@@ -722,12 +722,12 @@ def test_state_places_a_head_pinned_to_a_cpu_pool_and_workers_on_gpu_racks() -> 
     planned on the nodes its pods select; the reservation keeps the RayCluster's gang as it is."""
     s = _state()
     cpu = node("cpu-0", 0, labels={"pool": "cpu"})
-    s.replace("nodes", [*(node(n, 4, labels={"pool": "gpu"}) for n in RACK_NODES), cpu])
+    s.cache.replace("nodes", [*(node(n, 4, labels={"pool": "gpu"}) for n in RACK_NODES), cpu])
     pods = [_ours(p) for p in ray_pods()]
     for p in pods:
         p["spec"]["nodeSelector"] = {"pool": "cpu" if p["metadata"]["name"] == "rc-head-x" else "gpu"}
-    s.replace("pods", pods)
-    s.replace("rayclusters", [two_groups()])
+    s.cache.replace("pods", pods)
+    s.cache.replace("rayclusters", [two_groups()])
     placed = _place_all(s, pods, [*RACK_NODES, "cpu-0"])
     assert placed["rc-head-x"] == "cpu-0"
     assert all(n.startswith("r") for k, n in placed.items() if k != "rc-head-x")
@@ -740,8 +740,8 @@ def test_state_pods_of_one_role_must_agree_on_node_selector() -> None:
     pods = [_ours(p) for p in ray_pods()]
     pods[1]["spec"]["nodeSelector"] = {"pool": "a"}
     pods[2]["spec"]["nodeSelector"] = {"pool": "b"}
-    s.replace("pods", pods)
-    s.replace("rayclusters", [two_groups()])
+    s.cache.replace("pods", pods)
+    s.cache.replace("rayclusters", [two_groups()])
     out = s.filter(pods[1], RACK_NODES, now=1.0)
     assert "the pods of role gpu-a disagree on nodeSelector pool ('a', 'b')" in next(
         iter(out.failed.values())
@@ -755,22 +755,22 @@ def test_a_call_narrowed_to_another_domain_keeps_the_plan() -> None:
     still means kube-scheduler ruled the node out."""
     s = _state()
     pods = [_ours(member(f"p{i}")) for i in range(4)]
-    s.replace("pods", pods)
-    s.replace("workload_podgroups", [native_pg()])
+    s.cache.replace("pods", pods)
+    s.cache.replace("workload_podgroups", [native_pg()])
     first = s.filter(pods[0], RACK_NODES, now=1.0).passed[0]
-    res = s.reservations["ml/pg"]
+    res = s.holds.reservations["ml/pg"]
     rack = first.split("-")[0]
     others = [n for n in RACK_NODES if not n.startswith(rack + "-")]
     out = s.filter(pods[0], others, now=2.0)
     assert out.passed == []
     assert "outside this call's candidate domain" in next(iter(out.failed.values()))
     assert out.events == []
-    assert s.reservations["ml/pg"] is res
+    assert s.holds.reservations["ml/pg"] is res
     assert s.filter(pods[0], [n for n in RACK_NODES if n.startswith(rack + "-")], now=3.0).passed == [first]
     s.filter(pods[0], [n for n in RACK_NODES if n != first], now=4.0)
     out = s.filter(pods[0], [n for n in RACK_NODES if n != first], now=4.0 + EXCLUDE_CONFIRM_S)
     assert [e.reason for e in out.events] == ["GangNodeFiltered"]
-    assert "ml/pg" not in s.reservations
+    assert "ml/pg" not in s.holds.reservations
 
 
 def test_state_roles_on_different_pools_while_a_role_has_no_pod_yet() -> None:
@@ -778,20 +778,20 @@ def test_state_roles_on_different_pools_while_a_role_has_no_pod_yet() -> None:
     the head (CPU pool) and the first worker group exist, the second group's pods do not yet."""
     s = _state()
     cpu = node("cpu-0", 0, labels={"pool": "cpu"})
-    s.replace("nodes", [*(node(n, 4, labels={"pool": "gpu"}) for n in RACK_NODES), cpu])
+    s.cache.replace("nodes", [*(node(n, 4, labels={"pool": "gpu"}) for n in RACK_NODES), cpu])
     pods = [_ours(p) for p in ray_pods() if "gpu-b" not in p["metadata"]["name"]]
     for p in pods:
         p["spec"]["nodeSelector"] = {"pool": "cpu" if p["metadata"]["name"] == "rc-head-x" else "gpu"}
-    s.replace("pods", pods)
-    s.replace("rayclusters", [two_groups()])
+    s.cache.replace("pods", pods)
+    s.cache.replace("rayclusters", [two_groups()])
     out = s.filter(pods[0], [*RACK_NODES, "cpu-0"], now=1.0)
     assert out.passed == []  # nothing is planned, nor held, for gpu-b's pods before they exist
     assert "5 of its 9 pods (its spec's replicas) exist so far" in out.failed["cpu-0"]
-    assert "ml/rc" not in s.reservations
+    assert "ml/rc" not in s.holds.reservations
     rest = [_ours(p) for p in ray_pods() if "gpu-b" in p["metadata"]["name"]]
     for p in rest:
         p["spec"]["nodeSelector"] = {"pool": "gpu"}
-        s.apply("pods", "ADDED", p)
+        s.cache.apply("pods", "ADDED", p)
     out = s.filter(pods[0], [*RACK_NODES, "cpu-0"], now=2.0)
     assert out.passed == ["cpu-0"]
-    assert s.reservations["ml/rc"].target == 9
+    assert s.holds.reservations["ml/rc"].target == 9

@@ -1,5 +1,5 @@
 """The extender command's wiring of the gang sources: informers for KubeRay RayClusters and the native
-``scheduling.k8s.io`` Workloads / PodGroups feed ``ClusterState``; an API that is not served (404) is
+``scheduling.k8s.io`` Workloads / PodGroups feed ``ExtenderState``; an API that is not served (404) is
 that source off -- logged once, synced as empty, no crash -- and is picked up when it appears. Real HTTP
 against the fake Kubernetes API server of ``tests/integration``; the gang decisions through the real
 ``filter`` verb."""
@@ -79,7 +79,7 @@ def test_sources_not_served_are_off_logged_once_and_synced(caplog: pytest.LogCap
         # the sources being off changes nothing for the others: a pod on its own still passes
         p = pod("solo", 4)
         fake.put("pods", p)
-        wait_for(lambda: ext.state(lambda s: "default/solo" in s.pods), "informer sees the pod")
+        wait_for(lambda: ext.state(lambda s: "default/solo" in s.cache.pods), "informer sees the pod")
         assert len(ext.filter(p, NODES)["NodeNames"]) == len(NODES)
     finally:
         ext.stop()
@@ -101,7 +101,9 @@ def test_a_source_that_appears_is_picked_up(
         fake.objects["rayclusters"] = {}
         fake.put("rayclusters", _raycluster())
         wait_for(
-            lambda: ext.state(lambda s: "ml/rc" in s.rayclusters), "the RayCluster reaches the state", 40.0
+            lambda: ext.state(lambda s: "ml/rc" in s.cache.rayclusters),
+            "the RayCluster reaches the state",
+            40.0,
         )
         # the informer's list feeds the state before the informer says the source is back: wait for both
         wait_for(lambda: _source_logs(caplog, "source_on") == ["rayclusters"], "source_on logged", 10.0)
@@ -169,7 +171,7 @@ def test_raycluster_gang_through_filter(served: FakeKube) -> None:
         for p in pods:
             served.put("pods", p)
         wait_for(
-            lambda: ext.state(lambda s: len(s.pods) == len(pods) and "ml/rc" in s.rayclusters),
+            lambda: ext.state(lambda s: len(s.cache.pods) == len(pods) and "ml/rc" in s.cache.rayclusters),
             "informers see the RayCluster and its pods",
         )
         placed = {p["metadata"]["name"]: ext.filter(p, NODES)["NodeNames"] for p in pods}
@@ -211,7 +213,9 @@ def test_native_podgroup_gang_through_filter(served: FakeKube) -> None:
             pods.append(p)
             served.put("pods", p)
         wait_for(
-            lambda: ext.state(lambda s: len(s.pods) == 4 and s.workload_podgroups and s.workloads),
+            lambda: ext.state(
+                lambda s: len(s.cache.pods) == 4 and s.cache.workload_podgroups and s.cache.workloads
+            ),
             "informers see the Workload, PodGroup and pods",
         )
         nodes = [ext.filter(p, NODES)["NodeNames"] for p in pods]

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from scheduler_plugin.extender import ClusterState
-from scheduler_plugin.extender import state as state_module
+from scheduler_plugin.extender import ExtenderState
+from scheduler_plugin.extender import bind as bind_module
 from scheduler_plugin.gangs import (
     GangError,
     gang_from_podgroup,
@@ -159,10 +159,10 @@ RACKS = [f"r{r}-t{t}" for r in range(2) for t in range(4)]
 READY = {"gpuagent.dev/fabric-health": "healthy", "nvidia.com/gpu.clique": "c.0"}
 
 
-def _state() -> ClusterState:
+def _state() -> ExtenderState:
     """Two racks of 4 trays, the last tray of each without its clique label (not ready)."""
-    s = ClusterState(reservation_ttl_s=30.0, barrier_timeout_s=5.0)
-    s.replace(
+    s = ExtenderState(reservation_ttl_s=30.0, barrier_timeout_s=5.0)
+    s.cache.replace(
         "nodes",
         [
             node(
@@ -176,7 +176,7 @@ def _state() -> ClusterState:
             for n in RACKS
         ],
     )
-    s.replace(
+    s.cache.replace(
         "hypernodes", [hypernode(f"nvl-{r}", 1, "nvlink", [f"r{r}-t{t}" for t in range(4)]) for r in range(2)]
     )
     return s
@@ -188,7 +188,7 @@ def _ours(pod: dict[str, Any]) -> dict[str, Any]:
     return pod
 
 
-def _bind_all(s: ClusterState, pods: list[dict[str, Any]]) -> tuple[dict[str, str], dict[str, Any]]:
+def _bind_all(s: ExtenderState, pods: list[dict[str, Any]]) -> tuple[dict[str, str], dict[str, Any]]:
     placed: dict[str, str] = {}
     for p in pods:
         out = s.filter(p, RACKS, now=1.0)
@@ -206,13 +206,13 @@ def test_state_sizes_a_raycluster_auto_group_from_the_ready_trays() -> None:
     rc = raycluster([worker_group("gpu", 6, ann={**AUTO2, "gpuagent.dev/subgroup-tier": "nvlink"})])
     pods = [_ours(p) for p in _ray_pods("gpu", 6)]
     pods[0]["spec"]["containers"][0]["resources"] = {}  # the head asks for nothing
-    s.replace("pods", pods)
-    s.replace("rayclusters", [rc])
+    s.cache.replace("pods", pods)
+    s.cache.replace("rayclusters", [rc])
     placed, annotations = _bind_all(s, pods)
     workers = {k: v for k, v in placed.items() if k != "rc-head"}
     assert not any(n.endswith("t3") for n in workers.values())
     assert sorted(n[:2] for n in workers.values()) == ["r0"] * 3 + ["r1"] * 3
-    chosen = {state_module.SUBGROUP_SIZE_CHOSEN: "3"}
+    chosen = {bind_module.SUBGROUP_SIZE_CHOSEN: "3"}
     assert annotations == {f"{NS}/rc-gpu-{i}": chosen for i in range(6)}  # the head has no auto role
 
 
@@ -220,12 +220,12 @@ def test_state_sizes_a_native_auto_podgroup_from_the_ready_trays() -> None:
     """A native PodGroup of 3 pods (auto) inside one NVLink domain: 3 ready trays of one rack."""
     s = _state()
     pods = [_ours(member(f"p{i}")) for i in range(3)]
-    s.replace("pods", pods)
-    s.replace("workload_podgroups", [_native(AUTO, min_count=3)])
+    s.cache.replace("pods", pods)
+    s.cache.replace("workload_podgroups", [_native(AUTO, min_count=3)])
     placed, annotations = _bind_all(s, pods)
     assert len({n[:2] for n in placed.values()}) == 1
     assert not any(n.endswith("t3") for n in placed.values())
-    assert annotations == {f"{NS}/p{i}": {state_module.SUBGROUP_SIZE_CHOSEN: "3"} for i in range(3)}
+    assert annotations == {f"{NS}/p{i}": {bind_module.SUBGROUP_SIZE_CHOSEN: "3"} for i in range(3)}
 
 
 @pytest.mark.parametrize("size", ["1", "auto "])
@@ -246,9 +246,9 @@ def test_state_sizes_a_volcano_auto_policy_from_the_ready_trays() -> None:
     pg = volcano_pg({"gpuagent.dev/subgroup-size-auto": "workers", "gpuagent.dev/subgroup-size-min": "2"})
     pg["spec"]["minMember"] = 6
     pods = [_ours(_vpod(f"w{i}", "w")) for i in range(6)]
-    s.replace("pods", pods)
-    s.replace("podgroups", [pg])
+    s.cache.replace("pods", pods)
+    s.cache.replace("podgroups", [pg])
     placed, annotations = _bind_all(s, pods)
     assert sorted(n[:2] for n in placed.values()) == ["r0"] * 3 + ["r1"] * 3
     assert not any(n.endswith("t3") for n in placed.values())
-    assert annotations == {f"{NS}/w{i}": {state_module.SUBGROUP_SIZE_CHOSEN: "3"} for i in range(6)}
+    assert annotations == {f"{NS}/w{i}": {bind_module.SUBGROUP_SIZE_CHOSEN: "3"} for i in range(6)}

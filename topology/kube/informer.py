@@ -8,7 +8,7 @@ counts as empty and synced, and is looked for again with the same backoff.
 
 :class:`Store` is the plain sink: objects by key (``namespace/name``, or ``name`` when cluster-scoped),
 thread-safe, calling ``on_change`` after each change. Callers that keep their own state (the extender's
-``ClusterState``) pass a sink of their own instead.
+``Cache``) pass a sink of their own instead.
 """
 
 from __future__ import annotations

@@ -133,7 +133,7 @@ def test_only_the_adapter_touches_the_extenders_state_and_verbs() -> None:
         if owner != "StateAdapter" and not isinstance(node, ast.ImportFrom):
             if isinstance(node, ast.Attribute) and node.attr in ("state", "extender"):
                 outside.append(f"{owner}: .{node.attr} (line {node.lineno})")
-            if isinstance(node, ast.Name) and node.id in ("ClusterState", "Extender"):
+            if isinstance(node, ast.Name) and node.id in ("ExtenderState", "Extender"):
                 outside.append(f"{owner}: {node.id} (line {node.lineno})")
         for child in ast.iter_child_nodes(node):
             visit(child, owner)

@@ -1,0 +1,62 @@
+"""The scheduler plugin's shape (issue 28): no class in ``scheduler_plugin``, its extender included, has
+more than ``MAX_METHODS`` methods (each ``def``/``async def`` in its body, properties included), so no
+class grows back into one that owns the informer store, the holds, the queue and the verbs at once."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import scheduler_plugin
+
+MAX_METHODS = 20
+ROOT = Path(scheduler_plugin.__file__).parent
+
+
+def methods_per_class(source: str) -> dict[str, int]:
+    """Each class of ``source`` (nested ones by their dotted name) -> the functions defined in its body."""
+    out: dict[str, int] = {}
+
+    def visit(body: list[ast.stmt], prefix: str) -> None:
+        for node in body:
+            if isinstance(node, ast.ClassDef):
+                name = prefix + node.name
+                out[name] = sum(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) for n in node.body)
+                visit(node.body, name + ".")
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                visit(node.body, f"{prefix}{node.name}.")
+
+    visit(ast.parse(source).body, "")
+    return out
+
+
+def test_the_count_sees_methods_properties_and_nested_classes() -> None:
+    source = (
+        "class A:\n"
+        "    x = 1\n"
+        "    def a(self): pass\n"
+        "    async def b(self): pass\n"
+        "    @property\n"
+        "    def c(self): return 1\n"
+        "    class B:\n"
+        "        def d(self):\n"
+        "            def inner(): pass\n"
+        "def f():\n"
+        "    class C:\n"
+        "        def e(self): pass\n"
+    )
+    assert methods_per_class(source) == {"A": 3, "A.B": 1, "f.C": 1}
+
+
+def test_no_class_in_scheduler_plugin_has_more_than_20_methods() -> None:
+    files = sorted(ROOT.rglob("*.py"))
+    counts = {
+        f"{path.relative_to(ROOT.parent)}:{name}": n
+        for path in files
+        for name, n in methods_per_class(path.read_text(encoding="utf-8")).items()
+    }
+    # the scan sees the extender's parts and the planner's classes
+    assert counts["scheduler_plugin/extender/cache.py:Cache"] > 10
+    assert counts["scheduler_plugin/planner/prepared.py:PreparedSnapshot"] > 10
+    over = {name: n for name, n in counts.items() if n > MAX_METHODS}
+    assert over == {}, f"classes over {MAX_METHODS} methods (split them by what they own): {over}"
