@@ -225,6 +225,25 @@ def _deadline(p: dict[str, Any], seconds: int) -> dict[str, Any]:
     return p
 
 
+def test_a_forged_kueue_queue_label_makes_no_limit_enforced() -> None:
+    """Any tenant writes ``kueue.x-k8s.io/queue-name``: a lone pod with it and Kueue's limit, where no
+    Kueue manages it, only declares its limit, so it lands on held nodes only where the extender evicts
+    it past that limit, and it is evicted there."""
+    s = make_state([*busy_cluster(), *big_gang()])
+    s.queue_tick(1.0, T0 + 20)
+    assert "default/big" in s.queue_reservations
+    sneak = solo("sneak", 4, at=T0 + 30)
+    sneak["metadata"]["labels"] = {
+        "kueue.x-k8s.io/queue-name": "team",
+        "kueue.x-k8s.io/max-exec-time-seconds": "50",
+    }
+    assert pod_limits(sneak, {}) == Limits(declared=50.0)
+    assert pod_limits(sneak, {}, trust_kueue=True) == Limits(enforced=50.0)
+    s.apply("pods", "ADDED", sneak)
+    s.enforce_time_limits = "off"  # nothing would end it: it counts as never ending
+    assert "r0-t1" not in s.filter(s.pods["default/sneak"], NODES, 2.0, T0 + 30).passed
+
+
 def test_limits_others_enforce_count_and_kueues_only_where_kueue_admits() -> None:
     deadline = _deadline(solo("deadline", 4, at=T0), 50)
     kueue = solo("kueue", 4, at=T0)
@@ -235,8 +254,8 @@ def test_limits_others_enforce_count_and_kueues_only_where_kueue_admits() -> Non
     forged = solo("forged", 4, at=T0)
     forged["metadata"]["labels"] = {"kueue.x-k8s.io/max-exec-time-seconds": "50"}  # no Kueue admits it
     assert pod_limits(deadline, {}) == Limits(enforced=50.0)
-    assert pod_limits(kueue, {}) == Limits(enforced=50.0)
-    assert pod_limits(forged, {}) == Limits(declared=50.0)
+    assert pod_limits(kueue, {}, trust_kueue=True) == Limits(enforced=50.0)
+    assert pod_limits(forged, {}, trust_kueue=True) == Limits(declared=50.0)
     assert pod_limits(solo("ours", 4, limit=50, at=T0), {}) == Limits(declared=50.0)
     busy = [_deadline(solo("a", 4, on="r0-t0"), 100), _deadline(solo("b", 4, on="r1-t0"), 300)]
     s = make_state([*busy, *big_gang()], enforce="off")
