@@ -8,9 +8,9 @@ turns the informer's plain API dicts into its inputs and its decisions into what
   (``gpuagent.dev/time-limit``, Kueue's ``kueue.x-k8s.io/max-exec-time-seconds``, as annotations or
   labels of the pod or its Job, the pod's own ``activeDeadlineSeconds`` and its Job's; the smallest
   wins), told apart by who ends the pod (``pod_limits``): ``activeDeadlineSeconds`` (the kubelet, the
-  Job controller) is enforced elsewhere; so is Kueue's on an object labelled ``kueue.x-k8s.io/queue-name``,
-  but only where the operator says Kueue's webhooks manage every such object (``trust_kueue``: the label
-  alone is a tenant's word); the rest are only declared, and count only where the extender enforces them;
+  Job controller) is enforced elsewhere; the rest, Kueue's too, are only declared, and count only where
+  the extender enforces them (the ``kueue.x-k8s.io/queue-name`` label that would say Kueue admits the
+  object is a tenant's word; where Kueue does admit it, Kueue ends it at its limit first);
 - the capacity a pod that is not part of a gang may use on a reserved node (``held_back_caps``, the
   queue's backfill rule: a reservation whose expected start comes before the pod's end keeps its claim
   plus what running work still holds at that start);
@@ -39,7 +39,6 @@ from typing import Any
 
 from scheduler_plugin.cluster import get_in
 from scheduler_plugin.queue import (
-    KUEUE_MAX_EXEC,
     LIMIT_ANNOTATIONS,
     QueueError,
     Reservation,
@@ -49,7 +48,6 @@ from scheduler_plugin.queue import (
 )
 
 __all__ = [
-    "KUEUE_QUEUE",
     "MAX_VICTIM_PODS",
     "Limits",
     "QueueMetrics",
@@ -66,7 +64,6 @@ __all__ = [
 ]
 
 MAX_VICTIM_PODS = 100_000  # victims one preempt call may name, over all nodes
-KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"  # the label that puts a Job (or pod) under Kueue's admission
 _INT32 = 2**31 - 1
 
 
@@ -121,9 +118,9 @@ def pod_limit(pod: Mapping[str, Any], jobs: Mapping[str, Mapping[str, Any]]) -> 
 @dataclass(frozen=True)
 class Limits:
     """A pod's time limits in seconds (None: none), by who ends the pod when they pass: ``enforced``
-    by someone else (``activeDeadlineSeconds``; Kueue's limit on an object Kueue manages, where the
-    operator trusts the queue-name label), ``declared`` by nobody but this extender
-    (``gpuagent.dev/time-limit``; Kueue's limit otherwise, since any tenant can write the label)."""
+    by someone else (``activeDeadlineSeconds``), ``declared`` by nobody this extender can be sure of
+    (``gpuagent.dev/time-limit``; Kueue's ``max-exec-time-seconds``, since any tenant can write the
+    label that would say Kueue admits the object)."""
 
     enforced: float | None = None
     declared: float | None = None
@@ -133,14 +130,9 @@ def _least(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else min(a, b)
 
 
-def pod_limits(
-    pod: Mapping[str, Any], jobs: Mapping[str, Mapping[str, Any]], *, trust_kueue: bool = False
-) -> Limits:
-    """The pod's time limits (``Limits``) from the pod and the Job that owns it. ``trust_kueue``: Kueue's
-    ``max-exec-time-seconds`` on an object labelled ``kueue.x-k8s.io/queue-name`` counts as enforced
-    (Kueue's webhooks suspend or gate every such Job and pod, so only Kueue starts them); without it the
-    label proves nothing (a tenant writes it on a pod no Kueue ever sees) and the limit is only declared.
-    Raises ``QueueError`` naming the object and the field for a bad value."""
+def pod_limits(pod: Mapping[str, Any], jobs: Mapping[str, Mapping[str, Any]]) -> Limits:
+    """The pod's time limits (``Limits``) from the pod and the Job that owns it. Raises ``QueueError``
+    naming the object and the field for a bad value."""
     meta = get_in(pod, "metadata") or {}
     where = f"pod {meta.get('namespace') or 'default'}/{meta.get('name', '')}"
     sources: list[tuple[str, Mapping[str, Any]]] = [(where, pod)]
@@ -154,7 +146,6 @@ def pod_limits(
             raise QueueError(f"{what}: activeDeadlineSeconds={str(deadline)[:40]!r} is not an integer")
         labels = _strings(get_in(obj, "metadata", "labels"))
         out = Limits(_least(out.enforced, time_limit({}, deadline, where=what)), out.declared)
-        kueue = trust_kueue and KUEUE_QUEUE in labels
         for kind, values in (
             ("labels", labels),
             ("annotations", _strings(get_in(obj, "metadata", "annotations"))),
@@ -163,10 +154,7 @@ def pod_limits(
                 if key not in values:
                     continue
                 limit = time_limit({key: values[key]}, where=f"{what} {kind}")
-                if key == KUEUE_MAX_EXEC and kueue:
-                    out = Limits(_least(out.enforced, limit), out.declared)
-                else:
-                    out = Limits(out.enforced, _least(out.declared, limit))
+                out = Limits(out.enforced, _least(out.declared, limit))
     return out
 
 

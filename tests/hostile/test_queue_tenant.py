@@ -225,26 +225,27 @@ def _deadline(p: dict[str, Any], seconds: int) -> dict[str, Any]:
     return p
 
 
-def test_a_forged_kueue_queue_label_makes_no_limit_enforced() -> None:
-    """Any tenant writes ``kueue.x-k8s.io/queue-name``: a lone pod with it and Kueue's limit, where no
-    Kueue manages it, only declares its limit, so it lands on held nodes only where the extender evicts
-    it past that limit, and it is evicted there."""
-    s = make_state([*busy_cluster(), *big_gang()])
-    s.queue_tick(1.0, T0 + 20)
-    assert "default/big" in s.queue_reservations
+def test_a_pod_with_kueues_labels_and_no_kueue_is_evicted_past_its_limit_on_held_nodes() -> None:
+    """Any tenant writes ``kueue.x-k8s.io/queue-name`` and Kueue's limit on a lone pod no Kueue ever sees:
+    the limit counts only as declared, so the pod backfills onto a held node only where the extender
+    ends it, and it does, past its limit plus the grace."""
+    s = make_state([*busy_cluster(), *big_gang()], grace=30)
+    s.queue.tick(1.0, T0 + 20)
     sneak = solo("sneak", 4, at=T0 + 30)
     sneak["metadata"]["labels"] = {
         "kueue.x-k8s.io/queue-name": "team",
         "kueue.x-k8s.io/max-exec-time-seconds": "50",
     }
     assert pod_limits(sneak, {}) == Limits(declared=50.0)
-    assert pod_limits(sneak, {}, trust_kueue=True) == Limits(enforced=50.0)
-    s.apply("pods", "ADDED", sneak)
-    s.enforce_time_limits = "off"  # nothing would end it: it counts as never ending
-    assert "r0-t1" not in s.filter(s.pods["default/sneak"], NODES, 2.0, T0 + 30).passed
+    s.cache.apply("pods", "ADDED", sneak)
+    assert "r0-t1" in s.filter(s.cache.pods["default/sneak"], NODES, 2.0, T0 + 30).passed
+    _bound(s, s.cache.pods["default/sneak"], "r0-t1", T0 + 31)
+    s.cache.dirty = True
+    evicted = s.queue.tick(3.0, T0 + 112).evictions
+    assert [(e.pod["metadata"]["name"], e.reason) for e in evicted] == [("sneak", "TimeLimitExceeded")]
 
 
-def test_limits_others_enforce_count_and_kueues_only_where_kueue_admits() -> None:
+def test_only_limits_others_enforce_count_when_the_extender_enforces_none() -> None:
     deadline = _deadline(solo("deadline", 4, at=T0), 50)
     kueue = solo("kueue", 4, at=T0)
     kueue["metadata"]["labels"] = {
@@ -254,14 +255,14 @@ def test_limits_others_enforce_count_and_kueues_only_where_kueue_admits() -> Non
     forged = solo("forged", 4, at=T0)
     forged["metadata"]["labels"] = {"kueue.x-k8s.io/max-exec-time-seconds": "50"}  # no Kueue admits it
     assert pod_limits(deadline, {}) == Limits(enforced=50.0)
-    assert pod_limits(kueue, {}, trust_kueue=True) == Limits(enforced=50.0)
-    assert pod_limits(forged, {}, trust_kueue=True) == Limits(declared=50.0)
+    assert pod_limits(kueue, {}) == Limits(declared=50.0)  # the queue-name label is a tenant's word
+    assert pod_limits(forged, {}) == Limits(declared=50.0)
     assert pod_limits(solo("ours", 4, limit=50, at=T0), {}) == Limits(declared=50.0)
     busy = [_deadline(solo("a", 4, on="r0-t0"), 100), _deadline(solo("b", 4, on="r1-t0"), 300)]
     s = make_state([*busy, *big_gang()], enforce="off")
     s.queue.tick(1.0, T0 + 20)
     assert s.holds.queue_reservations["default/big"].start_s == T0 + 100
-    for p, held_ok in ((deadline, True), (kueue, True), (forged, False)):
+    for p, held_ok in ((deadline, True), (kueue, False), (forged, False)):
         p["metadata"]["creationTimestamp"] = iso(T0 + 30)
         s.cache.apply("pods", "ADDED", p)
         passed = s.filter(s.cache.pods[f"default/{p['metadata']['name']}"], NODES, 2.0, T0 + 30).passed
