@@ -221,7 +221,11 @@ class QueueConfig:
     Read by the extender around the pure queue: ``interval_s``: seconds between its own queue passes;
     ``preempt_namespaces``: the namespaces whose pods preemption may evict (None: every namespace);
     ``enforce_time_limits``: where work past its declared time limit plus ``time_limit_grace_s`` seconds
-    is evicted (one of ``ENFORCE_MODES``: on nodes held for a waiting gang, everywhere, never)."""
+    is evicted (one of ``ENFORCE_MODES``: on nodes held for a waiting gang, everywhere, never);
+    ``reservation_ttl_s``: how long a started gang's plan holds its nodes while no pod of it comes;
+    ``barrier_timeout_s``: how long a gang's bind calls wait for the rest of the gang;
+    ``repair_wait_s``: how long a running gang's replacement pod waits for a ready tray of its
+    subgroup's NVLink domain before ``gpuagent.dev/repair: any`` lets it go to another domain."""
 
     ENFORCE_MODES: ClassVar[tuple[str, ...]] = ("held", "all", "off")
     MAX_EVICTIONS_CAP: ClassVar[int] = 1_000_000
@@ -243,6 +247,10 @@ class QueueConfig:
     preempt_namespaces: frozenset[str] | None = None
     enforce_time_limits: str = "held"
     time_limit_grace_s: float = 60.0
+    reservation_ttl_s: float = 120.0
+    barrier_timeout_s: float = 20.0
+    # the bench placement --tray-failures study chose it (scheduler_plugin/placement/failures.py)
+    repair_wait_s: float = 1800.0
 
     def __post_init__(self) -> None:
         def finite(name: str, value: float | None, *, optional: bool = False) -> None:
@@ -258,6 +266,11 @@ class QueueConfig:
         finite("preempt_loss_ratio", self.preempt_loss_ratio, optional=True)
         finite("min_run_before_preempt_s", self.min_run_before_preempt_s)
         finite("time_limit_grace_s", self.time_limit_grace_s)
+        finite("repair_wait_s", self.repair_wait_s)
+        for name in ("reservation_ttl_s", "barrier_timeout_s"):
+            value = getattr(self, name)
+            if not (0 < value < math.inf):
+                raise QueueError(f"{name} must be a finite number > 0, got {value}", field=name)
         if self.max_evictions is not None and not 0 <= self.max_evictions <= self.MAX_EVICTIONS_CAP:
             raise QueueError(
                 f"max_evictions must be between 0 and {self.MAX_EVICTIONS_CAP} or None, "

@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ipaddress
-import math
 import signal
 import ssl
 import sys
@@ -50,7 +49,6 @@ from typing import Any
 
 from agent.heap import HeapKeeper
 from scheduler_plugin.extender import (
-    DEFAULT_REPAIR_WAIT_S,
     GANG_PLANNED,
     SCHEDULER_NAME,
     Extender,
@@ -115,6 +113,9 @@ QUEUE_FLAGS: Mapping[str, tuple[str, str | None]] = {
     "preempt_namespaces": ("--preempt-namespaces", "*"),
     "enforce_time_limits": ("--enforce-time-limits", None),
     "time_limit_grace_s": ("--time-limit-grace", None),
+    "reservation_ttl_s": ("--reservation-ttl", None),
+    "barrier_timeout_s": ("--barrier-timeout", None),
+    "repair_wait_s": ("--repair-wait", None),
 }
 
 
@@ -177,8 +178,6 @@ class Settings:
     host: str
     port: int
     kubeconfig: str | None
-    barrier_timeout_s: float
-    reservation_ttl_s: float
     max_body_bytes: int
     watch_timeout_s: int
     log_format: str = "auto"
@@ -201,9 +200,11 @@ class Settings:
     preempt_namespaces: frozenset[str] | None = QUEUE.preempt_namespaces  # None: every namespace
     enforce_time_limits: str = QUEUE.enforce_time_limits  # QueueConfig.ENFORCE_MODES
     time_limit_grace_s: float = QUEUE.time_limit_grace_s  # seconds past a declared limit before eviction
+    reservation_ttl_s: float = QUEUE.reservation_ttl_s  # seconds a started plan holds while no pod comes
+    barrier_timeout_s: float = QUEUE.barrier_timeout_s  # seconds a gang's binds wait for the rest
     # seconds a running gang's replacement pod waits for a ready tray of its subgroup's NVLink domain
     # before gpuagent.dev/repair: any lets it go to another domain
-    repair_wait_s: float = DEFAULT_REPAIR_WAIT_S
+    repair_wait_s: float = QUEUE.repair_wait_s
 
     def queue_config(self) -> QueueConfig:
         """The queue's settings (``QueueConfig`` checks them: ``QueueError`` says what is wrong)."""
@@ -218,6 +219,9 @@ class Settings:
             preempt_namespaces=self.preempt_namespaces,
             enforce_time_limits=self.enforce_time_limits,
             time_limit_grace_s=self.time_limit_grace_s,
+            reservation_ttl_s=self.reservation_ttl_s,
+            barrier_timeout_s=self.barrier_timeout_s,
+            repair_wait_s=self.repair_wait_s,
         )
 
     @property
@@ -288,19 +292,23 @@ def parse_settings(argv: list[str]) -> Settings:
     p.add_argument(
         "--barrier-timeout",
         type=float,
-        default=20.0,
-        help="seconds a gang's bind calls wait for the rest of the gang (keep below httpTimeout)",
+        default=QUEUE.barrier_timeout_s,
+        help="seconds a gang's bind calls wait for the rest of the gang (keep below httpTimeout; "
+        f"default {queue_default('barrier_timeout_s')})",
     )
     p.add_argument(
-        "--reservation-ttl", type=float, default=120.0, help="seconds an idle gang reservation lives"
+        "--reservation-ttl",
+        type=float,
+        default=QUEUE.reservation_ttl_s,
+        help=f"seconds an idle gang reservation lives (default {queue_default('reservation_ttl_s')})",
     )
     p.add_argument(
         "--repair-wait",
         type=float,
-        default=DEFAULT_REPAIR_WAIT_S,
+        default=QUEUE.repair_wait_s,
         help="seconds a running gang's replacement pod waits for a ready tray of its subgroup's NVLink "
         "domain before gpuagent.dev/repair: any lets it go to another domain (same-domain keeps waiting; "
-        f"default {DEFAULT_REPAIR_WAIT_S:g}, from bench placement --tray-failures)",
+        f"default {queue_default('repair_wait_s')}, from bench placement --tray-failures)",
     )
     p.add_argument(
         "--max-body-bytes", type=int, default=32 * 1024 * 1024, help="largest request body accepted"
@@ -381,12 +389,6 @@ def parse_settings(argv: list[str]) -> Settings:
     a = p.parse_args(argv)
     host, port = _host_port(p, "--addr", a.addr)
     health_host, health_port = _host_port(p, "--health-addr", a.health_addr) if a.health_addr else (None, 0)
-    if a.barrier_timeout <= 0:
-        p.error("--barrier-timeout: must be positive")
-    if a.reservation_ttl <= 0:
-        p.error("--reservation-ttl: must be positive")
-    if not (0 <= a.repair_wait < math.inf):
-        p.error("--repair-wait: must be a finite number of seconds >= 0")
     if a.max_body_bytes < 1024:
         p.error("--max-body-bytes: must be at least 1024")
     if a.watch_timeout < 1:
@@ -518,16 +520,7 @@ class Service:
         self.settings = settings
         self.lock = threading.Lock()
         self.kube = Kube(api_client)
-        self.state = ExtenderState(
-            reservation_ttl_s=settings.reservation_ttl_s,
-            barrier_timeout_s=settings.barrier_timeout_s,
-            scheduler_name=settings.scheduler_name,
-            queue=settings.queue_config(),
-            preempt_namespaces=settings.preempt_namespaces,
-            enforce_time_limits=settings.enforce_time_limits,
-            time_limit_grace_s=settings.time_limit_grace_s,
-            repair_wait_s=settings.repair_wait_s,
-        )
+        self.state = ExtenderState(scheduler_name=settings.scheduler_name, queue=settings.queue_config())
         self.state.cache.synced = False  # the queue rebuilds its reservations once every informer has listed
 
         def reporter(kind: str) -> Callable[[BaseException], None]:

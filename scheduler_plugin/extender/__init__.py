@@ -39,15 +39,12 @@ from scheduler_plugin.extender.http import (
     json_depth,
     server_tls_context,
 )
-from scheduler_plugin.extender.inputs import DEFAULT_REPAIR_WAIT_S, ENFORCE_MODES
 from scheduler_plugin.extender.outbox import EventRecord, Eviction, QueueActions
 from scheduler_plugin.extender.queue_driver import GANG_PLANNED
 from scheduler_plugin.extender.state import ExtenderState
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
-    "DEFAULT_REPAIR_WAIT_S",
-    "ENFORCE_MODES",
     "GANG_PLANNED",
     "KINDS",
     "MAX_JSON_DEPTH",

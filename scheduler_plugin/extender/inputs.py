@@ -26,7 +26,7 @@ from scheduler_plugin.extender.policy import ANN_REPAIR, gang_policy, resolve_mn
 from scheduler_plugin.extender.repair import unbound_part
 from scheduler_plugin.gangs import GangError, GangSpec
 from scheduler_plugin.planner import SnapshotCache, plan
-from scheduler_plugin.queue import PodFacts, QueueError, Running, Waiting
+from scheduler_plugin.queue import PodFacts, QueueConfig, Running, Waiting
 from scheduler_plugin.queueing import Limits, held_back_caps, pod_priority, timestamp
 from scheduler_plugin.snapshot import (
     MAX_GANG_PODS,
@@ -40,11 +40,6 @@ from scheduler_plugin.snapshot import (
 
 # which declared time limits the extender enforces (evicts past the limit plus a grace): those of work on
 # nodes held for a waiting gang (``held``: what backfilled there, and what the hold waits for), all, none
-ENFORCE_MODES = ("held", "all", "off")
-# how long a running gang's replacement pod waits for a ready tray in the domain the rest of its subgroup
-# runs in before ``gpuagent.dev/repair: any`` lets it go to another domain (the extender's
-# ``--repair-wait``): ``bench placement --tray-failures`` measured the GPU-hours a bounded wait saves
-DEFAULT_REPAIR_WAIT_S = 1800.0
 
 # a gang's plan inputs: its spec, the gang left to place, its pods' places, the nodes its pods may use,
 # each role's nodeSelector
@@ -61,26 +56,15 @@ class QueueInputs:
         cache: Cache,
         holds: Holds,
         outbox: Outbox,
-        *,
-        enforce_time_limits: str = "held",
-        time_limit_grace_s: float = 60.0,
-        repair_wait_s: float = DEFAULT_REPAIR_WAIT_S,
+        config: QueueConfig,
     ) -> None:
-        if enforce_time_limits not in ENFORCE_MODES:
-            raise QueueError(
-                f"enforce_time_limits must be one of {', '.join(ENFORCE_MODES)}, got {enforce_time_limits!r}"
-            )
-        if not (0 <= time_limit_grace_s < math.inf):
-            raise QueueError(f"time_limit_grace_s must be a finite number >= 0, got {time_limit_grace_s}")
-        if not (0 <= repair_wait_s < math.inf):
-            raise QueueError(f"repair_wait_s must be a finite number >= 0, got {repair_wait_s}")
         self.cache = cache
         self.holds = holds
         self.outbox = outbox
         # declared limits (``queueing.Limits``) count, plus the grace, only where they are enforced
-        self.enforce_time_limits = enforce_time_limits
-        self.time_limit_grace_s = time_limit_grace_s
-        self.repair_wait_s = repair_wait_s
+        self.enforce_time_limits = config.enforce_time_limits
+        self.time_limit_grace_s = config.time_limit_grace_s
+        self.repair_wait_s = config.repair_wait_s
         self.wall = -math.inf  # the queue's clock at its last pass
         # repairs: gang -> when its replacement pods were first seen waiting for a tray in their subgroup's
         # domain (the queue's clock), the gangs whose wait is over, what their pods' filter says about it,
@@ -460,4 +444,4 @@ def per_role_selectors(
     return dataclasses.replace(snapshot, nodes=tuple(states)), dataclasses.replace(gang, roles=tuple(roles))
 
 
-__all__ = ["DEFAULT_REPAIR_WAIT_S", "ENFORCE_MODES", "Prepared", "QueueInputs", "per_role_selectors"]
+__all__ = ["Prepared", "QueueInputs", "per_role_selectors"]

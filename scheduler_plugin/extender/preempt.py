@@ -51,7 +51,6 @@ class Preempt:
         *,
         config: QueueConfig,
         metrics: QueueMetrics,
-        namespaces: Collection[str] | None = None,
     ) -> None:
         self.cache = cache
         self.holds = holds
@@ -60,7 +59,7 @@ class Preempt:
         self.config = config
         self.metrics = metrics
         # the namespaces preemption may take from (None: every one)
-        self.namespaces = None if namespaces is None else frozenset(namespaces)
+        self.namespaces = config.preempt_namespaces
         self.blocked: dict[
             str, float
         ] = {}  # victims the API would refuse to evict -> until when they sit out

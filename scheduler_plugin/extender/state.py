@@ -23,13 +23,11 @@ Every part that keeps something per pod lets go of it when the pod is gone (``Ca
 
 from __future__ import annotations
 
-from collections.abc import Collection
-
 from scheduler_plugin.extender.bind import Bind
 from scheduler_plugin.extender.cache import SCHEDULER_NAME, Cache
 from scheduler_plugin.extender.filter import Filter
 from scheduler_plugin.extender.holds import Holds
-from scheduler_plugin.extender.inputs import DEFAULT_REPAIR_WAIT_S, QueueInputs
+from scheduler_plugin.extender.inputs import QueueInputs
 from scheduler_plugin.extender.outbox import Outbox
 from scheduler_plugin.extender.preempt import Preempt
 from scheduler_plugin.extender.prioritize import Prioritize
@@ -41,46 +39,23 @@ from scheduler_plugin.queueing import QueueMetrics
 class ExtenderState:
     """The extender's parts (module docstring), wired once."""
 
-    def __init__(
-        self,
-        *,
-        reservation_ttl_s: float = 120.0,
-        barrier_timeout_s: float = 20.0,
-        scheduler_name: str = SCHEDULER_NAME,
-        queue: QueueConfig | None = None,
-        preempt_namespaces: Collection[str] | None = None,
-        enforce_time_limits: str = "held",
-        time_limit_grace_s: float = 60.0,
-        repair_wait_s: float = DEFAULT_REPAIR_WAIT_S,
-    ) -> None:
+    def __init__(self, *, scheduler_name: str = SCHEDULER_NAME, queue: QueueConfig | None = None) -> None:
+        """``queue``: the queue's and the extender's settings, checked there (default ``QueueConfig()``)."""
         config = queue if queue is not None else QueueConfig()
         metrics = QueueMetrics()
         self.cache = Cache(scheduler_name=scheduler_name)
         self.outbox = Outbox()
-        self.holds = Holds(self.cache, ttl_s=reservation_ttl_s)
-        self.inputs = QueueInputs(
-            self.cache,
-            self.holds,
-            self.outbox,
-            enforce_time_limits=enforce_time_limits,
-            time_limit_grace_s=time_limit_grace_s,
-            repair_wait_s=repair_wait_s,
-        )
+        self.holds = Holds(self.cache, ttl_s=config.reservation_ttl_s)
+        self.inputs = QueueInputs(self.cache, self.holds, self.outbox, config=config)
         self.preempt = Preempt(
-            self.cache,
-            self.holds,
-            self.inputs,
-            self.outbox,
-            config=config,
-            metrics=metrics,
-            namespaces=preempt_namespaces,
+            self.cache, self.holds, self.inputs, self.outbox, config=config, metrics=metrics
         )
         self.queue = QueueDriver(
             self.cache, self.holds, self.inputs, self.preempt, self.outbox, config=config, metrics=metrics
         )
         self.filter = Filter(self.cache, self.holds, self.inputs, self.queue, self.outbox)
         self.prioritize = Prioritize(self.cache, self.holds)
-        self.bind = Bind(self.cache, self.holds, timeout_s=barrier_timeout_s)
+        self.bind = Bind(self.cache, self.holds, timeout_s=config.barrier_timeout_s)
         self.cache.holder = self.holds
         self.cache.on_gone = [
             self.preempt.forget,

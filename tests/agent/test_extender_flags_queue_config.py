@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from agent.commands.extender import QUEUE_FLAGS, Settings, parse_settings, queue_default
-from scheduler_plugin.queue import QueueConfig
+from scheduler_plugin.queue import QueueConfig, QueueError
 
 
 def test_settings_built_without_flags_carry_queue_config_s_defaults() -> None:
@@ -16,12 +16,22 @@ def test_settings_built_without_flags_carry_queue_config_s_defaults() -> None:
         host="127.0.0.1",
         port=0,
         kubeconfig=None,
-        barrier_timeout_s=1.0,
-        reservation_ttl_s=1.0,
         max_body_bytes=1024,
         watch_timeout_s=1,
     )
     assert s.queue_config() == QueueConfig()
+
+
+def test_the_extender_settings_beside_the_queue_are_checked_by_queue_config_once() -> None:
+    """The bind barrier, the plans' TTL and the repair wait have their defaults and checks in QueueConfig
+    too: the flag's error is QueueConfig's, naming the flag."""
+    q = parse_settings(["--barrier-timeout=7", "--reservation-ttl=9", "--repair-wait=0"]).queue_config()
+    assert (q.barrier_timeout_s, q.reservation_ttl_s, q.repair_wait_s) == (7.0, 9.0, 0.0)
+    for field in ("barrier_timeout_s", "reservation_ttl_s"):
+        with pytest.raises(QueueError, match=field):
+            QueueConfig(**{field: 0.0})
+    with pytest.raises(QueueError, match="repair_wait_s"):
+        QueueConfig(repair_wait_s=float("nan"))
 
 
 def test_flag_defaults_are_written_as_the_flags_take_them() -> None:

@@ -34,6 +34,7 @@ from scheduler_plugin.extender import (
 from scheduler_plugin.extender import filter as filter_module
 from scheduler_plugin.extender import inputs as inputs_module
 from scheduler_plugin.gangs import GangError, gang_from_podgroup
+from scheduler_plugin.queue import QueueConfig
 from scheduler_plugin.snapshot import MAX_GANG_PODS, ClusterSnapshot, Gang, PlanResult
 from tests.integration.fakekube import hypernode, node, pod
 
@@ -46,7 +47,7 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 def make_state(pods: list[dict[str, Any]] = ()) -> ExtenderState:  # type: ignore[assignment]
-    s = ExtenderState(reservation_ttl_s=60.0, barrier_timeout_s=5.0)
+    s = ExtenderState(queue=QueueConfig(reservation_ttl_s=60.0, barrier_timeout_s=5.0))
     s.cache.replace("nodes", [node(n, 4) for n in NODES])
     s.cache.replace(
         "hypernodes",

@@ -447,7 +447,9 @@ def test_extender_command_serves_and_stops_on_sigterm(fake: FakeKube, tmp_path: 
     ("argv", "needle"),
     [
         pytest.param(["--addr", "nowhere"], "--addr: expected HOST:PORT", id="addr"),
-        pytest.param(["--barrier-timeout", "0"], "--barrier-timeout: must be positive", id="barrier"),
+        pytest.param(
+            ["--barrier-timeout", "0"], "--barrier-timeout: must be a finite number > 0", id="barrier"
+        ),
         pytest.param(["--max-body-bytes", "10"], "--max-body-bytes", id="body"),
         pytest.param(["--max-connections", "2"], "--max-connections: must be at least 8", id="connections"),
         pytest.param(["--scheduler-name", ""], "--scheduler-name: must not be empty", id="scheduler-name"),

@@ -20,6 +20,7 @@ from scheduler_plugin.extender import filter as filter_module
 from scheduler_plugin.extender import inputs as inputs_module
 from scheduler_plugin.extender.filter import EXCLUDE_CONFIRM_S
 from scheduler_plugin.planner import SnapshotCache
+from scheduler_plugin.queue import QueueConfig
 from scheduler_plugin.snapshot import ClusterSnapshot, Gang, PlanResult, PodSlot, changed_nodes
 from tests.integration.fakekube import hypernode, node, pod
 
@@ -42,7 +43,7 @@ def gang_pod(
 
 
 def make_state(*, ttl: float = 10.0, barrier: float = 5.0, pods: list[dict[str, Any]] = ()) -> ExtenderState:  # type: ignore[assignment]
-    s = ExtenderState(reservation_ttl_s=ttl, barrier_timeout_s=barrier)
+    s = ExtenderState(queue=QueueConfig(reservation_ttl_s=ttl, barrier_timeout_s=barrier))
     s.cache.replace("nodes", [node(n, 4) for n in NODES])
     s.cache.replace(
         "hypernodes",

@@ -8,6 +8,7 @@ since the epoch (``T0``); pods carry creation and start times as the API shows t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -80,13 +81,14 @@ def make_state(
     is the limit itself, as the times below are written)."""
     if annotated is None:
         annotated = {}
-    s = ExtenderState(
+    queue = dataclasses.replace(
+        config or QueueConfig(),
         reservation_ttl_s=30.0,
         barrier_timeout_s=5.0,
-        queue=config,
         enforce_time_limits=enforce,
         time_limit_grace_s=grace,
     )
+    s = ExtenderState(queue=queue)
     nodes = [node(n, 4) for n in NODES]
     for n in nodes:
         if n["metadata"]["name"] in annotated:

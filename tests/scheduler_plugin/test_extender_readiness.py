@@ -9,6 +9,7 @@ import pytest
 
 from scheduler_plugin.extender import ExtenderState
 from scheduler_plugin.extender.bind import IMEX_RECHECK_S
+from scheduler_plugin.queue import QueueConfig
 from tests.integration.fakekube import hypernode, node, pod
 
 NODES = [f"r{r}-t{t}" for r in range(2) for t in range(4)]
@@ -38,7 +39,7 @@ def gang_pod(name: str, rank: int, *, size: int = 2, extra: dict[str, str] | Non
 def make_state(
     pods: list[dict[str, Any]], *, unready: tuple[str, ...] = (), fabric: bool = True
 ) -> ExtenderState:
-    s = ExtenderState(reservation_ttl_s=60.0, barrier_timeout_s=5.0)
+    s = ExtenderState(queue=QueueConfig(reservation_ttl_s=60.0, barrier_timeout_s=5.0))
     s.cache.replace(
         "nodes",
         [

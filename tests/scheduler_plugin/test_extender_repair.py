@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from scheduler_plugin.extender import Extender, ExtenderState
+from scheduler_plugin.queue import QueueConfig
 from tests.integration.fakekube import hypernode, node, pod
 
 NODES = [f"r{r}-t{t}" for r in range(2) for t in range(4)]
@@ -40,7 +41,7 @@ def solo(name: str, on: str) -> dict[str, Any]:
 
 
 def make_state(pods: list[dict[str, Any]], *, failed: str, wait_s: float = 600.0) -> ExtenderState:
-    s = ExtenderState(reservation_ttl_s=60.0, barrier_timeout_s=5.0, repair_wait_s=wait_s)
+    s = ExtenderState(queue=QueueConfig(reservation_ttl_s=60.0, barrier_timeout_s=5.0, repair_wait_s=wait_s))
     nodes = []
     for n in NODES:
         obj = node(n, 4, labels=dict(READY))

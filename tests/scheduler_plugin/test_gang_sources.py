@@ -18,6 +18,7 @@ from scheduler_plugin.gangs import (
     gang_from_workload_podgroup,
     gang_key_of,
 )
+from scheduler_plugin.queue import QueueConfig
 from scheduler_plugin.snapshot import PodSlot
 from tests.integration.fakekube import hypernode, node
 
@@ -622,7 +623,7 @@ RACK_NODES = [f"r{r}-t{t}" for r in range(3) for t in range(4)]
 
 
 def _state() -> ExtenderState:
-    s = ExtenderState(reservation_ttl_s=30.0, barrier_timeout_s=5.0)
+    s = ExtenderState(queue=QueueConfig(reservation_ttl_s=30.0, barrier_timeout_s=5.0))
     s.cache.replace("nodes", [node(n, 4) for n in RACK_NODES])
     s.cache.replace(
         "hypernodes",

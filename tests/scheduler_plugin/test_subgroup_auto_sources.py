@@ -18,6 +18,7 @@ from scheduler_plugin.gangs import (
     gang_from_raycluster,
     gang_from_workload_podgroup,
 )
+from scheduler_plugin.queue import QueueConfig
 from tests.integration.fakekube import hypernode, node
 from tests.scheduler_plugin.test_gang_sources import (
     NS,
@@ -161,7 +162,7 @@ READY = {"gpuagent.dev/fabric-health": "healthy", "nvidia.com/gpu.clique": "c.0"
 
 def _state() -> ExtenderState:
     """Two racks of 4 trays, the last tray of each without its clique label (not ready)."""
-    s = ExtenderState(reservation_ttl_s=30.0, barrier_timeout_s=5.0)
+    s = ExtenderState(queue=QueueConfig(reservation_ttl_s=30.0, barrier_timeout_s=5.0))
     s.cache.replace(
         "nodes",
         [
