@@ -16,6 +16,7 @@ import multiprocessing
 import os
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -281,17 +282,20 @@ def _table_run(args: argparse.Namespace) -> _TableRun | None:
     )
 
 
-def _streams(
-    args: argparse.Namespace, run: _TableRun
-) -> tuple[clusters.Cluster, dict[int, list[workloads.Job]]]:
-    """The cluster and each seed's job stream (ValueError, OSError: a bad size or missing data)."""
-    cluster = clusters.build(args.cluster, run.racks)
-    philly = workloads.load_philly(args.data_dir) if args.workload != "nvl72" else None
-    count = run.count
-    streams = {
+def _seed_streams(
+    args: argparse.Namespace,
+    cluster: clusters.Cluster,
+    workload: str,
+    *,
+    count: int,
+    seeds: Sequence[int],
+    philly: workloads.PhillyData | None,
+) -> dict[int, list[workloads.Job]]:
+    """Each seed's job stream of ``workload`` on ``cluster`` at the run's load and priorities."""
+    return {
         seed: workloads.build(
-            args.workload,
-            count=count if count > 0 else len(philly.jobs) if philly else 0,
+            workload,
+            count=count,
             seed=seed,
             load=args.load,
             capacity=cluster.total_gpus,
@@ -301,8 +305,19 @@ def _streams(
             philly=philly,
             high_priority=args.high_priority,
         )
-        for seed in run.seeds
+        for seed in seeds
     }
+
+
+def _streams(
+    args: argparse.Namespace, run: _TableRun
+) -> tuple[clusters.Cluster, dict[int, list[workloads.Job]]]:
+    """The cluster and each seed's job stream (ValueError, OSError: a bad size or missing data)."""
+    cluster = clusters.build(args.cluster, run.racks)
+    philly = workloads.load_philly(args.data_dir) if args.workload != "nvl72" else None
+    count = run.count
+    count = count if count > 0 else len(philly.jobs) if philly else 0
+    streams = _seed_streams(args, cluster, args.workload, count=count, seeds=run.seeds, philly=philly)
     return cluster, streams
 
 
@@ -540,22 +555,7 @@ def _frontier(args: argparse.Namespace, names: list[str], config: QueueConfig) -
             racks = args.racks if args.racks is not None else racks
             count = args.jobs if args.jobs is not None else count
             cluster = clusters.build(args.cluster, racks)
-            streams = {
-                seed: workloads.build(
-                    wl,
-                    count=count,
-                    seed=seed,
-                    load=args.load,
-                    capacity=cluster.total_gpus,
-                    nvlink_domain_gpus=cluster.tier1_domain_gpus(),
-                    tier_gpus=cluster.largest_domain_gpus(),
-                    fits=cluster.fits_empty,
-                    philly=philly,
-                    high_priority=args.high_priority,
-                )
-                for seed in seeds
-            }
-            setups[wl] = (cluster, streams)
+            setups[wl] = (cluster, _seed_streams(args, cluster, wl, count=count, seeds=seeds, philly=philly))
     except (ValueError, OSError) as err:
         print(f"bench placement: {err}", file=sys.stderr)
         return 2
