@@ -138,12 +138,8 @@ class Preempt:
                 self.outbox.say(pods[k], "GangPreempting", msg)
             for victim in pre.victims:
                 for k in sorted(by_gang.get(victim, ())):
-                    asked = self.evicting.get(k)
-                    if asked is not None and now - asked < EVICTION_RETRY_S:
+                    if not self._ask_eviction(k, pods[k], now):
                         continue
-                    if (pods[k].get("metadata") or {}).get("deletionTimestamp"):
-                        continue
-                    self.evicting[k] = now
                     self.outbox.evictions.append(
                         Eviction(
                             pod=pods[k], victim=victim, message=msg, preemptor=pre.gang, check_first=not again
@@ -184,6 +180,17 @@ class Preempt:
             ):
                 exempt.add(name)
         return identity, exempt
+
+    def _ask_eviction(self, key: str, pod: Mapping[str, Any], now: float) -> bool:
+        """Whether to ask for ``pod``'s eviction now (and it is noted as asked): not while an ask of the
+        last ``EVICTION_RETRY_S`` is pending, nor for a pod already being deleted."""
+        asked = self.evicting.get(key)
+        if asked is not None and now - asked < EVICTION_RETRY_S:
+            return False
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            return False
+        self.evicting[key] = now
+        return True
 
     def _leaving_not(self, keys: Iterable[str]) -> list[Mapping[str, Any]]:
         """The pods of ``keys`` an eviction still has to take (not already being deleted)."""
@@ -289,12 +296,8 @@ class Preempt:
                 f"of {grace:g}s, {where}; evicted ({TIME_LIMIT} counts only where the extender enforces it)"
             )
             for k in keys:
-                asked = self.evicting.get(k)
-                if asked is not None and now - asked < EVICTION_RETRY_S:
+                if not self._ask_eviction(k, pods[k], now):
                     continue
-                if (pods[k].get("metadata") or {}).get("deletionTimestamp"):
-                    continue
-                self.evicting[k] = now
                 self.overrun.add(k)
                 self.outbox.evictions.append(
                     Eviction(pod=pods[k], victim=name, message=msg, reason="TimeLimitExceeded")
