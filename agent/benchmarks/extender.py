@@ -53,6 +53,7 @@ from typing import Any, cast
 
 from agent.benchmarks.machine import machine_summary, percentile
 from agent.benchmarks.topology import synthetic_input, tray_inventory
+from agent.commands.extender import tune_interpreter
 from agent.heap import HeapKeeper
 from scheduler_plugin.extender import SCHEDULER_NAME, Extender, ExtenderState
 from scheduler_plugin.queue import RESERVED_FOR, QueueConfig
@@ -1024,7 +1025,10 @@ def run(sizes: Sequence[int], params: Mapping[str, Any], *, fresh_process: bool 
     for trays in sizes:
         if fresh_process:
             ctx = multiprocessing.get_context("spawn")
-            with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+            # the process set up as the extender command's is (``agent.commands.extender.main``)
+            with concurrent.futures.ProcessPoolExecutor(
+                max_workers=1, mp_context=ctx, initializer=tune_interpreter
+            ) as pool:
                 results.append(pool.submit(_run_one, trays, params).result())
         else:
             results.append(_run_one(trays, params))

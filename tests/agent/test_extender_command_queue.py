@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -16,9 +17,11 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from agent.commands import extender as extender_command
 from agent.commands.extender import SOURCES, KubeCluster, Service, parse_settings
 from scheduler_plugin.extender import GANG_PLANNED
 from scheduler_plugin.queue import RESERVED_FOR
+from topology import logs
 from topology.kube import Kube, KubeError
 from topology.kube.aio import AsyncKube
 
@@ -324,3 +327,19 @@ def test_a_binding_refused_as_already_on_that_node_is_bound_by_either_client(api
 
     asyncio.run(bind())
     assert [(m, p) for m, p, _, _ in api.calls] == [("POST", path)] * 2
+
+
+def test_the_extender_process_hands_the_gil_over_often(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``main`` sets the interpreter's switch interval (``GIL_SWITCH_INTERVAL_S``) so the event loop
+    answering kube-scheduler waits less for threads running CPU-bound passes and informer events."""
+    seen: list[float] = []
+    monkeypatch.setattr(sys, "setswitchinterval", seen.append)
+    monkeypatch.setattr(logs, "configure", lambda *a: None)
+    monkeypatch.setattr(extender_command, "_run", lambda settings: _done())
+    assert extender_command.main(["--addr", "127.0.0.1:0"]) == 0
+    assert seen == [extender_command.GIL_SWITCH_INTERVAL_S]
+    assert extender_command.GIL_SWITCH_INTERVAL_S < 0.005  # below the interpreter's default
+
+
+async def _done() -> int:
+    return 0
