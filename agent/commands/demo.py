@@ -38,6 +38,7 @@ import socket
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -360,10 +361,19 @@ async def _wait_until(check: Callable[[], bool], *, timeout: float, what: str) -
         await asyncio.sleep(0.05)
 
 
-def _scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
-        body: bytes = reply.read()
-    return body.decode()
+def _scrape(port: int, *, wait_s: float = START_TIMEOUT_S) -> str:
+    """The agent's /metrics, waiting up to ``wait_s`` for its listener: an agent starts serving metrics
+    only once its device plugins have registered, which a loaded machine may delay past the rest."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+                body: bytes = reply.read()
+            return body.decode()
+        except urllib.error.URLError as exc:
+            if not isinstance(exc.reason, ConnectionRefusedError) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def write_objects(

@@ -1,14 +1,20 @@
 from __future__ import annotations
 
 import asyncio
+import http.server
 import io
+import socket
 import subprocess
 import sys
+import threading
+import time
+import urllib.error
 from pathlib import Path
 
 import pytest
 import yaml
 
+from agent.commands import demo
 from agent.commands.demo import (
     DemoOptions,
     cluster_layout,
@@ -104,3 +110,38 @@ def testpod_labelled_gpus_reads_the_exposition_text() -> None:
     uuids, example = pod_labelled_gpus(text, "p")
     assert uuids == {"GPU-a"}
     assert example.startswith("gpuagent_gpu_temp{")
+
+
+def test_the_demo_waits_for_an_agents_metrics_listener_to_open() -> None:
+    """An agent serves /metrics only once its device plugins registered: the demo's scrape waits for the
+    listener (bounded) instead of failing on the first refused connection."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(urllib.error.URLError):
+        demo._scrape(port, wait_s=0.2)
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"gpuagent_up 1\n"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    servers: list[http.server.HTTPServer] = []
+
+    def open_later() -> None:
+        time.sleep(0.3)
+        servers.append(http.server.HTTPServer(("127.0.0.1", port), Metrics))
+        servers[0].serve_forever()
+
+    threading.Thread(target=open_later, daemon=True).start()
+    try:
+        assert demo._scrape(port, wait_s=30) == "gpuagent_up 1\n"
+    finally:
+        servers[0].shutdown()
+        servers[0].server_close()
