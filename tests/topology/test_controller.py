@@ -306,6 +306,8 @@ def test_nvlinkdomains_written_per_clique_and_only_the_changed_one_rewritten(
     with running(c):
         wait_for(lambda: set(f.items(NVLINKDOMAINS)) == {rack0, rack1}, "one NVLinkDomain per clique")
         wait_for(lambda: "status" in (f.get(NVLINKDOMAINS, rack0) or {}), "rack0 status")
+        # both statuses written before rack1's writes are counted (it is written just after rack0's)
+        wait_for(lambda: "status" in (f.get(NVLINKDOMAINS, rack1) or {}), "rack1 status")
         st = f.get(NVLINKDOMAINS, rack0)["status"]  # type: ignore[index]
         assert st["members"] == ["rack0-tray0", "rack0-tray1"]
         assert (st["readyTrays"], st["largestSubgroup"], st["gpus"]["free"]) == (2, 2, 8)
