@@ -3,11 +3,16 @@
 A pod on its own passes wherever the GPUs not held for a gang cover its request, and, on nodes the
 queue holds for a waiting gang, only if its time limit ends before that gang's start (the backfill
 rule, ``QueueInputs.caps``): the hot path of the extender, answered from verdicts kept per requested
-GPU count and brought up to date node by node (``Cache.usage_log``). A pod of a gang: the first of its
-pods to reach filter runs the queue (``QueueDriver.due``); a gang the queue starts has a plan and each
-of its pods passes on its planned node only; one that waits is refused everywhere with why it waits and
-where it stands in the queue. A planned node missing from the candidates is ruled out only once it
-stays missing for ``EXCLUDE_CONFIRM_S`` (kube-scheduler's cache lags the API's).
+GPU count and brought up to date node by node (``Cache.usage_log``).
+
+A pod of a gang: a gang the queue started has a plan and each of its pods passes on its planned node
+only; one that waits is refused everywhere with why it waits and where it stands in the queue. While
+the extender's queue loop runs (``QueueDriver.loop``), filter never runs a pass nor plans: a gang new
+to the queue is refused with that said and wakes the loop (``FilterOutcome.wake_queue``), whose pass
+starts it and nudges its refused pods back to kube-scheduler. Without a loop (the pure state driven
+by hand), the first of its pods to reach filter runs the queue (``QueueDriver.due``). A planned node
+missing from the candidates is ruled out only once it stays missing for ``EXCLUDE_CONFIRM_S``
+(kube-scheduler's cache lags the API's).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ class FilterOutcome:
     error: str = ""
     events: list[EventRecord] = field(default_factory=list)
     unseen: bool = False  # the informer does not have this pod (or its uid) yet: worth asking again
+    wake_queue: bool = False  # a gang the queue loop has not seen: its pass should come at once
 
 
 class Filter:
@@ -104,6 +110,8 @@ class Filter:
         """Whether filtering this pod may plan a gang (seconds, for a large one): a gang pod the
         informer knows whose gang has no reservation holding a place for it. Otherwise filter costs
         one pass over the candidate nodes."""
+        if self.queue.loop:  # the queue loop plans; filter only reads what its passes decided
+            return False
         known, _ = self.cache.known_pod(pod)
         found = gang_key_of(known) if known is not None else None
         if found is None:
@@ -206,10 +214,18 @@ class Filter:
             # changed or new: the queue decides when it starts (a plan it had holds its nodes till then)
             self.holds.give_up(gang_name)
             if self.queue.due(gang_name, now):
-                self.queue.run_pass(now, wall)
+                if self.queue.loop:  # the loop's pass decides; its pods are nudged if it starts the gang
+                    out.wake_queue = True
+                else:
+                    self.queue.run_pass(now, wall)
             out.events += self.outbox.events
             self.outbox.events = []
             started = self.holds.reservations.get(gang_name)
+            if out.wake_queue:
+                msg = f"gang {gang_name} is new to the queue: its next pass, within a second, decides"
+                out.failed = dict.fromkeys(node_names, msg)
+                out.events += self.outbox.once(pod, "GangQueued", msg, warning=False)
+                return out
             if started is None or key not in started.spec.members:
                 repair = self.inputs.repair_notes.get(gang_name)
                 reason = self._why_waits(spec, now) + (repair or "")
@@ -340,6 +356,8 @@ class Filter:
         said = self.queue.reasons.get(spec.key)
         if said is not None:
             return said
+        if self.queue.loop:  # filter never plans while the loop runs: its next pass says
+            return "the queue has not decided on it yet (its next pass does, within a second)"
         passes = self.queue.metrics.passes
         if passes != self._reason_pass:  # what earlier passes planned holds no more
             self._gang_reason, self._reason_pass = {}, passes

@@ -35,7 +35,6 @@ gang can take seconds) in a worker thread under the lock. Large bodies are decod
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import ssl
 import threading
@@ -238,6 +237,7 @@ class Extender:
         self._waiters: dict[str, list[_Waiter]] = {}
         self._waiters_lock = threading.Lock()
         self._background: set[asyncio.Task[None]] = set()
+        self._queue_wanted = asyncio.Event()  # a filter saw a gang new to the queue: tick now
 
     async def _locked(self, fn: Callable[..., T], *args: Any, quick: Callable[[], bool] = lambda: True) -> T:
         """``fn(*args)`` under the state lock: at once on the loop when the lock is free and ``quick()``
@@ -278,6 +278,8 @@ class Extender:
             out = await self._locked(self.state.filter, pod, names, self.clock(), self.wall(), quick=quick)
             if not out.unseen:
                 break
+        if out.wake_queue:
+            self._queue_wanted.set()
         self._record(out.events)
         passed = set(out.passed)
         result: dict[str, Any] = {
@@ -360,7 +362,7 @@ class Extender:
     async def run_queue(self, stop: asyncio.Event, interval_s: float = 1.0) -> None:
         """Tick the queue every ``interval_s`` until ``stop``, once the informers are synced (a restart
         rebuilds the reservations from what they list). While it runs, filters leave the cluster's
-        changes to it (``QueueDriver.due``)."""
+        changes and new gangs to it (``QueueDriver.due``): a filter of a new gang's pod ticks it at once."""
         self.state.queue.loop = True
         while not stop.is_set():
             self._note_synced()
@@ -369,8 +371,7 @@ class Extender:
                     await self.queue_once()
                 except Exception:  # a bug in one tick is logged; the next tick runs
                     log.exception("queue_tick_failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval_s)
+            await _pause(stop, self._queue_wanted, interval_s)
 
     async def carry_out_queue(self, actions: QueueActions) -> None:
         self._record(actions.events)
@@ -595,6 +596,18 @@ class Extender:
         except Exception as exc:  # a bug answers this request, never stops the server
             log.exception("handler_failed", verb=route)
             return 500, {"Error": f"{route}: internal error: {_short(exc)}"}
+
+
+async def _pause(stop: asyncio.Event, wanted: asyncio.Event, interval_s: float) -> None:
+    """Until the queue loop's next tick: ``interval_s``, ``stop``, or ``wanted`` (a filter saw a gang new
+    to the queue, ``FilterOutcome.wake_queue``)."""
+    waits = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wanted.wait())}
+    try:
+        await asyncio.wait(waits, timeout=interval_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+    wanted.clear()
 
 
 def _health(route: str, ready: Callable[[], bool]) -> tuple[int, Any]:

@@ -123,8 +123,9 @@ class QueueDriver:
         """Whether a filter of ``gang``'s pod should run the queue again: a gang the last pass did not
         see (nor left out, with the reason, ``QueueInputs.skipped``), or the cluster changed and the last
         pass is ``QUEUE_RETRY_S`` old. While a queue loop runs (``loop``, set by the extender's
-        ``run_queue``), changes are its to pass on: a filter of a gang already in the queue answers from
-        the last pass and never waits for a pass (its pods are nudged when the loop starts the gang)."""
+        ``run_queue``), changes are its to pass on, and so is a new gang: the filter wakes the loop instead of
+        passing (``FilterOutcome.wake_queue``), answers from the last pass and never waits for a pass (its
+        pods are nudged when the loop starts the gang)."""
         if gang not in self.waiting and gang not in self.inputs.skipped:
             return True
         return not self.loop and self.cache.dirty and now - self._last >= max(QUEUE_RETRY_S, self.min_gap_s)

@@ -103,6 +103,17 @@ class Running:
         assert status == 200
         return out
 
+    def filter_gang(self, p: dict[str, Any], names: list[str], timeout_s: float = 10.0) -> dict[str, Any]:
+        """Filter a gang's pod as kube-scheduler does: refused while its gang is new to the queue, tried
+        again (the queue loop's pass that starts the gang nudges it) until the queue has decided."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            out = self.filter(p, names)
+            new = any("is new to the queue" in why for why in (out["FailedNodes"] or {}).values())
+            if not new or time.monotonic() > deadline:
+                return out
+            time.sleep(0.05)
+
     def bind(self, p: dict[str, Any], node_name: str) -> dict[str, Any]:
         meta = p["metadata"]
         status, out = self.post(
@@ -190,7 +201,7 @@ def test_gang_barrier_binds_all_together(fake: FakeKube, ext: Running) -> None:
     wait_for(lambda: ext.state(lambda s: len(s.cache.pods) == 4), "informer sees the gang")
     planned = {}
     for p in pods:
-        out = ext.filter(p, NODES)
+        out = ext.filter_gang(p, NODES)
         assert len(out["NodeNames"]) == 1, out
         planned[p["metadata"]["name"]] = out["NodeNames"][0]
     assert len({n.split("-")[0] for n in planned.values()}) == 1  # one rack (nvlink domain)
@@ -217,7 +228,7 @@ def test_gang_barrier_timeout_binds_nothing(fake: FakeKube) -> None:
         for p in pods:
             fake.put("pods", p)
         wait_for(lambda: ext.state(lambda s: len(s.cache.pods) == 4), "informer sees the gang")
-        planned = {p["metadata"]["name"]: ext.filter(p, NODES)["NodeNames"][0] for p in pods}
+        planned = {p["metadata"]["name"]: ext.filter_gang(p, NODES)["NodeNames"][0] for p in pods}
         with ThreadPoolExecutor(2) as pool:
             futs = [pool.submit(ext.bind, p, planned[p["metadata"]["name"]]) for p in pods[:2]]
             results = [f.result(20) for f in futs]
@@ -241,7 +252,7 @@ def test_impossible_gang_binds_nothing_and_records_why(fake: FakeKube, ext: Runn
     for p in pods:
         fake.put("pods", p)
     wait_for(lambda: ext.state(lambda s: len(s.cache.pods) == 5), "informer sees the gang")
-    out = ext.filter(pods[0], NODES)
+    out = ext.filter_gang(pods[0], NODES)
     assert out["NodeNames"] == []
     assert set(out["FailedNodes"]) == set(NODES)
     assert "nvlink" in next(iter(out["FailedNodes"].values()))
@@ -272,8 +283,8 @@ def test_competing_gangs_never_half_bound(fake: FakeKube, ext: Running) -> None:
     # interleaved: a0, b0, a1, b1, ...
     planned: dict[str, list[str]] = {}
     for pa, pb in zip(a, b, strict=True):
-        planned[pa["metadata"]["name"]] = ext.filter(pa, NODES)["NodeNames"]
-        planned[pb["metadata"]["name"]] = ext.filter(pb, NODES)["NodeNames"]
+        planned[pa["metadata"]["name"]] = ext.filter_gang(pa, NODES)["NodeNames"]
+        planned[pb["metadata"]["name"]] = ext.filter_gang(pb, NODES)["NodeNames"]
     assert all(len(planned[f"a{i}"]) == 1 for i in range(4))
     assert all(planned[f"b{i}"] == [] for i in range(4))
     with ThreadPoolExecutor(4) as pool:
@@ -364,7 +375,7 @@ def test_podgroup_gang_over_http(fake: FakeKube, ext: Running) -> None:
         lambda: ext.state(lambda s: len(s.cache.pods) == 4 and s.cache.podgroups),
         "informer sees the PodGroup",
     )
-    nodes = [ext.filter(p, NODES)["NodeNames"] for p in pods]
+    nodes = [ext.filter_gang(p, NODES)["NodeNames"] for p in pods]
     assert all(len(n) == 1 for n in nodes)
     assert len({n[0].split("-")[0] for n in nodes}) == 1
 
@@ -379,7 +390,7 @@ def test_restart_rebuilds_state_from_bound_pods(fake: FakeKube) -> None:
         for p in pods:
             fake.put("pods", p)
         wait_for(lambda: first.state(lambda s: len(s.cache.pods) == 4), "informer sees the gang")
-        planned = {p["metadata"]["name"]: first.filter(p, NODES)["NodeNames"][0] for p in pods}
+        planned = {p["metadata"]["name"]: first.filter_gang(p, NODES)["NodeNames"][0] for p in pods}
         with ThreadPoolExecutor(4) as pool:
             assert all(
                 r == {"Error": ""}

@@ -238,6 +238,46 @@ def test_the_queue_loop_annotates_the_pods_it_nudges() -> None:
     assert GANG_PLANNED == "gpuagent.dev/gang-planned"
 
 
+def test_with_the_queue_loop_a_new_gangs_filter_runs_no_pass_and_wakes_the_loop_which_starts_it() -> None:
+    """While the queue loop runs, filter never waits for a pass: a gang new to the queue is refused with
+    that said (no pass, no plan under the filter), the filter wakes the loop at once (its interval here
+    is an hour: without the wake the wait below times out), and the loop's pass starts the gang and
+    nudges the pod filter refused."""
+    s = make_state([solo("a", 4, on="r0-t0", limit=100)])
+    fake = FakeQueueCluster()
+    ticks = iter(range(1, 1_000_000))  # the clock moves a second a call: no pass is held back by its gap
+    ext = Extender(state=s, cluster=fake, queue_cluster=fake, wall=lambda: T0 + 20, clock=lambda: next(ticks))
+
+    async def started() -> None:
+        while "default/g" not in s.holds.reservations:
+            await asyncio.sleep(0.01)
+
+    async def run() -> tuple[dict[str, Any], int]:
+        stop = asyncio.Event()
+        loop = asyncio.create_task(ext.run_queue(stop, interval_s=3600.0))
+        while s.queue.metrics.passes == 0:  # the loop's first tick
+            await asyncio.sleep(0.01)
+        for i in range(4):  # then the gang comes (the cluster has room for it)
+            s.cache.apply("pods", "ADDED", member("g", i, at=T0 + 10))
+        passes = s.queue.metrics.passes
+        out = await ext.filter({"Pod": s.cache.pods["default/g-0"], "NodeNames": NODES})
+        assert s.queue.metrics.passes == passes  # the filter ran no pass
+        await asyncio.wait_for(started(), 10.0)
+        stop.set()
+        await loop
+        await ext.drain()
+        return out, passes
+
+    out, passes = asyncio.run(run())
+    assert out["NodeNames"] == []
+    assert all("is new to the queue" in why for why in out["FailedNodes"].values())
+    assert s.queue.metrics.passes == passes + 1
+    assert [name for name, _, _ in fake.pod_annotations] == ["g-0"]  # nudged back to kube-scheduler
+    assert ("g-0", "GangQueued") in {(n, r) for n, r, _ in fake.events}
+    again = s.filter(s.cache.pods["default/g-0"], NODES, 2.0, T0 + 21)
+    assert len(again.passed) == 1
+
+
 def test_the_reservation_is_released_when_the_gang_is_deleted() -> None:
     s = make_state([*busy_cluster(), *big_gang()])
     s.filter(s.cache.pods["default/big-0"], NODES, 1.0, T0 + 20)

@@ -174,7 +174,7 @@ def test_raycluster_gang_through_filter(served: FakeKube) -> None:
             lambda: ext.state(lambda s: len(s.cache.pods) == len(pods) and "ml/rc" in s.cache.rayclusters),
             "informers see the RayCluster and its pods",
         )
-        placed = {p["metadata"]["name"]: ext.filter(p, NODES)["NodeNames"] for p in pods}
+        placed = {p["metadata"]["name"]: ext.filter_gang(p, NODES)["NodeNames"] for p in pods}
         assert all(len(n) == 1 for n in placed.values()), placed
         for g in ("a", "b"):
             assert len({placed[f"rc-{g}-{i}"][0].split("-")[0] for i in range(4)}) == 1, placed
@@ -218,7 +218,7 @@ def test_native_podgroup_gang_through_filter(served: FakeKube) -> None:
             ),
             "informers see the Workload, PodGroup and pods",
         )
-        nodes = [ext.filter(p, NODES)["NodeNames"] for p in pods]
+        nodes = [ext.filter_gang(p, NODES)["NodeNames"] for p in pods]
         assert all(len(n) == 1 for n in nodes)
         assert len({n[0].split("-")[0] for n in nodes}) == 1
     finally:
