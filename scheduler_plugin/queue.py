@@ -182,9 +182,11 @@ class Running:
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
-    """Nodes held for a waiting gang: GPUs claimed per node, the expected start, the domain of its scope
-    tier (None without one), the running work it waits for (name -> the end it was judged from) and the
-    GPU-seconds of free capacity the hold keeps idle until the start."""
+    """Nodes held for a gang, the one hold type (``extender.holds``): GPUs claimed per node, the expected
+    start, the domain of its scope tier (None without one), the running work it waits for (name -> the end
+    it was judged from) and the GPU-seconds of free capacity the hold keeps idle until the start. A started
+    gang's hold besides holds other resources per node (``resources``) and ends at ``expires_s`` when no
+    pod of it comes; the queue reads neither."""
 
     gang: str
     start_s: float
@@ -192,6 +194,8 @@ class Reservation:
     domain: str | None = None
     waits_for: Mapping[str, float] = field(default_factory=dict)
     held_idle_gpu_s: float = 0.0
+    resources: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # node -> resource -> amount
+    expires_s: float = math.inf
 
 
 @dataclass(frozen=True, slots=True)

@@ -200,13 +200,13 @@ class StateAdapter:
     def pass_now(self) -> Mapping[str, str | None]:
         """One full pass of the queue now, whatever changed; the node annotations it wants."""
         with self.lock:
-            self.state.queue.run_pass(time.monotonic(), time.time())
+            self.state.queue.run_pass(self.extender.clock())
             return dict(self.state.queue.take_actions().annotate)
 
     def tick(self) -> Mapping[str, str | None]:
         """The queue loop's periodic tick (a pass only when its driver finds one due)."""
         with self.lock:
-            return dict(self.state.queue.tick(time.monotonic(), time.time()).annotate)
+            return dict(self.state.queue.tick(self.extender.clock()).annotate)
 
     def waited_for(self) -> set[str]:
         """The running work the queue's reservations wait for (queue names: ``pod:<ns>/<name>`` for a

@@ -7,7 +7,8 @@ apart, one module per extension point, the HTTP face.
   the informer store (``Cache``) with the indexes the queue and the verbs read (gang members, running
   work per name, node usage, the nodes each selector and toleration set admits), the one free-GPU
   formula and the planner's snapshot;
-- ``holds``: what is held for gangs (started plans, the queue's head, plans given up) and for how long;
+- ``holds``: what is held for gangs and for how long, every hold one type (``queue.Reservation``): a
+  started gang's (``StartedPlan``, with its bind barrier), the queue's head's, a given-up plan's;
 - ``outbox``: the Events, evictions and nudges the decisions leave the caller;
 - ``inputs``: the queue's inputs (a gang's plan inputs, waiting and running work, time limits, repairs,
   the backfill caps);
@@ -16,9 +17,11 @@ apart, one module per extension point, the HTTP face.
 - ``state``: ``ExtenderState``, the parts wired together;
 - ``policy``: a gang's ``gpuagent.dev/mnnvl`` and ``gpuagent.dev/repair`` annotations and its mode;
 - ``repair``: the part of a running gang left to place, replacements pinned to their subgroup's domain;
+- ``clock``: the state's one clock (``ApiClock``): seconds since the epoch, the wall clock read once at
+  start plus monotonic time, so it never steps back; every state method takes its ``now``;
 - ``http``: the extender API over it (``Extender``, ``ExtenderServer``).
 
-Pure but for ``http`` (an import-linter contract): decisions come back as values that
+Pure but for ``clock`` and ``http`` (an import-linter contract): decisions come back as values that
 ``agent.commands.extender`` carries out through ``topology.kube``'s verbs.
 """
 

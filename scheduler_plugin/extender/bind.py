@@ -18,7 +18,7 @@ from typing import Any
 
 from scheduler_plugin.cluster import GPU, imex_ready, pod_requests
 from scheduler_plugin.extender.cache import Cache, labels_of, scheduler_of, uid_of
-from scheduler_plugin.extender.holds import Holds, Reservation
+from scheduler_plugin.extender.holds import Holds, StartedPlan
 from scheduler_plugin.extender.outbox import EventRecord
 from scheduler_plugin.gangs import gang_key_of
 
@@ -93,7 +93,7 @@ class Bind:
                 return _refuse(f"pod {key} needs {need} GPU(s); {max(free, 0)} free on {node} now; not bound")
             return BindDecision(action="bind", pods=((key, uid, node),))
         gang_name = found[1]
-        res = self.holds.reservations.get(gang_name)
+        res = self.holds.started.get(gang_name)
         planned = res.spec.members.get(key) if res else None
         if res is None or planned is None:
             return BindDecision(
@@ -113,7 +113,7 @@ class Bind:
             return self._complete_ready(gang_name, res, now)
         return BindDecision(action="wait", gang=gang_name, deadline=res.barrier_deadline)
 
-    def _imex_held(self, res: Reservation) -> list[str]:
+    def _imex_held(self, res: StartedPlan) -> list[str]:
         """The trays of ``res``'s pods at the barrier whose IMEX is not ready now (their Node labels,
         ``cluster.imex_ready``), for a gang that needs multi-node NVLink; none for one that does not."""
         if res.mnnvl == "off":
@@ -123,7 +123,7 @@ class Bind:
             {n for n in res.arrived.values() if not imex_ready(labels_of(nodes.get(n) or {}) or {})}
         )
 
-    def _complete_ready(self, gang_name: str, res: Reservation, now: float) -> BindDecision:
+    def _complete_ready(self, gang_name: str, res: StartedPlan, now: float) -> BindDecision:
         """Every pod arrived: bind them once every chosen tray's IMEX is ready, else look again in
         ``IMEX_RECHECK_S`` until the barrier's deadline (``barrier_timeout`` says which trays held it)."""
         if not self._imex_held(res):
@@ -133,7 +133,7 @@ class Bind:
             return self._imex_timeout(gang_name, res)
         return BindDecision(action="wait", gang=gang_name, deadline=min(deadline, now + IMEX_RECHECK_S))
 
-    def _imex_timeout(self, gang_name: str, res: Reservation) -> BindDecision:
+    def _imex_timeout(self, gang_name: str, res: StartedPlan) -> BindDecision:
         """The barrier's deadline passed while trays' IMEX was not ready: a ``required`` gang binds
         nothing and its reservation is released; a ``preferred`` one binds, and says where IMEX was not
         ready. The Event names the trays."""
@@ -157,15 +157,15 @@ class Bind:
         events = tuple(EventRecord(pod=pods[k], reason="GangImexNotReady", message=msg) for k in keys)
         return BindDecision(action="error", gang=gang_name, error=msg, events=events)
 
-    def _complete(self, gang_name: str, res: Reservation) -> BindDecision:
+    def _complete(self, gang_name: str, res: StartedPlan) -> BindDecision:
         pods = tuple((k, self.uids.get(k, ""), n) for k, n in sorted(res.arrived.items()))
         res.arrived.clear()
         for k, _, n in pods:
             res.bound.add(k)
             self.cache.set_node(k, n)
-            self.holds.release(res, k, n)
+            self.holds.release(res, k)
         res.barrier_deadline = None
-        if self.holds.reservations.pop(gang_name, None) is not None:
+        if self.holds.started.pop(gang_name, None) is not None:
             self.cache.version += 1
         self.holds.excluded.pop(gang_name, None)
         self.cache.inputs_gen += 1
@@ -189,7 +189,7 @@ class Bind:
 
     def barrier_timeout(self, gang_name: str, now: float) -> BindDecision:
         """The barrier's deadline passed: bind what arrived if it meets the minimum, else release."""
-        res = self.holds.reservations.get(gang_name)
+        res = self.holds.started.get(gang_name)
         if res is None or res.barrier_deadline is None:
             return BindDecision(
                 action="error", gang=gang_name, error=f"gang {gang_name} is no longer waiting"
@@ -235,7 +235,7 @@ def _refuse(error: str) -> BindDecision:
 
 
 def _repaired(
-    res: Reservation, pods: Sequence[tuple[str, str, str]], known: Mapping[str, Mapping[str, Any]]
+    res: StartedPlan, pods: Sequence[tuple[str, str, str]], known: Mapping[str, Mapping[str, Any]]
 ) -> tuple[EventRecord, ...]:
     """A ``GangRepaired`` Event for each pod of ``pods`` that is a repair's replacement pinned to the
     NVLink domain the rest of its subgroup runs in (``Role.domain``, set by ``extender.repair``; a

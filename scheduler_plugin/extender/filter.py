@@ -26,7 +26,7 @@ from typing import Any
 from scheduler_plugin.cluster import pod_key
 from scheduler_plugin.extender.bind import SUBGROUP_SIZE_CHOSEN
 from scheduler_plugin.extender.cache import Cache, gpus_of, uid_of
-from scheduler_plugin.extender.holds import Holds, Reservation
+from scheduler_plugin.extender.holds import Holds, StartedPlan
 from scheduler_plugin.extender.inputs import QueueInputs, per_role_selectors
 from scheduler_plugin.extender.outbox import EventRecord, Outbox
 from scheduler_plugin.extender.queue_driver import QueueDriver
@@ -52,7 +52,7 @@ class FilterOutcome:
 
 
 class Filter:
-    """The filter verb (``state.filter(pod, node_names, now, wall)``) and what it keeps: the nodes a pod
+    """The filter verb (``state.filter(pod, node_names, now)``) and what it keeps: the nodes a pod
     of each requested GPU count does not fit on, its last answer per count, why each waiting gang waits
     (planned at most once a pass)."""
 
@@ -72,12 +72,8 @@ class Filter:
         self._gang_reason: dict[str, tuple[GangSpec, int, str]] = {}
         self._reason_pass = -1
 
-    def __call__(
-        self, pod: Mapping[str, Any], node_names: Sequence[str], now: float, wall: float | None = None
-    ) -> FilterOutcome:
-        """``now``: the clock of reservations and barriers; ``wall``: seconds since the epoch, the
-        queue's clock (API times and time limits); ``now`` when not given."""
-        wall = now if wall is None else wall
+    def __call__(self, pod: Mapping[str, Any], node_names: Sequence[str], now: float) -> FilterOutcome:
+        """``now``: the state's clock (seconds since the epoch, ``ExtenderState``)."""
         self.holds.expire(now)
         out = FilterOutcome()
         known, why = self.cache.known_pod(pod)
@@ -92,14 +88,14 @@ class Filter:
         if found is None:
             need = gpus_of(self.cache.info[key])
             held = self.holds.held_gpus()
-            caps = self.inputs.caps(pod, wall) if need else {}
+            caps = self.inputs.caps(pod, now) if need else {}
             passed = self._alone(need, held, caps, node_names, out)
             if passed:  # the decision bind asks for
                 self.holds.filtered[key] = (uid_of(pod), now + self.holds.ttl_s)
             return out
         refused = self.outbox.refused
         refused.pop(key, None)  # this very call is kube-scheduler trying it
-        out = self._gang(pod, key, found[1], node_names, now=now, wall=wall, out=out)
+        out = self._gang(pod, key, found[1], node_names, now=now, out=out)
         if out.passed:
             refused.pop(key, None)
         else:  # kube-scheduler keeps it among its unschedulable pods: nudged when its gang starts
@@ -108,7 +104,7 @@ class Filter:
 
     def may_plan(self, pod: Mapping[str, Any]) -> bool:
         """Whether filtering this pod may plan a gang (seconds, for a large one): a gang pod the
-        informer knows whose gang has no reservation holding a place for it. Otherwise filter costs
+        informer knows whose gang has no started plan holding a place for it. Otherwise filter costs
         one pass over the candidate nodes."""
         if self.queue.loop:  # the queue loop plans; filter only reads what its passes decided
             return False
@@ -116,7 +112,7 @@ class Filter:
         found = gang_key_of(known) if known is not None else None
         if found is None:
             return False
-        res = self.holds.reservations.get(found[1])
+        res = self.holds.started.get(found[1])
         return res is None or pod_key(pod) not in res.spec.members
 
     def _alone(
@@ -180,10 +176,9 @@ class Filter:
         node_names: Sequence[str],
         *,
         now: float,
-        wall: float,
         out: FilterOutcome,
     ) -> FilterOutcome:
-        res = self.holds.reservations.get(gang_name)
+        res = self.holds.started.get(gang_name)
         spec: GangSpec | None = None
         if res is None or key not in res.spec.members:
             found = self.cache.info[key].gang
@@ -217,10 +212,10 @@ class Filter:
                 if self.queue.loop:  # the loop's pass decides; its pods are nudged if it starts the gang
                     out.wake_queue = True
                 else:
-                    self.queue.run_pass(now, wall)
+                    self.queue.run_pass(now)
             out.events += self.outbox.events
             self.outbox.events = []
-            started = self.holds.reservations.get(gang_name)
+            started = self.holds.started.get(gang_name)
             if out.wake_queue:
                 msg = f"gang {gang_name} is new to the queue: its next pass, within a second, decides"
                 out.failed = dict.fromkeys(node_names, msg)
@@ -242,13 +237,13 @@ class Filter:
             out.events += self._announce(pod, gang_name, res)
         return self._on_plan(pod, key, gang_name, res, node_names, now=now, out=out)
 
-    def _announce(self, pod: Mapping[str, Any], gang_name: str, res: Reservation) -> list[EventRecord]:
+    def _announce(self, pod: Mapping[str, Any], gang_name: str, res: StartedPlan) -> list[EventRecord]:
         """The Events of a started gang, on its first pod filtered: its plan, and each subgroup size the
         planner chose."""
         events = self.outbox.once(
             pod,
             "GangPlanned",
-            f"gang {gang_name}: {len(res.nodes)} pod(s) planned on {len(res.held)} node(s)",
+            f"gang {gang_name}: {len(res.nodes)} pod(s) planned on {len(res.hold.claims)} node(s)",
             warning=False,
         )
         for role, size in sorted(res.subgroup_sizes.items()):
@@ -269,7 +264,7 @@ class Filter:
         pod: Mapping[str, Any],
         key: str,
         gang_name: str,
-        res: Reservation,
+        res: StartedPlan,
         node_names: Sequence[str],
         *,
         now: float,
@@ -307,7 +302,8 @@ class Filter:
                 self.holds.give_up(gang_name)
             return out
         res.missed.pop(node, None)
-        res.expires_at = max(res.expires_at, now + self.holds.ttl_s)
+        if now + self.holds.ttl_s > res.hold.expires_s:  # a pod came: the hold lasts ``ttl_s`` from now
+            res.hold = dataclasses.replace(res.hold, expires_s=now + self.holds.ttl_s)
         out.passed.extend(repeat(node, node_names.count(node)))
         out.failed.update(dict.fromkeys(node_names, f"gang {gang_name} planned this pod on {node}"))
         del out.failed[node]
@@ -373,7 +369,7 @@ class Filter:
         self._gang_reason[spec.key] = (spec, self.cache.inputs_gen, reason)
         return reason
 
-    def _plan_gang(self, spec: GangSpec, now: float) -> Reservation | str:
+    def _plan_gang(self, spec: GangSpec, now: float) -> StartedPlan | str:
         inputs = self.inputs.gang_inputs(spec)
         if isinstance(inputs, str):
             return inputs
@@ -389,7 +385,7 @@ class Filter:
         result = plan(snapshot, planned_gang, cache=self.cache.plans)
         if isinstance(result, Infeasible):
             return result.reason
-        res = self.holds.reservation_from(spec, gang, members, result.placement, now)
+        res = self.holds.plan_from(spec, gang, members, result.placement, now)
         res.subgroup_sizes = dict(result.subgroup_sizes)
         return res
 

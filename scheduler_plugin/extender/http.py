@@ -48,6 +48,7 @@ from typing import Any, Protocol, TypeVar
 
 from scheduler_plugin.cluster import pod_key
 from scheduler_plugin.extender.bind import BindDecision
+from scheduler_plugin.extender.clock import ApiClock
 from scheduler_plugin.extender.outbox import EventRecord, Eviction, QueueActions
 from scheduler_plugin.extender.state import ExtenderState
 from scheduler_plugin.queueing import VictimsError, parse_victims
@@ -210,7 +211,8 @@ class _Waiter:
 
 class Extender:
     """Request handlers. Every touch of ``state`` holds ``lock`` (informer threads share it); one that
-    may plan a gang, or finds the lock busy, runs in a worker thread (see ``_locked``)."""
+    may plan a gang, or finds the lock busy, runs in a worker thread (see ``_locked``). ``clock``: the
+    state's one clock, seconds since the epoch that never step back (default ``ApiClock()``)."""
 
     def __init__(
         self,
@@ -218,18 +220,16 @@ class Extender:
         state: ExtenderState,
         cluster: Cluster,
         lock: threading.Lock | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] | None = None,
         ready: Callable[[], bool] = lambda: True,
         unknown_pod_grace_s: float = UNKNOWN_POD_GRACE_S,
-        wall: Callable[[], float] = time.time,
         queue_cluster: QueueCluster | None = None,
     ) -> None:
         self.state = state
         self.cluster = cluster
-        self.wall = wall
         self.queue_cluster = queue_cluster
         self.lock = lock or threading.Lock()
-        self.clock = clock
+        self.clock = clock if clock is not None else ApiClock()
         self.ready = ready
         self.unknown_pod_grace_s = unknown_pod_grace_s
         # waiters at a gang's barrier; registered under the state lock together with the "wait"
@@ -270,12 +270,12 @@ class Extender:
         def quick() -> bool:
             return not self.state.filter.may_plan(pod)
 
-        out = await self._locked(self.state.filter, pod, names, self.clock(), self.wall(), quick=quick)
+        out = await self._locked(self.state.filter, pod, names, self.clock(), quick=quick)
         # kube-scheduler may name a pod a moment before the extender's informer reports it: ask again
         # for a little while (off the loop) so a real pod is not refused for that; a forged one still is
         for _ in range(int(self.unknown_pod_grace_s / 0.05) if out.unseen else 0):
             await asyncio.sleep(0.05)
-            out = await self._locked(self.state.filter, pod, names, self.clock(), self.wall(), quick=quick)
+            out = await self._locked(self.state.filter, pod, names, self.clock(), quick=quick)
             if not out.unseen:
                 break
         if out.wake_queue:
@@ -340,7 +340,7 @@ class Extender:
         except VictimsError as exc:
             raise BadRequestError(str(exc)) from None
         kept = await self._locked(
-            self.state.preempt, pod, victims, self.wall(), quick=lambda: len(victims) <= 1000
+            self.state.preempt, pod, victims, self.clock(), quick=lambda: len(victims) <= 1000
         )
         return {"NodeNameToMetaVictims": kept}
 
@@ -348,7 +348,7 @@ class Extender:
     async def queue_once(self) -> QueueActions:
         """One tick of the queue (a pass when due) and what it decided carried out."""
         started = time.perf_counter()
-        job = await self._locked(self.state.queue.begin, self.clock(), self.wall(), quick=lambda: False)
+        job = await self._locked(self.state.queue.begin, self.clock(), quick=lambda: False)
         if job is None:
             actions = await self._locked(self.state.queue.take_actions, quick=lambda: False)
         else:  # the decision on the pass's immutable inputs, outside the lock: the verbs go on meanwhile
@@ -425,7 +425,7 @@ class Extender:
         victims = sorted({e.victim for e in evictions})
         ns, name, _ = _pod_ref(ev.pod)
         why = f"the eviction of pod {ns}/{name} ({ev.victim}) would be refused: {refused}"
-        await self._locked(self.state.preempt.blocked_by_api, preemptor, victims, self.wall(), why)
+        await self._locked(self.state.preempt.blocked_by_api, preemptor, victims, self.clock(), why)
         await self._locked(self.state.preempt.eviction_refused, pod_key(ev.pod))
         log.warning("preemption_blocked", gang=preemptor, victims=victims, pod=f"{ns}/{name}", error=refused)
         message = (

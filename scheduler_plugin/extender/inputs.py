@@ -65,15 +65,15 @@ class QueueInputs:
         self.enforce_time_limits = config.enforce_time_limits
         self.time_limit_grace_s = config.time_limit_grace_s
         self.repair_wait_s = config.repair_wait_s
-        self.wall = -math.inf  # the queue's clock at its last pass
+        self.passed_at = -math.inf  # when the queue last passed
         # repairs: gang -> when its replacement pods were first seen waiting for a tray in their subgroup's
-        # domain (the queue's clock), the gangs whose wait is over, what their pods' filter says about it,
-        # and ``Reservation.kept_sizes`` for it
+        # domain, the gangs whose wait is over, what their pods' filter says about it,
+        # and ``StartedPlan.kept_sizes`` for it
         self.repair_since: dict[str, float] = {}
         self.repair_over: set[str] = set()
         self.repair_notes: dict[str, str] = {}
         self.repair_sizes: dict[str, dict[str, int]] = {}
-        self.first_seen: dict[str, float] = {}  # pod key -> the queue's clock when seen without a time
+        self.first_seen: dict[str, float] = {}  # pod key -> when first seen without a time
         # each waiting gang's queue entry (or why it has none), valid while its spec is the same object
         # and ``cache.inputs_gen`` unchanged
         self._waiting_cache: dict[str, tuple[object, int, object]] = {}
@@ -146,8 +146,8 @@ class QueueInputs:
             self.repair_since.pop(gang, None)
             self.repair_notes.pop(gang, None)
             return
-        if gang not in self.repair_since and math.isfinite(self.wall):  # the queue's clock, once it passed
-            self.repair_since[gang] = self.wall
+        if gang not in self.repair_since and math.isfinite(self.passed_at):  # once the queue passed
+            self.repair_since[gang] = self.passed_at
         wait = f"{self.repair_wait_s:g}s"
         if over:
             self.repair_notes[gang] = (
@@ -167,11 +167,11 @@ class QueueInputs:
             f"({where}), where the rest of the gang keeps running; no other pod of the gang moves; {then}"
         )
 
-    def repair_waits_over(self, wall: float) -> None:
-        """Repairs whose wait ended by ``wall``: their gangs are planned again (unpinned where their
+    def repair_waits_over(self, now: float) -> None:
+        """Repairs whose wait ended by ``now``: their gangs are planned again (unpinned where their
         ``gpuagent.dev/repair`` allows)."""
         for gang, since in self.repair_since.items():
-            if gang not in self.repair_over and wall - since >= self.repair_wait_s:
+            if gang not in self.repair_over and now - since >= self.repair_wait_s:
                 self.repair_over.add(gang)
                 self.cache.inputs_gen += 1
 
@@ -190,14 +190,14 @@ class QueueInputs:
         self.repair_sizes = {g: v for g, v in self.repair_sizes.items() if g in pending}
 
     # -- times and limits --------------------------------------------------------------------------
-    def pod_time(self, pod: Mapping[str, Any], path: str, wall: float) -> float:
+    def pod_time(self, pod: Mapping[str, Any], path: str, now: float) -> float:
         meta = pod.get("metadata") or {}
         t = timestamp(
             (pod.get("status") or {}).get("startTime") if path == "start" else meta.get("creationTimestamp")
         )
         if t is not None:
             return t
-        return self.first_seen.setdefault(pod_key(pod), wall)  # no time in the API object: first seen
+        return self.first_seen.setdefault(pod_key(pod), now)  # no time in the API object: first seen
 
     def limits(self, pod: Mapping[str, Any]) -> Limits:
         """The pod's time limits; the declared one only while the extender enforces declared limits
@@ -221,13 +221,13 @@ class QueueInputs:
             return declared
         return found.enforced if declared is None else min(found.enforced, declared)
 
-    def caps(self, pod: Mapping[str, Any], wall: float) -> dict[str, int]:
+    def caps(self, pod: Mapping[str, Any], now: float) -> dict[str, int]:
         """GPUs a pod on its own may use per reserved node (the queue's backfill rule)."""
         held = self.holds.head_holds()
         if not held:
             return {}
         limit = self.limit(pod)
-        end = wall + limit if limit is not None else math.inf
+        end = now + limit if limit is not None else math.inf
         alloc = {n: self.cache.allocatable(n) for r in held for n in r.claims}
         # only the running work on reserved nodes counts: found by node, not by reading all of it
         info, node_pods = self.cache.info, self.cache.node_pods
@@ -237,7 +237,7 @@ class QueueInputs:
 
     # -- running and waiting work ------------------------------------------------------------------
     def running_work(
-        self, wall: float, waiting: Collection[str]
+        self, now: float, waiting: Collection[str]
     ) -> tuple[dict[str, Running], Mapping[str, tuple[float, float]], Mapping[str, list[str]]]:
         """The running work by queue name, kept from pass to pass and worked out again only for the
         names an event touched (``cache.running_dirty``); the ones with a declared limit (name -> (latest
@@ -245,7 +245,7 @@ class QueueInputs:
         restart mid-gang) is not running work."""
         for name in sorted(self.cache.running_dirty):
             members = self.cache.running_members.get(name)
-            found = self._one_running(name, members, wall) if members else None
+            found = self._one_running(name, members, now) if members else None
             if found is None:
                 self._run_all.pop(name, None)
                 self._declared_all.pop(name, None)
@@ -264,7 +264,7 @@ class QueueInputs:
         return running, self._declared_all, self._keys_all
 
     def _one_running(
-        self, name: str, members: Collection[str], wall: float
+        self, name: str, members: Collection[str], now: float
     ) -> tuple[Running, tuple[float, float] | None, list[str]] | None:
         """``Running`` of one name from its pods (as ``queue.rebuild`` counts it), its declared limit and
         the pods counted; pods on their own that hold no GPU are not (a node's DaemonSet pods: nothing to
@@ -286,7 +286,7 @@ class QueueInputs:
                 acc = uses.setdefault(info.node, {})
                 for k, v in rest.items():
                     acc[k] = acc.get(k, 0) + v
-            start = self.pod_time(pod, "start", wall)
+            start = self.pod_time(pod, "start", now)
             starts.append(start)
             limit = self.limit(pod)
             if limit is not None:
@@ -298,7 +298,7 @@ class QueueInputs:
         run = Running(name, min(i.priority for i in infos), min(starts), ends, claims, uses=uses)
         return run, ((began, least) if least < math.inf else None), [i.key for i in infos]
 
-    def all_facts(self, wall: float) -> list[PodFacts]:
+    def all_facts(self, now: float) -> list[PodFacts]:
         """Every running pod as ``queue.rebuild`` reads it (once, after a restart)."""
         facts: list[PodFacts] = []
         for members in self.cache.running_members.values():
@@ -310,18 +310,18 @@ class QueueInputs:
                     PodFacts(
                         gang=info.running,
                         priority=info.priority,
-                        created_s=self.pod_time(pod, "created", wall),
+                        created_s=self.pod_time(pod, "created", now),
                         limit_s=self.limit(pod),
                         node=info.node,
                         gpus=gpus_of(info),
-                        started_s=self.pod_time(pod, "start", wall),
+                        started_s=self.pod_time(pod, "start", now),
                         resources={k: v for k, v in info.requests.items() if k != GPU and v},
                     )
                 )
         return facts
 
     def waiting(
-        self, pending: Mapping[str, list[str]], wall: float
+        self, pending: Mapping[str, list[str]], now: float
     ) -> tuple[dict[str, Prepared], list[Waiting]]:
         """The waiting gangs the queue orders, and what their plans need; a gang left out is remembered
         with the reason (``skipped``), so its filters do not ask for passes it would not be in."""
@@ -337,7 +337,7 @@ class QueueInputs:
             if cached is not None and cached[0] is spec and cached[1] == self.cache.inputs_gen:
                 entry = cached[2]
             else:
-                entry = self._waiting_entry(name, spec, wall)
+                entry = self._waiting_entry(name, spec, now)
                 self._waiting_cache[name] = (spec, self.cache.inputs_gen, entry)
             if isinstance(entry, str):
                 self.skipped[name] = entry
@@ -348,7 +348,7 @@ class QueueInputs:
         return prepared, waiting
 
     def _waiting_entry(
-        self, name: str, spec: GangSpec | GangError | None, wall: float
+        self, name: str, spec: GangSpec | GangError | None, now: float
     ) -> tuple[Prepared, Waiting] | str:
         """One waiting gang's plan inputs and queue entry, or why the queue leaves it out."""
         if not isinstance(spec, GangSpec):  # incomplete or invalid: its pods' filter says why
@@ -365,7 +365,7 @@ class QueueInputs:
             # the lowest: one pod of a higher class does not lift a gang of low ones into
             # preempting; the newest pod: a pod parked long ago does not move a new gang ahead
             priority=min(pod_priority(p) for p in mates),
-            created_s=max(self.pod_time(p, "created", wall) for p in mates),
+            created_s=max(self.pod_time(p, "created", now) for p in mates),
             limit_s=min(limits) if limits else None,
         )
         return (spec, gang, members, allowed, by_role), one

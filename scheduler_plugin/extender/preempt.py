@@ -39,7 +39,7 @@ BLOCKED_RETRY_S = 60.0  # victims whose evictions the API would refuse are no vi
 
 
 class Preempt:
-    """The preempt verb (``state.preempt(pod, victims, wall)``) and what preemption remembers: the
+    """The preempt verb (``state.preempt(pod, victims, now)``) and what preemption remembers: the
     evictions asked for, the victims sitting out, each preemptor's victims, the gangs evicted before."""
 
     def __init__(
@@ -73,7 +73,7 @@ class Preempt:
         self.evicted_times: dict[tuple[str, str | None], tuple[int, float]] = {}
 
     def __call__(
-        self, pod: Mapping[str, Any], victims: Mapping[str, VictimSet], wall: float
+        self, pod: Mapping[str, Any], victims: Mapping[str, VictimSet], now: float
     ) -> dict[str, Any]:
         """kube-scheduler's ``preempt`` verb: the victim sets it proposes, kept only where they take whole
         gangs (``queueing.preempt_answer``). A pod of a gang gets none (the queue preempts for gangs,
@@ -95,7 +95,7 @@ class Preempt:
                 if group is not None:
                     members.setdefault(group, []).append(uid)
         need = pod_requests(known).get(GPU, 0)
-        caps = self.inputs.caps(known, wall) if need else {}
+        caps = self.inputs.caps(known, now) if need else {}
         refused = [n for n, cap in caps.items() if cap < need]
         return preempt_answer(victims, gang_of_uid=gang_of_uid, gang_members=members, refused_nodes=refused)
 
@@ -108,7 +108,6 @@ class Preempt:
         identity: Mapping[str, tuple[str, str | None]],
         pending: Mapping[str, list[str]],
         now: float,
-        wall: float,
     ) -> None:
         """A pass's preemptions: Events on the preemptor's pods, evictions of every victim's pods."""
         by_gang = self.cache.running_members
@@ -117,7 +116,7 @@ class Preempt:
         for pre in preemptions:
             # the victims are still going (fewer of them as their pods leave): the same preemption
             again = set(pre.victims) <= set(self.preempting.get(pre.gang, ()))
-            if not again and self._over_budget(pre, pending, wall):
+            if not again and self._over_budget(pre, pending, now):
                 continue
             if not again:
                 self.preempting[pre.gang] = pre.victims
@@ -147,7 +146,7 @@ class Preempt:
                     )
 
     def victims(
-        self, wall: float, candidates: Collection[str]
+        self, now: float, candidates: Collection[str]
     ) -> tuple[dict[str, tuple[str, str | None]], set[str]]:
         """The identity evictions of running work (the queue's name, ``cache.running_name``) are counted
         under (``max_evictions``: its name and the uid of what made it, so a new job under an old name
@@ -166,7 +165,7 @@ class Preempt:
                 identity[name] = (name, min(owners) if owners else None)
         for ident in [i for i in self.evicted_times if i[1] is None and i[0] not in self.cache.named]:
             del self.evicted_times[ident]
-        self.blocked = {v: until for v, until in self.blocked.items() if until > wall and v in by_gang}
+        self.blocked = {v: until for v, until in self.blocked.items() if until > now and v in by_gang}
         exempt: set[str] = set()
         if not candidates or self.config.preempt_after_s is None:
             return identity, exempt
@@ -201,7 +200,7 @@ class Preempt:
             if k in pods and not (pods[k].get("metadata") or {}).get("deletionTimestamp")
         ]
 
-    def _over_budget(self, pre: Preemption, pending: Mapping[str, list[str]], wall: float) -> bool:
+    def _over_budget(self, pre: Preemption, pending: Mapping[str, list[str]], now: float) -> bool:
         """Whether evicting all of ``pre``'s victims together would break a disruption budget (each alone
         keeps within its budgets, together they may not): then nothing is evicted, the preemptor's pods
         say which budget, its hold goes, and the victims sit out ``BLOCKED_RETRY_S``."""
@@ -224,12 +223,12 @@ class Preempt:
             self.outbox.say(self.cache.pods[k], "PreemptionBlocked", msg)
         self.holds.queue_reservations.pop(pre.gang, None)
         for v in pre.victims:
-            self.blocked[v] = wall + BLOCKED_RETRY_S
+            self.blocked[v] = now + BLOCKED_RETRY_S
         self.cache.dirty = True  # the next pass seeks other victims
         self.cache.version += 1
         return True
 
-    def blocked_by_api(self, preemptor: str, victims: Sequence[str], wall: float, why: str = "") -> None:
+    def blocked_by_api(self, preemptor: str, victims: Sequence[str], now: float, why: str = "") -> None:
         """The API refused a dry run of one of ``preemptor``'s evictions (``why``), so none was made: its
         victims sit out ``BLOCKED_RETRY_S``, the next pass seeks others (the preemption is not going on)
         and the preemptor's waiting pods say so."""
@@ -243,7 +242,7 @@ class Preempt:
             if found is not None and found[1] == preemptor:
                 self.outbox.say(pods[k], "PreemptionBlocked", msg)
         for v in victims:
-            self.blocked[v] = wall + BLOCKED_RETRY_S
+            self.blocked[v] = now + BLOCKED_RETRY_S
         if self.preempting.pop(preemptor, None) is not None:
             self.holds.queue_reservations.pop(preemptor, None)
         self.cache.dirty = True
@@ -258,7 +257,6 @@ class Preempt:
         declared: Mapping[str, tuple[float, float]],
         keys_of: Mapping[str, Sequence[str]],
         now: float,
-        wall: float,
     ) -> float:
         """Evict whole the running work (``keys_of``: its pods) past its declared limit plus the grace,
         where the extender enforces it: on nodes held for a waiting gang (``held``), or everywhere
@@ -282,7 +280,7 @@ class Preempt:
             if mode == "held" and on is None:
                 continue  # not where a waiting gang needs it: its limit holds nobody back
             due = started + limit + grace
-            if wall < due:
+            if now < due:
                 wake = min(wake, due)
                 continue
             what = f"gang {name}" if not name.startswith(SOLO) else f"pod {name[len(SOLO) :]}"
@@ -292,7 +290,7 @@ class Preempt:
                 else "and declared limits are enforced everywhere (--enforce-time-limits=all)"
             )
             msg = (
-                f"{what} ran {wall - started:.0f}s, past its declared time limit of {limit:g}s plus a grace "
+                f"{what} ran {now - started:.0f}s, past its declared time limit of {limit:g}s plus a grace "
                 f"of {grace:g}s, {where}; evicted ({TIME_LIMIT} counts only where the extender enforces it)"
             )
             for k in keys:

@@ -48,7 +48,7 @@ class Prioritize:
             return [(n, 0) for n in node_names]
         info = self.cache.info[pod_key(known)]
         if info.gang is not None:
-            res = self.holds.reservations.get(info.gang[1])
+            res = self.holds.started.get(info.gang[1])
             planned = res.spec.members.get(info.key) if res else None
             node = res.nodes.get(planned) if res and planned is not None else None
             return list(zip(node_names, map({node: MAX_PRIORITY}.get, node_names, repeat(0)), strict=True))

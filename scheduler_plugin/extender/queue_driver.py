@@ -2,7 +2,7 @@
 (``scheduler_plugin.queue.decide``, pure) committed as holds, Events, node annotations and evictions.
 
 A pass orders the waiting gangs (PriorityClass, then creation), counts the running work and the holds of
-earlier passes, and decides which gangs start (their plans become reservations, ``extender.holds``),
+earlier passes, and decides which gangs start (their plans start, each holding its nodes, ``extender.holds``),
 which gang is the head and holds the nodes it will get (an Event ``GangReserved`` with the expected
 start, the node annotation ``gpuagent.dev/reserved-for``), and what is preempted. Other gangs, and pods on
 their own, use held nodes only if their time limit ends before the head's start (the backfill rule,
@@ -28,8 +28,17 @@ from scheduler_plugin.extender.inputs import Prepared, QueueInputs
 from scheduler_plugin.extender.outbox import Outbox, QueueActions
 from scheduler_plugin.extender.preempt import Preempt
 from scheduler_plugin.planner import SnapshotCache
-from scheduler_plugin.queue import Decision, QueueConfig, Running, Waiting, decide, order, rebuild, same_shape
-from scheduler_plugin.queue import Reservation as QueueReservation
+from scheduler_plugin.queue import (
+    Decision,
+    QueueConfig,
+    Reservation,
+    Running,
+    Waiting,
+    decide,
+    order,
+    rebuild,
+    same_shape,
+)
 from scheduler_plugin.queueing import QueueMetrics, render_metrics, reserved_for_value
 from scheduler_plugin.snapshot import ClusterSnapshot, Gang, Plan, PlanResult
 
@@ -50,11 +59,10 @@ class PassJob:
 
     version: int
     now: float
-    wall: float
     snapshot: ClusterSnapshot
     running: dict[str, Running]
     waiting: tuple[Waiting, ...]
-    before: Mapping[str, QueueReservation]
+    before: Mapping[str, Reservation]
     prepared: Mapping[str, Prepared]
     pending: Mapping[str, list[str]]
     identity: Mapping[str, tuple[str, str | None]]
@@ -65,7 +73,7 @@ class PassJob:
     def decide(self) -> Decision:
         """The queue's decision on these inputs (pure but for the planner's own cache)."""
         return decide(
-            self.wall,
+            self.now,
             self.snapshot,
             self.running,
             self.waiting,
@@ -130,23 +138,22 @@ class QueueDriver:
             return True
         return not self.loop and self.cache.dirty and now - self._last >= max(QUEUE_RETRY_S, self.min_gap_s)
 
-    def run_pass(self, now: float, wall: float) -> None:
-        """One pass of the queue (module docstring) at ``wall`` (seconds since the epoch; ``now`` is the
-        clock of reservations and barriers), all of it under the caller's lock. Gangs it starts get
-        their plan as a reservation at once; what a user should see (Events), and evictions, wait in
+    def run_pass(self, now: float) -> None:
+        """One pass of the queue (module docstring) at ``now``, all of it under the caller's lock. Gangs
+        it starts get their plan and its hold at once; what a user should see (Events), and evictions, wait in
         ``take_actions``. A pass that would see what the last one saw (the cluster's version unchanged)
         before any of its waits ends returns at once: it would decide the same."""
-        job = self._inputs(now, wall, self.cache.plans)
+        job = self._inputs(now, self.cache.plans)
         if job is not None:
             self._commit(job, job.decide())
 
-    def begin(self, now: float, wall: float) -> PassJob | None:
+    def begin(self, now: float) -> PassJob | None:
         """The queue loop's pass, first part, under the lock: the pass's inputs when one is due
         (``tick``'s rule), else None. ``PassJob.decide`` then runs outside the lock, on the immutable
         inputs alone, and ``commit`` takes its result under the lock again."""
-        if not self._pass_due(now, wall):
+        if not self._pass_due(now):
             return None
-        return self._inputs(now, wall, self._loop_snapshots)
+        return self._inputs(now, self._loop_snapshots)
 
     def commit(self, job: PassJob, decision: Decision) -> QueueActions:
         """The queue loop's pass, last part, under the lock: ``decision`` made on ``job``'s inputs
@@ -155,11 +162,11 @@ class QueueDriver:
         self._commit(job, decision)
         return self.take_actions()
 
-    def tick(self, now: float, wall: float) -> QueueActions:
+    def tick(self, now: float) -> QueueActions:
         """The periodic side of the queue: run a pass when the cluster changed or a wait ended, then
         hand over what to carry out (``take_actions``)."""
-        if self._pass_due(now, wall):
-            self.run_pass(now, wall)  # a reservation whose start came is judged again
+        if self._pass_due(now):
+            self.run_pass(now)  # a reservation whose start came is judged again
         return self.take_actions()
 
     def _wake_at(self) -> float:
@@ -167,43 +174,42 @@ class QueueDriver:
         victim sitting out may be one again."""
         return min(self._wake, self.preempt.retry_at())
 
-    def _inputs(self, now: float, wall: float, cache: SnapshotCache) -> PassJob | None:
+    def _inputs(self, now: float, cache: SnapshotCache) -> PassJob | None:
         if not self.cache.synced:  # a partial listing would misjudge the queue and the nodes' annotations
             return None
-        if self._passed_at == self.cache.version and self._rebuilt and wall < self._wake_at():
+        if self._passed_at == self.cache.version and self._rebuilt and now < self._wake_at():
             self.cache.dirty = False
             return None
         self.cache.dirty = False
         self._last = now
-        self.inputs.wall = wall
-        self.inputs.repair_waits_over(wall)
+        self.inputs.passed_at = now
+        self.inputs.repair_waits_over(now)
         self.metrics.passes += 1
         snapshot = self.cache.snapshot()
         pending: dict[str, list[str]] = {}
         for key in self.cache.gang_pending:
             found = self.cache.info[key].gang
-            if found is not None and found[1] not in self.holds.reservations:
+            if found is not None and found[1] not in self.holds.started:
                 pending.setdefault(found[1], []).append(key)
         for keys in pending.values():
             keys.sort()
-        prepared, waiting = self.inputs.waiting(pending, wall)
-        running_now, _, _ = self.inputs.running_work(wall, {w.name for w in waiting})
+        prepared, waiting = self.inputs.waiting(pending, now)
+        running_now, _, _ = self.inputs.running_work(now, {w.name for w in waiting})
         reasons: dict[str, str] = {}
         place = self.inputs.place(prepared, cache, reasons)
         if not self._rebuilt:  # after a restart: what the nodes say is held
             reserved_for = {n: v.split(",")[0] for n, v in self.cache.annotated.items() if isinstance(v, str)}
-            rebuilt = rebuild(wall, snapshot, self.inputs.all_facts(wall), waiting, reserved_for, place=place)
+            rebuilt = rebuild(now, snapshot, self.inputs.all_facts(now), waiting, reserved_for, place=place)
             self._rebuilt = True
             self.holds.queue_reservations = dict(rebuilt.reservations)
         top = max((w.priority for w in waiting), default=None)  # only work below it may be a victim
         candidates = {n for n, r in running_now.items() if top is not None and r.priority < top}
-        identity, exempt = self.preempt.victims(wall, candidates)
+        identity, exempt = self.preempt.victims(now, candidates)
         return PassJob(
             version=self.cache.version,
             now=now,
-            wall=wall,
             snapshot=snapshot,
-            running=self._judged(running_now, wall, identity, exempt),
+            running=self._judged(running_now, now, identity, exempt),
             waiting=tuple(waiting),
             before=dict(self.holds.queue_reservations),
             prepared=prepared,
@@ -215,7 +221,7 @@ class QueueDriver:
         )
 
     def _commit(self, job: PassJob, decision: Decision) -> None:
-        now, wall, waiting = job.now, job.wall, job.waiting
+        now, waiting = job.now, job.waiting
         holds, pods = self.holds, self.cache.pods
         moved = job.version != self.cache.version  # the cluster changed while the pass decided
         pending = {g: [k for k in keys if k in pods] for g, keys in job.pending.items()}
@@ -226,15 +232,15 @@ class QueueDriver:
         for st in decision.starts:  # a start left out holds neither a plan nor a reservation: keep its nodes
             if st not in starts and st.gang in job.prepared:
                 spec, gang, members, _, _ = job.prepared[st.gang]
-                holds.keep_held(st.gang, holds.reservation_from(spec, gang, members, st.plan.placement, now))
+                holds.keep_held(st.gang, holds.plan_from(spec, gang, members, st.plan.placement, now))
         self.inputs.last_running = job.running
-        _, declared, keys_of = self.inputs.running_work(wall, {w.name for w in waiting})
+        _, declared, keys_of = self.inputs.running_work(now, {w.name for w in waiting})
         self.inputs.keep_repairs(pending)
         self._wake = min(
             decision.wake_s,
             self.inputs.repair_wake(),
             self.preempt.retry_at(),
-            self.preempt.enforce_limits(declared, keys_of, now, wall),
+            self.preempt.enforce_limits(declared, keys_of, now),
             min((r.start_s for r in holds.queue_reservations.values()), default=math.inf),
         )
         started = {st.gang for st in starts}
@@ -243,14 +249,14 @@ class QueueDriver:
         self._say_never_fits(decision.never_fits, pending)
         for start in starts:
             spec, gang, members, _, _ = job.prepared[start.gang]
-            res = holds.reservation_from(spec, gang, members, start.plan.placement, now)
+            res = holds.plan_from(spec, gang, members, start.plan.placement, now)
             res.subgroup_sizes = dict(start.plan.subgroup_sizes)
             res.kept_sizes = dict(self.inputs.repair_sizes.get(start.gang, {}))
-            holds.reservations[start.gang] = res
+            holds.started[start.gang] = res
             holds.claims_allocated(res.spec.members, only=res)  # claims still allocated from before
             holds.excluded.pop(start.gang, None)
             self.cache.inputs_gen += 1
-            planned = f"{len(res.nodes)} pod(s) on {len(res.held)} node(s) at {utc(wall)}"
+            planned = f"{len(res.nodes)} pod(s) on {len(res.hold.claims)} node(s) at {utc(now)}"
             self.outbox.nudge(start.gang, pending.get(start.gang, ()), planned)
         self._say_reserved(job.before, pending)
         self.preempt.run(
@@ -260,7 +266,6 @@ class QueueDriver:
             identity=job.identity,
             pending=pending,
             now=now,
-            wall=wall,
         )
         if len(starts) < len(decision.starts):  # left out: decided again on what the cluster is now
             self.cache.dirty = True
@@ -295,7 +300,7 @@ class QueueDriver:
         found = self.cache.info.get(next(iter(sorted(spec.members)), ""), None)
         if found is None or found.gang is None or self.cache.spec(found.gang) is not spec:
             return False
-        if gang in self.holds.reservations:
+        if gang in self.holds.started:
             return False
         roles = {r.name: r.gpus_per_pod for r in job.prepared[gang][1].roles}
         need: dict[str, int] = {}
@@ -307,7 +312,7 @@ class QueueDriver:
     def _judged(
         self,
         running: Mapping[str, Running],
-        wall: float,
+        now: float,
         identity: Mapping[str, tuple[str, str | None]],
         exempt: Collection[str],
     ) -> dict[str, Running]:
@@ -316,7 +321,7 @@ class QueueDriver:
         evicted = {name for name, _ in self.preempt.evicted_times}
         out: dict[str, Running] = {}
         for name, r in running.items():
-            overdue = r.ends_s <= wall
+            overdue = r.ends_s <= now
             times = (
                 self.preempt.evictions_before(identity.get(name, (name, None)), r.started_s)
                 if name in evicted
@@ -327,7 +332,7 @@ class QueueDriver:
                 continue
             out[name] = dataclasses.replace(
                 r,
-                ends_s=wall + min(OVERDUE_GRACE_S, max(1.0, wall - r.ends_s)) if overdue else r.ends_s,
+                ends_s=now + min(OVERDUE_GRACE_S, max(1.0, now - r.ends_s)) if overdue else r.ends_s,
                 evictions=times,
                 preemptible=name not in exempt,
             )
@@ -348,7 +353,7 @@ class QueueDriver:
             for k in pending.get(name, ()):
                 self.outbox.say(self.cache.pods[k], "GangNeverFits", msg)
 
-    def _say_reserved(self, before: Mapping[str, QueueReservation], pending: Mapping[str, list[str]]) -> None:
+    def _say_reserved(self, before: Mapping[str, Reservation], pending: Mapping[str, list[str]]) -> None:
         for name, r in sorted(self.holds.queue_reservations.items()):
             old = before.get(name)
             if old is not None and dict(old.claims) == dict(r.claims):
@@ -374,13 +379,13 @@ class QueueDriver:
             and self.inputs.enforce_time_limits != "all"
         )
 
-    def _pass_due(self, now: float, wall: float) -> bool:
+    def _pass_due(self, now: float) -> bool:
         due = min((r.start_s for r in self.holds.queue_reservations.values()), default=math.inf)
         changed = self.cache.dirty and now - self._last >= self.min_gap_s
         if changed and self._rebuilt and self._idle():
             self.cache.dirty = False  # the cluster changed, but no gang waits: a pass decides nothing
             changed = False
-        return changed or wall >= min(self._wake_at(), due) or not self._rebuilt
+        return changed or now >= min(self._wake_at(), due) or not self._rebuilt
 
     def take_actions(self) -> QueueActions:
         """What the queue's passes decided that the caller carries out: Events, the node annotations

@@ -2,7 +2,9 @@
 
 Fed by informer events (plain API dicts, ``state.cache.replace``/``apply``) and by the scheduler's calls
 (``state.filter``, ``state.prioritize``, ``state.bind``, ``state.preempt``); the clock is an argument
-(``now``, seconds) so every decision can be replayed in a test. Nothing here talks to the network: the
+(``now``, one clock for every part: seconds since the epoch, what pod timestamps and time limits are
+written in, never stepping back; ``extender.clock.ApiClock`` in production) so every decision can be
+replayed in a test. Nothing here talks to the network: the
 decisions come back as values (which nodes pass, which pods to bind, which Events to record, which pods
 to evict) and ``scheduler_plugin.extender.http`` carries them out.
 
@@ -10,7 +12,8 @@ The parts, each the owner of its own state:
 
 - ``cache`` (``extender.cache.Cache``): the informer store and its indexes, the one free-GPU formula,
   the planner's snapshot;
-- ``holds`` (``extender.holds.Holds``): started plans, the queue's head holds, plans given up;
+- ``holds`` (``extender.holds.Holds``): the holds of started gangs, of the queue's head and of plans
+  given up, all of one type (``queue.Reservation``);
 - ``outbox`` (``extender.outbox.Outbox``): Events, evictions and nudges for the caller;
 - ``inputs`` (``extender.inputs.QueueInputs``): what the queue and a gang's plan read, time limits,
   repairs;

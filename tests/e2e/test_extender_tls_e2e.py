@@ -97,7 +97,7 @@ def test_kube_scheduler_places_and_binds_a_gang_over_mutual_tls(
     placement = bound(api_client, namespace, "tls")
     assert set(placement.values()) in ({*domains[0]}, {*domains[1]})  # one NVLink domain, one pod per tray
     # the extender bound them (it is kube-scheduler's binder), through its reservation
-    assert tls_extender.state(lambda s: s.holds.reservations) == {}
+    assert tls_extender.state(lambda s: s.holds.started) == {}
 
     # a client without a certificate, or with one another CA signed, gets no answer
     no_cert = ssl.create_default_context(cafile=str(pki.ca))

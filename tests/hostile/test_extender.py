@@ -263,7 +263,7 @@ def test_forged_gang_pods_reserve_nothing_and_a_real_pod_still_fits() -> None:
             assert out["NodeNames"] == []
             assert set(out["FailedAndUnresolvableNodes"]) == set(NODES)
             assert "not known to the extender's informer" in out["FailedAndUnresolvableNodes"]["r0-t0"]
-        assert srv.state.holds.reservations == {}
+        assert srv.state.holds.started == {}
         assert srv.cluster.events == []  # no API writes for a forged pod
         status, out = await srv.post("filter", {"Pod": real, "NodeNames": NODES})
         assert set(out["NodeNames"]) == set(NODES)
@@ -282,7 +282,7 @@ def test_many_forged_filters_leave_no_state_behind() -> None:
             )
             assert status == 200
             assert out["NodeNames"] == []
-        assert srv.state.holds.reservations == {}
+        assert srv.state.holds.started == {}
         assert (
             dict(srv.state.cache.pods),
             len(srv.state.outbox.last_event),
@@ -299,7 +299,7 @@ def test_a_forged_copy_of_a_real_pod_is_decided_on_the_informers_copy() -> None:
     async def test(srv: Served) -> None:
         _, out = await srv.post("filter", {"Pod": forged, "NodeNames": NODES})
         assert set(out["NodeNames"]) == set(NODES)  # the real pod on its own fits everywhere
-        assert srv.state.holds.reservations == {}
+        assert srv.state.holds.started == {}
         other_uid = {**real, "metadata": {**real["metadata"], "uid": "forged-uid"}}
         _, out = await srv.post("filter", {"Pod": other_uid, "NodeNames": NODES})
         assert out["NodeNames"] == []
@@ -456,7 +456,7 @@ def test_a_billion_pod_gang_is_an_invalid_gang_naming_the_annotation_and_limit(
         msg = out["FailedAndUnresolvableNodes"]["r0-t0"]
         assert needle in msg
         assert f"limit of {MAX_GANG_PODS} pods per gang" in msg
-        assert srv.state.holds.reservations == {}
+        assert srv.state.holds.started == {}
         await asyncio.sleep(0.05)
         assert [r for _, r, _ in srv.cluster.events] == ["InvalidGang"]
 
@@ -822,12 +822,12 @@ def test_malformed_pod_fields_are_kept_as_they_came_and_cost_no_other_pod_its_an
     gang = [gang_pod(f"g-{i}", i) for i in range(4)]
     s = make_state([bad, *gang])
     s.cache.apply("pods", "MODIFIED", bad)
-    s.queue.tick(1.0, 1_800_000_000.0)
+    s.queue.tick(1_800_000_000.0)
     good = pod("good", 1)
     s.cache.apply("pods", "ADDED", good)
-    out = s.filter(good, NODES, 1.0, 1_800_000_000.0)
+    out = s.filter(good, NODES, 1_800_000_000.0)
     assert out.passed, out.failed
-    answered = s.filter(s.cache.pods["default/bad"], NODES, 1.0, 1_800_000_000.0)
+    answered = s.filter(s.cache.pods["default/bad"], NODES, 1_800_000_000.0)
     assert answered.passed or answered.failed or answered.unresolvable
     s.cache.apply("pods", "DELETED", bad)
     assert "default/bad" not in s.cache.pods

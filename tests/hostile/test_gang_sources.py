@@ -352,7 +352,7 @@ def test_state_answers_hostile_sources_unresolvable_and_holds_nothing(
     assert set(out.unresolvable) == set(names)
     assert next(iter(out.unresolvable.values())).startswith("invalid gang: ")
     assert [e.reason for e in out.events] == ["InvalidGang"]
-    assert s.holds.reservations == {}
+    assert s.holds.started == {}
     assert s.holds.held_gpus() == {}
     bind: Callable[[], Any] = lambda: s.bind(NS, "p", "u", "n0", now=2.0)  # noqa: E731
     assert bind().action == "error"
@@ -585,7 +585,7 @@ STATE_SELECTORS = [
 def test_a_malformed_selector_is_invalid_for_its_gang_only(selector: Any) -> None:
     s, good, bad = _two_namespaces(worker(selector))
     names = [f"n{i}" for i in range(4)]
-    s.queue.run_pass(1.0, 1.0)  # every gang's pass: used to raise for all namespaces
+    s.queue.run_pass(1.0)  # every gang's pass: used to raise for all namespaces
     out = s.filter(bad, names, now=1.0)
     assert set(out.unresolvable) == set(names)
     assert "spec.subGroupPolicy[0].labelSelector" in out.unresolvable["n0"]
@@ -593,7 +593,7 @@ def test_a_malformed_selector_is_invalid_for_its_gang_only(selector: Any) -> Non
     assert s.filter(bad, names, now=1.5).events == []  # one Event, not one per filter
     ok = s.filter(good, names, now=2.0)
     assert len(ok.passed) == 1, ok
-    assert set(s.holds.reservations) == {"ml/pg"}
+    assert set(s.holds.started) == {"ml/pg"}
 
 
 def test_filter_answers_200_beside_a_malformed_selector() -> None:
@@ -713,11 +713,11 @@ def test_an_over_bound_gang_is_invalid_for_itself_only_with_one_event() -> None:
     policies = [worker({"matchLabels": {"r": f"x{i}"}}, name=f"s{i}") for i in range(15_000)]
     s, good, bad = _two_namespaces(*policies)
     names = [f"n{i}" for i in range(4)]
-    s.queue.run_pass(1.0, 1.0)
+    s.queue.run_pass(1.0)
     out = s.filter(bad, names, now=1.0)
     assert set(out.unresolvable) == set(names)
     assert f"15000 entries is over the {BOUND}" in out.unresolvable["n0"]
     assert [e.reason for e in out.events] == ["InvalidGang"]
     assert s.filter(bad, names, now=1.5).events == []
     assert len(s.filter(good, names, now=2.0).passed) == 1
-    assert set(s.holds.reservations) == {"ml/pg"}
+    assert set(s.holds.started) == {"ml/pg"}

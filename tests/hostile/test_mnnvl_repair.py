@@ -63,7 +63,7 @@ def test_a_bad_value_is_an_invalid_gang_naming_the_annotation(annotation: str, v
     s.cache.replace("pods", pods)
     out = s.filter(pods[0], NODES, 0.0)
     assert not out.passed
-    assert not s.holds.reservations
+    assert not s.holds.started
     msg = next(iter(out.unresolvable.values()))
     assert annotation in msg
     assert len(msg) < 1000  # a huge value is cut, not echoed

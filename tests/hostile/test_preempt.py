@@ -167,7 +167,7 @@ def test_garbage_owner_references_make_a_pod_on_its_own_and_the_pass_goes_on(ref
     lone = pod("lone", 4)
     lone["metadata"]["ownerReferences"] = refs
     s = _victims_cluster(lone)
-    actions = s.queue.tick(1.0, 1_900_000_000.0)
+    actions = s.queue.tick(1_900_000_000.0)
     got = {e.pod["metadata"]["name"] for e in actions.evictions}
     assert got in ({"lone"}, {"old-0", "old-1"})  # one victim, whole; no exception
     assert all(len(e.victim) < 600 for e in actions.evictions)
@@ -185,7 +185,7 @@ def test_garbage_group_labels_are_cut_or_ignored(labels: dict[str, Any]) -> None
     lone = pod("lone", 4)
     lone["metadata"]["labels"] = labels
     s = _victims_cluster(lone)
-    actions = s.queue.tick(1.0, 1_900_000_000.0)
+    actions = s.queue.tick(1_900_000_000.0)
     assert {e.pod["metadata"]["name"] for e in actions.evictions} in ({"lone"}, {"old-0", "old-1"})
     assert all(len(e.victim) < 600 for e in actions.evictions)
 
@@ -249,7 +249,7 @@ def test_garbage_disruption_budgets_never_stop_the_pass(budget: dict[str, Any], 
     lone = pod("lone", 4, namespace="tenant", labels={"app": "lone"})
     s = _victims_cluster(lone)
     s.cache.replace("pdbs", [budget])
-    actions = s.queue.tick(1.0, 1_900_000_000.0)
+    actions = s.queue.tick(1_900_000_000.0)
     got = {e.pod["metadata"]["name"] for e in actions.evictions}
     if blocks:
         assert got == {"old-0", "old-1"}  # the lone pod is protected: the old gang goes, whole

@@ -208,5 +208,5 @@ def test_state_answers_a_hostile_volcano_auto_unresolvable_and_holds_nothing() -
     assert set(out.unresolvable) == set(names)
     assert "over the limit of" in next(iter(out.unresolvable.values()))
     assert [e.reason for e in out.events] == ["InvalidGang"]
-    assert s.holds.reservations == {}
+    assert s.holds.started == {}
     assert s.holds.held_gpus() == {}

@@ -211,7 +211,7 @@ def test_gang_barrier_binds_all_together(fake: FakeKube, ext: Running) -> None:
             pool.submit(ext.bind, p, planned[p["metadata"]["name"]]) for p in pods[:3]
         ]
         wait_for(
-            lambda: ext.state(lambda s: len(s.holds.reservations["default/g"].arrived) == 3),
+            lambda: ext.state(lambda s: len(s.holds.started["default/g"].arrived) == 3),
             "three at the barrier",
         )
         assert fake.bindings == []  # nobody binds before the last pod arrives
@@ -403,7 +403,7 @@ def test_restart_rebuilds_state_from_bound_pods(fake: FakeKube) -> None:
         used = set(planned.values())
         out = second.filter(known(fake, second, pod("solo", 4)), NODES)
         assert set(out["NodeNames"]) == set(NODES) - used
-        assert second.state(lambda s: s.holds.reservations) == {}
+        assert second.state(lambda s: s.holds.started) == {}
     finally:
         second.stop()
 

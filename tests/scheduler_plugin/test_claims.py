@@ -293,7 +293,7 @@ def test_a_gang_of_claim_pods_is_planned_with_each_pods_claim_gpus() -> None:
     assert sorted(placed.values()) == NODES  # 4 GPUs each: one whole node per pod
     assert placed["w0"][:2] == placed["w1"][:2]
     assert placed["w2"][:2] == placed["w3"][:2]
-    assert sum(h["nvidia.com/gpu"] for h in s.holds.reservations["default/g"].held.values()) == 16
+    assert sum(s.holds.started["default/g"].hold.claims.values()) == 16
 
 
 def test_a_gang_pods_claim_allocated_on_its_planned_node_before_bind_counts_once() -> None:
@@ -350,7 +350,7 @@ def test_a_claim_allocated_on_another_node_than_planned_leaves_the_hold() -> Non
     for p in pods:
         assert len(s.filter(s.cache.pods[f"default/{p['metadata']['name']}"], NODES, 0.0).passed) == 1
     holds = s.holds.held()
-    res = s.holds.reservations["default/g"]
+    res = s.holds.started["default/g"]
     planned = res.nodes[res.spec.members["default/w0"]]
     other = next(n for n in NODES if n != planned)
     s.cache.apply("resourceclaims", "MODIFIED", claim("c0", 2, on=other, devices=("gpu-0", "gpu-1")))

@@ -104,8 +104,8 @@ def test_gang_plan_reserves_and_filters_each_pod_to_its_node() -> None:
     # blocks of 2 (ranks 0-1, 2-3) each in one rack
     assert nodes[0][:2] == nodes[1][:2]
     assert nodes[2][:2] == nodes[3][:2]
-    res = s.holds.reservations["default/g"]
-    assert sum(h["nvidia.com/gpu"] for h in res.held.values()) == 16
+    res = s.holds.started["default/g"]
+    assert sum(res.hold.claims.values()) == 16
     # a pod on its own cannot take a reserved GPU
     solo = known(s, pod("solo", 1))
     out = s.filter(solo, NODES, 0.0)
@@ -119,7 +119,7 @@ def test_reservation_expires_when_no_pod_reaches_bind() -> None:
     planned_node(s, pods[0], 0.0)
     assert s.holds.expire(9.0) == []
     assert s.holds.expire(10.0) == ["default/g"]
-    assert s.holds.reservations == {}
+    assert s.holds.started == {}
     assert all(s.cache.free_gpus(n) == 4 for n in NODES)
 
 
@@ -155,7 +155,7 @@ def test_barrier_timeout_below_the_minimum_releases_everything() -> None:
     assert d.action == "error"
     assert "only 1 of 4" in d.error
     assert [e.reason for e in d.events] == ["GangBarrierTimeout"]
-    assert s.holds.reservations == {}
+    assert s.holds.started == {}
 
 
 def test_gang_pods_prioritize_their_planned_node() -> None:
@@ -198,7 +198,7 @@ def test_restart_mid_gang_plans_only_the_unbound_pods() -> None:
     n2 = planned_node(s, pods[2], 0.0)
     n3 = planned_node(s, pods[3], 0.0)
     assert {n2, n3}.isdisjoint({"r1-t0", "r1-t1"})
-    assert s.holds.reservations["default/g"].target == 2
+    assert s.holds.started["default/g"].target == 2
 
 
 def test_events_are_not_repeated_for_the_same_reason() -> None:
@@ -322,13 +322,13 @@ def test_a_pod_made_again_after_the_plan_takes_its_reserved_place() -> None:
     pods = [gang_pod(f"w{i}", i) for i in range(4)]
     s = make_state(pods=pods)
     planned_node(s, pods[0], 0.0)
-    res = s.holds.reservations["default/g"]
+    res = s.holds.started["default/g"]
     assert res.target == 4
     s.cache.apply("pods", "DELETED", pods[3])
     again = gang_pod("w3-again", 3)  # its controller makes the pod of rank 3 again, under a new name
     s.cache.apply("pods", "ADDED", again)
     n3 = planned_node(s, again, 1.0)
-    assert s.holds.reservations["default/g"] is res  # no new plan
+    assert s.holds.started["default/g"] is res  # no new plan
     assert n3 == res.nodes[PodSlot("worker", 3)]
 
 
@@ -341,7 +341,7 @@ def test_an_annotation_gang_is_neither_planned_nor_held_before_its_pods_exist() 
         out = s.filter(lone, NODES, float(t))
         assert out.passed == []
         assert "1 of its 8 pods (gpuagent.dev/gang-size) exist so far" in next(iter(out.failed.values()))
-    assert s.holds.reservations == {}
+    assert s.holds.started == {}
     assert s.holds.queue_reservations == {}
     other = pod("solo", 4)
     s.cache.apply("pods", "ADDED", other)
@@ -404,7 +404,7 @@ def test_a_planned_node_the_scheduler_rules_out_is_replanned_around() -> None:
     out = s.filter(pods[0], without, 3.0 + EXCLUDE_CONFIRM_S)
     assert out.passed == []
     assert [e.reason for e in out.events] == ["GangNodeFiltered"]
-    assert s.holds.reservations == {}
+    assert s.holds.started == {}
     again = s.filter(pods[0], without, 9.0)
     assert len(again.passed) == 1
     assert again.passed[0] != first
@@ -513,9 +513,9 @@ def test_a_reservation_goes_when_all_its_pods_are_deleted() -> None:
     planned_node(s, pods[0], 0.0)
     for p in pods[:3]:
         s.cache.apply("pods", "DELETED", p)
-    assert "default/g" in s.holds.reservations
+    assert "default/g" in s.holds.started
     s.cache.apply("pods", "DELETED", pods[3])
-    assert s.holds.reservations == {}
+    assert s.holds.started == {}
     assert all(s.cache.free_gpus(n) == 4 for n in NODES)
 
 
@@ -575,7 +575,7 @@ def test_filter_of_a_pod_the_informer_does_not_know_reserves_and_keeps_nothing()
         assert set(out.unresolvable) == set(NODES)
         assert "not known to the extender's informer" in out.unresolvable["r0-t0"]
         assert out.events == []
-    assert s.holds.reservations == {}
+    assert s.holds.started == {}
     assert s.cache.pods == {}
     assert s.prioritize(forged[0], NODES, 0.0) == [(n, 0) for n in NODES]
 
@@ -587,7 +587,7 @@ def test_filter_decides_on_the_informers_copy_and_checks_uid_and_scheduler() -> 
     s = make_state(pods=[real, theirs])
     claims_gang = gang_pod("solo", 0)  # same key, forged annotations
     assert set(s.filter(claims_gang, NODES, 0.0).passed) == set(NODES)
-    assert s.holds.reservations == {}
+    assert s.holds.started == {}
     recreated = {**real, "metadata": {**real["metadata"], "uid": "new-uid"}}
     assert "uid new-uid" in s.filter(recreated, NODES, 0.0).unresolvable["r0-t0"]
     assert "'default-scheduler'" in s.filter(theirs, NODES, 0.0).unresolvable["r0-t0"]
@@ -652,7 +652,7 @@ def test_nothing_is_kept_for_a_pod_once_it_is_deleted() -> None:
     assert s.holds.filtered
     for p in [*pods, solo]:
         s.cache.apply("pods", "DELETED", p)
-    assert (s.cache.pods, s.outbox.last_event, s.holds.filtered, s.holds.reservations) == ({}, {}, {}, {})
+    assert (s.cache.pods, s.outbox.last_event, s.holds.filtered, s.holds.started) == ({}, {}, {}, {})
 
 
 def test_filter_waits_briefly_for_the_informer_to_report_a_pod() -> None:

@@ -65,23 +65,23 @@ def test_the_pod_projection_keeps_what_decisions_read_and_drops_the_rest() -> No
 
 def test_a_node_heartbeat_is_no_change_and_starts_no_pass() -> None:
     s = make_state([*busy(), *(gang_pod(f"g-{i}", i) for i in range(4))])
-    s.queue.tick(1.0, T0)
+    s.queue.tick(T0)
     passes = s.queue.metrics.passes
     beat = node("r0-t0", 4)
     beat["status"]["conditions"] = [{"type": "Ready", "status": "True", "lastHeartbeatTime": "later"}]
     s.cache.apply("nodes", "MODIFIED", beat)
-    s.queue.tick(2.0, T0 + 1)
+    s.queue.tick(T0 + 1)
     assert s.queue.metrics.passes == passes
 
 
 def test_a_pass_without_a_change_returns_at_once_and_one_after_a_change_runs() -> None:
     s = make_state([*busy(), *(gang_pod(f"g-{i}", i) for i in range(4))])
-    s.queue.run_pass(1.0, T0)
+    s.queue.run_pass(T0)
     passes = s.queue.metrics.passes
-    s.queue.run_pass(1.5, T0 + 0.5)
+    s.queue.run_pass(T0 + 0.5)
     assert s.queue.metrics.passes == passes  # nothing changed, no wait ended
     s.cache.apply("pods", "DELETED", s.cache.pods["default/run-r0-t1"])
-    s.queue.run_pass(2.0, T0 + 1)
+    s.queue.run_pass(T0 + 1)
     assert s.queue.metrics.passes == passes + 1
 
 
@@ -90,7 +90,7 @@ def test_a_pass_after_one_change_reads_only_the_gangs_it_touches(monkeypatch: py
     own ending re-derives no waiting gang."""
     gangs = [gang_pod(f"{g}-{i}", i, gang=g) for g in ("a", "b", "c") for i in range(4)]
     s = make_state([*busy(), *gangs])
-    s.queue.run_pass(1.0, T0)
+    s.queue.run_pass(T0)
     calls: list[str] = []
     real = cache_module.gang_for_pod
 
@@ -100,12 +100,12 @@ def test_a_pass_after_one_change_reads_only_the_gangs_it_touches(monkeypatch: py
 
     monkeypatch.setattr(cache_module, "gang_for_pod", counting)
     s.cache.apply("pods", "DELETED", s.cache.pods["default/run-r1-t3"])
-    s.queue.run_pass(2.0, T0 + 1)
+    s.queue.run_pass(T0 + 1)
     assert calls == []
     changed = dict(s.cache.pods["default/b-0"])
     changed["metadata"] = {**changed["metadata"], "labels": {"team": "x"}}
     s.cache.apply("pods", "MODIFIED", changed)
-    s.queue.run_pass(3.0, T0 + 2)
+    s.queue.run_pass(T0 + 2)
     assert calls == ["b-0"]
 
 
@@ -114,11 +114,11 @@ def test_a_gang_whose_selector_matches_nothing_is_remembered_and_its_filters_sta
     for p in pods:
         p["spec"]["nodeSelector"] = {"pool": "nowhere"}
     s = make_state(pods)
-    out = s.filter(s.cache.pods["default/g-0"], NODES, 1.0, T0)
+    out = s.filter(s.cache.pods["default/g-0"], NODES, T0)
     assert "no node matches the gang's nodeSelector" in next(iter(out.failed.values()))
     passes = s.queue.metrics.passes
     for i in range(1, 4):
-        out = s.filter(s.cache.pods[f"default/g-{i}"], NODES, 1.0 + i / 100, T0 + i / 100)
+        out = s.filter(s.cache.pods[f"default/g-{i}"], NODES, T0 + i / 100)
         assert "no node matches the gang's nodeSelector" in next(iter(out.failed.values()))
     assert s.queue.metrics.passes == passes
 
@@ -127,9 +127,9 @@ def test_every_per_pod_map_lets_go_of_pods_that_are_gone() -> None:
     undated = [gang_pod(f"g-{i}", i) for i in range(4)]  # no creationTimestamp: first seen counts
     solo = pod("solo", 1)
     s = make_state([*busy(), *undated, solo])
-    s.filter(s.cache.pods["default/g-0"], NODES, 1.0, T0)
-    s.filter(s.cache.pods["default/solo"], NODES, 1.0, T0)
-    s.queue.tick(2.0, T0 + 1)
+    s.filter(s.cache.pods["default/g-0"], NODES, T0)
+    s.filter(s.cache.pods["default/solo"], NODES, T0)
+    s.queue.tick(T0 + 1)
     assert s.pod_maps()["first_seen"] > 0
     s.cache.replace("pods", [])
     assert s.pod_maps() == dict.fromkeys(s.pod_maps(), 0)
@@ -138,11 +138,11 @@ def test_every_per_pod_map_lets_go_of_pods_that_are_gone() -> None:
 def test_a_relisting_equal_to_what_is_known_changes_nothing() -> None:
     pods = [*busy(), *(gang_pod(f"g-{i}", i) for i in range(4))]
     s = make_state(pods)
-    s.queue.run_pass(1.0, T0)
+    s.queue.run_pass(T0)
     passes = s.queue.metrics.passes
     s.cache.replace("pods", pods)
     s.cache.replace("nodes", [node(n, 4) for n in NODES])
-    s.queue.run_pass(2.0, T0 + 1)
+    s.queue.run_pass(T0 + 1)
     assert s.queue.metrics.passes == passes + 1  # a relisting asks for a pass, which decides the same
     assert s.cache.free_gpus("r0-t1") == 2
 
@@ -166,7 +166,7 @@ def test_filter_and_prioritize_kept_up_to_date_by_events_answer_as_a_fresh_state
             s.cache.apply("pods", "ADDED", p)
         fresh = make_state([*running.values(), *probes])
         for p in probes:
-            got, want = s.filter(p, NODES, 1.0, T0), fresh.filter(p, NODES, 1.0, T0)
+            got, want = s.filter(p, NODES, T0), fresh.filter(p, NODES, T0)
             assert (got.passed, got.failed) == (want.passed, want.failed), step
             assert s.prioritize(p, NODES, 1.0) == fresh.prioritize(p, NODES, 1.0), step
 
@@ -175,37 +175,37 @@ def test_a_decision_made_outside_the_lock_is_committed_against_what_changed_mean
     """The queue loop decides on the inputs it took under the lock; a start whose nodes were taken
     while it decided is left out and the next tick decides again on what the cluster is now."""
     s = make_state([gang_pod(f"g-{i}", i) for i in range(4)])
-    job = s.queue.begin(1.0, T0)
+    job = s.queue.begin(T0)
     assert job is not None
     decision = job.decide()
     assert [st.gang for st in decision.starts] == ["default/g"]
     taken = sorted(set(decision.starts[0].plan.placement.values()))[0]
     s.cache.apply("pods", "ADDED", pod("late", 4, node_name=taken))  # bound by another scheduler meanwhile
     s.queue.commit(job, decision)
-    assert "default/g" not in s.holds.reservations
-    s.queue.tick(2.0, T0 + 1)
-    assert taken not in s.holds.reservations["default/g"].nodes.values()
+    assert "default/g" not in s.holds.started
+    s.queue.tick(T0 + 1)
+    assert taken not in s.holds.started["default/g"].nodes.values()
 
 
 def test_a_decision_on_inputs_nothing_changed_is_committed_as_made() -> None:
     s = make_state([gang_pod(f"g-{i}", i) for i in range(4)])
-    job = s.queue.begin(1.0, T0)
+    job = s.queue.begin(T0)
     assert job is not None
     decision = job.decide()
     s.queue.commit(job, decision)
-    assert dict(s.holds.reservations["default/g"].nodes) == dict(decision.starts[0].plan.placement)
-    assert s.queue.begin(1.5, T0 + 0.5) is None  # nothing changed since: no pass due
+    assert dict(s.holds.started["default/g"].nodes) == dict(decision.starts[0].plan.placement)
+    assert s.queue.begin(T0 + 0.5) is None  # nothing changed since: no pass due
 
 
 def test_while_a_queue_loop_runs_a_filter_answers_from_the_last_pass_and_the_loop_starts_the_gang() -> None:
     s = make_state([*busy(), pod("full", 2, node_name="r0-t0"), *(gang_pod(f"g-{i}", i) for i in range(4))])
     s.queue.loop = True
-    assert not s.filter(s.cache.pods["default/g-0"], NODES, 1.0, T0).passed  # a new gang: its own pass
+    assert not s.filter(s.cache.pods["default/g-0"], NODES, T0).passed  # a new gang: its own pass
     passes = s.queue.metrics.passes
     for p in [p for p in s.cache.pods.values() if str(p["spec"].get("nodeName")).startswith("r0-")]:
         s.cache.apply("pods", "DELETED", p)  # rack 0 frees
-    assert not s.filter(s.cache.pods["default/g-1"], NODES, 5.0, T0 + 4).passed  # no pass in a filter
+    assert not s.filter(s.cache.pods["default/g-1"], NODES, T0 + 4).passed  # no pass in a filter
     assert s.queue.metrics.passes == passes
-    actions = s.queue.tick(6.0, T0 + 5)
-    assert "default/g" in s.holds.reservations
+    actions = s.queue.tick(T0 + 5)
+    assert "default/g" in s.holds.started
     assert sorted(p["metadata"]["name"] for p, _ in actions.nudges) == ["g-0", "g-1"]

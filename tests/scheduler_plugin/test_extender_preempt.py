@@ -34,8 +34,8 @@ def hi_gang(name: str = "hi", at: float = T0) -> list[dict[str, Any]]:
     return [member(name, i, priority=1000, at=at) for i in range(4)]
 
 
-def evicted(s: ExtenderState, wall: float, now: float = 1.0) -> set[str]:
-    return {e.pod["metadata"]["name"] for e in s.queue.tick(now, wall).evictions}
+def evicted(s: ExtenderState, now: float) -> set[str]:
+    return {e.pod["metadata"]["name"] for e in s.queue.tick(now).evictions}
 
 
 def owned(p: dict[str, Any], kind: str, name: str, uid: str | None = None) -> dict[str, Any]:
@@ -149,7 +149,7 @@ def _split_workload(how: str) -> list[dict[str, Any]]:
 def test_a_workload_the_extender_does_not_know_as_a_gang_is_evicted_whole(how: str) -> None:
     hi = [member("hi", i, size=2, priority=1000, at=T0) for i in range(2)]
     s = make_state([*_split_workload(how), *hi], config=QueueConfig(preempt_after_s=0))
-    actions = s.queue.tick(1.0, T0 + 10)
+    actions = s.queue.tick(T0 + 10)
     got = {e.pod["metadata"]["name"] for e in actions.evictions}
     assert got == {f"wl-{i}" for i in range(4)}  # all four, never the two in one domain
     assert len({e.victim for e in actions.evictions}) == 1
@@ -230,7 +230,7 @@ def test_victims_each_within_a_shared_budget_but_not_together_are_not_evicted() 
     s.cache.replace(
         "pdbs", [pdb("team-a", {"matchLabels": {"team": "a"}}, 3)]
     )  # lo2 (3) or lone (1), not both
-    first = s.queue.tick(1.0, T0 + 10)
+    first = s.queue.tick(T0 + 10)
     assert first.evictions == ()
     blocked = [e for e in first.events if e.reason == "PreemptionBlocked"]
     assert {e.pod["metadata"]["name"] for e in blocked} == {f"hi-{i}" for i in range(4)}
@@ -238,21 +238,21 @@ def test_victims_each_within_a_shared_budget_but_not_together_are_not_evicted() 
     assert "default/hi" not in s.holds.queue_reservations  # no hold for a preemption that does not happen
     assert "gpuagent_extender_preemptions_total 0" in s.queue.metrics_text().decode()
     # the next pass seeks other victims: nvl-0's gangs, whole
-    assert evicted(s, T0 + 11, now=2.0) == {"lo0-0", "lo0-1", "lo1-0", "lo1-1"}
+    assert evicted(s, T0 + 11) == {"lo0-0", "lo0-1", "lo1-0", "lo1-1"}
 
 
 # -- item 10: eviction counts belong to a job, not to its name -----------------------------------------
 def _evict_lo_and_rerun(s: ExtenderState, *, uid: str, wall: float) -> set[str]:
     """The first preemption (hi) runs; its victims' pods go and hi ends; then the victim gangs run
     again under the same names, made by a Job of ``uid``. Returns the gangs evicted first."""
-    first = s.queue.tick(1.0, wall)
+    first = s.queue.tick(wall)
     victims = {e.victim for e in first.evictions} - {"pod:default/lone"}
     assert victims
     for e in first.evictions:
         s.cache.apply("pods", "DELETED", e.pod)
     for p in hi_gang():
         s.cache.apply("pods", "DELETED", s.cache.pods[f"default/{p['metadata']['name']}"])
-    s.queue.tick(2.0, wall + 5)  # a pass sees them all gone
+    s.queue.tick(wall + 5)  # a pass sees them all gone
     for gang in victims:
         name = gang.split("/")[1]
         for p in preemption_cluster():
@@ -276,7 +276,7 @@ def test_eviction_counts_follow_the_job_that_owns_the_gang(same_job: bool, count
     victims = _evict_lo_and_rerun(s, uid="uid-first" if same_job else "uid-second", wall=T0 + 20)
     for p in hi_gang("hi2", at=T0 + 40):
         s.cache.apply("pods", "ADDED", p)
-    second = s.queue.tick(3.0, T0 + 50)
+    second = s.queue.tick(T0 + 50)
     assert all(s.inputs.last_running[g].evictions == counted for g in victims)
     again = victims & {e.victim for e in second.evictions}
     assert bool(again) is (counted == 0)  # a new job under an old name is no more immune than any
@@ -286,15 +286,15 @@ def test_a_count_for_a_gang_no_controller_owns_goes_with_its_last_pod() -> None:
     s = make_state(
         [*preemption_cluster(), *hi_gang()], config=QueueConfig(preempt_after_s=0, max_evictions=1)
     )
-    first = s.queue.tick(1.0, T0 + 20)
+    first = s.queue.tick(T0 + 20)
     victims = {e.victim for e in first.evictions} - {"pod:default/lone"}
     for e in first.evictions:
         s.cache.apply("pods", "DELETED", e.pod)
-    s.queue.tick(2.0, T0 + 25)  # all its pods gone: nothing makes them again
+    s.queue.tick(T0 + 25)  # all its pods gone: nothing makes them again
     for gang in victims:
         name = gang.split("/")[1]
         for p in preemption_cluster():
             if p["metadata"]["name"].startswith(f"{name}-"):
                 s.cache.apply("pods", "ADDED", timed(p, created=T0 + 30, started=T0 + 31))
-    s.queue.tick(3.0, T0 + 40)
+    s.queue.tick(T0 + 40)
     assert all(s.inputs.last_running[g].evictions == 0 for g in victims)

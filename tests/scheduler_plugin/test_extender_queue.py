@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from scheduler_plugin.extender import GANG_PLANNED, Extender, ExtenderState
+from scheduler_plugin.extender.clock import ApiClock
 from scheduler_plugin.queue import RESERVED_FOR, QueueConfig, QueueError
 from scheduler_plugin.queueing import VictimSet, parse_victims, pod_limit, timestamp
 from tests.integration.fakekube import hypernode, node, pod
@@ -113,7 +114,7 @@ def big_gang(at: float = T0 + 10, **kw: Any) -> list[dict[str, Any]]:
 def test_the_head_gang_reserves_the_domain_that_frees_first_and_shows_it() -> None:
     s = make_state([*busy_cluster(), *big_gang()])
     now = T0 + 20
-    out = s.filter(s.cache.pods["default/big-0"], NODES, 1.0, now)
+    out = s.filter(s.cache.pods["default/big-0"], NODES, now)
     assert out.passed == []
     assert "does not fit" in next(iter(out.failed.values()))
     assert "next in the queue" in next(iter(out.failed.values()))
@@ -135,14 +136,14 @@ def test_the_head_gang_reserves_the_domain_that_frees_first_and_shows_it() -> No
 
 def test_pods_on_their_own_use_reserved_nodes_only_when_they_end_before_its_start() -> None:
     s = make_state([*busy_cluster(), *big_gang()])
-    s.filter(s.cache.pods["default/big-0"], NODES, 1.0, T0 + 20)
+    s.filter(s.cache.pods["default/big-0"], NODES, T0 + 20)
     endless = solo("endless", 4, at=T0 + 30)
     short = solo("short", 4, limit=50, at=T0 + 30)  # ends at T0+80, before the start at T0+100
     long = solo("long", 4, limit=500, at=T0 + 30)
     for p in (endless, short, long):
         s.cache.apply("pods", "ADDED", p)
     for p, reserved_ok in ((endless, False), (short, True), (long, False)):
-        out = s.filter(p, NODES, 2.0, T0 + 30)
+        out = s.filter(p, NODES, T0 + 30)
         assert ("r0-t1" in out.passed) is reserved_ok, (p["metadata"]["name"], out.failed.get("r0-t1"))
         assert "r1-t1" in out.passed  # not reserved
         if not reserved_ok:
@@ -151,17 +152,17 @@ def test_pods_on_their_own_use_reserved_nodes_only_when_they_end_before_its_star
 
 def test_a_gang_backfills_reserved_nodes_only_when_it_ends_before_the_start() -> None:
     s = make_state([*busy_cluster(), *big_gang()])
-    s.filter(s.cache.pods["default/big-0"], NODES, 1.0, T0 + 20)
+    s.filter(s.cache.pods["default/big-0"], NODES, T0 + 20)
     # a 2-pod gang without a limit may not take reserved capacity: it goes to nvl-1
     for p in [member("endless", i, size=2, at=T0 + 30) for i in range(2)]:
         s.cache.apply("pods", "ADDED", p)
-    out = s.filter(s.cache.pods["default/endless-0"], NODES, 2.0, T0 + 30)
+    out = s.filter(s.cache.pods["default/endless-0"], NODES, T0 + 30)
     assert out.passed
     assert out.passed[0].startswith("r1-")
     # one with a limit ending before the reservation's start is offered the reserved (idle) capacity
     for p in [member("quick", i, size=2, limit=30, at=T0 + 30) for i in range(2)]:
         s.cache.apply("pods", "ADDED", p)
-    out = s.filter(s.cache.pods["default/quick-0"], NODES, 3.0, T0 + 31)
+    out = s.filter(s.cache.pods["default/quick-0"], NODES, T0 + 31)
     assert out.passed
     assert out.passed[0] in DOMAIN0
     assert s.holds.queue_reservations["default/big"].start_s == T0 + 100  # its start is not delayed
@@ -169,14 +170,14 @@ def test_a_gang_backfills_reserved_nodes_only_when_it_ends_before_the_start() ->
 
 def test_the_reservation_is_released_when_the_gang_starts_and_the_annotation_goes() -> None:
     s = make_state([*busy_cluster(), *big_gang()])
-    s.filter(s.cache.pods["default/big-0"], NODES, 1.0, T0 + 20)
+    s.filter(s.cache.pods["default/big-0"], NODES, T0 + 20)
     for n in DOMAIN0:  # the annotations as the API now shows them
         obj = dict(s.cache.nodes[n])
         obj["metadata"] = {**obj["metadata"], "annotations": {RESERVED_FOR: "default/big"}}
         s.cache.apply("nodes", "MODIFIED", obj)
     assert s.queue.take_actions().annotate == {}
     s.cache.apply("pods", "DELETED", s.cache.pods["default/a"])  # the job on r0-t0 ended early
-    out = s.filter(s.cache.pods["default/big-0"], NODES, 2.0, T0 + 40)
+    out = s.filter(s.cache.pods["default/big-0"], NODES, T0 + 40)
     assert out.passed
     assert out.passed[0] in DOMAIN0
     assert "default/big" not in s.holds.queue_reservations
@@ -190,31 +191,31 @@ def test_a_gang_the_queue_starts_nudges_the_pods_filter_refused_and_announces_it
     pod moves it), and the first pod filtered afterwards gets the GangPlanned Event."""
     s = make_state([*busy_cluster(), *big_gang()])
     for i in range(4):
-        assert not s.filter(s.cache.pods[f"default/big-{i}"], NODES, 1.0 + i, T0 + 20).passed
+        assert not s.filter(s.cache.pods[f"default/big-{i}"], NODES, T0 + 20).passed
     assert not s.queue.take_actions().nudges  # still waiting: nothing to nudge
     s.cache.apply(
         "pods", "DELETED", s.cache.pods["default/a"]
     )  # r0-t0 frees: the tick, not a filter, starts it
-    actions = s.queue.tick(10.0, T0 + 40)
-    assert "default/big" in s.holds.reservations
+    actions = s.queue.tick(T0 + 40)
+    assert "default/big" in s.holds.started
     nudged = {p["metadata"]["name"]: v for p, v in actions.nudges}
     assert sorted(nudged) == [f"big-{i}" for i in range(4)]
     assert all(v.startswith("4 pod(s) on 4 node(s) at ") for v in nudged.values())
     assert not s.queue.take_actions().nudges  # each once
-    first = s.filter(s.cache.pods["default/big-2"], NODES, 11.0, T0 + 41)
+    first = s.filter(s.cache.pods["default/big-2"], NODES, T0 + 41)
     assert first.passed
     assert [e.reason for e in first.events] == ["GangPlanned"]
-    second = s.filter(s.cache.pods["default/big-0"], NODES, 12.0, T0 + 42)
+    second = s.filter(s.cache.pods["default/big-0"], NODES, T0 + 42)
     assert second.passed
     assert not second.events  # one GangPlanned for the gang
 
 
 def test_the_pods_refused_before_are_nudged_when_a_later_filter_starts_the_gang() -> None:
     s = make_state([*busy_cluster(), *big_gang()])
-    refused = s.filter(s.cache.pods["default/big-0"], NODES, 1.0, T0 + 20)
+    refused = s.filter(s.cache.pods["default/big-0"], NODES, T0 + 20)
     assert "does not fit" in next(iter(refused.failed.values()))
     s.cache.apply("pods", "DELETED", s.cache.pods["default/a"])
-    last = s.filter(s.cache.pods["default/big-3"], NODES, 2.0, T0 + 21)  # its pass starts the gang
+    last = s.filter(s.cache.pods["default/big-3"], NODES, T0 + 21)  # its pass starts the gang
     assert last.passed
     assert [e.reason for e in last.events] == ["GangPlanned"]
     assert [p["metadata"]["name"] for p, _ in s.queue.take_actions().nudges] == ["big-0"]
@@ -222,10 +223,10 @@ def test_the_pods_refused_before_are_nudged_when_a_later_filter_starts_the_gang(
 
 def test_the_queue_loop_annotates_the_pods_it_nudges() -> None:
     s = make_state([*busy_cluster(), *big_gang()])
-    s.filter(s.cache.pods["default/big-1"], NODES, 1.0, T0 + 20)
+    s.filter(s.cache.pods["default/big-1"], NODES, T0 + 20)
     s.cache.apply("pods", "DELETED", s.cache.pods["default/a"])
     fake = FakeQueueCluster()
-    ext = Extender(state=s, cluster=fake, queue_cluster=fake, wall=lambda: T0 + 40, clock=lambda: 10.0)
+    ext = Extender(state=s, cluster=fake, queue_cluster=fake, clock=lambda: T0 + 40)
 
     async def run() -> None:
         await ext.queue_once()
@@ -246,10 +247,10 @@ def test_with_the_queue_loop_a_new_gangs_filter_runs_no_pass_and_wakes_the_loop_
     s = make_state([solo("a", 4, on="r0-t0", limit=100)])
     fake = FakeQueueCluster()
     ticks = iter(range(1, 1_000_000))  # the clock moves a second a call: no pass is held back by its gap
-    ext = Extender(state=s, cluster=fake, queue_cluster=fake, wall=lambda: T0 + 20, clock=lambda: next(ticks))
+    ext = Extender(state=s, cluster=fake, queue_cluster=fake, clock=lambda: T0 + 20 + next(ticks))
 
     async def started() -> None:
-        while "default/g" not in s.holds.reservations:
+        while "default/g" not in s.holds.started:
             await asyncio.sleep(0.01)
 
     async def run() -> tuple[dict[str, Any], int]:
@@ -274,27 +275,27 @@ def test_with_the_queue_loop_a_new_gangs_filter_runs_no_pass_and_wakes_the_loop_
     assert s.queue.metrics.passes == passes + 1
     assert [name for name, _, _ in fake.pod_annotations] == ["g-0"]  # nudged back to kube-scheduler
     assert ("g-0", "GangQueued") in {(n, r) for n, r, _ in fake.events}
-    again = s.filter(s.cache.pods["default/g-0"], NODES, 2.0, T0 + 21)
+    again = s.filter(s.cache.pods["default/g-0"], NODES, T0 + 21)
     assert len(again.passed) == 1
 
 
 def test_the_reservation_is_released_when_the_gang_is_deleted() -> None:
     s = make_state([*busy_cluster(), *big_gang()])
-    s.filter(s.cache.pods["default/big-0"], NODES, 1.0, T0 + 20)
+    s.filter(s.cache.pods["default/big-0"], NODES, T0 + 20)
     assert s.holds.queue_reservations
     for i in range(4):
         s.cache.apply("pods", "DELETED", s.cache.pods[f"default/big-{i}"])
-    assert s.queue.tick(2.0, T0 + 21).annotate == {}  # nothing was annotated yet: nothing to remove
+    assert s.queue.tick(T0 + 21).annotate == {}  # nothing was annotated yet: nothing to remove
     assert s.holds.queue_reservations == {}
 
 
 def test_a_lost_node_moves_the_reservation() -> None:
     s = make_state([*busy_cluster(), *big_gang()])
-    s.filter(s.cache.pods["default/big-0"], NODES, 1.0, T0 + 20)
+    s.filter(s.cache.pods["default/big-0"], NODES, T0 + 20)
     lost = dict(s.cache.nodes["r0-t2"])
     lost["spec"] = {"unschedulable": True}
     s.cache.apply("nodes", "MODIFIED", lost)
-    s.queue.tick(2.0, T0 + 21)
+    s.queue.tick(T0 + 21)
     r = s.holds.queue_reservations["default/big"]
     assert r.domain == "nvl-1"
     assert r.start_s == T0 + 300
@@ -303,15 +304,15 @@ def test_a_lost_node_moves_the_reservation() -> None:
 def test_reservations_are_rebuilt_from_node_annotations_after_a_restart() -> None:
     pods = [*busy_cluster(), *big_gang()]
     first = make_state(pods)
-    first.filter(first.cache.pods["default/big-0"], NODES, 1.0, T0 + 20)
+    first.filter(first.cache.pods["default/big-0"], NODES, T0 + 20)
     held = first.holds.queue_reservations["default/big"]
     annotated = dict.fromkeys(held.claims, "default/big") | {"r1-t3": "default/gone"}
     again = make_state(pods, annotated=annotated)
     again.cache.synced = False
-    assert again.queue.tick(1.0, T0 + 25).annotate == {}  # informers not synced: nothing read or written
+    assert again.queue.tick(T0 + 25).annotate == {}  # informers not synced: nothing read or written
     assert again.holds.queue_reservations == {}
     again.cache.synced = True
-    actions = again.queue.tick(2.0, T0 + 26)
+    actions = again.queue.tick(T0 + 26)
     rebuilt = again.holds.queue_reservations["default/big"]
     assert dict(rebuilt.claims) == dict(held.claims)
     assert rebuilt.start_s == held.start_s
@@ -330,10 +331,10 @@ def preemption_cluster() -> list[dict[str, Any]]:
 def test_a_high_priority_gang_evicts_whole_gangs_inside_one_domain() -> None:
     hi = [member("hi", i, priority=1000, at=T0 + 10) for i in range(4)]
     s = make_state([*preemption_cluster(), *hi], config=QueueConfig(preempt_after_s=30))
-    early = s.filter(s.cache.pods["default/hi-0"], NODES, 1.0, T0 + 20)
+    early = s.filter(s.cache.pods["default/hi-0"], NODES, T0 + 20)
     assert early.passed == []
     assert s.queue.take_actions().evictions == ()
-    actions = s.queue.tick(2.0, T0 + 41)  # the wait ended (wake time)
+    actions = s.queue.tick(T0 + 41)  # the wait ended (wake time)
     evicted = sorted(e.pod["metadata"]["name"] for e in actions.evictions)
     victims = {e.victim for e in actions.evictions}
     # the least GPU-time lost inside one domain: nvl-0 (lo0 and lo1, 2 pods each, both whole) costs
@@ -347,7 +348,7 @@ def test_a_high_priority_gang_evicts_whole_gangs_inside_one_domain() -> None:
     assert "gpuagent_extender_preemptions_total 1" in s.queue.metrics_text().decode()
     # the next tick does not ask again while the evictions are under way
     s.cache.dirty = True
-    again = s.queue.tick(3.0, T0 + 42)
+    again = s.queue.tick(T0 + 42)
     assert again.evictions == ()
     assert not [e for e in again.events if e.reason == "GangPreempting"]
     assert "gpuagent_extender_preemptions_total 1" in s.queue.metrics_text().decode()  # counted once
@@ -356,7 +357,7 @@ def test_a_high_priority_gang_evicts_whole_gangs_inside_one_domain() -> None:
     for e in actions.evictions:
         if e.victim == gone:
             s.cache.apply("pods", "DELETED", e.pod)
-    later = s.queue.tick(4.0, T0 + 43)
+    later = s.queue.tick(T0 + 43)
     assert not [e for e in later.events if e.reason == "GangPreempting"]
     assert "gpuagent_extender_preemptions_total 1" in s.queue.metrics_text().decode()
 
@@ -366,7 +367,7 @@ def test_a_gang_evicted_once_runs_again_and_is_no_victim_the_second_time() -> No
     again; a later preemptor takes other gangs."""
     hi = [member("hi", i, priority=1000, at=T0 + 10) for i in range(4)]
     s = make_state([*preemption_cluster(), *hi], config=QueueConfig(preempt_after_s=0, max_evictions=1))
-    first = s.queue.tick(1.0, T0 + 20)
+    first = s.queue.tick(T0 + 20)
     victims = {e.victim for e in first.evictions} - {"pod:default/lone"}
     assert victims
     for e in first.evictions:
@@ -381,7 +382,7 @@ def test_a_gang_evicted_once_runs_again_and_is_no_victim_the_second_time() -> No
     hi2 = [member("hi2", i, priority=1000, at=T0 + 40) for i in range(4)]
     for p in hi2:
         s.cache.apply("pods", "ADDED", p)
-    second = s.queue.tick(2.0, T0 + 50)
+    second = s.queue.tick(T0 + 50)
     assert all(s.inputs.last_running[g].evictions == 1 for g in victims)
     assert second.evictions  # it preempts, but not the gangs evicted before
     assert not victims & {e.victim for e in second.evictions}
@@ -390,7 +391,7 @@ def test_a_gang_evicted_once_runs_again_and_is_no_victim_the_second_time() -> No
 def test_equal_or_lower_priority_never_preempts() -> None:
     same = [member("same", i, at=T0 + 10) for i in range(4)]
     s = make_state([*preemption_cluster(), *same], config=QueueConfig(preempt_after_s=0))
-    assert s.queue.tick(1.0, T0 + 1000).evictions == ()
+    assert s.queue.tick(T0 + 1000).evictions == ()
 
 
 # -- the preempt verb ------------------------------------------------------------------------------
@@ -421,7 +422,7 @@ def test_preempt_takes_a_gang_that_lies_whole_on_the_node() -> None:
 
 def test_preempt_refuses_reserved_nodes_a_pod_without_a_limit_could_not_use() -> None:
     s = make_state([*busy_cluster(), *big_gang(), solo("c", 4, on="r0-t1", limit=50, at=T0)])
-    s.filter(s.cache.pods["default/big-0"], NODES, 1.0, T0 + 20)
+    s.filter(s.cache.pods["default/big-0"], NODES, T0 + 20)
     s.cache.apply("pods", "ADDED", solo("urgent", 4, at=T0 + 30))
     uid = s.cache.pods["default/c"]["metadata"]["uid"]
     assert s.preempt(s.cache.pods["default/urgent"], {"r0-t1": VictimSet((uid,), 0)}, T0 + 30) == {}
@@ -453,11 +454,11 @@ def test_time_limits_from_annotations_the_pod_and_its_job() -> None:
 
 def test_a_bad_time_limit_is_said_on_the_pod_and_counts_as_none() -> None:
     s = make_state([*busy_cluster(), *big_gang()])
-    s.filter(s.cache.pods["default/big-0"], NODES, 1.0, T0 + 20)
+    s.filter(s.cache.pods["default/big-0"], NODES, T0 + 20)
     bad = solo("bad", 4, at=T0 + 30)
     bad["metadata"]["annotations"]["gpuagent.dev/time-limit"] = "soon"
     s.cache.apply("pods", "ADDED", bad)
-    out = s.filter(bad, NODES, 2.0, T0 + 30)
+    out = s.filter(bad, NODES, T0 + 30)
     assert "r0-t1" not in out.passed  # counted as never ending: not on reserved nodes
     events = s.queue.take_actions().events
     assert [e.reason for e in events] == ["InvalidTimeLimit"]
@@ -506,8 +507,8 @@ def test_a_budget_refusing_one_eviction_evicts_none_of_the_set_and_other_victims
     s = make_state([*preemption_cluster(), *hi], config=QueueConfig(preempt_after_s=0))
     # nvl-1 (lo2 and the lone pod) is the cheaper domain: one of lo2's pods has a budget that refuses
     fake = FakeQueueCluster(refuse={"lo2-1"})
-    wall, clock = [T0 + 10], [5.0]
-    ext = Extender(state=s, cluster=fake, queue_cluster=fake, wall=lambda: wall[0], clock=lambda: clock[0])
+    clock = [T0 + 10]
+    ext = Extender(state=s, cluster=fake, queue_cluster=fake, clock=lambda: clock[0])
 
     async def run() -> None:
         await ext.queue_once()
@@ -521,7 +522,7 @@ def test_a_budget_refusing_one_eviction_evicts_none_of_the_set_and_other_victims
         assert set(blocked) == {"lo2-0", "lo2-1", "lo2-2", "lone"}
         assert all("lo2-1" in m and "PodDisruptionBudget" in m for m in blocked.values())
         assert not [e for e in fake.events if e[1] == "Preempted"]
-        clock[0], wall[0] = 6.0, T0 + 11
+        clock[0] = T0 + 11
         await ext.queue_once()  # the refused victims sit out: the other domain's gangs go, whole
         await asyncio.sleep(0.05)
         await ext.drain()
@@ -547,9 +548,9 @@ def test_health_listener_serves_metrics(path: str, status: int) -> None:
 
 def test_overdue_work_keeps_the_reservation_on_the_nodes_about_to_free() -> None:
     s = make_state([*busy_cluster(), *big_gang()])
-    s.filter(s.cache.pods["default/big-0"], NODES, 1.0, T0 + 20)
+    s.filter(s.cache.pods["default/big-0"], NODES, T0 + 20)
     assert s.holds.queue_reservations["default/big"].domain == "nvl-0"
-    s.queue.tick(2.0, T0 + 101)  # the job on r0-t0 is past its limit and still running
+    s.queue.tick(T0 + 101)  # the job on r0-t0 is past its limit and still running
     r = s.holds.queue_reservations["default/big"]
     assert r.domain == "nvl-0"  # not moved to nvl-1, which frees only at T0+300
     assert T0 + 101 < r.start_s <= T0 + 131
@@ -561,14 +562,14 @@ def test_a_job_a_moment_late_does_not_give_its_domain_away_to_the_stream() -> No
     pods = [solo(f"early-{i}", 4, on=f"r0-t{i}", limit=6 + i) for i in range(4)]
     pods += [solo(f"late-{i}", 4, on=f"r1-t{i}", limit=15 + i) for i in range(4)]
     s = make_state([*pods, *big_gang(at=T0 + 2)])
-    s.filter(s.cache.pods["default/big-0"], NODES, 1.0, T0 + 3)
+    s.filter(s.cache.pods["default/big-0"], NODES, T0 + 3)
     assert s.holds.queue_reservations["default/big"].domain == "nvl-0"
     stream = solo("stream-0", 4, limit=60, at=T0 + 4)
     s.cache.apply("pods", "ADDED", stream)
     s.cache.apply("pods", "DELETED", s.cache.pods["default/early-1"])
-    s.queue.tick(2.0, T0 + 7.6)
+    s.queue.tick(T0 + 7.6)
     assert s.holds.queue_reservations["default/big"].domain == "nvl-0"
-    assert "r0-t1" not in s.filter(stream, NODES, 3.0, T0 + 7.7).passed
+    assert "r0-t1" not in s.filter(stream, NODES, T0 + 7.7).passed
 
 
 @pytest.mark.parametrize("give_up", ["barrier", "bind failed"])
@@ -578,23 +579,23 @@ def test_a_started_gang_whose_pods_miss_the_barrier_keeps_its_nodes_from_the_str
     start filtered in between is kept off."""
     pods = [solo(f"late-{i}", 4, on=f"r1-t{i}", limit=15 + i) for i in range(4)]
     s = make_state([*pods, *big_gang(at=T0 + 2)])
-    out = s.filter(s.cache.pods["default/big-0"], NODES, 1.0, T0 + 3)
-    assert "default/big" in s.holds.reservations
+    out = s.filter(s.cache.pods["default/big-0"], NODES, T0 + 3)
+    assert "default/big" in s.holds.started
     assert out.passed == ["r0-t0"]
     stream = solo("stream-0", 4, limit=60, at=T0 + 4)
     s.cache.apply("pods", "ADDED", stream)
-    assert not set(s.filter(stream, NODES, 2.0, T0 + 4).passed) & set(DOMAIN0)
-    assert s.bind("default", "big-0", "", "r0-t0", 2.0).action == "wait"
+    assert not set(s.filter(stream, NODES, T0 + 4).passed) & set(DOMAIN0)
+    assert s.bind("default", "big-0", "", "r0-t0", T0 + 4).action == "wait"
     if give_up == "barrier":
-        assert s.bind.barrier_timeout("default/big", 8.0).action == "error"
+        assert s.bind.barrier_timeout("default/big", T0 + 10).action == "error"
     else:
         s.bind.failed("default/big", ["default/big-0"])
-    assert "default/big" not in s.holds.reservations
-    assert not set(s.filter(stream, NODES, 8.1, T0 + 10).passed) & set(DOMAIN0)
-    s.queue.tick(9.0, T0 + 11)  # the pass starts the gang again on rack 0
-    assert sorted(s.holds.reservations["default/big"].held) == DOMAIN0
-    assert not set(s.filter(stream, NODES, 9.1, T0 + 11).passed) & set(DOMAIN0)
-    assert s.filter(s.cache.pods["default/big-1"], NODES, 9.2, T0 + 11).passed[0] in DOMAIN0
+    assert "default/big" not in s.holds.started
+    assert not set(s.filter(stream, NODES, T0 + 10).passed) & set(DOMAIN0)
+    s.queue.tick(T0 + 11)  # the pass starts the gang again on rack 0
+    assert sorted(s.holds.started["default/big"].hold.claims) == DOMAIN0
+    assert not set(s.filter(stream, NODES, T0 + 11).passed) & set(DOMAIN0)
+    assert s.filter(s.cache.pods["default/big-1"], NODES, T0 + 11).passed[0] in DOMAIN0
 
 
 def test_a_start_the_queue_loop_leaves_out_keeps_its_nodes_from_the_stream() -> None:
@@ -604,7 +605,7 @@ def test_a_start_the_queue_loop_leaves_out_keeps_its_nodes_from_the_stream() -> 
     s = make_state([*pods, *big_gang(at=T0 + 2)])
     stream = solo("stream-0", 4, limit=60, at=T0 + 2)
     s.cache.apply("pods", "ADDED", stream)
-    job = s.queue.begin(1.0, T0 + 3)
+    job = s.queue.begin(T0 + 3)
     assert job is not None
     decision = job.decide()
     assert [st.gang for st in decision.starts] == ["default/big"]
@@ -612,10 +613,10 @@ def test_a_start_the_queue_loop_leaves_out_keeps_its_nodes_from_the_stream() -> 
     changed["metadata"] = {**changed["metadata"], "labels": {"touched": "yes"}}
     s.cache.apply("pods", "MODIFIED", changed)  # the gang's spec is worked out again: the start is stale
     s.queue.commit(job, decision)
-    assert "default/big" not in s.holds.reservations
-    assert not set(s.filter(stream, NODES, 1.1, T0 + 3).passed) & set(DOMAIN0)
-    s.queue.tick(2.0, T0 + 4)  # the next pass starts it
-    assert sorted(s.holds.reservations["default/big"].held) == DOMAIN0
+    assert "default/big" not in s.holds.started
+    assert not set(s.filter(stream, NODES, T0 + 3).passed) & set(DOMAIN0)
+    s.queue.tick(T0 + 4)  # the next pass starts it
+    assert sorted(s.holds.started["default/big"].hold.claims) == DOMAIN0
 
 
 class FlakyQueueCluster(FakeQueueCluster):
@@ -635,7 +636,13 @@ def test_the_queue_loop_ticks_until_stopped_and_retries_what_failed() -> None:
     s.cache.synced = False
     fake = FlakyQueueCluster()
     ready = [False]
-    ext = Extender(state=s, cluster=fake, queue_cluster=fake, wall=lambda: T0 + 10, ready=lambda: ready[0])
+    ext = Extender(
+        state=s,
+        cluster=fake,
+        queue_cluster=fake,
+        clock=ApiClock(wall=lambda: T0 + 10),
+        ready=lambda: ready[0],
+    )
 
     async def run() -> None:
         stop = asyncio.Event()
@@ -660,14 +667,14 @@ def test_the_queue_loop_ticks_until_stopped_and_retries_what_failed() -> None:
 
 def test_passes_started_by_changes_keep_the_gap_the_caller_sets() -> None:
     s = make_state([*busy_cluster(), *big_gang()])
-    s.queue.tick(1.0, T0 + 20)
+    s.queue.tick(T0 + 20)
     assert s.queue.metrics.passes == 1
     s.queue.min_gap_s = 5.0  # a pass took over a second: the verbs keep the lock most of the time
     s.cache.apply("pods", "ADDED", solo("new", 4, at=T0 + 21))
-    s.queue.tick(2.0, T0 + 21)
+    s.queue.tick(T0 + 21)
     assert s.queue.metrics.passes == 1  # changed, but too soon
     assert not s.queue.due("default/big", 2.0)
-    s.queue.tick(6.5, T0 + 26)
+    s.queue.tick(T0 + 26)
     assert s.queue.metrics.passes == 2
 
 
@@ -675,25 +682,25 @@ def test_changes_start_no_pass_while_no_gang_waits_and_nothing_is_held() -> None
     """Pods on their own come and go by the thousand on a busy cluster: with no gang waiting a pass
     decides nothing, so it is not run (it holds the state lock the verbs need)."""
     s = make_state([*busy_cluster()])
-    s.queue.tick(1.0, T0 + 1)  # the first pass after a (re)start always runs: it reads the annotations
+    s.queue.tick(T0 + 1)  # the first pass after a (re)start always runs: it reads the annotations
     assert s.queue.metrics.passes == 1
     for i in range(3):
         s.cache.apply("pods", "ADDED", solo(f"s{i}", 1, at=T0 + 2))
-        s.queue.tick(2.0 + i, T0 + 2 + i)
+        s.queue.tick(T0 + 2 + i)
     assert s.queue.metrics.passes == 1
     gang = big_gang(at=T0 + 5)
     for p in gang:
         s.cache.apply("pods", "ADDED", p)
-    s.queue.tick(6.0, T0 + 6)
+    s.queue.tick(T0 + 6)
     assert s.queue.metrics.passes == 2  # a gang waits: changes run the queue again
     assert "default/big" in s.holds.queue_reservations
     for i, p in enumerate(gang):  # bound: nothing waits, the hold goes with the next pass
         bound = dict(p)
         bound["spec"] = {**p["spec"], "nodeName": f"r1-t{i}"}
         s.cache.apply("pods", "MODIFIED", bound)
-    s.queue.tick(7.0, T0 + 7)
+    s.queue.tick(T0 + 7)
     assert s.queue.metrics.passes == 3
     assert not s.holds.queue_reservations
     s.cache.apply("pods", "ADDED", solo("s9", 1, at=T0 + 8))
-    s.queue.tick(8.0, T0 + 8)
+    s.queue.tick(T0 + 8)
     assert s.queue.metrics.passes == 3

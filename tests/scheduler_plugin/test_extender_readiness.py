@@ -67,7 +67,7 @@ def test_a_gang_needing_multi_node_nvlink_avoids_unready_trays_by_default() -> N
     pods = [gang_pod(f"w{i}", i) for i in range(2)]
     s = make_state(pods, unready=("r0-t0",))
     assert "r0-t0" not in set(planned(s, pods).values())  # name order alone would take it first
-    assert s.holds.reservations["default/g"].mnnvl == "required"
+    assert s.holds.started["default/g"].mnnvl == "required"
 
 
 def test_mnnvl_off_ignores_readiness() -> None:
@@ -80,7 +80,7 @@ def test_without_fabric_labels_the_default_is_off() -> None:
     pods = [gang_pod(f"w{i}", i) for i in range(2)]
     s = make_state(pods, fabric=False)
     planned(s, pods)
-    assert s.holds.reservations["default/g"].mnnvl == "off"
+    assert s.holds.started["default/g"].mnnvl == "off"
 
 
 def test_required_waits_when_no_domain_has_enough_ready_trays() -> None:
@@ -114,7 +114,7 @@ def test_a_bad_annotation_refuses_the_gang_naming_it(annotation: str, value: str
     s = make_state(pods)
     out = s.filter(pods[0], NODES, 0.0)
     assert not out.passed
-    assert not s.holds.reservations
+    assert not s.holds.started
     msg = next(iter(out.unresolvable.values()))
     assert annotation in msg
     assert repr(value) in msg
@@ -164,7 +164,7 @@ def test_an_imex_that_stays_unready_releases_the_gang_naming_the_tray() -> None:
     assert at["w1"] not in d.error
     assert {e.reason for e in d.events} == {"GangImexNotReady"}
     assert at["w0"] in d.events[0].message
-    assert "default/g" not in s.holds.reservations
+    assert "default/g" not in s.holds.started
 
 
 def test_a_preferred_gang_binds_at_the_deadline_and_says_which_tray_was_not_ready() -> None:

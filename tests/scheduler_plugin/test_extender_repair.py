@@ -76,7 +76,7 @@ def test_the_replacement_goes_to_a_spare_tray_of_its_subgroups_domain() -> None:
     s = make_state(pods, failed="r1-t1")
     out = s.filter(pods[1], NODES, 0.0)
     assert out.passed == ["r1-t3"], (out.failed, out.unresolvable)
-    res = s.holds.reservations["default/g"]
+    res = s.holds.started["default/g"]
     assert res.target == 1  # no other pod of the gang moves
     assert list(res.nodes.values()) == ["r1-t3"]
     d = s.bind("default", "w1", "uid-default-w1", "r1-t3", 1.0)
@@ -111,7 +111,7 @@ def test_a_tray_that_frees_in_the_domain_takes_the_waiting_replacement() -> None
     s = make_state(pods, failed="r1-t1")
     assert not s.filter(pods[1], NODES, 0.0).passed
     s.cache.apply("pods", "DELETED", busy)
-    s.queue.run_pass(1.0, 1.0)
+    s.queue.run_pass(1.0)
     assert s.filter(pods[1], NODES, 1.0).passed == ["r1-t3"]
     d = s.bind("default", "w1", "uid-default-w1", "r1-t3", 2.0)
     assert [e.reason for e in d.bound_events] == ["GangRepaired"]
@@ -123,9 +123,9 @@ def test_after_the_wait_any_lets_it_go_to_another_domain() -> None:
     out = s.filter(pods[1], NODES, 0.0)
     assert not out.passed
     assert "after 100s of waiting (gpuagent.dev/repair=any)" in next(iter(out.failed.values()))
-    s.queue.run_pass(50.0, 50.0)
+    s.queue.run_pass(50.0)
     assert not s.filter(pods[1], NODES, 50.0).passed
-    s.queue.run_pass(101.0, 101.0)
+    s.queue.run_pass(101.0)
     assert s.filter(pods[1], NODES, 101.0).passed == ["r0-t3"]
     d = s.bind("default", "w1", "uid-default-w1", "r0-t3", 102.0)
     assert d.action == "bind"
@@ -136,7 +136,7 @@ def test_after_the_wait_same_domain_keeps_waiting() -> None:
     pods = [*running_gang(), solo("busy-2", "r1-t3")]
     s = make_state(pods, failed="r1-t1", wait_s=100.0)
     s.filter(pods[1], NODES, 0.0)
-    s.queue.run_pass(101.0, 101.0)
+    s.queue.run_pass(101.0)
     out = s.filter(pods[1], NODES, 101.0)
     assert not out.passed
     assert "keeps waiting there (its wait is over)" in next(iter(out.failed.values()))

@@ -759,19 +759,19 @@ def test_a_call_narrowed_to_another_domain_keeps_the_plan() -> None:
     s.cache.replace("pods", pods)
     s.cache.replace("workload_podgroups", [native_pg()])
     first = s.filter(pods[0], RACK_NODES, now=1.0).passed[0]
-    res = s.holds.reservations["ml/pg"]
+    res = s.holds.started["ml/pg"]
     rack = first.split("-")[0]
     others = [n for n in RACK_NODES if not n.startswith(rack + "-")]
     out = s.filter(pods[0], others, now=2.0)
     assert out.passed == []
     assert "outside this call's candidate domain" in next(iter(out.failed.values()))
     assert out.events == []
-    assert s.holds.reservations["ml/pg"] is res
+    assert s.holds.started["ml/pg"] is res
     assert s.filter(pods[0], [n for n in RACK_NODES if n.startswith(rack + "-")], now=3.0).passed == [first]
     s.filter(pods[0], [n for n in RACK_NODES if n != first], now=4.0)
     out = s.filter(pods[0], [n for n in RACK_NODES if n != first], now=4.0 + EXCLUDE_CONFIRM_S)
     assert [e.reason for e in out.events] == ["GangNodeFiltered"]
-    assert "ml/pg" not in s.holds.reservations
+    assert "ml/pg" not in s.holds.started
 
 
 def test_state_roles_on_different_pools_while_a_role_has_no_pod_yet() -> None:
@@ -788,11 +788,11 @@ def test_state_roles_on_different_pools_while_a_role_has_no_pod_yet() -> None:
     out = s.filter(pods[0], [*RACK_NODES, "cpu-0"], now=1.0)
     assert out.passed == []  # nothing is planned, nor held, for gpu-b's pods before they exist
     assert "5 of its 9 pods (its spec's replicas) exist so far" in out.failed["cpu-0"]
-    assert "ml/rc" not in s.holds.reservations
+    assert "ml/rc" not in s.holds.started
     rest = [_ours(p) for p in ray_pods() if "gpu-b" in p["metadata"]["name"]]
     for p in rest:
         p["spec"]["nodeSelector"] = {"pool": "gpu"}
         s.cache.apply("pods", "ADDED", p)
     out = s.filter(pods[0], [*RACK_NODES, "cpu-0"], now=2.0)
     assert out.passed == ["cpu-0"]
-    assert s.holds.reservations["ml/rc"].target == 9
+    assert s.holds.started["ml/rc"].target == 9
