@@ -163,7 +163,7 @@ class Bind:
         for k, _, n in pods:
             res.bound.add(k)
             self.cache.set_node(k, n)
-            self.holds.release(res, k)
+        self.holds.release(res, [k for k, _, _ in pods])
         res.barrier_deadline = None
         if self.holds.started.pop(gang_name, None) is not None:
             self.cache.version += 1

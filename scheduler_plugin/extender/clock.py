@@ -14,14 +14,15 @@ from collections.abc import Callable
 
 
 class ApiClock:
-    """``clock()``: seconds since the epoch, read from the wall clock once (``wall``) and advanced by the
-    monotonic clock (``monotonic``) only. Both are arguments so a test can step the wall clock."""
+    """``clock()``: seconds since the epoch, read from the wall clock once (``epoch``, at construction)
+    and advanced by the monotonic clock (``monotonic``) only. Both are arguments so a test can step
+    them."""
 
     def __init__(
-        self, *, wall: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic
+        self, *, epoch: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic
     ) -> None:
         self._monotonic = monotonic
-        self._offset = wall() - monotonic()
+        self._offset = epoch() - monotonic()
 
     def __call__(self) -> float:
         return self._offset + self._monotonic()

@@ -75,17 +75,18 @@ class GivenUp(NamedTuple):
     members: frozenset[str]
 
 
-def less(hold: Reservation, node: str, gpus: int, resources: Mapping[str, int] | None = None) -> Reservation:
-    """``hold`` with ``gpus`` GPUs (negative: given back) and ``resources`` fewer on ``node``, none below
-    zero; the same hold where it holds nothing on ``node``."""
-    if node not in hold.claims:
-        return hold
-    claims = {**hold.claims, node: max(0, hold.claims[node] - gpus)}
-    if not resources:
-        return dataclasses.replace(hold, claims=claims)
-    had = hold.resources.get(node, {})
-    on_node = {**had, **{r: max(0, had.get(r, 0) - v) for r, v in resources.items()}}
-    return dataclasses.replace(hold, claims=claims, resources={**hold.resources, node: on_node})
+def _less(hold: Reservation, taken: Iterable[tuple[str, int, Mapping[str, int]]]) -> Reservation:
+    """``hold`` less ``taken`` (each: a node, GPUs (negative: given back), other resources), none below
+    zero; a node the hold does not hold is left alone. One copy of the hold for all of them."""
+    claims, resources = dict(hold.claims), dict(hold.resources)
+    for node, gpus, other in taken:
+        if node not in claims:
+            continue
+        claims[node] = max(0, claims[node] - gpus)
+        if other:
+            had = resources.get(node, {})
+            resources[node] = {**had, **{r: max(0, had.get(r, 0) - v) for r, v in other.items()}}
+    return dataclasses.replace(hold, claims=claims, resources=resources)
 
 
 class Holds:
@@ -141,17 +142,19 @@ class Holds:
             hold = Reservation(gang, -math.inf, claims)
             self.given_up[gang] = GivenUp(self.cache.version, hold, frozenset(res.spec.members))
 
-    def release(self, res: StartedPlan, key: str) -> None:
-        """Pod ``key`` of ``res`` is bound: its share no longer held."""
-        planned = res.spec.members[key]
-        held_node = res.nodes.get(planned)
-        if held_node is None:
-            return
-        role = next((r for r in res.spec.gang.roles if planned.role == r.name), None)
-        if role is None:
-            return
-        allocated = res.allocated.pop(key, 0)  # already off the hold
-        res.hold = less(res.hold, held_node, max(0, role.gpus_per_pod - allocated), role.resources_per_pod)
+    def release(self, res: StartedPlan, keys: Iterable[str]) -> None:
+        """Pods ``keys`` of ``res`` are bound: their shares no longer held."""
+        roles = {r.name: r for r in res.spec.gang.roles}
+        taken: list[tuple[str, int, Mapping[str, int]]] = []
+        for key in keys:
+            planned = res.spec.members[key]
+            node, role = res.nodes.get(planned), roles.get(planned.role)
+            if node is None or role is None:
+                continue
+            allocated = res.allocated.pop(key, 0)  # already off the hold
+            taken.append((node, max(0, role.gpus_per_pod - allocated), role.resources_per_pod))
+        if taken:
+            res.hold = _less(res.hold, taken)
 
     def claims_allocated(self, pods: Iterable[str], *, only: StartedPlan | None = None) -> None:
         """Gang pods not bound yet whose claims are allocated on their planned node (kube-scheduler's
@@ -170,7 +173,7 @@ class Holds:
                 before = res.allocated.get(key, 0)
                 if now == before or node not in res.hold.claims:
                     continue
-                res.hold = less(res.hold, node, now - before)
+                res.hold = _less(res.hold, [(node, now - before, {})])
                 if now:
                     res.allocated[key] = now
                 else:
@@ -185,7 +188,7 @@ class Holds:
             for res in self.started.values():
                 if key in res.spec.members and key not in res.bound:
                     res.bound.add(key)
-                    self.release(res, key)
+                    self.release(res, (key,))
         elif self.started and (pod.get("spec") or {}).get("resourceClaims"):
             self.claims_allocated({key})
 

@@ -640,7 +640,7 @@ def test_the_queue_loop_ticks_until_stopped_and_retries_what_failed() -> None:
         state=s,
         cluster=fake,
         queue_cluster=fake,
-        clock=ApiClock(wall=lambda: T0 + 10),
+        clock=ApiClock(epoch=lambda: T0 + 10),
         ready=lambda: ready[0],
     )
 

@@ -60,3 +60,70 @@ def test_no_class_in_scheduler_plugin_has_more_than_20_methods() -> None:
     assert counts["scheduler_plugin/planner/prepared.py:PreparedSnapshot"] > 10
     over = {name: n for name, n in counts.items() if n > MAX_METHODS}
     assert over == {}, f"classes over {MAX_METHODS} methods (split them by what they own): {over}"
+
+
+# -- one reservation type, one clock (issue 28) ---------------------------------------------------------
+
+
+def hold_types(source: str) -> list[str]:
+    """The classes of ``source`` (nested ones by their dotted name) whose name says they are a hold: it
+    ends in ``Reservation`` or ``Hold``."""
+    return [
+        name
+        for name in methods_per_class(source)
+        if name.rsplit(".", 1)[-1].endswith(("Reservation", "Hold"))
+    ]
+
+
+def wall_parameters(source: str) -> list[str]:
+    """The functions and methods of ``source`` (dotted by their class) that take a parameter ``wall``."""
+    out: list[str] = []
+
+    def visit(body: list[ast.stmt], prefix: str) -> None:
+        for node in body:
+            if isinstance(node, ast.ClassDef):
+                visit(node.body, f"{prefix}{node.name}.")
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                a = node.args
+                if any(p.arg == "wall" for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)):
+                    out.append(prefix + node.name)
+                visit(node.body, f"{prefix}{node.name}.")
+
+    visit(ast.parse(source).body, "")
+    return out
+
+
+def test_the_scans_see_hold_types_and_wall_parameters() -> None:
+    source = (
+        "class Reservation: pass\n"
+        "class GangHold: pass\n"
+        "class Reservations: pass\n"
+        "class Holds:\n"
+        "    def tick(self, now, wall): pass\n"
+        "    def run(self, *, wall): pass\n"
+        "    def fine(self, now, walls): pass\n"
+        "    class QueueReservation: pass\n"
+        "def f(wall, /): pass\n"
+    )
+    assert hold_types(source) == ["Reservation", "GangHold", "Holds.QueueReservation"]
+    assert wall_parameters(source) == ["Holds.tick", "Holds.run", "f"]
+
+
+def test_scheduler_plugin_has_one_hold_type_and_its_state_one_clock() -> None:
+    """Every hold (a started gang's, the queue's head's, a given-up plan's) is the queue's
+    ``Reservation``; no function of the extender takes a second clock (``wall``) beside ``now``."""
+    files = sorted(ROOT.rglob("*.py"))
+    types = [
+        f"{path.relative_to(ROOT.parent)}:{name}"
+        for path in files
+        for name in hold_types(path.read_text(encoding="utf-8"))
+    ]
+    assert types == ["scheduler_plugin/queue.py:Reservation"]
+    extender = sorted((ROOT / "extender").glob("*.py"))
+    assert len(extender) > 10  # the scan sees the extender's modules
+    walls = [
+        f"{path.name}:{name}"
+        for path in extender
+        for name in wall_parameters(path.read_text(encoding="utf-8"))
+    ]
+    assert walls == []
