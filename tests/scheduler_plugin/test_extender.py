@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -13,14 +14,14 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from scheduler_plugin.cluster import snapshot_from_objects
+from scheduler_plugin.cluster import CPU, GPU, pod_requests, snapshot_from_objects
 from scheduler_plugin.extender import Extender, ExtenderState, json_depth
 from scheduler_plugin.extender import bind as bind_module
 from scheduler_plugin.extender import filter as filter_module
 from scheduler_plugin.extender import inputs as inputs_module
 from scheduler_plugin.extender.filter import EXCLUDE_CONFIRM_S
 from scheduler_plugin.planner import SnapshotCache
-from scheduler_plugin.queue import QueueConfig
+from scheduler_plugin.queue import QueueConfig, Reservation
 from scheduler_plugin.snapshot import ClusterSnapshot, Gang, PlanResult, PodSlot, changed_nodes
 from tests.integration.fakekube import hypernode, node, pod
 
@@ -94,6 +95,38 @@ def planned_node(s: ExtenderState, p: dict[str, Any], now: float) -> str:
 
 
 # -- state ---------------------------------------------------------------------------------------
+
+
+def test_a_started_gangs_hold_is_the_one_reservation_type_and_holds_gpus_and_cpu_per_node() -> None:
+    """The plan's hold is a ``queue.Reservation``: each planned node's GPUs and CPU, from the start until
+    the TTL, counted by ``held``/``held_gpus``; a bound pod's share leaves it; given up at the barrier,
+    the GPUs still held stay held as a ``Reservation`` from the past, which ``head_holds`` returns."""
+    pods = [gang_pod(f"w{i}", i) for i in range(4)]
+    for p in pods:
+        p["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "2", "nvidia.com/gpu": "4"}
+    s = make_state(pods=pods, ttl=10.0, barrier=5.0)
+    cpu = pod_requests(pods[0])[CPU]
+    nodes = [planned_node(s, p, 100.0) for p in pods]
+    hold = s.holds.started["default/g"].hold
+    assert isinstance(hold, Reservation)
+    assert (hold.start_s, hold.expires_s) == (100.0, 110.0)
+    assert dict(hold.claims) == dict.fromkeys(nodes, 4)
+    assert s.holds.held() == {n: {GPU: 4, CPU: cpu} for n in nodes}
+    assert s.holds.held_gpus() == dict.fromkeys(nodes, 4)
+    s.cache.apply("pods", "MODIFIED", {**pods[0], "spec": {**pods[0]["spec"], "nodeName": nodes[0]}})
+    assert s.holds.held()[nodes[0]] == {GPU: 0, CPU: 0}  # bound elsewhere: its share is no longer held
+    assert s.holds.head_holds() == []
+    assert s.bind("default", "w1", "", nodes[1], 101.0).action == "wait"
+    assert s.bind.barrier_timeout("default/g", 106.0).action == "error"  # two of four: under the minimum
+    assert "default/g" not in s.holds.started
+    assert s.holds.held() == {}
+    (kept,) = s.holds.head_holds()
+    assert isinstance(kept, Reservation)
+    assert (kept.gang, kept.start_s, dict(kept.claims)) == (
+        "default/g",
+        -math.inf,
+        dict.fromkeys(nodes[1:], 4),
+    )
 
 
 def test_gang_plan_reserves_and_filters_each_pod_to_its_node() -> None:
