@@ -242,23 +242,23 @@ def test_victims_each_within_a_shared_budget_but_not_together_are_not_evicted() 
 
 
 # -- item 10: eviction counts belong to a job, not to its name -----------------------------------------
-def _evict_lo_and_rerun(s: ExtenderState, *, uid: str, wall: float) -> set[str]:
+def _evict_lo_and_rerun(s: ExtenderState, *, uid: str, now: float) -> set[str]:
     """The first preemption (hi) runs; its victims' pods go and hi ends; then the victim gangs run
     again under the same names, made by a Job of ``uid``. Returns the gangs evicted first."""
-    first = s.queue.tick(wall)
+    first = s.queue.tick(now)
     victims = {e.victim for e in first.evictions} - {"pod:default/lone"}
     assert victims
     for e in first.evictions:
         s.cache.apply("pods", "DELETED", e.pod)
     for p in hi_gang():
         s.cache.apply("pods", "DELETED", s.cache.pods[f"default/{p['metadata']['name']}"])
-    s.queue.tick(wall + 5)  # a pass sees them all gone
+    s.queue.tick(now + 5)  # a pass sees them all gone
     for gang in victims:
         name = gang.split("/")[1]
         for p in preemption_cluster():
             if p["metadata"]["name"].startswith(f"{name}-"):
                 s.cache.apply(
-                    "pods", "ADDED", owned(timed(p, created=wall + 20, started=wall + 21), "Job", name, uid)
+                    "pods", "ADDED", owned(timed(p, created=now + 20, started=now + 21), "Job", name, uid)
                 )
     return victims
 
@@ -273,7 +273,7 @@ def test_eviction_counts_follow_the_job_that_owns_the_gang(same_job: bool, count
         if p["metadata"]["name"][:3] in ("lo0", "lo1", "lo2"):
             owned(p, "Job", p["metadata"]["name"].rsplit("-", 1)[0], "uid-first")
     s = make_state([*pods, *hi_gang()], config=QueueConfig(preempt_after_s=0, max_evictions=1))
-    victims = _evict_lo_and_rerun(s, uid="uid-first" if same_job else "uid-second", wall=T0 + 20)
+    victims = _evict_lo_and_rerun(s, uid="uid-first" if same_job else "uid-second", now=T0 + 20)
     for p in hi_gang("hi2", at=T0 + 40):
         s.cache.apply("pods", "ADDED", p)
     second = s.queue.tick(T0 + 50)

@@ -191,7 +191,7 @@ def test_a_gang_the_queue_starts_nudges_the_pods_filter_refused_and_announces_it
     pod moves it), and the first pod filtered afterwards gets the GangPlanned Event."""
     s = make_state([*busy_cluster(), *big_gang()])
     for i in range(4):
-        assert not s.filter(s.cache.pods[f"default/big-{i}"], NODES, T0 + 20).passed
+        assert not s.filter(s.cache.pods[f"default/big-{i}"], NODES, T0 + 20 + i).passed
     assert not s.queue.take_actions().nudges  # still waiting: nothing to nudge
     s.cache.apply(
         "pods", "DELETED", s.cache.pods["default/a"]
