@@ -208,7 +208,7 @@ class Filter:
             assert spec is not None
             # changed or new: the queue decides when it starts (a plan it had holds its nodes till then)
             self.holds.give_up(gang_name)
-            if self.queue.due(gang_name, now):
+            if self.queue.due(gang_name, now, spec):
                 if self.queue.loop:  # the loop's pass decides; its pods are nudged if it starts the gang
                     out.wake_queue = True
                 else:
@@ -346,7 +346,7 @@ class Filter:
         out or why the planner could not place it in that pass (its shape's reason where the pass did
         not plan it again), else the planner's reason on what is free now, kept per gang and pass: the
         filters of its pods never plan it more than once a pass."""
-        skipped = self.inputs.skipped.get(spec.key)
+        skipped = self.inputs.skipped_as(spec.key, spec)
         if skipped is not None:
             return skipped
         said = self.queue.reasons.get(spec.key)

@@ -77,7 +77,8 @@ class QueueInputs:
         # each waiting gang's queue entry (or why it has none), valid while its spec is the same object
         # and ``cache.inputs_gen`` unchanged
         self._waiting_cache: dict[str, tuple[object, int, object]] = {}
-        self.skipped: dict[str, str] = {}  # waiting gangs the last pass could not queue -> why
+        # waiting gangs the last pass could not queue -> why, and the spec (or error) it judged
+        self.skipped: dict[str, tuple[str, object]] = {}
         # each running work's ``Running``; the ones with a declared limit: (latest start, declared limit)
         # and their pods
         self._run_all: dict[str, Running] = {}
@@ -340,12 +341,18 @@ class QueueInputs:
                 entry = self._waiting_entry(name, spec, now)
                 self._waiting_cache[name] = (spec, self.cache.inputs_gen, entry)
             if isinstance(entry, str):
-                self.skipped[name] = entry
+                self.skipped[name] = (entry, spec)
                 continue
             assert isinstance(entry, tuple)
             prepared[name], one = entry
             waiting.append(one)
         return prepared, waiting
+
+    def skipped_as(self, gang: str, spec: object) -> str | None:
+        """Why the last pass left ``gang`` out, while ``spec`` (its gang as the cache has it now) is
+        what that pass judged; None otherwise (not left out, or changed since: the next pass decides)."""
+        skipped = self.skipped.get(gang)
+        return skipped[0] if skipped is not None and skipped[1] is spec else None
 
     def _waiting_entry(
         self, name: str, spec: GangSpec | GangError | None, now: float

@@ -127,14 +127,14 @@ class QueueDriver:
         self._passed_at: int | None = None
         self._loop_snapshots = SnapshotCache()  # the queue loop's, planned on outside the lock
 
-    def due(self, gang: str, now: float) -> bool:
+    def due(self, gang: str, now: float, spec: object) -> bool:
         """Whether a filter of ``gang``'s pod should run the queue again: a gang the last pass did not
-        see (nor left out, with the reason, ``QueueInputs.skipped``), or the cluster changed and the last
-        pass is ``QUEUE_RETRY_S`` old. While a queue loop runs (``loop``, set by the extender's
-        ``run_queue``), changes are its to pass on, and so is a new gang: the filter wakes the loop instead of
-        passing (``FilterOutcome.wake_queue``), answers from the last pass and never waits for a pass (its
-        pods are nudged when the loop starts the gang)."""
-        if gang not in self.waiting and gang not in self.inputs.skipped:
+        see (nor left out as ``spec`` is now, with the reason, ``QueueInputs.skipped_as``), or the
+        cluster changed and the last pass is ``QUEUE_RETRY_S`` old. While a queue loop runs (``loop``,
+        set by the extender's ``run_queue``), changes are its to pass on, and so is a new gang: the
+        filter wakes the loop instead of passing (``FilterOutcome.wake_queue``), answers from the last
+        pass and never waits for a pass (its pods are nudged when the loop starts the gang)."""
+        if gang not in self.waiting and self.inputs.skipped_as(gang, spec) is None:
             return True
         return not self.loop and self.cache.dirty and now - self._last >= max(QUEUE_RETRY_S, self.min_gap_s)
 

@@ -279,6 +279,25 @@ def test_with_the_queue_loop_a_new_gangs_filter_runs_no_pass_and_wakes_the_loop_
     assert len(again.passed) == 1
 
 
+def test_a_gang_a_pass_left_out_as_incomplete_is_new_again_once_its_last_pod_comes() -> None:
+    """The loop's pass saw 3 of the gang's 4 pods and left it out (incomplete); the 4th comes, and the
+    first filter before the next pass neither repeats the stale reason as GangUnschedulable nor
+    waits: the gang is new to the queue again and wakes the loop."""
+    s = make_state([member("g", i, at=T0 + 10) for i in range(3)])
+    s.queue.loop = True
+    s.queue.tick(T0 + 20)
+    assert "default/g" in s.inputs.skipped  # incomplete: left out with the reason
+    s.cache.apply("pods", "ADDED", member("g", 3, at=T0 + 10))
+    passes = s.queue.metrics.passes
+    out = s.filter(s.cache.pods["default/g-3"], NODES, T0 + 21)
+    assert out.wake_queue
+    assert s.queue.metrics.passes == passes
+    assert all("is new to the queue" in why for why in out.failed.values())
+    assert [e.reason for e in out.events] == ["GangQueued"]
+    s.queue.tick(T0 + 22)
+    assert "default/g" in s.holds.started
+
+
 def test_the_reservation_is_released_when_the_gang_is_deleted() -> None:
     s = make_state([*busy_cluster(), *big_gang()])
     s.filter(s.cache.pods["default/big-0"], NODES, T0 + 20)
@@ -673,7 +692,7 @@ def test_passes_started_by_changes_keep_the_gap_the_caller_sets() -> None:
     s.cache.apply("pods", "ADDED", solo("new", 4, at=T0 + 21))
     s.queue.tick(T0 + 21)
     assert s.queue.metrics.passes == 1  # changed, but too soon
-    assert not s.queue.due("default/big", 2.0)
+    assert not s.queue.due("default/big", T0 + 21, s.cache.spec(("annotations", "default/big")))
     s.queue.tick(T0 + 26)
     assert s.queue.metrics.passes == 2
 
