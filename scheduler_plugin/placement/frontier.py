@@ -3,8 +3,11 @@
 Holding nodes for the head of the queue bounds large gangs' waits and lifts allocation; a greedy queue
 lets small jobs pass and starves large gangs. The dial is when a waiting gang starts to hold anything
 back (``scheduler_plugin.queue.QueueConfig``): ``reserve_after_s`` (after S seconds) and
-``reserve_after_limits`` (after K times its own time limit; the later of the two when both are set).
-A setting is written ``S`` (``3600``), ``Kx`` (``2x``) or both, ``S/Kx`` (``3600/2x``).
+``reserve_after_limits`` (after K times its own time limit; the later of the two when both are set),
+and ``reserve_idle_ratio`` (R: a gang those keep from holding holds at once all the same when its hold
+keeps idle at most R times the GPU-time it will run itself). A setting is written as up to three parts
+joined by ``/``, each at most once: ``S`` (``3600``), ``Kx`` (``2x``), ``Ri`` (``0.25i``); e.g.
+``3600/2x``, ``237600/0.25i``.
 
 The aim, per anchor: one setting of ours at least as good on allocation, mean wait and largest wait
 at once, judged seed by seed on the same job streams (``metrics.paired``): the mean difference, ours
@@ -28,6 +31,7 @@ AIM_FIGURES: tuple[str, ...] = ("allocation_ratio", "wait_mean_s", "wait_max_s")
 DEFAULT_SETTINGS = "0,3600,43200,86400,108000,172800,237600,345600,1x,3600/2x"
 MAX_SETTINGS = 16
 _SHOWN = 40  # characters of a bad setting an error message shows
+_KINDS = {"": "numbers of seconds", "x": "multiples of the time limit", "i": "idle ratios"}
 
 
 class FrontierError(ValueError):
@@ -36,63 +40,68 @@ class FrontierError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Setting:
-    """One setting of our queue's dial: ``label`` as written, the two ``QueueConfig`` fields."""
+    """One setting of our queue's dial: ``label`` as written, the three ``QueueConfig`` fields."""
 
     label: str
     reserve_after_s: float = 0.0
     reserve_after_limits: float | None = None
+    reserve_idle_ratio: float | None = None
 
     def config(self, base: QueueConfig) -> QueueConfig:
         return replace(
-            base, reserve_after_s=self.reserve_after_s, reserve_after_limits=self.reserve_after_limits
+            base,
+            reserve_after_s=self.reserve_after_s,
+            reserve_after_limits=self.reserve_after_limits,
+            reserve_idle_ratio=self.reserve_idle_ratio,
         )
+
+    @property
+    def dial(self) -> tuple[float, float | None, float | None]:
+        return (self.reserve_after_s, self.reserve_after_limits, self.reserve_idle_ratio)
 
 
 def _number(text: str, where: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise FrontierError(f"{where}: not a number of seconds or a multiple Kx") from None
+        raise FrontierError(f"{where}: not a number of seconds S, a multiple Kx or a ratio Ri") from None
     if not math.isfinite(value) or value < 0:
         raise FrontierError(f"{where}: each number must be finite and >= 0")
     return value
 
 
 def parse_settings(text: str) -> tuple[Setting, ...]:
-    """``S``, ``Kx`` or ``S/Kx`` settings separated by commas (at most ``MAX_SETTINGS``, no repeats)."""
+    """Settings separated by commas (at most ``MAX_SETTINGS``, no two the same dial), each up to three
+    parts joined by ``/``, each kind at most once: ``S`` seconds, ``Kx`` times the time limit, ``Ri``
+    idle ratio (module docstring)."""
     tokens = [t.strip() for t in text.split(",")]
     if not text.strip() or any(not t for t in tokens):
         raise FrontierError(f"an empty setting in {text[:_SHOWN]!r}; give e.g. {DEFAULT_SETTINGS}")
     if len(tokens) > MAX_SETTINGS:
         raise FrontierError(f"{len(tokens)} settings; at most {MAX_SETTINGS}")
     out: list[Setting] = []
-    seen: dict[tuple[float, float | None], str] = {}
+    seen: dict[tuple[float, float | None, float | None], str] = {}
     for k, token in enumerate(tokens, start=1):
         shown = token if len(token) <= _SHOWN else token[:_SHOWN] + "..."
         where = f"setting {k} ({shown!r})"
         parts = token.split("/")
-        if len(parts) > 2:
-            raise FrontierError(f"{where}: at most one S and one Kx, as S/Kx")
-        seconds: float | None = None
-        limits: float | None = None
+        if len(parts) > len(_KINDS):
+            raise FrontierError(f"{where}: at most one S, one Kx and one Ri, as S/Kx/Ri")
+        got: dict[str, float] = {}
         for part in parts:
-            if part.endswith("x"):
-                if limits is not None:
-                    raise FrontierError(f"{where}: two multiples of the time limit")
-                limits = _number(part[:-1], where)
-            else:
-                if seconds is not None:
-                    raise FrontierError(f"{where}: two numbers of seconds")
-                seconds = _number(part, where)
+            kind = part[-1:] if part[-1:] in _KINDS else ""
+            if kind in got:
+                raise FrontierError(f"{where}: two {_KINDS[kind]}")
+            got[kind] = _number(part[: len(part) - len(kind)], where)
+        setting = Setting(token, got.get("", 0.0), got.get("x"), got.get("i"))
         try:
-            QueueConfig(reserve_after_s=seconds or 0.0, reserve_after_limits=limits)
+            setting.config(QueueConfig())
         except QueueError as err:
             raise FrontierError(f"{where}: {err}") from None
-        key = (seconds or 0.0, limits)
-        if key in seen:
-            raise FrontierError(f"{where}: the same dial as {seen[key]!r}")
-        seen[key] = token
-        out.append(Setting(token, seconds or 0.0, limits))
+        if setting.dial in seen:
+            raise FrontierError(f"{where}: the same dial as {seen[setting.dial]!r}")
+        seen[setting.dial] = token
+        out.append(setting)
     return tuple(out)
 
 
