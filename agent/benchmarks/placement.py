@@ -147,8 +147,8 @@ def _parser() -> argparse.ArgumentParser:
         default=frontier.DEFAULT_SETTINGS,
         help="our queue's dial for --frontier, comma-separated settings of up to three parts joined by "
         "'/': S (hold back after S seconds), Kx (after K times the gang's time limit), Ri (a younger "
-        "gang holds at once when its hold keeps idle at most R times its own GPU-time), e.g. "
-        f"3600/2x, 345600/0.02i (default {frontier.DEFAULT_SETTINGS})",
+        "gang holds at once when its hold keeps idle at most R times its own GPU-time), nofill (fill_holes "
+        f"off), e.g. 3600/2x, 345600/0.02i, 21600/1i/nofill (default {frontier.DEFAULT_SETTINGS})",
     )
     p.add_argument(
         "--tray-failures",
@@ -656,7 +656,12 @@ def _default_label(settings: tuple[frontier.Setting, ...]) -> str | None:
     """The label of the setting that is the extender's default (``QueueConfig()``), if it ran."""
     base = QueueConfig()
     for s in settings:
-        if s.dial == (base.reserve_after_s, base.reserve_after_limits, base.reserve_idle_ratio):
+        if s.dial == (
+            base.reserve_after_s,
+            base.reserve_after_limits,
+            base.reserve_idle_ratio,
+            base.fill_holes,
+        ):
             return s.label
     return None
 
@@ -669,6 +674,8 @@ def _frontier_queue(row: str, by_label: dict[str, frontier.Setting]) -> str:
             parts.append(f"reserve_after_limits={s.reserve_after_limits:g}")
         if s.reserve_idle_ratio is not None:
             parts.append(f"reserve_idle_ratio={s.reserve_idle_ratio:g}")
+        if not s.fill_holes:
+            parts.append("fill_holes=false")
         return "core (" + ", ".join(parts) + ")"
     return "/".join(OWN_QUEUE[row])
 
@@ -704,7 +711,7 @@ def _frontier_notes(doc: dict[str, Any], workers: int) -> list[str]:
         "gang holds nothing back until it has waited S seconds (--reserve-after), Kx = until it has "
         "waited K times its own time limit (reserve_after_limits), S/Kx = the later of the two; Ri = "
         "besides, a younger gang holds at once when its hold keeps idle at most R times its own "
-        "GPU-time (reserve_idle_ratio); "
+        "GPU-time (reserve_idle_ratio); nofill = fill_holes off; "
         "every other policy with its own queue in its default configuration (OWN_QUEUE, cited in each "
         "policy module); time limits = runtimes",
         f"figures: mean ± standard error over seeds {seeds[0]}..{seeds[-1]} (the same job streams for "

@@ -50,6 +50,14 @@ def test_settings_with_an_idle_ratio_in_any_order() -> None:
     assert parse_settings("3600")[0].config(QueueConfig(reserve_idle_ratio=1.0)).reserve_idle_ratio is None
 
 
+def test_nofill_turns_fill_holes_off_and_is_a_dial_of_its_own() -> None:
+    plain, nofill = parse_settings("21600/1i, nofill/1i/21600")
+    assert (plain.fill_holes, nofill.fill_holes) == (True, False)
+    assert nofill.config(QueueConfig()).fill_holes is False
+    assert plain.config(QueueConfig(fill_holes=False)).fill_holes is True
+    assert parse_settings("0/nofill")[0] == Setting("0/nofill", 0.0, None, None, False)
+
+
 def test_mean_and_standard_error() -> None:
     assert mean_se([2.0]) == (2.0, None)
     mean, se = mean_se([1.0, 2.0, 3.0, 4.0])
@@ -132,7 +140,10 @@ def test_aim_without_comparable_figures_names_no_setting() -> None:
         pytest.param("1x/2x", "two multiples", id="two-multiples"),
         pytest.param("60/120", "two numbers of seconds", id="two-seconds"),
         pytest.param("60/2x/3", "two numbers of seconds", id="seconds-twice-of-three"),
-        pytest.param("60/2x/1i/3", "at most one", id="four-parts"),
+        pytest.param("60/2x/1i/3", "two numbers of seconds", id="seconds-twice-of-four"),
+        pytest.param("60/2x/1i/nofill/3", "at most one", id="five-parts"),
+        pytest.param("nofill/nofill", "nofill twice", id="nofill-twice"),
+        pytest.param("no-fill", "not a number", id="nofill-misspelt"),
         pytest.param("1i/0.5i", "two idle ratios", id="two-ratios"),
         pytest.param("60/i", "not a number", id="ratio-without-number"),
         pytest.param("60/-1i", "setting 1", id="negative-ratio"),
