@@ -30,7 +30,7 @@ from scheduler_plugin.placement.metrics import BETTER, paired
 from scheduler_plugin.queue import QueueConfig, QueueError
 
 AIM_FIGURES: tuple[str, ...] = ("allocation_ratio", "wait_mean_s", "wait_max_s")
-DEFAULT_SETTINGS = "0,3600,43200,86400,108000,172800,237600,345600,1x,3600/2x"
+DEFAULT_SETTINGS = "0,3600,43200,86400,172800,237600,345600,1x,3600/2x,345600/0.02i,21600/1i/nofill"
 MAX_SETTINGS = 16
 _SHOWN = 40  # characters of a bad setting an error message shows
 _NOFILL = "nofill"
