@@ -216,6 +216,11 @@ class QueueConfig:
     besides, how many times its own time limit a gang waits before it may hold anything back (None:
     off; a gang without a limit waits ``reserve_after_s`` only), so a short gang does not hold a
     large share of the cluster idle for long while a long one waits in proportion to its length;
+    ``reserve_idle_ratio``: a gang those two still keep from holding holds at once all the same when
+    its reservation is cheap: when the capacity it keeps idle until its start
+    (``Reservation.held_idle_gpu_s``) is at most this times the GPU-time the gang itself will run
+    (its GPUs x its time limit; None: off; never for a gang without a limit), so a large gang is held
+    for when the running work happens to end together and waits for its age otherwise;
     ``preempt_loss_ratio``: a preemption goes ahead only when its victims lose at most this times the
     GPU-time the preemptor would otherwise wait (module docstring, Preemption; None: any loss);
     ``min_run_before_preempt_s``: a gang that has run less than this since it (re)started is no
@@ -244,6 +249,7 @@ class QueueConfig:
     fill_holes: bool = True
     reserve_after_s: float = 0.0
     reserve_after_limits: float | None = None
+    reserve_idle_ratio: float | None = None
     preempt_loss_ratio: float | None = 1.0
     min_run_before_preempt_s: float = 0.0
     max_evictions: int | None = 1
@@ -267,6 +273,7 @@ class QueueConfig:
         finite("preempt_after_s", self.preempt_after_s, optional=True)
         finite("reserve_after_s", self.reserve_after_s)
         finite("reserve_after_limits", self.reserve_after_limits, optional=True)
+        finite("reserve_idle_ratio", self.reserve_idle_ratio, optional=True)
         finite("preempt_loss_ratio", self.preempt_loss_ratio, optional=True)
         finite("min_run_before_preempt_s", self.min_run_before_preempt_s)
         finite("time_limit_grace_s", self.time_limit_grace_s)
@@ -1018,6 +1025,20 @@ def _reserve_age(w: Waiting, config: QueueConfig) -> float:
     return max(config.reserve_after_s, k * w.limit_s)
 
 
+def _cheap_hold(  # noqa: PLR0917 -- private helper of ``decide``, called once
+    w: Waiting, cl: _Cluster, others: Sequence[Reservation], now: float, place: Place, config: QueueConfig
+) -> Reservation | None:
+    """The reservation of ``w``, too young to hold by its age, when it is cheap enough to hold all the
+    same (``QueueConfig.reserve_idle_ratio``), else None."""
+    ratio = config.reserve_idle_ratio
+    if ratio is None or w.limit_s is None or not math.isfinite(w.limit_s):
+        return None
+    made = _reserve(w, cl, others, now, place)
+    if made is None or made.held_idle_gpu_s > ratio * w.gpus * w.limit_s:
+        return None
+    return made
+
+
 def same_shape(g: Gang) -> tuple[object, ...]:
     """The same-shape key: gangs with equal keys place alike on one snapshot (a shape that failed
     fails again within a pass, in the queue and in the simulator)."""
@@ -1135,13 +1156,16 @@ def decide(
             # rounds to now, and a wake at now is a pass that never lets time advance
             age = _reserve_age(w, config)
             grown = w.created_s + age
+            others = [held[n] for n in ahead if n in held]
+            cheap: Reservation | None = None
             if age > 0 and w.name not in held and now < grown:
                 wake = min(wake, grown)
-                continue  # too young to hold anything back: later gangs may pass it freely
+                cheap = _cheap_hold(w, cl, others, now, place, config) if tried else None
+                if cheap is None:
+                    continue  # too young to hold anything back: later gangs may pass it freely
             head_seen = True
             if w.name not in held and tried:
-                others = [held[n] for n in ahead if n in held]
-                made = _reserve(w, cl, others, now, place)
+                made = cheap if cheap is not None else _reserve(w, cl, others, now, place)
                 if made is not None:
                     held[w.name] = made
                     for n in [n for n, r in held.items() if prio[n] < w.priority]:

@@ -145,8 +145,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--frontier-settings",
         default=frontier.DEFAULT_SETTINGS,
-        help="our queue's dial for --frontier: S (hold back after S seconds), Kx (after K times the "
-        f"gang's time limit) or S/Kx, comma-separated (default {frontier.DEFAULT_SETTINGS})",
+        help="our queue's dial for --frontier, comma-separated settings of up to three parts joined by "
+        "'/': S (hold back after S seconds), Kx (after K times the gang's time limit), Ri (a younger "
+        "gang holds at once when its hold keeps idle at most R times its own GPU-time), nofill (fill_holes "
+        f"off), e.g. 3600/2x, 345600/0.02i, 21600/1i/nofill (default {frontier.DEFAULT_SETTINGS})",
     )
     p.add_argument(
         "--tray-failures",
@@ -654,7 +656,12 @@ def _default_label(settings: tuple[frontier.Setting, ...]) -> str | None:
     """The label of the setting that is the extender's default (``QueueConfig()``), if it ran."""
     base = QueueConfig()
     for s in settings:
-        if (s.reserve_after_s, s.reserve_after_limits) == (base.reserve_after_s, base.reserve_after_limits):
+        if s.dial == (
+            base.reserve_after_s,
+            base.reserve_after_limits,
+            base.reserve_idle_ratio,
+            base.fill_holes,
+        ):
             return s.label
     return None
 
@@ -665,6 +672,10 @@ def _frontier_queue(row: str, by_label: dict[str, frontier.Setting]) -> str:
         parts = [f"reserve_after_s={s.reserve_after_s:g}"]
         if s.reserve_after_limits is not None:
             parts.append(f"reserve_after_limits={s.reserve_after_limits:g}")
+        if s.reserve_idle_ratio is not None:
+            parts.append(f"reserve_idle_ratio={s.reserve_idle_ratio:g}")
+        if not s.fill_holes:
+            parts.append("fill_holes=false")
         return "core (" + ", ".join(parts) + ")"
     return "/".join(OWN_QUEUE[row])
 
@@ -698,7 +709,9 @@ def _frontier_notes(doc: dict[str, Any], workers: int) -> list[str]:
     notes = [
         "ours = the extender's queue (scheduler_plugin.queue.decide) at each setting of its dial: S = a "
         "gang holds nothing back until it has waited S seconds (--reserve-after), Kx = until it has "
-        "waited K times its own time limit (reserve_after_limits), S/Kx = the later of the two; "
+        "waited K times its own time limit (reserve_after_limits), S/Kx = the later of the two; Ri = "
+        "besides, a younger gang holds at once when its hold keeps idle at most R times its own "
+        "GPU-time (reserve_idle_ratio); nofill = fill_holes off; "
         "every other policy with its own queue in its default configuration (OWN_QUEUE, cited in each "
         "policy module); time limits = runtimes",
         f"figures: mean ± standard error over seeds {seeds[0]}..{seeds[-1]} (the same job streams for "

@@ -106,6 +106,7 @@ QUEUE_FLAGS: Mapping[str, tuple[str, str | None]] = {
     "preempt_after_s": ("--preempt-after", "never"),
     "reserve_after_s": ("--reserve-after", None),
     "reserve_after_limits": ("--reserve-after-limits", "off"),
+    "reserve_idle_ratio": ("--reserve-idle-ratio", "off"),
     "interval_s": ("--queue-interval", None),
     "preempt_loss_ratio": ("--preempt-loss-ratio", "any"),
     "min_run_before_preempt_s": ("--min-run-before-preempt", None),
@@ -193,6 +194,7 @@ class Settings:
     preempt_after_s: float | None = QUEUE.preempt_after_s  # None: the queue never preempts
     reserve_after_s: float = QUEUE.reserve_after_s
     reserve_after_limits: float | None = QUEUE.reserve_after_limits  # None: off
+    reserve_idle_ratio: float | None = QUEUE.reserve_idle_ratio  # None: off
     queue_interval_s: float = QUEUE.interval_s
     preempt_loss_ratio: float | None = QUEUE.preempt_loss_ratio  # None: a preemption may cost any loss
     min_run_before_preempt_s: float = QUEUE.min_run_before_preempt_s
@@ -212,6 +214,7 @@ class Settings:
             preempt_after_s=self.preempt_after_s,
             reserve_after_s=self.reserve_after_s,
             reserve_after_limits=self.reserve_after_limits,
+            reserve_idle_ratio=self.reserve_idle_ratio,
             preempt_loss_ratio=self.preempt_loss_ratio,
             min_run_before_preempt_s=self.min_run_before_preempt_s,
             max_evictions=self.max_evictions,
@@ -337,6 +340,14 @@ def parse_settings(argv: list[str]) -> Settings:
         f"(default {queue_default('reserve_after_limits')}; 'off': only --reserve-after counts)",
     )
     p.add_argument(
+        "--reserve-idle-ratio",
+        default=queue_default("reserve_idle_ratio"),
+        metavar="R",
+        help="a gang those two keep from holding holds at once all the same when its hold keeps idle at "
+        "most R times the GPU-time it will run itself (GPUs x time limit) "
+        f"(default {queue_default('reserve_idle_ratio')}; 'off': never before its age)",
+    )
+    p.add_argument(
         "--queue-interval",
         type=float,
         default=QUEUE.interval_s,
@@ -399,6 +410,7 @@ def parse_settings(argv: list[str]) -> Settings:
         p.error("--scheduler-name: must not be empty")
     preempt_after = _number_or_word(p, "preempt_after_s", a.preempt_after, what="seconds")
     reserve_after_limits = _number_or_word(p, "reserve_after_limits", a.reserve_after_limits, what="a number")
+    reserve_idle_ratio = _number_or_word(p, "reserve_idle_ratio", a.reserve_idle_ratio, what="a number")
     loss_ratio = _number_or_word(p, "preempt_loss_ratio", a.preempt_loss_ratio, what="a number")
     evictions = _number_or_word(p, "max_evictions", a.max_evictions, what="a whole number", whole=True)
     max_evictions = None if evictions is None else int(evictions)
@@ -423,6 +435,7 @@ def parse_settings(argv: list[str]) -> Settings:
         preempt_after_s=preempt_after,
         reserve_after_s=a.reserve_after,
         reserve_after_limits=reserve_after_limits,
+        reserve_idle_ratio=reserve_idle_ratio,
         queue_interval_s=a.queue_interval,
         preempt_loss_ratio=loss_ratio,
         min_run_before_preempt_s=a.min_run_before_preempt,

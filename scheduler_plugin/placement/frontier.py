@@ -3,8 +3,13 @@
 Holding nodes for the head of the queue bounds large gangs' waits and lifts allocation; a greedy queue
 lets small jobs pass and starves large gangs. The dial is when a waiting gang starts to hold anything
 back (``scheduler_plugin.queue.QueueConfig``): ``reserve_after_s`` (after S seconds) and
-``reserve_after_limits`` (after K times its own time limit; the later of the two when both are set).
-A setting is written ``S`` (``3600``), ``Kx`` (``2x``) or both, ``S/Kx`` (``3600/2x``).
+``reserve_after_limits`` (after K times its own time limit; the later of the two when both are set),
+and ``reserve_idle_ratio`` (R: a gang those keep from holding holds at once all the same when its hold
+keeps idle at most R times the GPU-time it will run itself). Besides the dial, ``nofill`` turns
+``fill_holes`` off (a gang that ends before a reservation's start is then not offered that
+reservation's idle capacity first). A setting is written as up to four parts joined by ``/``, each at
+most once: ``S`` (``3600``), ``Kx`` (``2x``), ``Ri`` (``0.25i``), ``nofill``; e.g. ``3600/2x``,
+``345600/0.02i``, ``21600/1i/nofill``.
 
 The aim, per anchor: one setting of ours at least as good on allocation, mean wait and largest wait
 at once, judged seed by seed on the same job streams (``metrics.paired``): the mean difference, ours
@@ -25,9 +30,11 @@ from scheduler_plugin.placement.metrics import BETTER, paired
 from scheduler_plugin.queue import QueueConfig, QueueError
 
 AIM_FIGURES: tuple[str, ...] = ("allocation_ratio", "wait_mean_s", "wait_max_s")
-DEFAULT_SETTINGS = "0,3600,43200,86400,108000,172800,237600,345600,1x,3600/2x"
+DEFAULT_SETTINGS = "0,3600,43200,86400,172800,237600,345600,1x,3600/2x,345600/0.02i,21600/1i/nofill"
 MAX_SETTINGS = 16
 _SHOWN = 40  # characters of a bad setting an error message shows
+_NOFILL = "nofill"
+_KINDS = {"": "numbers of seconds", "x": "multiples of the time limit", "i": "idle ratios"}
 
 
 class FrontierError(ValueError):
@@ -36,63 +43,76 @@ class FrontierError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Setting:
-    """One setting of our queue's dial: ``label`` as written, the two ``QueueConfig`` fields."""
+    """One setting of our queue's dial: ``label`` as written, the ``QueueConfig`` fields it sets."""
 
     label: str
     reserve_after_s: float = 0.0
     reserve_after_limits: float | None = None
+    reserve_idle_ratio: float | None = None
+    fill_holes: bool = True
 
     def config(self, base: QueueConfig) -> QueueConfig:
         return replace(
-            base, reserve_after_s=self.reserve_after_s, reserve_after_limits=self.reserve_after_limits
+            base,
+            reserve_after_s=self.reserve_after_s,
+            reserve_after_limits=self.reserve_after_limits,
+            reserve_idle_ratio=self.reserve_idle_ratio,
+            fill_holes=self.fill_holes,
         )
+
+    @property
+    def dial(self) -> tuple[float, float | None, float | None, bool]:
+        return (self.reserve_after_s, self.reserve_after_limits, self.reserve_idle_ratio, self.fill_holes)
 
 
 def _number(text: str, where: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise FrontierError(f"{where}: not a number of seconds or a multiple Kx") from None
+        raise FrontierError(f"{where}: not a number of seconds S, a multiple Kx or a ratio Ri") from None
     if not math.isfinite(value) or value < 0:
         raise FrontierError(f"{where}: each number must be finite and >= 0")
     return value
 
 
 def parse_settings(text: str) -> tuple[Setting, ...]:
-    """``S``, ``Kx`` or ``S/Kx`` settings separated by commas (at most ``MAX_SETTINGS``, no repeats)."""
+    """Settings separated by commas (at most ``MAX_SETTINGS``, no two the same dial), each up to four
+    parts joined by ``/``, each kind at most once: ``S`` seconds, ``Kx`` times the time limit, ``Ri``
+    idle ratio, ``nofill`` (module docstring)."""
     tokens = [t.strip() for t in text.split(",")]
     if not text.strip() or any(not t for t in tokens):
         raise FrontierError(f"an empty setting in {text[:_SHOWN]!r}; give e.g. {DEFAULT_SETTINGS}")
     if len(tokens) > MAX_SETTINGS:
         raise FrontierError(f"{len(tokens)} settings; at most {MAX_SETTINGS}")
     out: list[Setting] = []
-    seen: dict[tuple[float, float | None], str] = {}
+    seen: dict[tuple[float, float | None, float | None, bool], str] = {}
     for k, token in enumerate(tokens, start=1):
         shown = token if len(token) <= _SHOWN else token[:_SHOWN] + "..."
         where = f"setting {k} ({shown!r})"
         parts = token.split("/")
-        if len(parts) > 2:
-            raise FrontierError(f"{where}: at most one S and one Kx, as S/Kx")
-        seconds: float | None = None
-        limits: float | None = None
+        if len(parts) > len(_KINDS) + 1:
+            raise FrontierError(f"{where}: at most one S, one Kx, one Ri and nofill, as S/Kx/Ri/nofill")
+        got: dict[str, float] = {}
+        fill = True
         for part in parts:
-            if part.endswith("x"):
-                if limits is not None:
-                    raise FrontierError(f"{where}: two multiples of the time limit")
-                limits = _number(part[:-1], where)
-            else:
-                if seconds is not None:
-                    raise FrontierError(f"{where}: two numbers of seconds")
-                seconds = _number(part, where)
+            if part == _NOFILL:
+                if not fill:
+                    raise FrontierError(f"{where}: {_NOFILL} twice")
+                fill = False
+                continue
+            kind = part[-1:] if part[-1:] in _KINDS else ""
+            if kind in got:
+                raise FrontierError(f"{where}: two {_KINDS[kind]}")
+            got[kind] = _number(part[: len(part) - len(kind)], where)
+        setting = Setting(token, got.get("", 0.0), got.get("x"), got.get("i"), fill)
         try:
-            QueueConfig(reserve_after_s=seconds or 0.0, reserve_after_limits=limits)
+            setting.config(QueueConfig())
         except QueueError as err:
             raise FrontierError(f"{where}: {err}") from None
-        key = (seconds or 0.0, limits)
-        if key in seen:
-            raise FrontierError(f"{where}: the same dial as {seen[key]!r}")
-        seen[key] = token
-        out.append(Setting(token, seconds or 0.0, limits))
+        if setting.dial in seen:
+            raise FrontierError(f"{where}: the same dial as {seen[setting.dial]!r}")
+        seen[setting.dial] = token
+        out.append(setting)
     return tuple(out)
 
 

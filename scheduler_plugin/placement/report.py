@@ -296,6 +296,11 @@ def _point(figs: Mapping[str, Any], key: str) -> tuple[float, float, float, floa
     return x["mean"] / 3600, y["mean"], (x["se"] or 0.0) / 3600, y["se"] or 0.0
 
 
+def _seconds_only(row: str) -> bool:
+    """Whether the frontier row ``ours S`` sets the seconds alone (no ``Kx``, ``Ri`` or ``nofill``)."""
+    return row.removeprefix("ours ").replace(".", "", 1).isdigit()
+
+
 def frontier_plot(doc: Mapping[str, Any], path: Path) -> None:
     """Per workload, allocation against mean wait and against largest wait: ours' settings as one line
     (the frontier), each anchor a point; error bars are standard errors over the seeds."""
@@ -313,11 +318,11 @@ def frontier_plot(doc: Mapping[str, Any], path: Path) -> None:
         ):
             ax = axes[r][c]
 
-            # the seconds-only settings in dial order as one line; settings with a multiple as points
-            line = sorted((k for k in ours if "x" not in k), key=lambda k: float(k.removeprefix("ours ")))
+            # the seconds-only settings in dial order as one line; settings with other parts as points
+            line = sorted((k for k in ours if _seconds_only(k)), key=lambda k: float(k.removeprefix("ours ")))
             for group, fmt, name in (
                 (line, "-o", "ours: hold back after S s"),
-                ([k for k in ours if "x" in k], "o", "ours: ... after K x its limit"),
+                ([k for k in ours if not _seconds_only(k)], "o", "ours: with Kx, Ri or nofill"),
             ):
                 if not group:
                     continue

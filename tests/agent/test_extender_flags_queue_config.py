@@ -52,6 +52,13 @@ def test_reserve_after_limits_flag_reaches_the_queue_config() -> None:
     assert parse_settings(["--reserve-after-limits", "OFF"]).reserve_after_limits is None
 
 
+def test_reserve_idle_ratio_flag_reaches_the_queue_config() -> None:
+    assert parse_settings([]).queue_config().reserve_idle_ratio is None
+    q = parse_settings(["--reserve-idle-ratio", "0.02", "--reserve-after", "345600"]).queue_config()
+    assert q == dataclasses.replace(QueueConfig(), reserve_idle_ratio=0.02, reserve_after_s=345600.0)
+    assert parse_settings(["--reserve-idle-ratio", "Off"]).reserve_idle_ratio is None
+
+
 def test_every_queue_setting_reaches_the_queue_config() -> None:
     s = parse_settings(
         [
@@ -82,6 +89,16 @@ def test_every_queue_setting_reaches_the_queue_config() -> None:
             ["--reserve-after-limits", "twice"],
             "extender: --reserve-after-limits: expected a number or 'off', got 'twice'",
             id="multiple-word",
+        ),
+        pytest.param(
+            ["--reserve-idle-ratio", "nan"],
+            "extender: --reserve-idle-ratio: must be a finite number >= 0 or 'off', got nan",
+            id="idle-ratio-nan",
+        ),
+        pytest.param(
+            ["--reserve-idle-ratio", "cheap"],
+            "extender: --reserve-idle-ratio: expected a number or 'off', got 'cheap'",
+            id="idle-ratio-word",
         ),
         pytest.param(
             ["--preempt-after", "inf"],

@@ -134,10 +134,21 @@ def test_chart_queue_values_reach_the_extender(deploy_tools: Path) -> None:
             deploy_tools,
             "extender.reserveAfter=30",
             "extender.reserveAfterLimits=2",
+            "extender.reserveIdleRatio=0.02",
             "extender.queueInterval=0.5",
         )
     )
     s = parse_settings(extender_args(objs))
-    assert (s.reserve_after_s, s.reserve_after_limits, s.queue_interval_s) == (30.0, 2.0, 0.5)
+    assert (s.reserve_after_s, s.reserve_after_limits, s.reserve_idle_ratio, s.queue_interval_s) == (
+        30.0,
+        2.0,
+        0.02,
+        0.5,
+    )
     q = s.queue_config()
-    assert (q.reserve_after_s, q.reserve_after_limits, q.interval_s) == (30.0, 2.0, 0.5)
+    assert (q.reserve_after_s, q.reserve_after_limits, q.reserve_idle_ratio, q.interval_s) == (
+        30.0,
+        2.0,
+        0.02,
+        0.5,
+    )

@@ -23,20 +23,27 @@ def test_frontier_runs_every_setting_and_anchor_on_both_workloads(philly_dir: Pa
         "--policies",
         "ours,volcano,slurm,kube-default",
     ]
-    argv += ["--frontier-settings", "0,3600,1x"]
+    argv += ["--frontier-settings", "0,3600/0.5i,1x"]
     argv += ["--json", str(out["json"]), "--markdown", str(out["md"]), "--plot", str(out["png"])]
     assert bench.main(argv) == 0
     doc = json.loads(out["json"].read_text())
     assert doc["benchmark"] == "placement-frontier"
-    assert doc["settings"] == ["0", "3600", "1x"]
+    assert doc["settings"] == ["0", "3600/0.5i", "1x"]
     assert doc["default_setting"] == "0"  # the extender's default dial
     assert doc["seeds"] == [1, 2]
     assert set(doc["workloads"]) == {"nvl72", "philly"}
     for wl, part in doc["workloads"].items():
-        assert list(part["rows"]) == ["ours 0", "ours 3600", "ours 1x", "volcano", "slurm", "kube-default"], (
-            wl
+        assert list(part["rows"]) == [
+            "ours 0",
+            "ours 3600/0.5i",
+            "ours 1x",
+            "volcano",
+            "slurm",
+            "kube-default",
+        ], wl
+        assert (
+            part["rows"]["ours 3600/0.5i"]["queue"] == "core (reserve_after_s=3600, reserve_idle_ratio=0.5)"
         )
-        assert part["rows"]["ours 3600"]["queue"] == "core (reserve_after_s=3600)"
         assert part["rows"]["ours 1x"]["queue"] == "core (reserve_after_s=0, reserve_after_limits=1)"
         assert part["rows"]["volcano"]["queue"] == "greedy/none"
         for row, figs in part["rows"].items():

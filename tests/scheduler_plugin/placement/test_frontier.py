@@ -34,6 +34,30 @@ def test_settings_in_seconds_multiples_and_both() -> None:
     assert len(parse_settings(DEFAULT_SETTINGS)) >= 3
 
 
+def test_settings_with_an_idle_ratio_in_any_order() -> None:
+    got = parse_settings("0.5i, 237600/0.25i, 0.25i/2x/3600")
+    assert got == (
+        Setting("0.5i", 0.0, None, 0.5),
+        Setting("237600/0.25i", 237600.0, None, 0.25),
+        Setting("0.25i/2x/3600", 3600.0, 2.0, 0.25),
+    )
+    config = got[1].config(QueueConfig())
+    assert (config.reserve_after_s, config.reserve_after_limits, config.reserve_idle_ratio) == (
+        237600.0,
+        None,
+        0.25,
+    )
+    assert parse_settings("3600")[0].config(QueueConfig(reserve_idle_ratio=1.0)).reserve_idle_ratio is None
+
+
+def test_nofill_turns_fill_holes_off_and_is_a_dial_of_its_own() -> None:
+    plain, nofill = parse_settings("21600/1i, nofill/1i/21600")
+    assert (plain.fill_holes, nofill.fill_holes) == (True, False)
+    assert nofill.config(QueueConfig()).fill_holes is False
+    assert plain.config(QueueConfig(fill_holes=False)).fill_holes is True
+    assert parse_settings("0/nofill")[0] == Setting("0/nofill", 0.0, None, None, False)
+
+
 def test_mean_and_standard_error() -> None:
     assert mean_se([2.0]) == (2.0, None)
     mean, se = mean_se([1.0, 2.0, 3.0, 4.0])
@@ -115,7 +139,15 @@ def test_aim_without_comparable_figures_names_no_setting() -> None:
         pytest.param("2xx", "setting 1 ('2xx'): not a number", id="double-x"),
         pytest.param("1x/2x", "two multiples", id="two-multiples"),
         pytest.param("60/120", "two numbers of seconds", id="two-seconds"),
-        pytest.param("60/2x/3", "at most one", id="three-parts"),
+        pytest.param("60/2x/3", "two numbers of seconds", id="seconds-twice-of-three"),
+        pytest.param("60/2x/1i/3", "two numbers of seconds", id="seconds-twice-of-four"),
+        pytest.param("60/2x/1i/nofill/3", "at most one", id="five-parts"),
+        pytest.param("nofill/nofill", "nofill twice", id="nofill-twice"),
+        pytest.param("no-fill", "not a number", id="nofill-misspelt"),
+        pytest.param("1i/0.5i", "two idle ratios", id="two-ratios"),
+        pytest.param("60/i", "not a number", id="ratio-without-number"),
+        pytest.param("60/-1i", "setting 1", id="negative-ratio"),
+        pytest.param("60/0.5i,0.5i/60", "the same dial as '60/0.5i'", id="repeat-reordered"),
         pytest.param("60,60.0", "the same dial as '60'", id="repeat"),
         pytest.param(",".join(str(k) for k in range(17)), "at most 16", id="too-many"),
         pytest.param("9" * 100_000 + "q", "...", id="100k-characters"),
