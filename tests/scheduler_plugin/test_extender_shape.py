@@ -13,21 +13,27 @@ MAX_METHODS = 20
 ROOT = Path(scheduler_plugin.__file__).parent
 
 
-def methods_per_class(source: str) -> dict[str, int]:
-    """Each class of ``source`` (nested ones by their dotted name) -> the functions defined in its body."""
-    out: dict[str, int] = {}
+def definitions(source: str) -> list[tuple[str, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef]]:
+    """Every class and function of ``source``, nested ones too, by its dotted name, in source order."""
+    out: list[tuple[str, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef]] = []
 
     def visit(body: list[ast.stmt], prefix: str) -> None:
         for node in body:
-            if isinstance(node, ast.ClassDef):
-                name = prefix + node.name
-                out[name] = sum(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) for n in node.body)
-                visit(node.body, name + ".")
-            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                out.append((prefix + node.name, node))
                 visit(node.body, f"{prefix}{node.name}.")
 
     visit(ast.parse(source).body, "")
     return out
+
+
+def methods_per_class(source: str) -> dict[str, int]:
+    """Each class of ``source`` (nested ones by their dotted name) -> the functions defined in its body."""
+    return {
+        name: sum(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) for n in node.body)
+        for name, node in definitions(source)
+        if isinstance(node, ast.ClassDef)
+    }
 
 
 def test_the_count_sees_methods_properties_and_nested_classes() -> None:
@@ -77,20 +83,12 @@ def hold_types(source: str) -> list[str]:
 
 def wall_parameters(source: str) -> list[str]:
     """The functions and methods of ``source`` (dotted by their class) that take a parameter ``wall``."""
-    out: list[str] = []
-
-    def visit(body: list[ast.stmt], prefix: str) -> None:
-        for node in body:
-            if isinstance(node, ast.ClassDef):
-                visit(node.body, f"{prefix}{node.name}.")
-            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                a = node.args
-                if any(p.arg == "wall" for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)):
-                    out.append(prefix + node.name)
-                visit(node.body, f"{prefix}{node.name}.")
-
-    visit(ast.parse(source).body, "")
-    return out
+    return [
+        name
+        for name, node in definitions(source)
+        if not isinstance(node, ast.ClassDef)
+        and any(p.arg == "wall" for p in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs))
+    ]
 
 
 def test_the_scans_see_hold_types_and_wall_parameters() -> None:
