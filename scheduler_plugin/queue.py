@@ -1025,8 +1025,8 @@ def _reserve_age(w: Waiting, config: QueueConfig) -> float:
     return max(config.reserve_after_s, k * w.limit_s)
 
 
-def _cheap_hold(  # noqa: PLR0917 -- private helper of ``decide``, called once
-    w: Waiting, cl: _Cluster, others: Sequence[Reservation], now: float, place: Place, config: QueueConfig
+def _cheap_hold(
+    w: Waiting, *, cl: _Cluster, others: Sequence[Reservation], now: float, place: Place, config: QueueConfig
 ) -> Reservation | None:
     """The reservation of ``w``, too young to hold by its age, when it is cheap enough to hold all the
     same (``QueueConfig.reserve_idle_ratio``), else None."""
@@ -1156,15 +1156,17 @@ def decide(
             # rounds to now, and a wake at now is a pass that never lets time advance
             age = _reserve_age(w, config)
             grown = w.created_s + age
-            others = [held[n] for n in ahead if n in held]
             cheap: Reservation | None = None
             if age > 0 and w.name not in held and now < grown:
                 wake = min(wake, grown)
-                cheap = _cheap_hold(w, cl, others, now, place, config) if tried else None
+                if tried and config.reserve_idle_ratio is not None:  # the dial on: a cheap hold goes
+                    others = [held[n] for n in ahead if n in held]
+                    cheap = _cheap_hold(w, cl=cl, others=others, now=now, place=place, config=config)
                 if cheap is None:
                     continue  # too young to hold anything back: later gangs may pass it freely
             head_seen = True
             if w.name not in held and tried:
+                others = [held[n] for n in ahead if n in held]
                 made = cheap if cheap is not None else _reserve(w, cl, others, now, place)
                 if made is not None:
                     held[w.name] = made

@@ -102,7 +102,7 @@ class Filter:
             refused[key] = found[1]
         return out
 
-    def may_plan(self, pod: Mapping[str, Any]) -> bool:
+    def may_take_long(self, pod: Mapping[str, Any]) -> bool:
         """Whether filtering this pod may take long: a gang pod the informer knows whose gang has no
         started plan holding a place for it. Without a queue loop its filter may plan the gang (seconds,
         for a large one); with one it plans nothing but may work out the gang afresh from its pods and
@@ -215,12 +215,12 @@ class Filter:
                     self.queue.run_pass(now)
             out.events += self.outbox.events
             self.outbox.events = []
-            started = self.holds.started.get(gang_name)
             if out.wake_queue:
-                msg = f"gang {gang_name} is new to the queue: its next pass, within a second, decides"
+                msg = f"gang {gang_name} is new to the queue: the queue loop's next pass decides"
                 out.failed = dict.fromkeys(node_names, msg)
                 out.events += self.outbox.once(pod, "GangQueued", msg, warning=False)
                 return out
+            started = self.holds.started.get(gang_name)
             if started is None or key not in started.spec.members:
                 repair = self.inputs.repair_notes.get(gang_name)
                 reason = self._why_waits(spec, now) + (repair or "")
@@ -353,7 +353,7 @@ class Filter:
         if said is not None:
             return said
         if self.queue.loop:  # filter never plans while the loop runs: its next pass says
-            return "the queue has not decided on it yet (its next pass does, within a second)"
+            return "the queue has not decided on it yet (the queue loop's next pass does)"
         passes = self.queue.metrics.passes
         if passes != self._reason_pass:  # what earlier passes planned holds no more
             self._gang_reason, self._reason_pass = {}, passes

@@ -268,7 +268,7 @@ class Extender:
         self._note_synced()
 
         def quick() -> bool:
-            return not self.state.filter.may_plan(pod)
+            return not self.state.filter.may_take_long(pod)
 
         out = await self._locked(self.state.filter, pod, names, self.clock(), quick=quick)
         # kube-scheduler may name a pod a moment before the extender's informer reports it: ask again
